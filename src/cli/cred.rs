@@ -1,0 +1,288 @@
+//! `holdfast cred set|get|list|delete|exists`.
+//!
+//! Secrets come from stdin or a no-echo tty prompt, never from argv (argv is world-readable in
+//! `/proc/<pid>/cmdline`).
+
+use std::io::{IsTerminal, Read, Write};
+
+use clap::Subcommand;
+use serde_json::{json, Value};
+
+use super::{out, out_json, CliError, CliResult, Global};
+use crate::crypto::Secret;
+use crate::limits::MAX_CREDENTIAL_FILE_BYTES;
+use crate::store::credential::KNOWN_TYPES;
+use crate::store::{id, Credential, OpenMode};
+
+/// `holdfast cred …`
+#[derive(Subcommand, Debug)]
+pub enum CredCommand {
+    /// Store a secret: read from stdin (one trailing newline dropped) or a no-echo prompt on a
+    /// terminal. Updates one key of an existing credential and keeps everything else.
+    Set {
+        /// Credential id (e.g. `openai` or `team/github`).
+        id: String,
+        /// Which key of the credential to set.
+        #[arg(long, default_value = "api_key", value_name = "NAME")]
+        key: String,
+        /// Credential type for a new credential (api_key, oauth2, basic_auth, bearer_token,
+        /// custom); changes the type of an existing one.
+        #[arg(long = "type", value_name = "TYPE")]
+        credential_type: Option<String>,
+        /// Description to store with the credential.
+        #[arg(long)]
+        description: Option<String>,
+        /// Write only if the stored generation equals N (0: only if it does not exist yet).
+        #[arg(long, value_name = "N")]
+        if_generation: Option<u64>,
+        /// stdin is a whole credential document (hive's JSON schema) instead of one secret;
+        /// its "id" must equal ID. Fields holdfast does not know are kept.
+        #[arg(long, conflicts_with_all = ["key", "credential_type", "description"])]
+        document: bool,
+    },
+    /// Print a secret value (the only key, or --field), or the whole credential with --json.
+    Get {
+        /// Credential id.
+        id: String,
+        /// Which key's value to print.
+        #[arg(long, value_name = "NAME")]
+        field: Option<String>,
+    },
+    /// List credentials: ids and metadata, never secret values.
+    List,
+    /// Delete a credential (its file, then nothing is left to read).
+    Delete {
+        /// Credential id.
+        id: String,
+    },
+    /// Exit 0 if the credential exists, 3 if not.
+    Exists {
+        /// Credential id.
+        id: String,
+    },
+}
+
+/// Run a cred subcommand.
+pub fn run(g: &Global, cmd: &CredCommand) -> CliResult {
+    match cmd {
+        CredCommand::Set {
+            id,
+            key,
+            credential_type,
+            description,
+            if_generation,
+            document,
+        } => {
+            id::validate(id).map_err(|e| CliError::usage(e.to_string()))?;
+            if let Some(t) = credential_type {
+                if !KNOWN_TYPES.contains(&t.as_str()) {
+                    return Err(CliError::usage(format!(
+                        "unknown credential type {t:?}; use one of {}",
+                        KNOWN_TYPES.join(", ")
+                    )));
+                }
+            }
+            let store = g.open(OpenMode::Repair)?;
+            let generation = if *document {
+                let text = read_secret_input(None)?;
+                let value: Value = serde_json::from_str(text.expose())
+                    .map_err(|e| CliError::usage(format!("stdin is not JSON: {e}")))?;
+                let cred = Credential::from_value(value)
+                    .map_err(|e| CliError::usage(format!("invalid credential document: {e}")))?;
+                if cred.id() != id {
+                    return Err(CliError::usage("the document's \"id\" differs from ID"));
+                }
+                store.set(cred, *if_generation)?
+            } else {
+                let secret = read_secret_input(Some(&format!("secret for {id} (key {key}): ")))?;
+                store.update(id, *if_generation, |existing| {
+                    let mut c = existing.unwrap_or_else(|| {
+                        Credential::new(id, credential_type.as_deref().unwrap_or("api_key"))
+                    });
+                    if let Some(t) = credential_type {
+                        c.set_field("credential_type", t.as_str().into());
+                    }
+                    if let Some(d) = description {
+                        c.set_field("description", d.as_str().into());
+                    }
+                    c.set_key(key, secret);
+                    Ok(c)
+                })?
+            };
+            if g.json {
+                out_json(&json!({"id": id, "generation": generation}));
+            } else {
+                out(format!("stored {id} (generation {generation})"));
+            }
+            Ok(())
+        }
+        CredCommand::Get { id, field } => {
+            let store = g.open(OpenMode::Repair)?;
+            let cred = store.get(id)?;
+            if g.json {
+                let mut doc = cred.expose_json();
+                if let (Some(f), Value::Object(_)) = (field, &doc) {
+                    let v = cred.key_value(f).ok_or_else(|| no_field(&cred, f))?;
+                    doc = json!({"id": id, "field": f, "value": v, "generation": cred.generation()});
+                }
+                out_json(&json!({"credential": doc, "generation": cred.generation()}));
+                return Ok(());
+            }
+            let name = match field {
+                Some(f) => f.clone(),
+                None => {
+                    let names: Vec<&str> = cred
+                        .key_names()
+                        .into_iter()
+                        .filter(|n| !n.starts_with('_'))
+                        .collect();
+                    match names.as_slice() {
+                        [one] => (*one).to_owned(),
+                        [] => return Err(CliError::with_code(format!("credential {id:?} has no keys"), 3)),
+                        many => {
+                            return Err(CliError::usage(format!(
+                                "credential {id:?} has keys {}; choose one with --field",
+                                many.join(", ")
+                            )))
+                        }
+                    }
+                }
+            };
+            let value = cred.key_value(&name).ok_or_else(|| no_field(&cred, &name))?;
+            out(value);
+            Ok(())
+        }
+        CredCommand::List => {
+            let store = g.open(OpenMode::Repair)?;
+            let listing = store.list()?;
+            if g.json {
+                out_json(&serde_json::to_value(&listing).unwrap_or_default());
+            } else if listing.credentials.is_empty() {
+                out("no credentials");
+            } else {
+                let w = listing
+                    .credentials
+                    .iter()
+                    .map(|c| c.id.chars().count())
+                    .max()
+                    .unwrap_or(2)
+                    .max(2);
+                out(format!("{:<w$}  {:<12}  {:>3}  {:<19}  KEYS", "ID", "TYPE", "GEN", "UPDATED"));
+                for c in &listing.credentials {
+                    let m = &c.metadata;
+                    let s = |k: &str| m.get(k).and_then(Value::as_str).unwrap_or("-").to_owned();
+                    let keys = m
+                        .get("key_names")
+                        .and_then(Value::as_array)
+                        .map(|a| a.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(","))
+                        .unwrap_or_default();
+                    out(format!(
+                        "{:<w$}  {:<12}  {:>3}  {:<19}  {keys}",
+                        c.id,
+                        s("credential_type"),
+                        c.generation,
+                        s("updated_at").get(..19).unwrap_or("-").replace('T', " ")
+                    ));
+                }
+            }
+            if listing.unreadable > 0 {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "holdfast: warning: {} credential file(s) could not be read; run `holdfast store fsck`",
+                    listing.unreadable
+                );
+            }
+            Ok(())
+        }
+        CredCommand::Delete { id } => {
+            let store = g.open(OpenMode::Repair)?;
+            let deleted = store.delete(id)?;
+            if g.json {
+                out_json(&json!({"id": id, "deleted": deleted}));
+                return Ok(());
+            }
+            if deleted {
+                out(format!("deleted {id}"));
+                Ok(())
+            } else {
+                Err(CliError::with_code(format!("no credential {id:?}"), 3))
+            }
+        }
+        CredCommand::Exists { id } => {
+            let store = g.open(OpenMode::Repair)?;
+            let exists = store.exists(id)?;
+            if g.json {
+                out_json(&json!({"id": id, "exists": exists}));
+            }
+            if exists {
+                Ok(())
+            } else {
+                Err(CliError::with_code(format!("no credential {id:?}"), 3))
+            }
+        }
+    }
+}
+
+fn no_field(cred: &Credential, field: &str) -> CliError {
+    CliError::with_code(
+        format!(
+            "credential {:?} has no key {field:?} (keys: {})",
+            cred.id(),
+            cred.key_names().join(", ")
+        ),
+        3,
+    )
+}
+
+/// Read a secret from a no-echo tty prompt (when stdin is a terminal and `prompt` is given)
+/// or from all of stdin, dropping one trailing newline.
+fn read_secret_input(prompt: Option<&str>) -> CliResult<Secret> {
+    let stdin = std::io::stdin();
+    let mut text = if stdin.is_terminal() {
+        let Some(prompt) = prompt else {
+            return Err(CliError::usage("pipe the document on stdin"));
+        };
+        prompt_no_echo(prompt)?
+    } else {
+        let mut buf = Vec::new();
+        stdin
+            .lock()
+            .take(MAX_CREDENTIAL_FILE_BYTES + 1)
+            .read_to_end(&mut buf)
+            .map_err(|e| CliError::with_code(format!("reading stdin: {e}"), 7))?;
+        let buf = zeroize::Zeroizing::new(buf);
+        if buf.len() as u64 > MAX_CREDENTIAL_FILE_BYTES {
+            return Err(CliError::usage("stdin is larger than the 1 MiB limit"));
+        }
+        String::from_utf8(buf.to_vec()).map_err(|_| CliError::usage("stdin is not UTF-8"))?
+    };
+    if text.ends_with('\n') {
+        text.pop();
+        if text.ends_with('\r') {
+            text.pop();
+        }
+    }
+    if text.is_empty() {
+        return Err(CliError::usage("empty secret: nothing stored"));
+    }
+    Ok(Secret::new(text))
+}
+
+fn prompt_no_echo(prompt: &str) -> CliResult<String> {
+    use rustix::termios::{self, LocalModes, OptionalActions};
+    let fd = std::io::stdin();
+    let original = termios::tcgetattr(&fd)
+        .map_err(|e| CliError::with_code(format!("cannot read terminal settings: {e}"), 1))?;
+    let mut quiet = original.clone();
+    quiet.local_modes.remove(LocalModes::ECHO);
+    quiet.local_modes.insert(LocalModes::ECHONL);
+    let _ = write!(std::io::stderr(), "{prompt}");
+    let _ = std::io::stderr().flush();
+    termios::tcsetattr(&fd, OptionalActions::Now, &quiet)
+        .map_err(|e| CliError::with_code(format!("cannot turn off echo: {e}"), 1))?;
+    let mut line = String::new();
+    let read = fd.read_line(&mut line);
+    let _ = termios::tcsetattr(&fd, OptionalActions::Now, &original);
+    read.map_err(|e| CliError::with_code(format!("reading the secret: {e}"), 1))?;
+    Ok(line)
+}

@@ -1,0 +1,67 @@
+//! `holdfast init`: create a store and its key.
+
+use clap::Args;
+
+use super::{out, out_json, CliError, CliResult, Global};
+use crate::durable::Faults;
+use crate::store::{init_store, OpenMode};
+
+/// Arguments of `holdfast init`.
+#[derive(Args, Debug)]
+pub struct InitArgs {}
+
+/// Create the store and key, or report that both already exist.
+pub fn run(g: &Global, _args: &InitArgs) -> CliResult {
+    let (config, key_file) = g.store_config()?;
+    let Some(key_file) = key_file else {
+        return Err(CliError::usage(
+            "init needs a key file to create (the key source here is an environment variable); \
+             pass --key-file FILE",
+        ));
+    };
+    let created = match init_store(&config, &key_file, &Faults::none()) {
+        Ok(()) => true,
+        Err(crate::store::Error::Key(crate::crypto::KeyError::Exists(_))) => false,
+        Err(e) => return Err(e.into()),
+    };
+    // Open it: proves the key works, and for an existing store checks it is not sealed.
+    let store = g.open(OpenMode::Repair).map_err(|e| {
+        if created {
+            e
+        } else {
+            CliError::with_code(
+                format!("a key already exists, but the store does not open with it: {}", e.message),
+                e.code,
+            )
+        }
+    })?;
+    let fp = store.key_fingerprints().first().cloned().unwrap_or_default();
+    let source = store
+        .key_source()
+        .map(|s| s.to_string())
+        .unwrap_or_default();
+    let files = store.file_count()?;
+    if g.json {
+        out_json(&serde_json::json!({
+            "created": created,
+            "store": config.name,
+            "path": config.base,
+            "key_source": source,
+            "key_fingerprint": fp,
+            "credentials": files,
+        }));
+        return Ok(());
+    }
+    if created {
+        out(format!("created store {:?} at {}", config.name, config.base.display()));
+        out(format!("key: {source} (fingerprint {fp})"));
+        out("Back up the key file: without it these credentials cannot be decrypted.");
+    } else {
+        out(format!(
+            "store {:?} at {} is already initialized ({files} credentials; {source}, fingerprint {fp})",
+            config.name,
+            config.base.display()
+        ));
+    }
+    Ok(())
+}

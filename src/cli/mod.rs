@@ -1,0 +1,262 @@
+//! The `holdfast` admin command line. One file per subcommand; this file holds the global
+//! options, store selection, output and exit codes.
+
+mod cred;
+mod init;
+mod key;
+mod store;
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::crypto::KeySource;
+use crate::error::ErrorKind;
+use crate::paths;
+use crate::store::{CredentialStore, OpenMode, StoreConfig, StoreOptions};
+
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  success
+  1  unexpected error, or `store fsck` found problems it did not repair
+  2  usage error or invalid input (bad id, bad document)
+  3  not found
+  4  conflict (generation mismatch, id collision, key already exists)
+  5  sealed: the store has data but no usable key (nothing was modified)
+  6  integrity: a file is damaged, swapped, or stamped in the future (clock skew)
+  7  storage: an I/O error (nothing was changed, or writes are refused until reopened)
+  8  busy: the store lock was held by another process for the whole timeout
+  9  forbidden: unsafe permissions or ownership on a store directory or key file
+  10 unsupported in this configuration
+
+Environment:
+  HOLDFAST_DATA_DIR   data directory (default $XDG_STATE_HOME/holdfast, ~/.local/state/holdfast)
+  HOLDFAST_STORE      store name (default \"default\")
+  CREDENTIALS_DIRECTORY  systemd credentials; holdfast-<store>.key there is used first
+  HIVE_HOME, HIVE_CREDENTIAL_KEY  hive's store and key, used with --hive
+  RUST_LOG            log filter (e.g. holdfast=debug); logs never contain secrets";
+
+/// holdfast: keeps the state AI-agent processes must not lose or leak.
+#[derive(Parser, Debug)]
+#[command(name = "holdfast", version, about, long_about = None, after_long_help = EXIT_CODES, after_help = "Run `holdfast --help` for exit codes and environment variables.")]
+pub struct Cli {
+    #[command(flatten)]
+    global: Global,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Options that select the store and shape output; accepted before or after the subcommand.
+#[derive(Args, Debug, Clone)]
+pub struct Global {
+    /// Data directory holding stores/<name>/.
+    #[arg(long, global = true, env = "HOLDFAST_DATA_DIR", value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// Store name under the data directory.
+    #[arg(long, global = true, env = "HOLDFAST_STORE", default_value = "default", value_name = "NAME")]
+    store: String,
+    /// Open any hive-layout directory (holding credentials/ and metadata/) instead of a named
+    /// store. Its key: --key-file or --key-env, else hive's HIVE_CREDENTIAL_KEY /
+    /// $HIVE_HOME/secrets/credential_key.
+    #[arg(long, global = true, value_name = "DIR", conflicts_with = "hive")]
+    store_dir: Option<PathBuf>,
+    /// Key file for --store-dir or --hive (0600; a .prev file beside it holds keys being retired).
+    #[arg(long, global = true, value_name = "FILE", conflicts_with = "key_env")]
+    key_file: Option<PathBuf>,
+    /// Environment variable holding the key for --store-dir or --hive (read-only: no rotation).
+    #[arg(long, global = true, value_name = "VAR")]
+    key_env: Option<String>,
+    /// Open hive's own store: $HIVE_HOME/credentials (default ~/.hive/credentials).
+    #[arg(long, global = true)]
+    hive: bool,
+    /// Machine-readable JSON output.
+    #[arg(long, global = true)]
+    json: bool,
+    /// More log output on stderr (-v info, -vv debug). Secrets are never logged.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
+    /// Log format on stderr.
+    #[arg(long, global = true, value_enum, default_value = "human")]
+    log_format: LogFormat,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum LogFormat {
+    Human,
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Create a store and its key. Only for an empty store: holdfast never mints a key while
+    /// encrypted data exists. Running it again on an initialized store changes nothing.
+    Init(init::InitArgs),
+    /// Credentials: set, get, list, delete, exists.
+    #[command(subcommand)]
+    Cred(cred::CredCommand),
+    /// Store maintenance.
+    #[command(subcommand)]
+    Store(store::StoreCommand),
+    /// Key management.
+    #[command(subcommand)]
+    Key(key::KeyCommand),
+}
+
+/// An error on its way to the user: message plus exit code.
+#[derive(Debug)]
+pub struct CliError {
+    message: String,
+    code: u8,
+}
+
+impl CliError {
+    fn usage(message: impl Into<String>) -> Self {
+        CliError {
+            message: message.into(),
+            code: ErrorKind::InvalidParams.exit_code(),
+        }
+    }
+
+    fn with_code(message: impl Into<String>, code: u8) -> Self {
+        CliError {
+            message: message.into(),
+            code,
+        }
+    }
+}
+
+impl From<crate::store::Error> for CliError {
+    fn from(e: crate::store::Error) -> Self {
+        CliError {
+            message: e.to_string(),
+            code: e.kind().exit_code(),
+        }
+    }
+}
+
+type CliResult<T = ()> = Result<T, CliError>;
+
+impl Global {
+    /// The store this invocation addresses, and the key file `init` would create.
+    fn store_config(&self) -> CliResult<(StoreConfig, Option<PathBuf>)> {
+        let explicit_key = match (&self.key_file, &self.key_env) {
+            (Some(f), _) => Some(KeySource::File(f.clone())),
+            (None, Some(v)) => Some(KeySource::Env(v.clone())),
+            (None, None) => None,
+        };
+        let foreign_dir = if self.hive {
+            Some(
+                paths::hive_home()
+                    .map_err(CliError::usage)?
+                    .join("credentials"),
+            )
+        } else {
+            self.store_dir.clone()
+        };
+        if let Some(base) = foreign_dir {
+            let sources = match explicit_key {
+                Some(k) => vec![k],
+                None => paths::hive_key_sources().map_err(CliError::usage)?,
+            };
+            let init_key = sources
+                .iter()
+                .find_map(|s| s.writable_file().map(ToOwned::to_owned));
+            let name = base.display().to_string();
+            return Ok((
+                StoreConfig {
+                    name,
+                    base,
+                    key_sources: sources,
+                },
+                init_key,
+            ));
+        }
+        if explicit_key.is_some() {
+            return Err(CliError::usage(
+                "--key-file and --key-env go with --store-dir or --hive; a named store's key lives in \
+                 $XDG_CONFIG_HOME/holdfast/keys/<store>.key",
+            ));
+        }
+        paths::validate_store_name(&self.store).map_err(CliError::usage)?;
+        let data = match &self.data_dir {
+            Some(d) => d.clone(),
+            None => paths::default_data_dir().map_err(CliError::usage)?,
+        };
+        let key_file = paths::key_file(&self.store).map_err(CliError::usage)?;
+        Ok((
+            StoreConfig {
+                name: self.store.clone(),
+                base: data.join("stores").join(&self.store),
+                key_sources: paths::store_key_sources(&self.store).map_err(CliError::usage)?,
+            },
+            Some(key_file),
+        ))
+    }
+
+    fn open(&self, mode: OpenMode) -> CliResult<CredentialStore> {
+        let (config, _) = self.store_config()?;
+        let store = CredentialStore::open(
+            config,
+            StoreOptions {
+                mode,
+                ..StoreOptions::default()
+            },
+        )?;
+        if let Some(reason) = store.sealed_reason() {
+            return Err(crate::store::Error::Sealed {
+                store: store.config().name.clone(),
+                reason,
+            }
+            .into());
+        }
+        Ok(store)
+    }
+}
+
+fn init_logging(g: &Global) {
+    use tracing_subscriber::EnvFilter;
+    let default = match g.verbose {
+        0 => "holdfast=warn",
+        1 => "holdfast=info",
+        _ => "holdfast=debug",
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match g.log_format {
+        LogFormat::Human => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
+
+/// Print a line to stdout; a closed pipe (`| head`) is not an error worth a panic.
+fn out(line: impl std::fmt::Display) {
+    let _ = writeln!(std::io::stdout().lock(), "{line}");
+}
+
+fn out_json(v: &serde_json::Value) {
+    out(serde_json::to_string_pretty(v).unwrap_or_default());
+}
+
+/// Parse arguments, run the command, and turn the outcome into an exit code.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(&cli.global);
+    let g = &cli.global;
+    let result = match &cli.command {
+        Command::Init(a) => init::run(g, a),
+        Command::Cred(c) => cred::run(g, c),
+        Command::Store(c) => store::run(g, c),
+        Command::Key(c) => key::run(g, c),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "holdfast: error: {}", e.message);
+            ExitCode::from(e.code)
+        }
+    }
+}

@@ -1,0 +1,286 @@
+//! Where a store's key comes from, and reading and writing key files safely.
+//!
+//! Sources are tried in order; the first that is present is used (a present but unsafe or
+//! malformed source is an error, never silently skipped: skipping it could fall through to a
+//! different key and seal a store that only needs a `chmod`).
+//!
+//! Key files hold the 44-character url-safe base64 Fernet key (surrounding whitespace ignored,
+//! as hive does). A file `<key file>.prev`, when present, holds previous keys, one per line,
+//! still accepted for decryption: it exists only between the two halves of a key rotation.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use super::{parse_key, Secret};
+use crate::durable::{self, perms, Faults, IoError, PermError};
+use crate::limits::MAX_KEY_FILE_BYTES;
+
+/// One place a key can come from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KeySource {
+    /// systemd `LoadCredential=`: `$CREDENTIALS_DIRECTORY/holdfast-<store>.key` (read-only).
+    SystemdCredential(PathBuf),
+    /// A key file holdfast may write (`$XDG_CONFIG_HOME/holdfast/keys/<store>.key`,
+    /// `--key-file`, or hive's `$HIVE_HOME/secrets/credential_key`).
+    File(PathBuf),
+    /// An environment variable (`HIVE_CREDENTIAL_KEY`, `--key-env VAR`); read-only.
+    Env(String),
+}
+
+impl fmt::Display for KeySource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeySource::SystemdCredential(p) => write!(f, "systemd credential {}", p.display()),
+            KeySource::File(p) => write!(f, "key file {}", p.display()),
+            KeySource::Env(v) => write!(f, "environment variable {v}"),
+        }
+    }
+}
+
+impl KeySource {
+    /// The file rotation may rewrite, if this source is one holdfast owns.
+    pub fn writable_file(&self) -> Option<&Path> {
+        match self {
+            KeySource::File(p) => Some(p),
+            _ => None,
+        }
+    }
+}
+
+/// Path of the previous-keys file beside a key file.
+pub fn prev_path(key_file: &Path) -> PathBuf {
+    let mut s = key_file.as_os_str().to_owned();
+    s.push(".prev");
+    PathBuf::from(s)
+}
+
+/// A key problem that is not simply "no key".
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    /// The key file or its directory is unsafe.
+    #[error("refusing the key: {0}")]
+    Unsafe(#[from] PermError),
+    /// The source holds something that is not a Fernet key.
+    #[error("{source_desc} does not hold a Fernet key (expected 44 url-safe base64 characters encoding 32 bytes)")]
+    Malformed {
+        /// Which source.
+        source_desc: String,
+    },
+    /// The key file could not be read or written.
+    #[error("key file {}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Writing a key file failed.
+    #[error("writing key: {0}")]
+    Write(#[from] IoError),
+    /// The key file already exists.
+    #[error("{} already exists; holdfast never overwrites a key (data encrypted with it would be lost)", .0.display())]
+    Exists(PathBuf),
+}
+
+/// A key set read from a source: the primary key and any previous keys.
+pub struct LoadedKeys {
+    /// Where the keys came from.
+    pub source: KeySource,
+    /// The key new tokens are made with.
+    pub primary: Secret,
+    /// Keys still accepted for decryption (mid-rotation only).
+    pub previous: Vec<Secret>,
+}
+
+impl fmt::Debug for LoadedKeys {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LoadedKeys")
+            .field("source", &self.source)
+            .field("previous", &self.previous.len())
+            .finish_non_exhaustive()
+    }
+}
+
+fn read_key_file(path: &Path, check_dir: bool) -> Result<Option<String>, KeyError> {
+    if std::fs::symlink_metadata(path).is_err() {
+        return Ok(None);
+    }
+    perms::check_private_file(path)?;
+    if check_dir {
+        if let Some(dir) = path.parent() {
+            perms::check_private_dir(dir)?;
+        }
+    }
+    let bytes = durable::read_capped(path, MAX_KEY_FILE_BYTES).map_err(|source| KeyError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let Some(bytes) = bytes else { return Ok(None) };
+    let text = Secret::new(String::from_utf8(bytes).map_err(|_| KeyError::Malformed {
+        source_desc: format!("key file {}", path.display()),
+    })?);
+    Ok(Some(text.expose().trim().to_owned()))
+}
+
+fn parse_one(text: String, source_desc: impl Fn() -> String) -> Result<Secret, KeyError> {
+    let text = Secret::new(text);
+    if parse_key(text.expose()).is_none() {
+        return Err(KeyError::Malformed {
+            source_desc: source_desc(),
+        });
+    }
+    Ok(text)
+}
+
+fn read_previous(key_file: &Path, check_dir: bool) -> Result<Vec<Secret>, KeyError> {
+    let prev = prev_path(key_file);
+    let Some(text) = read_key_file(&prev, check_dir)? else {
+        return Ok(Vec::new());
+    };
+    let text = Secret::new(text);
+    text.expose()
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(|l| parse_one(l.to_owned(), || format!("key file {}", prev.display())))
+        .collect()
+}
+
+/// Load keys from the first present source. `Ok(None)`: no source has a key.
+pub fn load(sources: &[KeySource]) -> Result<Option<LoadedKeys>, KeyError> {
+    for source in sources {
+        let desc = || source.to_string();
+        match source {
+            KeySource::SystemdCredential(p) | KeySource::File(p) => {
+                // systemd owns the credentials directory's mode; our own key dirs must be 0700.
+                let check_dir = matches!(source, KeySource::File(_));
+                let Some(text) = read_key_file(p, check_dir)? else {
+                    continue;
+                };
+                let primary = parse_one(text, desc)?;
+                let previous = read_previous(p, check_dir)?;
+                return Ok(Some(LoadedKeys {
+                    source: source.clone(),
+                    primary,
+                    previous,
+                }));
+            }
+            KeySource::Env(var) => {
+                let Some(value) = std::env::var_os(var) else {
+                    continue;
+                };
+                let text = value.into_string().map_err(|_| KeyError::Malformed {
+                    source_desc: desc(),
+                })?;
+                if text.trim().is_empty() {
+                    continue;
+                }
+                let primary = parse_one(text.trim().to_owned(), desc)?;
+                return Ok(Some(LoadedKeys {
+                    source: source.clone(),
+                    primary,
+                    previous: Vec::new(),
+                }));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// Write a brand-new key file (0600, in a 0700 directory created if missing). Refuses to
+/// replace an existing file.
+pub fn create_key_file(path: &Path, key: &Secret, faults: &Faults) -> Result<(), KeyError> {
+    if std::fs::symlink_metadata(path).is_ok() {
+        return Err(KeyError::Exists(path.to_path_buf()));
+    }
+    write_key_file(path, key, faults)
+}
+
+/// Replace a key file atomically (0600, directory 0700 created if missing).
+pub fn write_key_file(path: &Path, key: &Secret, faults: &Faults) -> Result<(), KeyError> {
+    let (dir, name) = split(path)?;
+    durable::create_private_dir(dir, faults)?;
+    perms::check_private_dir(dir)?;
+    durable::atomic_write(dir, name, key.expose().as_bytes(), faults)?;
+    Ok(())
+}
+
+/// Write (or, with no keys, remove) the previous-keys file beside `key_file`.
+pub fn write_previous(key_file: &Path, previous: &[Secret], faults: &Faults) -> Result<(), KeyError> {
+    let prev = prev_path(key_file);
+    let (dir, name) = split(&prev)?;
+    if previous.is_empty() {
+        durable::remove_durably(dir, name, faults)?;
+        return Ok(());
+    }
+    let mut joined = String::new();
+    for k in previous {
+        joined.push_str(k.expose());
+        joined.push('\n');
+    }
+    let text = Secret::new(joined);
+    durable::create_private_dir(dir, faults)?;
+    durable::atomic_write(dir, name, text.expose().as_bytes(), faults)?;
+    Ok(())
+}
+
+fn split(path: &Path) -> Result<(&Path, &str), KeyError> {
+    match (path.parent(), path.file_name().and_then(|n| n.to_str())) {
+        (Some(dir), Some(name)) => Ok((dir, name)),
+        _ => Err(KeyError::Io {
+            path: path.to_path_buf(),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file path"),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crypto::generate_key;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn load_order_and_errors() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join("keys");
+        let a = dir.join("a.key");
+        assert!(load(&[KeySource::File(a.clone())]).unwrap().is_none());
+        let key = generate_key();
+        create_key_file(&a, &key, &Faults::none()).unwrap();
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700);
+        let k = load(&[KeySource::File(d.path().join("none")), KeySource::File(a.clone())])
+            .unwrap()
+            .unwrap();
+        assert_eq!(k.primary.expose(), key.expose());
+        assert!(matches!(
+            create_key_file(&a, &key, &Faults::none()),
+            Err(KeyError::Exists(_))
+        ));
+        std::fs::set_permissions(&a, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let msg = load(&[KeySource::File(a.clone())]).unwrap_err().to_string();
+        assert!(msg.contains("0644") && msg.contains(&a.display().to_string()), "{msg}");
+        std::fs::set_permissions(&a, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::write(&a, "not a key").unwrap();
+        assert!(matches!(
+            load(&[KeySource::File(a)]),
+            Err(KeyError::Malformed { .. })
+        ));
+    }
+
+    #[test]
+    fn previous_keys_roundtrip() {
+        let d = tempfile::tempdir().unwrap();
+        let a = d.path().join("keys/a.key");
+        let (k1, k2) = (generate_key(), generate_key());
+        create_key_file(&a, &k2, &Faults::none()).unwrap();
+        write_previous(&a, &[Secret::new(k1.expose().into())], &Faults::none()).unwrap();
+        let loaded = load(&[KeySource::File(a.clone())]).unwrap().unwrap();
+        assert_eq!(loaded.previous.len(), 1);
+        assert_eq!(loaded.previous[0].expose(), k1.expose());
+        write_previous(&a, &[], &Faults::none()).unwrap();
+        assert!(!prev_path(&a).exists());
+    }
+}

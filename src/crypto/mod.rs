@@ -1,0 +1,201 @@
+//! Keys, where they come from, and Fernet encryption with MultiFernet semantics.
+//!
+//! A store's [`Keyring`] holds one primary key (every new token is made with it) and zero or
+//! more previous keys (tokens made with them still decrypt). Key rotation puts the new key
+//! first, re-encrypts every file, proves by a full scan that nothing needs the old keys, and
+//! only then forgets them (see `store::rotate`).
+
+pub mod keys;
+mod secret;
+
+pub use keys::{KeyError, KeySource, LoadedKeys};
+pub use secret::{Secret, SecretBytes};
+
+use base64::Engine;
+use fernet::Fernet;
+use std::fmt;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::limits::FERNET_MAX_CLOCK_SKEW_SECS;
+
+/// Why a token did not decrypt. Deliberately coarse (like rage and Fernet itself): which byte
+/// was wrong is not something to tell anyone.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecryptError {
+    /// Wrong key, tampered, truncated, or not a Fernet token.
+    #[error("cannot decrypt: wrong key, or the file is damaged or tampered with")]
+    Invalid,
+    /// Valid under one of our keys, but stamped in the future beyond the allowed skew.
+    #[error("token is stamped {ahead_secs} s in the future: the system clock is behind (or was set back); it will read again once the clock catches up")]
+    ClockSkew {
+        /// How far ahead of our clock the token's timestamp is.
+        ahead_secs: u64,
+    },
+}
+
+/// A set of Fernet keys: primary first, then previous keys still accepted for decryption.
+pub struct Keyring {
+    keys: Vec<Fernet>,
+    fingerprints: Vec<String>,
+}
+
+impl fmt::Debug for Keyring {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Keyring")
+            .field("keys", &self.fingerprints)
+            .finish()
+    }
+}
+
+/// A short, non-secret fingerprint of a key: hex of the first 4 bytes of SHA-256(key text).
+pub fn fingerprint(key: &Secret) -> String {
+    use sha2::{Digest, Sha256};
+    let d = Sha256::digest(key.expose().as_bytes());
+    d[..4].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Check that `text` is a Fernet key: 32 bytes in url-safe base64 (44 characters).
+pub fn parse_key(text: &str) -> Option<Fernet> {
+    let t = text.trim();
+    if t.len() != 44 {
+        return None;
+    }
+    Fernet::new(t)
+}
+
+/// A fresh random Fernet key.
+pub fn generate_key() -> Secret {
+    Secret::new(Fernet::generate_key())
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// The timestamp field of a Fernet token, if it is shaped like one.
+pub fn token_timestamp(token: &str) -> Option<u64> {
+    // Only the first 9 bytes matter: 12 base64 chars decode to 9 bytes.
+    let head = token.trim().get(..12)?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(head)
+        .ok()?;
+    if bytes.first() != Some(&0x80) {
+        return None;
+    }
+    Some(u64::from_be_bytes(bytes.get(1..9)?.try_into().ok()?))
+}
+
+impl Keyring {
+    /// A keyring of `primary` followed by `previous`. Keys must already be validated.
+    pub fn new(primary: &Secret, previous: &[Secret]) -> Option<Self> {
+        let mut keys = Vec::with_capacity(1 + previous.len());
+        let mut fingerprints = Vec::with_capacity(1 + previous.len());
+        for k in std::iter::once(primary).chain(previous) {
+            keys.push(parse_key(k.expose())?);
+            fingerprints.push(fingerprint(k));
+        }
+        Some(Keyring { keys, fingerprints })
+    }
+
+    /// Fingerprints, primary first (safe to log and show).
+    pub fn fingerprints(&self) -> &[String] {
+        &self.fingerprints
+    }
+
+    /// Encrypt with the primary key.
+    pub fn encrypt(&self, plaintext: &[u8]) -> String {
+        self.keys[0].encrypt(plaintext)
+    }
+
+    /// Decrypt with any key (no TTL, as hive). Returns the plaintext and the index of the key
+    /// that worked (0 = primary; more means the file still needs re-encryption after a
+    /// rotation).
+    pub fn decrypt(&self, token: &str) -> Result<(SecretBytes, usize), DecryptError> {
+        let token = token.trim();
+        for (i, k) in self.keys.iter().enumerate() {
+            if let Ok(p) = k.decrypt(token) {
+                return Ok((SecretBytes::new(p), i));
+            }
+        }
+        // Tell clock skew apart from damage: if the token is stamped beyond the allowed skew
+        // and authenticates when checked "at" its own timestamp, it is intact.
+        let now = now_secs();
+        if let Some(ts) = token_timestamp(token) {
+            if ts > now + FERNET_MAX_CLOCK_SKEW_SECS
+                && self
+                    .keys
+                    .iter()
+                    .any(|k| k.decrypt_at_time(token, None, ts).is_ok())
+            {
+                return Err(DecryptError::ClockSkew {
+                    ahead_secs: ts - now,
+                });
+            }
+        }
+        Err(DecryptError::Invalid)
+    }
+
+    /// Encrypt at a chosen time (tests of clock skew only).
+    #[doc(hidden)]
+    pub fn encrypt_at_time(&self, plaintext: &[u8], unix_secs: u64) -> String {
+        self.keys[0].encrypt_at_time(plaintext, unix_secs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roundtrip_and_rotation_order() {
+        let a = generate_key();
+        let b = generate_key();
+        let old = Keyring::new(&a, &[]).unwrap();
+        let tok = old.encrypt(b"hello");
+        let both = Keyring::new(&b, &[Secret::new(a.expose().to_owned())]).unwrap();
+        let (p, idx) = both.decrypt(&tok).unwrap();
+        assert_eq!(p.expose(), b"hello");
+        assert_eq!(idx, 1);
+        let (_, idx) = both.decrypt(&both.encrypt(b"x")).unwrap();
+        assert_eq!(idx, 0);
+        let only_b = Keyring::new(&b, &[]).unwrap();
+        assert_eq!(only_b.decrypt(&tok).unwrap_err(), DecryptError::Invalid);
+    }
+
+    #[test]
+    fn future_token_is_clock_skew_not_damage() {
+        let k = Keyring::new(&generate_key(), &[]).unwrap();
+        let tok = k.encrypt_at_time(b"x", now_secs() + 3600);
+        assert!(matches!(
+            k.decrypt(&tok),
+            Err(DecryptError::ClockSkew { ahead_secs }) if ahead_secs > 3500
+        ));
+        // Same token under another key is plain invalid: the skew check authenticates first.
+        let other = Keyring::new(&generate_key(), &[]).unwrap();
+        assert_eq!(other.decrypt(&tok).unwrap_err(), DecryptError::Invalid);
+        // Within the skew window it reads.
+        let near = k.encrypt_at_time(b"x", now_secs() + 30);
+        assert!(k.decrypt(&near).is_ok());
+    }
+
+    #[test]
+    fn parse_key_rules() {
+        assert!(parse_key(generate_key().expose()).is_some());
+        assert!(parse_key("short").is_none());
+        assert!(parse_key(&format!("{}=", "A".repeat(43))).is_some());
+        assert!(parse_key(&"A".repeat(44)).is_none()); // 33 bytes, not 32
+        assert!(parse_key(&"!".repeat(44)).is_none());
+    }
+
+    #[test]
+    fn keyring_debug_shows_fingerprints_only() {
+        let key = generate_key();
+        let k = Keyring::new(&key, &[]).unwrap();
+        let dbg = format!("{k:?}");
+        assert!(!dbg.contains(key.expose()));
+        assert!(dbg.contains(&fingerprint(&key)));
+    }
+}

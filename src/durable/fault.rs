@@ -1,0 +1,232 @@
+//! The fault-injection seam.
+//!
+//! Every file-system step that changes a store (create a temp file, write it, fsync it, rename
+//! it, fsync the directory, unlink, remove a temp file) asks a [`Faults`] handle first. In
+//! production the handle is disarmed and the check is one `Option` test. Tests arm it to make
+//! the k-th step fail (once or from then on, with a chosen errno) or to "crash" there: a crash
+//! refuses that step and every later one, including the cleanup a live process would do, so the
+//! directory is left exactly as a process killed at that instant would leave it. Reopening the
+//! store with a fresh handle then plays the part of the restart.
+
+use std::fmt;
+use std::io;
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// One step of a durable write that the seam can fail or crash at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// `open(O_CREAT|O_EXCL|O_NOFOLLOW)` of a temp file.
+    CreateTemp,
+    /// Writing the bytes of a temp file.
+    WriteTemp,
+    /// `fsync` of a file.
+    FsyncFile,
+    /// `rename` of a temp file over its target, or of a file into quarantine.
+    Rename,
+    /// `fsync` of a directory, making a rename or unlink durable.
+    FsyncDir,
+    /// `unlink` of a file (delete, key retirement).
+    Unlink,
+    /// Removing a leftover or failed temp file.
+    RemoveTemp,
+    /// Creating a directory.
+    CreateDir,
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Op::CreateTemp => "create temp file",
+            Op::WriteTemp => "write temp file",
+            Op::FsyncFile => "fsync file",
+            Op::Rename => "rename",
+            Op::FsyncDir => "fsync directory",
+            Op::Unlink => "unlink",
+            Op::RemoveTemp => "remove temp file",
+            Op::CreateDir => "create directory",
+        })
+    }
+}
+
+/// What an armed seam does when its trigger is reached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultMode {
+    /// The triggering step fails with this errno; later steps succeed.
+    FailOnce(i32),
+    /// The triggering step and every later one fail with this errno.
+    FailAlways(i32),
+    /// The process "dies" before the triggering step: it and every later step are refused
+    /// without touching the file system, cleanup included.
+    Crash,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    seen: u64,
+    trigger_at: Option<u64>,
+    only: Option<Op>,
+    mode: Option<FaultMode>,
+    failing: Option<i32>,
+    crashed: bool,
+    injected: u64,
+    log: Vec<Op>,
+}
+
+/// A handle on the fault-injection seam. Cloning shares the same state.
+#[derive(Clone, Debug, Default)]
+pub struct Faults(Option<Arc<Mutex<State>>>);
+
+/// Marker text of the error returned for a step refused after an injected crash.
+pub const CRASH_MARKER: &str = "injected crash";
+
+impl Faults {
+    /// The production handle: never fails anything.
+    pub fn none() -> Self {
+        Faults(None)
+    }
+
+    /// A handle that fails nothing but counts and records every step (to learn how many steps
+    /// an operation takes before looping over them).
+    pub fn recorder() -> Self {
+        Faults(Some(Arc::new(Mutex::new(State::default()))))
+    }
+
+    /// Trigger `mode` at the `k`-th step (1-based) of any kind.
+    pub fn at_step(k: u64, mode: FaultMode) -> Self {
+        let state = State {
+            trigger_at: Some(k),
+            mode: Some(mode),
+            ..State::default()
+        };
+        Faults(Some(Arc::new(Mutex::new(state))))
+    }
+
+    /// Trigger `mode` at the `nth` (1-based) occurrence of step `op`.
+    pub fn at_op(op: Op, nth: u64, mode: FaultMode) -> Self {
+        let state = State {
+            trigger_at: Some(nth),
+            only: Some(op),
+            mode: Some(mode),
+            ..State::default()
+        };
+        Faults(Some(Arc::new(Mutex::new(state))))
+    }
+
+    /// Steps seen so far (of the kind the trigger counts, or all kinds).
+    pub fn steps_seen(&self) -> u64 {
+        self.with(|s| s.seen).unwrap_or(0)
+    }
+
+    /// Every step asked about, in order (recorders and armed handles).
+    pub fn log(&self) -> Vec<Op> {
+        self.with(|s| s.log.clone()).unwrap_or_default()
+    }
+
+    /// Whether an injected crash has happened.
+    pub fn crashed(&self) -> bool {
+        self.with(|s| s.crashed).unwrap_or(false)
+    }
+
+    /// How many steps were failed or refused by injection.
+    pub fn injected(&self) -> u64 {
+        self.with(|s| s.injected).unwrap_or(0)
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> Option<T> {
+        self.0
+            .as_ref()
+            .map(|m| f(&mut m.lock().unwrap_or_else(PoisonError::into_inner)))
+    }
+
+    /// Ask permission for one step. `Err` means the caller must not perform it.
+    pub(crate) fn check(&self, op: Op) -> io::Result<()> {
+        let Some(m) = &self.0 else { return Ok(()) };
+        let mut s = m.lock().unwrap_or_else(PoisonError::into_inner);
+        s.log.push(op);
+        if s.crashed {
+            s.injected += 1;
+            return Err(io::Error::other(CRASH_MARKER));
+        }
+        if let Some(errno) = s.failing {
+            s.injected += 1;
+            return Err(io::Error::from_raw_os_error(errno));
+        }
+        if s.only.is_none_or(|o| o == op) {
+            s.seen += 1;
+            if s.trigger_at == Some(s.seen) {
+                s.injected += 1;
+                match s.mode {
+                    Some(FaultMode::FailOnce(errno)) => {
+                        return Err(io::Error::from_raw_os_error(errno))
+                    }
+                    Some(FaultMode::FailAlways(errno)) => {
+                        s.failing = Some(errno);
+                        return Err(io::Error::from_raw_os_error(errno));
+                    }
+                    Some(FaultMode::Crash) => {
+                        s.crashed = true;
+                        return Err(io::Error::other(CRASH_MARKER));
+                    }
+                    None => {}
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether an I/O error is the seam's simulated crash (callers skip cleanup: a dead process
+/// cleans nothing up).
+pub fn is_crash(err: &io::Error) -> bool {
+    err.kind() == io::ErrorKind::Other && err.to_string() == CRASH_MARKER
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn disarmed_never_fails() {
+        let f = Faults::none();
+        for _ in 0..100 {
+            assert!(f.check(Op::FsyncFile).is_ok());
+        }
+        assert_eq!(f.steps_seen(), 0);
+    }
+
+    #[test]
+    fn fail_once_fails_only_the_kth_step() {
+        let f = Faults::at_step(3, FaultMode::FailOnce(libc_eio()));
+        assert!(f.check(Op::CreateTemp).is_ok());
+        assert!(f.check(Op::WriteTemp).is_ok());
+        let err = f.check(Op::FsyncFile).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc_eio()));
+        assert!(f.check(Op::Rename).is_ok());
+        assert_eq!(f.injected(), 1);
+    }
+
+    #[test]
+    fn crash_refuses_everything_after() {
+        let f = Faults::at_op(Op::Rename, 1, FaultMode::Crash);
+        assert!(f.check(Op::CreateTemp).is_ok());
+        assert!(is_crash(&f.check(Op::Rename).unwrap_err()));
+        assert!(is_crash(&f.check(Op::RemoveTemp).unwrap_err()));
+        assert!(f.crashed());
+        assert_eq!(
+            f.log(),
+            vec![Op::CreateTemp, Op::Rename, Op::RemoveTemp]
+        );
+    }
+
+    #[test]
+    fn fail_always_sticks() {
+        let f = Faults::at_step(1, FaultMode::FailAlways(28));
+        for _ in 0..5 {
+            assert_eq!(f.check(Op::WriteTemp).unwrap_err().raw_os_error(), Some(28));
+        }
+    }
+
+    fn libc_eio() -> i32 {
+        5
+    }
+}

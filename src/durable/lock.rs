@@ -1,0 +1,285 @@
+//! File locks that serialize threads and processes the same way.
+//!
+//! Across processes: `flock` through fs4 on a lock file (hive's patched writers take the same
+//! `flock` on `metadata/index.lock`). Within a process: a reader/writer gate keyed by the lock
+//! file's path, taken first, so threads queue on a condition variable instead of all polling
+//! `flock`, and so a thread never relies on the per-open-file-description subtleties of `flock`.
+//! `flock` itself has no timed wait, so a timed acquisition polls `try_lock` with backoff.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
+
+use fs4::FileExt;
+
+use crate::limits::{LOCK_POLL_MAX, LOCK_POLL_MIN};
+
+/// Shared (readers) or exclusive (one writer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LockMode {
+    /// Many holders at once; excludes exclusive holders.
+    Shared,
+    /// One holder; excludes everyone else.
+    Exclusive,
+}
+
+/// Why a lock was not taken.
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    /// Someone else held it for the whole timeout.
+    #[error("{} is held by another writer (waited {:.1} s); is another holdfast or hive process stuck?", path.display(), waited.as_secs_f64())]
+    Timeout {
+        /// The lock file.
+        path: PathBuf,
+        /// How long we waited.
+        waited: Duration,
+    },
+    /// The lock file could not be opened or locked.
+    #[error("cannot lock {}: {source}", path.display())]
+    Io {
+        /// The lock file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+#[derive(Default)]
+struct GateState {
+    readers: usize,
+    writer: bool,
+}
+
+#[derive(Default)]
+struct Gate {
+    state: Mutex<GateState>,
+    cv: Condvar,
+}
+
+impl Gate {
+    fn acquire(&self, mode: LockMode, deadline: Option<Instant>) -> bool {
+        let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        loop {
+            let free = match mode {
+                LockMode::Shared => !s.writer,
+                LockMode::Exclusive => !s.writer && s.readers == 0,
+            };
+            if free {
+                match mode {
+                    LockMode::Shared => s.readers += 1,
+                    LockMode::Exclusive => s.writer = true,
+                }
+                return true;
+            }
+            match deadline {
+                None => return false,
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        return false;
+                    }
+                    s = self
+                        .cv
+                        .wait_timeout(s, d - now)
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0;
+                }
+            }
+        }
+    }
+
+    fn release(&self, mode: LockMode) {
+        let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        match mode {
+            LockMode::Shared => s.readers = s.readers.saturating_sub(1),
+            LockMode::Exclusive => s.writer = false,
+        }
+        self.cv.notify_all();
+    }
+}
+
+fn gate_for(path: &Path) -> Arc<Gate> {
+    static GATES: OnceLock<Mutex<HashMap<PathBuf, Arc<Gate>>>> = OnceLock::new();
+    // Key by the canonical directory so `a/../b/x.lock` and `b/x.lock` share a gate.
+    let key = match (path.parent().map(Path::canonicalize), path.file_name()) {
+        (Some(Ok(dir)), Some(name)) => dir.join(name),
+        _ => path.to_path_buf(),
+    };
+    let mut map = GATES
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    map.entry(key).or_default().clone()
+}
+
+/// A held lock; released on drop (the in-process gate and the `flock`).
+pub struct LockGuard {
+    file: File,
+    gate: Arc<Gate>,
+    mode: LockMode,
+}
+
+impl std::fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockGuard").field("mode", &self.mode).finish()
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        // Closing the file releases the flock too; unlock first so the gate never opens while
+        // the flock is still held.
+        let _ = FileExt::unlock(&self.file);
+        self.gate.release(self.mode);
+    }
+}
+
+fn open_lock_file(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(path)
+}
+
+fn try_flock(file: &File, mode: LockMode) -> io::Result<bool> {
+    let r = match mode {
+        LockMode::Shared => FileExt::try_lock_shared(file),
+        LockMode::Exclusive => FileExt::try_lock(file),
+    };
+    match r {
+        Ok(()) => Ok(true),
+        Err(fs4::TryLockError::WouldBlock) => Ok(false),
+        Err(fs4::TryLockError::Error(e)) => Err(e),
+    }
+}
+
+/// Take the lock at `path` (created 0600 if missing), waiting at most `timeout`.
+pub fn lock(path: &Path, mode: LockMode, timeout: Duration) -> Result<LockGuard, LockError> {
+    acquire(path, mode, Some(timeout))?.ok_or_else(|| LockError::Timeout {
+        path: path.to_path_buf(),
+        waited: timeout,
+    })
+}
+
+/// Take the lock at `path` if nobody holds it in a conflicting mode; `Ok(None)` otherwise.
+pub fn try_lock(path: &Path, mode: LockMode) -> Result<Option<LockGuard>, LockError> {
+    acquire(path, mode, None)
+}
+
+fn acquire(
+    path: &Path,
+    mode: LockMode,
+    timeout: Option<Duration>,
+) -> Result<Option<LockGuard>, LockError> {
+    let io_err = |source| LockError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let start = Instant::now();
+    let deadline = timeout.map(|t| start + t);
+    let file = open_lock_file(path).map_err(io_err)?;
+    let gate = gate_for(path);
+    if !gate.acquire(mode, deadline) {
+        return Ok(None);
+    }
+    let taken = poll_flock(&file, mode, deadline);
+    match taken {
+        Ok(true) => Ok(Some(LockGuard { file, gate, mode })),
+        Ok(false) => {
+            gate.release(mode);
+            Ok(None)
+        }
+        Err(e) => {
+            gate.release(mode);
+            Err(io_err(e))
+        }
+    }
+}
+
+/// Try `flock` until it is taken or `deadline` passes (`None`: one try).
+fn poll_flock(file: &File, mode: LockMode, deadline: Option<Instant>) -> io::Result<bool> {
+    let mut pause = LOCK_POLL_MIN;
+    loop {
+        if try_flock(file, mode)? {
+            return Ok(true);
+        }
+        let Some(deadline) = deadline else {
+            return Ok(false);
+        };
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok(false);
+        }
+        std::thread::sleep(pause.min(deadline - now));
+        pause = (pause * 2).min(LOCK_POLL_MAX);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn exclusive_excludes_threads() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("x.lock");
+        let inside = Arc::new(AtomicUsize::new(0));
+        let max = Arc::new(AtomicUsize::new(0));
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let (path, inside, max) = (path.clone(), inside.clone(), max.clone());
+                std::thread::spawn(move || {
+                    for _ in 0..50 {
+                        let _g = lock(&path, LockMode::Exclusive, Duration::from_secs(30)).unwrap();
+                        let n = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                        max.fetch_max(n, Ordering::SeqCst);
+                        std::thread::yield_now();
+                        inside.fetch_sub(1, Ordering::SeqCst);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(max.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn shared_allows_readers_and_blocks_writer() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("x.lock");
+        let r1 = try_lock(&path, LockMode::Shared).unwrap();
+        let r2 = try_lock(&path, LockMode::Shared).unwrap();
+        assert!(r1.is_some() && r2.is_some());
+        assert!(try_lock(&path, LockMode::Exclusive).unwrap().is_none());
+        let err = lock(&path, LockMode::Exclusive, Duration::from_millis(50)).unwrap_err();
+        assert!(matches!(err, LockError::Timeout { .. }), "{err}");
+        drop((r1, r2));
+        assert!(try_lock(&path, LockMode::Exclusive).unwrap().is_some());
+    }
+
+    #[test]
+    fn flock_held_by_another_open_file_is_respected() {
+        // Simulates another process: a raw flock not known to the in-process gate.
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("x.lock");
+        let other = open_lock_file(&path).unwrap();
+        FileExt::try_lock(&other).unwrap();
+        let err = lock(&path, LockMode::Exclusive, Duration::from_millis(40)).unwrap_err();
+        assert!(matches!(err, LockError::Timeout { .. }));
+        // The gate was released despite the timeout: after the other side lets go we get it.
+        FileExt::unlock(&other).unwrap();
+        assert!(lock(&path, LockMode::Exclusive, Duration::from_secs(1)).is_ok());
+    }
+}

@@ -1,0 +1,59 @@
+//! The durable layer: the only code in holdfast that creates, writes, renames, fsyncs, unlinks
+//! or locks files. Everything above it (the stores) says *what* to make durable; this module
+//! says *how*, in one place, so the crash behaviour of every write can be read here and in
+//! `docs/design.md`.
+
+mod atomic;
+pub mod fault;
+pub mod lock;
+pub mod perms;
+
+pub use atomic::{
+    atomic_write, create_private_dir, fsync_dir, move_aside, read_capped, remove_durably,
+    sweep_temp_files, FileStamp, TEMP_MARKER,
+};
+pub use fault::{FaultMode, Faults, Op};
+pub use lock::{LockError, LockGuard, LockMode};
+pub use perms::PermError;
+
+use std::io;
+use std::path::PathBuf;
+
+/// A failed file-system step, with the step and the path it was applied to.
+#[derive(Debug, thiserror::Error)]
+#[error("{op} {}: {source}", path.display())]
+pub struct IoError {
+    /// The step that failed.
+    pub op: Op,
+    /// The file or directory it was applied to.
+    pub path: PathBuf,
+    /// What the OS (or the fault seam) said.
+    #[source]
+    pub source: io::Error,
+}
+
+impl IoError {
+    pub(crate) fn new(op: Op, path: impl Into<PathBuf>, source: io::Error) -> Self {
+        IoError {
+            op,
+            path: path.into(),
+            source,
+        }
+    }
+
+    /// An fsync failed: the data may or may not be on disk, and the page cache may have dropped
+    /// the dirty pages (fsyncgate). The store must stop writing until it is reopened.
+    pub fn is_fsync(&self) -> bool {
+        matches!(self.op, Op::FsyncFile | Op::FsyncDir)
+    }
+
+    /// The seam simulated a crash at this step.
+    pub fn is_injected_crash(&self) -> bool {
+        fault::is_crash(&self.source)
+    }
+
+    /// The disk (or quota) is full.
+    pub fn is_disk_full(&self) -> bool {
+        matches!(self.source.raw_os_error(), Some(28) | Some(122))
+    }
+}

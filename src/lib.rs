@@ -1,0 +1,18 @@
+//! holdfast: a local daemon that keeps the state AI-agent processes must not lose or leak.
+//!
+//! Layers, data flowing down only (see `docs/design.md`):
+//! - [`cli`]: the admin command line, one file per subcommand.
+//! - [`store`]: the hive-compatible credential store (files, index, reconciliation, fsck).
+//! - [`crypto`]: keys, their sources and rotation, Fernet, and the [`crypto::Secret`] type.
+//! - [`durable`]: the only code that writes, renames, fsyncs or locks files.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod cli;
+pub mod crypto;
+pub mod durable;
+pub mod error;
+pub mod limits;
+pub mod paths;
+pub mod store;
+pub mod timefmt;

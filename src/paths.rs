@@ -1,0 +1,105 @@
+//! Default locations (XDG, systemd, hive), each overridable by flag or environment.
+
+use std::path::PathBuf;
+
+use crate::crypto::KeySource;
+use crate::limits::MAX_STORE_NAME_BYTES;
+
+fn env_path(var: &str) -> Option<PathBuf> {
+    std::env::var_os(var)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+}
+
+fn home() -> Result<PathBuf, String> {
+    env_path("HOME").ok_or_else(|| {
+        "HOME is not set (or not absolute); pass --data-dir or set HOLDFAST_DATA_DIR".to_string()
+    })
+}
+
+/// The data directory: `$STATE_DIRECTORY` under systemd, else `$XDG_STATE_HOME/holdfast`,
+/// else `~/.local/state/holdfast`. (`--data-dir` / `HOLDFAST_DATA_DIR` override it earlier.)
+pub fn default_data_dir() -> Result<PathBuf, String> {
+    if let Some(p) = env_path("STATE_DIRECTORY") {
+        return Ok(p);
+    }
+    if let Some(p) = env_path("XDG_STATE_HOME") {
+        return Ok(p.join("holdfast"));
+    }
+    Ok(home()?.join(".local/state/holdfast"))
+}
+
+/// `$XDG_CONFIG_HOME/holdfast`, else `~/.config/holdfast`.
+pub fn config_dir() -> Result<PathBuf, String> {
+    if let Some(p) = env_path("XDG_CONFIG_HOME") {
+        return Ok(p.join("holdfast"));
+    }
+    Ok(home()?.join(".config/holdfast"))
+}
+
+/// The key file holdfast creates for a store: `<config>/keys/<store>.key`.
+pub fn key_file(store: &str) -> Result<PathBuf, String> {
+    Ok(config_dir()?.join("keys").join(format!("{store}.key")))
+}
+
+/// Key sources of a holdfast-managed store, in order: systemd's `$CREDENTIALS_DIRECTORY`,
+/// then the key file.
+pub fn store_key_sources(store: &str) -> Result<Vec<KeySource>, String> {
+    let mut v = Vec::new();
+    if let Some(dir) = env_path("CREDENTIALS_DIRECTORY") {
+        v.push(KeySource::SystemdCredential(
+            dir.join(format!("holdfast-{store}.key")),
+        ));
+    }
+    v.push(KeySource::File(key_file(store)?));
+    Ok(v)
+}
+
+/// hive's home: `$HIVE_HOME`, else `~/.hive`.
+pub fn hive_home() -> Result<PathBuf, String> {
+    match env_path("HIVE_HOME") {
+        Some(p) => Ok(p),
+        None => Ok(home()?.join(".hive")),
+    }
+}
+
+/// hive's key sources, in hive's order: `HIVE_CREDENTIAL_KEY`, then
+/// `$HIVE_HOME/secrets/credential_key`.
+pub fn hive_key_sources() -> Result<Vec<KeySource>, String> {
+    Ok(vec![
+        KeySource::Env("HIVE_CREDENTIAL_KEY".into()),
+        KeySource::File(hive_home()?.join("secrets/credential_key")),
+    ])
+}
+
+/// Store names become directory and file names: 1–64 of `[A-Za-z0-9_-]`, not starting with `-`.
+pub fn validate_store_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_STORE_NAME_BYTES
+        && !name.starts_with('-')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "invalid store name: use 1-{MAX_STORE_NAME_BYTES} letters, digits, '_' or '-' (not starting with '-')"
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_names() {
+        assert!(validate_store_name("default").is_ok());
+        assert!(validate_store_name("team-a_2").is_ok());
+        for bad in ["", "-x", "a/b", "..", "a b", &"x".repeat(65)] {
+            assert!(validate_store_name(bad).is_err(), "{bad}");
+        }
+    }
+}

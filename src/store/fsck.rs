@@ -1,0 +1,153 @@
+//! The reconciliation report: what a scan of a store found and what was done about it. `open`
+//! produces one (and logs it when anything was repaired); `holdfast store fsck` prints it.
+
+use serde::Serialize;
+use std::fmt;
+use std::path::PathBuf;
+
+use super::index::IndexState;
+
+/// A file moved (or, without `--repair`, to be moved) to quarantine.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Quarantined {
+    /// File name in `credentials/`.
+    pub file: String,
+    /// Why it failed.
+    pub reason: String,
+    /// Where it was moved (`None` when only reported).
+    pub moved_to: Option<PathBuf>,
+}
+
+/// What a scan found.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Report {
+    /// Whether problems were repaired (false: report only).
+    pub repaired: bool,
+    /// Whether every file was decrypted (fsck) or only those the index does not vouch for.
+    pub full: bool,
+    /// `.enc` files found.
+    pub files: usize,
+    /// Files trusted by their stamp in the index (not decrypted).
+    pub vouched: usize,
+    /// Files decrypted.
+    pub decrypted: usize,
+    /// Credentials readable after the scan.
+    pub readable: usize,
+    /// Leftover temp files (removed when repaired).
+    pub temp_files: Vec<String>,
+    /// Index state as found.
+    pub index: String,
+    /// Whether the index could not be used and had to be rebuilt.
+    pub index_rebuilt: bool,
+    /// Credentials on disk but missing from the index (added).
+    pub orphans: Vec<String>,
+    /// Index entries with no file (dropped).
+    pub ghosts: Vec<String>,
+    /// Index entries whose metadata differed from the file (corrected).
+    pub drift: Vec<String>,
+    /// Files stamped in the future (clock skew): left alone, unreadable until the clock catches up.
+    pub clock_skew: Vec<String>,
+    /// Files still encrypted with a previous key (a rotation to finish).
+    pub old_key: Vec<String>,
+    /// Files that failed decryption, parsing or id binding, or are not regular files.
+    pub quarantined: Vec<Quarantined>,
+    /// Other entries in `credentials/` that are not credential files (left alone).
+    pub stray: Vec<String>,
+    /// Whether index.json was rewritten.
+    pub index_rewritten: bool,
+}
+
+impl Report {
+    pub(crate) fn set_index_state(&mut self, state: &IndexState) {
+        self.index = state.to_string();
+        self.index_rebuilt = *state != IndexState::Ok;
+    }
+
+    /// Number of problems found (0 = clean). Old-key files and clock skew count: both need a
+    /// person to act.
+    pub fn problems(&self) -> usize {
+        self.temp_files.len()
+            + usize::from(self.index_rebuilt)
+            + self.orphans.len()
+            + self.ghosts.len()
+            + self.drift.len()
+            + self.clock_skew.len()
+            + self.old_key.len()
+            + self.quarantined.len()
+    }
+
+    /// Whether the scan changed nothing on disk and found nothing to change.
+    pub fn is_clean(&self) -> bool {
+        self.problems() == 0
+    }
+}
+
+fn list(f: &mut fmt::Formatter<'_>, label: &str, items: &[String], fix: &str) -> fmt::Result {
+    if items.is_empty() {
+        return Ok(());
+    }
+    writeln!(f, "  {label}: {}{fix}", items.len())?;
+    for i in items.iter().take(20) {
+        writeln!(f, "    {i}")?;
+    }
+    if items.len() > 20 {
+        writeln!(f, "    … and {} more", items.len() - 20)?;
+    }
+    Ok(())
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let done = |fixed: &'static str| if self.repaired { fixed } else { "" };
+        writeln!(
+            f,
+            "  files: {} ({} decrypted, {} vouched for by the index), {} readable",
+            self.files, self.decrypted, self.vouched, self.readable
+        )?;
+        writeln!(
+            f,
+            "  index: {}{}",
+            self.index,
+            if self.index_rebuilt && self.repaired {
+                " (rebuilt from the files)"
+            } else {
+                ""
+            }
+        )?;
+        list(f, "temp files", &self.temp_files, done(" (removed)"))?;
+        list(f, "missing from index", &self.orphans, done(" (added)"))?;
+        list(f, "ghost index entries", &self.ghosts, done(" (dropped)"))?;
+        list(f, "index drift", &self.drift, done(" (corrected)"))?;
+        list(
+            f,
+            "stamped in the future (clock skew; left alone)",
+            &self.clock_skew,
+            "",
+        )?;
+        list(
+            f,
+            "still under a previous key (run `holdfast key rotate` to finish)",
+            &self.old_key,
+            "",
+        )?;
+        if !self.quarantined.is_empty() {
+            writeln!(
+                f,
+                "  damaged: {}{}",
+                self.quarantined.len(),
+                done(" (moved to quarantine, not deleted)")
+            )?;
+            for q in &self.quarantined {
+                match &q.moved_to {
+                    Some(p) => writeln!(f, "    {}: {} -> {}", q.file, q.reason, p.display())?,
+                    None => writeln!(f, "    {}: {}", q.file, q.reason)?,
+                }
+            }
+        }
+        list(f, "other files in credentials/ (left alone)", &self.stray, "")?;
+        if self.index_rewritten {
+            writeln!(f, "  index.json rewritten")?;
+        }
+        Ok(())
+    }
+}

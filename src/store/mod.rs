@@ -1,0 +1,194 @@
+//! The credential store: hive's layout, made safe (see `docs/design.md`).
+//!
+//! ```text
+//! <base>/credentials/<safe_id>.enc   one Fernet token per credential (the truth)
+//! <base>/metadata/index.json         hive's v2.0 index (a derived cache, rewritten atomically)
+//! <base>/metadata/index.lock         flock taken by every writer (hive's patched writers too)
+//! <base>/quarantine/                 files that failed decryption or id binding, never deleted
+//! ```
+
+mod credentials;
+pub mod credential;
+pub mod fsck;
+pub mod id;
+pub mod index;
+mod rotate;
+
+pub use credential::Credential;
+pub use credentials::{
+    init_store, CredentialInfo, CredentialStore, Listing, OpenMode, StoreConfig, StoreOptions,
+};
+pub use fsck::Report;
+pub use rotate::RotateReport;
+
+use std::path::PathBuf;
+
+use crate::crypto::{DecryptError, KeyError};
+use crate::durable::{IoError, LockError, PermError};
+use crate::error::ErrorKind;
+use credential::SchemaError;
+use id::IdError;
+
+/// Why a store is sealed (it has data but no usable key, or no key at all). A sealed store
+/// answers every credential operation with `sealed` and modifies nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SealedReason {
+    /// No key source has a key.
+    NoKey {
+        /// Encrypted files present.
+        files: usize,
+        /// Where keys were looked for.
+        looked_in: String,
+    },
+    /// A key was found but decrypts none of the files tried.
+    WrongKey {
+        /// Files tried.
+        tried: usize,
+        /// Which key.
+        source: String,
+    },
+    /// The key source holds something that is not a key.
+    BadKey(String),
+}
+
+impl std::fmt::Display for SealedReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SealedReason::NoKey { files: 0, looked_in } => write!(
+                f,
+                "no key (looked in: {looked_in}); run `holdfast init` to create one for this empty store"
+            ),
+            SealedReason::NoKey { files, looked_in } => write!(
+                f,
+                "it holds {files} encrypted credential file(s) but no key was found (looked in: {looked_in}). \
+                 Restore the key that encrypted them; holdfast never creates a new key for a store that has data"
+            ),
+            SealedReason::WrongKey { tried, source } => write!(
+                f,
+                "the key from {source} decrypts none of the {tried} credential file(s) tried: it is not the key \
+                 these files were encrypted with. Restore the right key; nothing was modified"
+            ),
+            SealedReason::BadKey(msg) => write!(f, "{msg}"),
+        }
+    }
+}
+
+/// A credential-store error. Each maps to exactly one [`ErrorKind`] in [`Error::kind`].
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The id breaks a rule.
+    #[error(transparent)]
+    InvalidId(#[from] IdError),
+    /// The document is not a valid credential.
+    #[error("invalid credential: {0}")]
+    InvalidCredential(SchemaError),
+    /// No credential with this id.
+    #[error("no credential {id:?}")]
+    NotFound {
+        /// The id.
+        id: String,
+    },
+    /// `if_generation` did not match.
+    #[error("credential {id:?} is at generation {actual}, not {expected}: someone else wrote it first (read it again, then retry)")]
+    GenerationMismatch {
+        /// The id.
+        id: String,
+        /// The generation the caller expected.
+        expected: u64,
+        /// The generation on disk.
+        actual: u64,
+    },
+    /// The id maps to a file that holds another id (hive maps `a/b` and `a_b` to one file).
+    #[error("credential {id:?} would be stored in {file}, which already holds credential {other:?} (hive maps both ids to one file name); choose another id")]
+    IdCollision {
+        /// The id asked for.
+        id: String,
+        /// The file.
+        file: String,
+        /// The id in the file.
+        other: String,
+    },
+    /// The store is sealed.
+    #[error("store {store:?} is sealed: {reason}")]
+    Sealed {
+        /// Store name.
+        store: String,
+        /// Why.
+        reason: SealedReason,
+    },
+    /// A file failed an integrity check.
+    #[error("{what}: {reason}; run `holdfast store fsck` to see every damaged file, `--repair` to quarantine them")]
+    Integrity {
+        /// Which credential or file.
+        what: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A token is stamped in the future.
+    #[error("credential {id:?}: {source}")]
+    ClockSkew {
+        /// The id.
+        id: String,
+        /// The skew.
+        source: DecryptError,
+    },
+    /// A file-system step failed.
+    #[error("{0}")]
+    Io(#[from] IoError),
+    /// A read failed.
+    #[error("reading {}: {source}", path.display())]
+    Read {
+        /// The path.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An earlier fsync failed; writes are refused until the store is reopened.
+    #[error("store refuses writes until it is reopened, because an earlier write failed to reach the disk ({0})")]
+    Poisoned(String),
+    /// A lock could not be taken.
+    #[error(transparent)]
+    Lock(#[from] LockError),
+    /// Unsafe permissions or ownership.
+    #[error(transparent)]
+    Unsafe(#[from] PermError),
+    /// A key problem other than "no key".
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    /// There is no store at the path.
+    #[error("no store at {}: run `holdfast init` (or pass --store-dir for an existing hive store)", .0.display())]
+    NoStore(PathBuf),
+    /// The operation needs a mode or source the store was not opened with.
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+impl Error {
+    /// The stable kind of this error.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::InvalidId(_) | Error::InvalidCredential(_) => ErrorKind::InvalidParams,
+            Error::NotFound { .. } | Error::NoStore(_) => ErrorKind::NotFound,
+            Error::GenerationMismatch { .. } | Error::IdCollision { .. } => ErrorKind::Conflict,
+            Error::Sealed { .. } => ErrorKind::Sealed,
+            Error::Integrity { .. } | Error::ClockSkew { .. } => ErrorKind::Integrity,
+            Error::Io(_) | Error::Read { .. } | Error::Poisoned(_) => ErrorKind::Storage,
+            Error::Lock(LockError::Timeout { .. }) => ErrorKind::Busy,
+            Error::Lock(LockError::Io { .. }) => ErrorKind::Storage,
+            Error::Unsafe(_) | Error::Key(KeyError::Unsafe(_)) => ErrorKind::Forbidden,
+            Error::Key(KeyError::Exists(_)) => ErrorKind::Conflict,
+            Error::Key(KeyError::Malformed { .. }) => ErrorKind::Sealed,
+            Error::Key(_) => ErrorKind::Storage,
+            Error::Unsupported(_) => ErrorKind::Unsupported,
+        }
+    }
+
+    /// A clock-skew error (distinct from damage even though both are `integrity` on the wire).
+    pub fn is_clock_skew(&self) -> bool {
+        matches!(self, Error::ClockSkew { .. })
+    }
+}
+
+/// Result alias for store operations.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,111 @@
+//! Key rotation with MultiFernet semantics, restartable at any point.
+//!
+//! Steps (each durable before the next):
+//! 1. Under the store lock: write `<key>.prev` = the current key (plus any older previous
+//!    keys), then write the new key to `<key>`. From here on the keyring is [new, old…]:
+//!    every file decrypts, every new write uses the new key.
+//! 2. For every file, one at a time under the lock: if it decrypts only with a previous key,
+//!    re-encrypt it with the new key (atomic replace; the plaintext, generation included, is
+//!    unchanged).
+//! 3. Under the lock, a full scan: every file that decrypts must decrypt with the new key
+//!    (stragglers written meanwhile by processes that had not reloaded the key are re-encrypted
+//!    here). Only then `<key>.prev` is removed.
+//!
+//! A crash anywhere leaves a keyring that opens every file: before step 1's second write the
+//! old key is still primary (and also in `.prev`); after it, both keys are loaded. Running
+//! `key rotate` again resumes: a `.prev` file means "rotation in progress" and no new key is
+//! made unless the crash came before the new key was written.
+
+use super::credentials::CredentialStore;
+use super::{Error, Result};
+use crate::crypto::{generate_key, keys, Secret};
+
+/// What a rotation did.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct RotateReport {
+    /// Whether this run resumed an interrupted rotation.
+    pub resumed: bool,
+    /// Fingerprint of the new primary key.
+    pub new_key: String,
+    /// Fingerprints of the retired keys.
+    pub retired: Vec<String>,
+    /// Files re-encrypted.
+    pub reencrypted: usize,
+    /// Files checked in the final scan.
+    pub verified: usize,
+    /// Files that decrypt with no key at all (left alone; see `store fsck`).
+    pub undecryptable: Vec<String>,
+}
+
+impl CredentialStore {
+    /// Rotate the store's key (or finish an interrupted rotation). `progress(done, total)` is
+    /// called as files are re-encrypted.
+    pub fn rotate_key(&self, mut progress: impl FnMut(usize, usize)) -> Result<RotateReport> {
+        let source = self
+            .key_source()
+            .ok_or_else(|| Error::Unsupported("store is sealed; nothing to rotate".into()))?;
+        let Some(key_file) = source.writable_file().map(ToOwned::to_owned) else {
+            return Err(Error::Unsupported(format!(
+                "the key comes from {source}, which holdfast cannot rewrite; rotate it where it is \
+                 managed (for systemd LoadCredential=, replace the credential file and restart), \
+                 or use a key file (--key-file)"
+            )));
+        };
+        let faults = self.faults().clone();
+        let mut report = RotateReport::default();
+
+        // Step 1: new key first, old key kept.
+        {
+            let _lock = self.exclusive_lock()?;
+            let loaded = keys::load(std::slice::from_ref(&source))?
+                .ok_or_else(|| Error::Unsupported(format!("{source} has no key any more")))?;
+            let in_prev = loaded
+                .previous
+                .iter()
+                .any(|k| k.expose() == loaded.primary.expose());
+            report.resumed = !loaded.previous.is_empty();
+            if !report.resumed || in_prev {
+                if !in_prev {
+                    let mut prev = vec![Secret::new(loaded.primary.expose().to_owned())];
+                    prev.extend(loaded.previous.iter().map(|k| Secret::new(k.expose().to_owned())));
+                    keys::write_previous(&key_file, &prev, &faults)?;
+                }
+                keys::write_key_file(&key_file, &generate_key(), &faults)?;
+            }
+            self.reload_keys()?;
+        }
+        report.new_key = self.key_fingerprints().first().cloned().unwrap_or_default();
+        report.retired = self.key_fingerprints().into_iter().skip(1).collect();
+
+        // Step 2: re-encrypt, one file per lock hold so other writers keep going.
+        let names = self.enc_file_names()?;
+        for (i, name) in names.iter().enumerate() {
+            let _lock = self.exclusive_lock()?;
+            if self.reencrypt_file(name)? {
+                report.reencrypted += 1;
+            }
+            progress(i + 1, names.len());
+        }
+
+        // Step 3: prove nothing needs the old keys, then forget them.
+        {
+            let _lock = self.exclusive_lock()?;
+            for name in self.enc_file_names()? {
+                report.verified += 1;
+                match self.needs_old_key(&name)? {
+                    Some(true) => {
+                        self.reencrypt_file(&name)?;
+                        report.reencrypted += 1;
+                    }
+                    Some(false) => {}
+                    None => report.undecryptable.push(name),
+                }
+            }
+            keys::write_previous(&key_file, &[], &faults)?;
+            self.reload_keys()?;
+            self.flush_locked()?;
+        }
+        tracing::info!(store = %self.config().name, new_key = %report.new_key, reencrypted = report.reencrypted, "key rotated");
+        Ok(report)
+    }
+}

@@ -1,0 +1,137 @@
+//! Timestamps in the two text forms hive uses, without a date-time dependency.
+//!
+//! Credential files use pydantic's form, `2026-01-01T00:00:01Z` (six fraction digits only when
+//! non-zero: `…01.120000Z`); `index.json` uses Python's `isoformat()`, `…+00:00`.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Microseconds since the Unix epoch, now.
+pub fn now_micros() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0)
+}
+
+// Howard Hinnant's civil-from-days / days-from-civil.
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let m = i64::from(m);
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(d) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+fn format(micros: i64, suffix: &str) -> String {
+    let secs = micros.div_euclid(1_000_000);
+    let frac = micros.rem_euclid(1_000_000);
+    let (y, mo, d) = civil_from_days(secs.div_euclid(86_400));
+    let sod = secs.rem_euclid(86_400);
+    let (h, mi, s) = (sod / 3600, (sod % 3600) / 60, sod % 60);
+    let mut out = format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}");
+    if frac != 0 {
+        out.push_str(&format!(".{frac:06}"));
+    }
+    out.push_str(suffix);
+    out
+}
+
+/// `2026-01-01T00:00:01Z` / `2026-01-01T00:00:01.120000Z` (credential files).
+pub fn format_z(micros: i64) -> String {
+    format(micros, "Z")
+}
+
+/// `2026-01-01T00:00:01+00:00` (index.json, Python's `isoformat()`).
+pub fn format_offset(micros: i64) -> String {
+    format(micros, "+00:00")
+}
+
+/// Parse an ISO 8601 timestamp as hive writes them (`Z`, `±HH:MM`, or naive = UTC) into
+/// microseconds since the epoch. `None` if it is not one.
+pub fn parse(text: &str) -> Option<i64> {
+    let b = text.as_bytes();
+    if b.len() < 19 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b' ') {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| -> Option<i64> { text.get(r)?.parse().ok() };
+    let (y, mo, d) = (num(0..4)?, num(5..7)? as u32, num(8..10)? as u32);
+    let (h, mi, s) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || s > 60 {
+        return None;
+    }
+    let mut rest = &text[19..];
+    let mut micros = 0i64;
+    if let Some(r) = rest.strip_prefix('.') {
+        let digits = r.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            return None;
+        }
+        let frac = &r[..digits];
+        let padded: String = frac.chars().chain(std::iter::repeat('0')).take(6).collect();
+        micros = padded.parse().ok()?;
+        rest = &r[digits..];
+    }
+    let offset_secs = match rest {
+        "" | "Z" | "z" => 0,
+        o if o.len() == 6 && (o.starts_with('+') || o.starts_with('-')) && &o[3..4] == ":" => {
+            let sign = if o.starts_with('-') { -1 } else { 1 };
+            sign * (o[1..3].parse::<i64>().ok()? * 3600 + o[4..6].parse::<i64>().ok()? * 60)
+        }
+        _ => return None,
+    };
+    let secs = days_from_civil(y, mo, d) * 86_400 + h * 3600 + mi * 60 + s - offset_secs;
+    Some(secs * 1_000_000 + micros)
+}
+
+/// Convert a credential-file timestamp to index form: `Z` becomes `+00:00` (other offsets and
+/// naive timestamps are already in `isoformat()` form and pass through).
+pub fn z_to_offset(text: &str) -> String {
+    match text.strip_suffix('Z') {
+        Some(base) => format!("{base}+00:00"),
+        None => text.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_like_hive() {
+        assert_eq!(format_z(1_767_225_601_000_000), "2026-01-01T00:00:01Z");
+        assert_eq!(format_z(1_767_225_601_120_000), "2026-01-01T00:00:01.120000Z");
+        assert_eq!(format_offset(0), "1970-01-01T00:00:00+00:00");
+        assert_eq!(format_z(951_782_400_000_000), "2000-02-29T00:00:00Z");
+    }
+
+    #[test]
+    fn parses_what_it_formats_and_offsets() {
+        for m in [0, 1_767_225_601_120_000, 951_782_400_000_001, 4_102_444_800_000_000] {
+            assert_eq!(parse(&format_z(m)), Some(m));
+            assert_eq!(parse(&format_offset(m)), Some(m));
+        }
+        assert_eq!(
+            parse("2026-01-01T02:00:01+02:00"),
+            parse("2026-01-01T00:00:01Z")
+        );
+        assert_eq!(parse("2026-01-01T00:00:01"), parse("2026-01-01T00:00:01Z"));
+        assert_eq!(parse("garbage"), None);
+        assert_eq!(parse("2026-13-01T00:00:00Z"), None);
+        assert_eq!(z_to_offset("2026-01-01T00:00:01Z"), "2026-01-01T00:00:01+00:00");
+    }
+}
