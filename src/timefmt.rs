@@ -114,14 +114,22 @@ mod tests {
     #[test]
     fn formats_like_hive() {
         assert_eq!(format_z(1_767_225_601_000_000), "2026-01-01T00:00:01Z");
-        assert_eq!(format_z(1_767_225_601_120_000), "2026-01-01T00:00:01.120000Z");
+        assert_eq!(
+            format_z(1_767_225_601_120_000),
+            "2026-01-01T00:00:01.120000Z"
+        );
         assert_eq!(format_offset(0), "1970-01-01T00:00:00+00:00");
         assert_eq!(format_z(951_782_400_000_000), "2000-02-29T00:00:00Z");
     }
 
     #[test]
     fn parses_what_it_formats_and_offsets() {
-        for m in [0, 1_767_225_601_120_000, 951_782_400_000_001, 4_102_444_800_000_000] {
+        for m in [
+            0,
+            1_767_225_601_120_000,
+            951_782_400_000_001,
+            4_102_444_800_000_000,
+        ] {
             assert_eq!(parse(&format_z(m)), Some(m));
             assert_eq!(parse(&format_offset(m)), Some(m));
         }
@@ -132,6 +140,9 @@ mod tests {
         assert_eq!(parse("2026-01-01T00:00:01"), parse("2026-01-01T00:00:01Z"));
         assert_eq!(parse("garbage"), None);
         assert_eq!(parse("2026-13-01T00:00:00Z"), None);
-        assert_eq!(z_to_offset("2026-01-01T00:00:01Z"), "2026-01-01T00:00:01+00:00");
+        assert_eq!(
+            z_to_offset("2026-01-01T00:00:01Z"),
+            "2026-01-01T00:00:01+00:00"
+        );
     }
 }

@@ -123,7 +123,8 @@ pub fn run(g: &Global, cmd: &CredCommand) -> CliResult {
                 let mut doc = cred.expose_json();
                 if let (Some(f), Value::Object(_)) = (field, &doc) {
                     let v = cred.key_value(f).ok_or_else(|| no_field(&cred, f))?;
-                    doc = json!({"id": id, "field": f, "value": v, "generation": cred.generation()});
+                    doc =
+                        json!({"id": id, "field": f, "value": v, "generation": cred.generation()});
                 }
                 out_json(&json!({"credential": doc, "generation": cred.generation()}));
                 return Ok(());
@@ -138,7 +139,12 @@ pub fn run(g: &Global, cmd: &CredCommand) -> CliResult {
                         .collect();
                     match names.as_slice() {
                         [one] => (*one).to_owned(),
-                        [] => return Err(CliError::with_code(format!("credential {id:?} has no keys"), 3)),
+                        [] => {
+                            return Err(CliError::with_code(
+                                format!("credential {id:?} has no keys"),
+                                3,
+                            ))
+                        }
                         many => {
                             return Err(CliError::usage(format!(
                                 "credential {id:?} has keys {}; choose one with --field",
@@ -148,7 +154,9 @@ pub fn run(g: &Global, cmd: &CredCommand) -> CliResult {
                     }
                 }
             };
-            let value = cred.key_value(&name).ok_or_else(|| no_field(&cred, &name))?;
+            let value = cred
+                .key_value(&name)
+                .ok_or_else(|| no_field(&cred, &name))?;
             out(value);
             Ok(())
         }
@@ -167,14 +175,22 @@ pub fn run(g: &Global, cmd: &CredCommand) -> CliResult {
                     .max()
                     .unwrap_or(2)
                     .max(2);
-                out(format!("{:<w$}  {:<12}  {:>3}  {:<19}  KEYS", "ID", "TYPE", "GEN", "UPDATED"));
+                out(format!(
+                    "{:<w$}  {:<12}  {:>3}  {:<19}  KEYS",
+                    "ID", "TYPE", "GEN", "UPDATED"
+                ));
                 for c in &listing.credentials {
                     let m = &c.metadata;
                     let s = |k: &str| m.get(k).and_then(Value::as_str).unwrap_or("-").to_owned();
                     let keys = m
                         .get("key_names")
                         .and_then(Value::as_array)
-                        .map(|a| a.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(","))
+                        .map(|a| {
+                            a.iter()
+                                .filter_map(Value::as_str)
+                                .collect::<Vec<_>>()
+                                .join(",")
+                        })
                         .unwrap_or_default();
                     out(format!(
                         "{:<w$}  {:<12}  {:>3}  {:<19}  {keys}",

@@ -30,12 +30,19 @@ pub fn run(g: &Global, _args: &InitArgs) -> CliResult {
             e
         } else {
             CliError::with_code(
-                format!("a key already exists, but the store does not open with it: {}", e.message),
+                format!(
+                    "a key already exists, but the store does not open with it: {}",
+                    e.message
+                ),
                 e.code,
             )
         }
     })?;
-    let fp = store.key_fingerprints().first().cloned().unwrap_or_default();
+    let fp = store
+        .key_fingerprints()
+        .first()
+        .cloned()
+        .unwrap_or_default();
     let source = store
         .key_source()
         .map(|s| s.to_string())
@@ -53,7 +60,11 @@ pub fn run(g: &Global, _args: &InitArgs) -> CliResult {
         return Ok(());
     }
     if created {
-        out(format!("created store {:?} at {}", config.name, config.base.display()));
+        out(format!(
+            "created store {:?} at {}",
+            config.name,
+            config.base.display()
+        ));
         out(format!("key: {source} (fingerprint {fp})"));
         out("Back up the key file: without it these credentials cannot be decrypted.");
     } else {

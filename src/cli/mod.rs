@@ -55,7 +55,13 @@ pub struct Global {
     #[arg(long, global = true, env = "HOLDFAST_DATA_DIR", value_name = "DIR")]
     data_dir: Option<PathBuf>,
     /// Store name under the data directory.
-    #[arg(long, global = true, env = "HOLDFAST_STORE", default_value = "default", value_name = "NAME")]
+    #[arg(
+        long,
+        global = true,
+        env = "HOLDFAST_STORE",
+        default_value = "default",
+        value_name = "NAME"
+    )]
     store: String,
     /// Open any hive-layout directory (holding credentials/ and metadata/) instead of a named
     /// store. Its key: --key-file or --key-env, else hive's HIVE_CREDENTIAL_KEY /

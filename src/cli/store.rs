@@ -36,12 +36,18 @@ pub fn run(g: &Global, cmd: &StoreCommand) -> CliResult {
             if g.json {
                 out_json(&serde_json::to_value(&report).unwrap_or_default());
             } else {
-                out(format!("store {:?} ({})", store.config().name, store.config().base.display()));
+                out(format!(
+                    "store {:?} ({})",
+                    store.config().name,
+                    store.config().base.display()
+                ));
                 out(format!("{report}").trim_end());
                 if report.is_clean() {
                     out("clean: no problems found");
                 } else if *repair {
-                    out(format!("repaired; {remaining} problem(s) need you (see above)"));
+                    out(format!(
+                        "repaired; {remaining} problem(s) need you (see above)"
+                    ));
                 } else {
                     out(format!(
                         "{} problem(s) found; run `holdfast store fsck --repair` to fix them (nothing was modified)",

@@ -207,7 +207,11 @@ pub fn write_key_file(path: &Path, key: &Secret, faults: &Faults) -> Result<(), 
 }
 
 /// Write (or, with no keys, remove) the previous-keys file beside `key_file`.
-pub fn write_previous(key_file: &Path, previous: &[Secret], faults: &Faults) -> Result<(), KeyError> {
+pub fn write_previous(
+    key_file: &Path,
+    previous: &[Secret],
+    faults: &Faults,
+) -> Result<(), KeyError> {
     let prev = prev_path(key_file);
     let (dir, name) = split(&prev)?;
     if previous.is_empty() {
@@ -251,9 +255,12 @@ mod tests {
         create_key_file(&a, &key, &Faults::none()).unwrap();
         let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o700);
-        let k = load(&[KeySource::File(d.path().join("none")), KeySource::File(a.clone())])
-            .unwrap()
-            .unwrap();
+        let k = load(&[
+            KeySource::File(d.path().join("none")),
+            KeySource::File(a.clone()),
+        ])
+        .unwrap()
+        .unwrap();
         assert_eq!(k.primary.expose(), key.expose());
         assert!(matches!(
             create_key_file(&a, &key, &Faults::none()),
@@ -261,7 +268,10 @@ mod tests {
         ));
         std::fs::set_permissions(&a, std::fs::Permissions::from_mode(0o644)).unwrap();
         let msg = load(&[KeySource::File(a.clone())]).unwrap_err().to_string();
-        assert!(msg.contains("0644") && msg.contains(&a.display().to_string()), "{msg}");
+        assert!(
+            msg.contains("0644") && msg.contains(&a.display().to_string()),
+            "{msg}"
+        );
         std::fs::set_permissions(&a, std::fs::Permissions::from_mode(0o600)).unwrap();
         std::fs::write(&a, "not a key").unwrap();
         assert!(matches!(

@@ -62,6 +62,13 @@ impl fmt::Debug for SecretBytes {
     }
 }
 
+impl Secret {
+    /// Move the text out (into a structure that zeroizes it itself, such as a credential).
+    pub(crate) fn into_string(mut self) -> String {
+        std::mem::take(&mut *self.0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -72,12 +79,5 @@ mod tests {
         assert_eq!(format!("{s:?}"), "Secret(**)");
         let b = SecretBytes::new(b"sk-live-very-secret".to_vec());
         assert!(!format!("{b:?}").contains("secret"));
-    }
-}
-
-impl Secret {
-    /// Move the text out (into a structure that zeroizes it itself, such as a credential).
-    pub(crate) fn into_string(mut self) -> String {
-        std::mem::take(&mut *self.0)
     }
 }

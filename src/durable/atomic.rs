@@ -44,7 +44,10 @@ impl FileStamp {
     pub fn of(meta: &fs::Metadata) -> Self {
         FileStamp {
             size: meta.size(),
-            mtime_ns: meta.mtime().saturating_mul(1_000_000_000).saturating_add(meta.mtime_nsec()),
+            mtime_ns: meta
+                .mtime()
+                .saturating_mul(1_000_000_000)
+                .saturating_add(meta.mtime_nsec()),
             ino: meta.ino(),
         }
     }
@@ -149,7 +152,10 @@ pub fn fsync_dir(dir: &Path, faults: &Faults) -> Result<(), IoError> {
 /// Unlink `dir/name` and fsync `dir`. Returns whether the file existed.
 pub fn remove_durably(dir: &Path, name: &str, faults: &Faults) -> Result<bool, IoError> {
     let path = dir.join(name);
-    let existed = match faults.check(Op::Unlink).and_then(|()| fs::remove_file(&path)) {
+    let existed = match faults
+        .check(Op::Unlink)
+        .and_then(|()| fs::remove_file(&path))
+    {
         Ok(()) => true,
         Err(e) if e.kind() == io::ErrorKind::NotFound => false,
         Err(e) => return Err(IoError::new(Op::Unlink, path, e)),
@@ -287,7 +293,10 @@ mod tests {
         let stamp = atomic_write(d.path(), "a", b"two!", &Faults::none()).unwrap();
         assert_eq!(fs::read(d.path().join("a")).unwrap(), b"two!");
         assert_eq!(stamp.size, 4);
-        let mode = fs::metadata(d.path().join("a")).unwrap().permissions().mode();
+        let mode = fs::metadata(d.path().join("a"))
+            .unwrap()
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o777, 0o600);
         assert_eq!(names(d.path()), vec!["a"]);
     }
@@ -348,10 +357,18 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         fs::write(d.path().join("big"), vec![b'x'; 100]).unwrap();
         assert!(read_capped(&d.path().join("big"), 10).is_err());
-        assert_eq!(read_capped(&d.path().join("big"), 100).unwrap().unwrap().len(), 100);
+        assert_eq!(
+            read_capped(&d.path().join("big"), 100)
+                .unwrap()
+                .unwrap()
+                .len(),
+            100
+        );
         std::os::unix::fs::symlink(d.path().join("big"), d.path().join("link")).unwrap();
         assert!(read_capped(&d.path().join("link"), 1000).is_err());
-        assert!(read_capped(&d.path().join("missing"), 10).unwrap().is_none());
+        assert!(read_capped(&d.path().join("missing"), 10)
+            .unwrap()
+            .is_none());
     }
 
     #[test]

@@ -212,10 +212,7 @@ mod tests {
         assert!(is_crash(&f.check(Op::Rename).unwrap_err()));
         assert!(is_crash(&f.check(Op::RemoveTemp).unwrap_err()));
         assert!(f.crashed());
-        assert_eq!(
-            f.log(),
-            vec![Op::CreateTemp, Op::Rename, Op::RemoveTemp]
-        );
+        assert_eq!(f.log(), vec![Op::CreateTemp, Op::Rename, Op::RemoveTemp]);
     }
 
     #[test]

@@ -126,7 +126,9 @@ pub struct LockGuard {
 
 impl std::fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LockGuard").field("mode", &self.mode).finish()
+        f.debug_struct("LockGuard")
+            .field("mode", &self.mode)
+            .finish()
     }
 }
 

@@ -126,12 +126,18 @@ mod tests {
         check_private_dir(&p).unwrap();
         fs::set_permissions(&p, fs::Permissions::from_mode(0o750)).unwrap();
         let msg = check_private_dir(&p).unwrap_err().to_string();
-        assert!(msg.contains("mode 0750") && msg.contains("chmod 700"), "{msg}");
+        assert!(
+            msg.contains("mode 0750") && msg.contains("chmod 700"),
+            "{msg}"
+        );
         let f = d.path().join("k");
         fs::write(&f, "x").unwrap();
         fs::set_permissions(&f, fs::Permissions::from_mode(0o644)).unwrap();
         let msg = check_private_file(&f).unwrap_err().to_string();
-        assert!(msg.contains("mode 0644") && msg.contains("chmod 600"), "{msg}");
+        assert!(
+            msg.contains("mode 0644") && msg.contains("chmod 600"),
+            "{msg}"
+        );
         fs::set_permissions(&f, fs::Permissions::from_mode(0o400)).unwrap();
         check_private_file(&f).unwrap();
     }

@@ -32,7 +32,9 @@ pub enum SchemaError {
     #[error("missing string field \"id\"")]
     NoId,
     /// `keys` is not an object of `{name, value}` objects.
-    #[error("\"keys\" must map names to objects with string \"name\" and \"value\" (bad key #{0})")]
+    #[error(
+        "\"keys\" must map names to objects with string \"name\" and \"value\" (bad key #{0})"
+    )]
     BadKeys(usize),
     /// A field has the wrong type.
     #[error("field \"{0}\" has the wrong type")]
@@ -292,7 +294,10 @@ impl Credential {
         let mut e = Map::new();
         e.insert(
             "credential_type".into(),
-            self.doc.get("credential_type").cloned().unwrap_or(Value::Null),
+            self.doc
+                .get("credential_type")
+                .cloned()
+                .unwrap_or(Value::Null),
         );
         e.insert("provider".into(), key_val("_integration_type"));
         e.insert("alias".into(), key_val("_alias"));
@@ -304,7 +309,10 @@ impl Credential {
         e.insert("expires_at".into(), expires);
         e.insert(
             "auto_refresh".into(),
-            self.doc.get("auto_refresh").cloned().unwrap_or(false.into()),
+            self.doc
+                .get("auto_refresh")
+                .cloned()
+                .unwrap_or(false.into()),
         );
         e.insert(
             "tags".into(),
@@ -338,7 +346,10 @@ mod tests {
 
     #[test]
     fn schema_errors() {
-        assert_eq!(Credential::parse(b"[]").unwrap_err(), SchemaError::NotObject);
+        assert_eq!(
+            Credential::parse(b"[]").unwrap_err(),
+            SchemaError::NotObject
+        );
         assert_eq!(Credential::parse(b"{}").unwrap_err(), SchemaError::NoId);
         assert!(matches!(
             Credential::parse(br#"{"id":"x","keys":{"a":{"name":"a","value":5}}}"#),

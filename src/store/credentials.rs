@@ -28,8 +28,10 @@ use super::id;
 use super::index::{Index, IndexState, Vouch};
 use super::{Error, Result, SealedReason};
 use crate::crypto::{keys, DecryptError, KeySource, Keyring, LoadedKeys};
-use crate::durable::{self, lock, perms, FileStamp, Faults, IoError, LockGuard, LockMode};
-use crate::limits::{KEY_CHECK_SAMPLE, LOCK_TIMEOUT, MAX_CREDENTIAL_FILE_BYTES, MAX_INDEX_FILE_BYTES};
+use crate::durable::{self, lock, perms, Faults, FileStamp, IoError, LockGuard, LockMode};
+use crate::limits::{
+    KEY_CHECK_SAMPLE, LOCK_TIMEOUT, MAX_CREDENTIAL_FILE_BYTES, MAX_INDEX_FILE_BYTES,
+};
 
 /// Where a store lives and where its key comes from.
 #[derive(Clone, Debug)]
@@ -544,11 +546,13 @@ impl CredentialStore {
             let name = id::file_name(id);
             let existing = match self.read_for(id, ring)? {
                 Some(c) if c.id() != id => {
-                    return Err(self.binding_error(id, &c).unwrap_or_else(|| Error::IdCollision {
-                        id: id.to_owned(),
-                        file: name.clone(),
-                        other: c.id().to_owned(),
-                    }))
+                    return Err(self
+                        .binding_error(id, &c)
+                        .unwrap_or_else(|| Error::IdCollision {
+                            id: id.to_owned(),
+                            file: name.clone(),
+                            other: c.id().to_owned(),
+                        }))
                 }
                 other => other,
             };
@@ -575,8 +579,9 @@ impl CredentialStore {
             new.stamp_write(created.as_ref());
             new.set_generation(generation);
             let token = ring.encrypt(&new.to_bytes());
-            let stamp = durable::atomic_write(&self.cred_dir, &name, token.as_bytes(), self.faults())
-                .map_err(|e| self.io_failed(e))?;
+            let stamp =
+                durable::atomic_write(&self.cred_dir, &name, token.as_bytes(), self.faults())
+                    .map_err(|e| self.io_failed(e))?;
             inner.entries.insert(
                 name,
                 Entry {
@@ -622,7 +627,7 @@ impl CredentialStore {
 
     /// Metadata of every readable credential (never secret values), fresh from the directory.
     pub fn list(&self) -> Result<Listing> {
-        let _ = self.with_ring(|_| Ok(()))?;
+        self.with_ring(|_| Ok(()))?;
         let mut inner = lock_guard(&self.inner);
         self.refresh(&mut inner)?;
         let mut credentials: Vec<CredentialInfo> = inner
@@ -643,10 +648,7 @@ impl CredentialStore {
 
     /// Run a write under the store lock, then rewrite the index if this was the last queued
     /// writer of the process (group commit of index rewrites).
-    fn write_op<T>(
-        &self,
-        f: impl FnOnce(&mut Inner, &Keyring) -> Result<T>,
-    ) -> Result<T> {
+    fn write_op<T>(&self, f: impl FnOnce(&mut Inner, &Keyring) -> Result<T>) -> Result<T> {
         self.check_writable()?;
         self.waiting_writers.fetch_add(1, Ordering::SeqCst);
         let guard = self.lock_for(LockMode::Exclusive);
@@ -742,7 +744,10 @@ impl CredentialStore {
             Ok(())
         })?;
         if fresh.len() != inner.entries.len()
-            || fresh.iter().zip(&inner.entries).any(|(a, b)| a.0 != b.0 || a.1.stamp != b.1.stamp)
+            || fresh
+                .iter()
+                .zip(&inner.entries)
+                .any(|(a, b)| a.0 != b.0 || a.1.stamp != b.1.stamp)
         {
             inner.dirty = true;
         }
@@ -777,7 +782,8 @@ impl CredentialStore {
         };
         for dir in [&self.cred_dir, &self.meta_dir] {
             if repair {
-                let swept = durable::sweep_temp_files(dir, faults).map_err(|e| self.io_failed(e))?;
+                let swept =
+                    durable::sweep_temp_files(dir, faults).map_err(|e| self.io_failed(e))?;
                 report.temp_files.extend(swept);
             } else if let Ok(rd) = fs::read_dir(dir) {
                 report.temp_files.extend(rd.filter_map(|e| {
@@ -979,8 +985,9 @@ impl CredentialStore {
         self.with_ring(|ring| match self.read_file(name, ring) {
             FileRead::Ok(c, idx) if idx > 0 => {
                 let token = ring.encrypt(&c.to_bytes());
-                let stamp = durable::atomic_write(&self.cred_dir, name, token.as_bytes(), self.faults())
-                    .map_err(|e| self.io_failed(e))?;
+                let stamp =
+                    durable::atomic_write(&self.cred_dir, name, token.as_bytes(), self.faults())
+                        .map_err(|e| self.io_failed(e))?;
                 if let Some(e) = inner.entries.get_mut(name) {
                     e.stamp = stamp;
                 }

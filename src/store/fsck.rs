@@ -144,7 +144,12 @@ impl fmt::Display for Report {
                 }
             }
         }
-        list(f, "other files in credentials/ (left alone)", &self.stray, "")?;
+        list(
+            f,
+            "other files in credentials/ (left alone)",
+            &self.stray,
+            "",
+        )?;
         if self.index_rewritten {
             writeln!(f, "  index.json rewritten")?;
         }

@@ -47,7 +47,10 @@ pub fn validate(id: &str) -> Result<(), IdError> {
     if id.starts_with(['.', '-', '/']) {
         return Err(IdError::BadStart);
     }
-    if id.split('/').any(|seg| seg.is_empty() || seg == "." || seg == "..") {
+    if id
+        .split('/')
+        .any(|seg| seg.is_empty() || seg == "." || seg == "..")
+    {
         return Err(IdError::BadSegment);
     }
     Ok(())
@@ -63,7 +66,7 @@ pub fn validate_bytes(id: &[u8]) -> Result<&str, IdError> {
 /// hive's file stem: `id.replace("/", "_").replace("\\", "_").replace("..", "_")`, in that
 /// order. Distinct ids can share a stem (`a/b` and `a_b`); the id inside the file decides.
 pub fn safe_stem(id: &str) -> String {
-    id.replace('/', "_").replace('\\', "_").replace("..", "_")
+    id.replace(['/', '\\'], "_").replace("..", "_")
 }
 
 /// The credential file name for an id: `<safe_stem>.enc`.
@@ -77,7 +80,15 @@ mod tests {
 
     #[test]
     fn accepts_ordinary_ids() {
-        for id in ["openai", "cred_00000", "a/b", "team/github/token", "a..b", "x-y", "ünï"] {
+        for id in [
+            "openai",
+            "cred_00000",
+            "a/b",
+            "team/github/token",
+            "a..b",
+            "x-y",
+            "ünï",
+        ] {
             validate(id).unwrap_or_else(|e| panic!("{id}: {e}"));
         }
     }

@@ -82,7 +82,9 @@ impl Index {
             Some(Value::String(v)) => return Err(IndexState::WrongVersion(v.clone())),
             other => {
                 return Err(IndexState::WrongVersion(
-                    other.map(|v| v.to_string()).unwrap_or_else(|| "none".into()),
+                    other
+                        .map(|v| v.to_string())
+                        .unwrap_or_else(|| "none".into()),
                 ))
             }
         }
@@ -126,7 +128,10 @@ impl Index {
         hf.insert("format".into(), 1.into());
         hf.insert("files".into(), Value::Object(files));
         let mut top = Map::new();
-        top.insert("credentials".into(), Value::Object(self.credentials.clone()));
+        top.insert(
+            "credentials".into(),
+            Value::Object(self.credentials.clone()),
+        );
         top.insert("version".into(), INDEX_VERSION.into());
         top.insert("store_path".into(), store_path.into());
         top.insert(
@@ -161,12 +166,17 @@ mod tests {
     #[test]
     fn roundtrip_keeps_vouches_and_extras() {
         let mut idx = Index::default();
-        idx.credentials.insert("a".into(), json!({"credential_type": "api_key"}));
+        idx.credentials
+            .insert("a".into(), json!({"credential_type": "api_key"}));
         idx.vouches.insert(
             "a.enc".into(),
             Vouch {
                 id: "a".into(),
-                stamp: FileStamp { size: 10, mtime_ns: 5, ino: 7 },
+                stamp: FileStamp {
+                    size: 10,
+                    mtime_ns: 5,
+                    ino: 7,
+                },
                 generation: 3,
             },
         );
@@ -180,7 +190,10 @@ mod tests {
     #[test]
     fn unusable_indexes() {
         assert_eq!(Index::parse(b"").unwrap_err(), IndexState::Unparseable);
-        assert_eq!(Index::parse(b"{\"credentials\": {").unwrap_err(), IndexState::Unparseable);
+        assert_eq!(
+            Index::parse(b"{\"credentials\": {").unwrap_err(),
+            IndexState::Unparseable
+        );
         assert_eq!(
             Index::parse(br#"{"credentials": {}, "version": "1.0"}"#).unwrap_err(),
             IndexState::WrongVersion("1.0".into())

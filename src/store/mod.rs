@@ -7,8 +7,8 @@
 //! <base>/quarantine/                 files that failed decryption or id binding, never deleted
 //! ```
 
-mod credentials;
 pub mod credential;
+mod credentials;
 pub mod fsck;
 pub mod id;
 pub mod index;

@@ -67,7 +67,12 @@ impl CredentialStore {
             if !report.resumed || in_prev {
                 if !in_prev {
                     let mut prev = vec![Secret::new(loaded.primary.expose().to_owned())];
-                    prev.extend(loaded.previous.iter().map(|k| Secret::new(k.expose().to_owned())));
+                    prev.extend(
+                        loaded
+                            .previous
+                            .iter()
+                            .map(|k| Secret::new(k.expose().to_owned())),
+                    );
                     keys::write_previous(&key_file, &prev, &faults)?;
                 }
                 keys::write_key_file(&key_file, &generate_key(), &faults)?;

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Run every test holdfast has: the same command locally and in CI (.ci/run calls this).
+#   fmt check · clippy -D warnings · all Rust tests (unit, integration, crash, interop)
+# Crash and fault tests print what they explored; --show-output keeps those lines visible.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/test-deps.sh
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+
+echo "== cargo clippy --all-targets -- -D warnings"
+cargo clippy --all-targets --quiet -- -D warnings
+
+echo "== cargo test"
+cargo test --all-targets --quiet -- --show-output
