@@ -112,6 +112,28 @@ impl Faults {
         Faults(Some(Arc::new(Mutex::new(state))))
     }
 
+    /// Re-arm a handle (made by [`Faults::recorder`]) so that `mode` triggers at the `k`-th
+    /// step from now (1-based), of kind `op` if given. Lets a test set a store up with the seam
+    /// passive, then fault only the operation under test. No effect on a disarmed handle.
+    pub fn arm(&self, op: Option<Op>, k: u64, mode: FaultMode) {
+        self.with(|s| {
+            s.seen = 0;
+            s.trigger_at = Some(k);
+            s.only = op;
+            s.mode = Some(mode);
+            s.failing = None;
+        });
+    }
+
+    /// Stop injecting (a crash already injected stays: the "process" is dead).
+    pub fn disarm(&self) {
+        self.with(|s| {
+            s.trigger_at = None;
+            s.mode = None;
+            s.failing = None;
+        });
+    }
+
     /// Steps seen so far (of the kind the trigger counts, or all kinds).
     pub fn steps_seen(&self) -> u64 {
         self.with(|s| s.seen).unwrap_or(0)
@@ -213,6 +235,22 @@ mod tests {
         assert!(is_crash(&f.check(Op::RemoveTemp).unwrap_err()));
         assert!(f.crashed());
         assert_eq!(f.log(), vec![Op::CreateTemp, Op::Rename, Op::RemoveTemp]);
+    }
+
+    #[test]
+    fn arm_counts_from_now() {
+        let f = Faults::recorder();
+        for _ in 0..10 {
+            f.check(Op::WriteTemp).unwrap();
+        }
+        f.arm(Some(Op::Rename), 2, FaultMode::FailOnce(5));
+        f.check(Op::Rename).unwrap();
+        f.check(Op::WriteTemp).unwrap();
+        assert!(f.check(Op::Rename).is_err());
+        f.check(Op::Rename).unwrap();
+        f.arm(None, 1, FaultMode::FailAlways(28));
+        f.disarm();
+        f.check(Op::Rename).unwrap();
     }
 
     #[test]
