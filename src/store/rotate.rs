@@ -16,9 +16,12 @@
 //! `key rotate` again resumes: a `.prev` file means "rotation in progress" and no new key is
 //! made unless the crash came before the new key was written.
 
+use std::path::Path;
+
 use super::credentials::CredentialStore;
 use super::{Error, Result};
-use crate::crypto::{generate_key, keys, Secret};
+use crate::crypto::{generate_key, keys, KeyError, Secret};
+use crate::durable::{self, TEMP_MARKER};
 
 /// What a rotation did.
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -41,6 +44,13 @@ impl CredentialStore {
     /// Rotate the store's key (or finish an interrupted rotation). `progress(done, total)` is
     /// called as files are re-encrypted.
     pub fn rotate_key(&self, mut progress: impl FnMut(usize, usize)) -> Result<RotateReport> {
+        // A sealed store answers `sealed` to every operation (not `unsupported`).
+        if let Some(reason) = self.sealed_reason() {
+            return Err(Error::Sealed {
+                store: self.config().name.clone(),
+                reason,
+            });
+        }
         let source = self
             .key_source()
             .ok_or_else(|| Error::Unsupported("store is sealed; nothing to rotate".into()))?;
@@ -57,6 +67,7 @@ impl CredentialStore {
         // Step 1: new key first, old key kept.
         {
             let _lock = self.exclusive_lock()?;
+            self.sweep_key_temps(&key_file)?;
             let loaded = keys::load(std::slice::from_ref(&source))?
                 .ok_or_else(|| Error::Unsupported(format!("{source} has no key any more")))?;
             let in_prev = loaded
@@ -73,9 +84,11 @@ impl CredentialStore {
                             .iter()
                             .map(|k| Secret::new(k.expose().to_owned())),
                     );
-                    keys::write_previous(&key_file, &prev, &faults)?;
+                    keys::write_previous(&key_file, &prev, &faults)
+                        .map_err(|e| self.key_write_failed(e))?;
                 }
-                keys::write_key_file(&key_file, &generate_key(), &faults)?;
+                keys::write_key_file(&key_file, &generate_key(), &faults)
+                    .map_err(|e| self.key_write_failed(e))?;
             }
             self.reload_keys()?;
         }
@@ -106,11 +119,47 @@ impl CredentialStore {
                     None => report.undecryptable.push(name),
                 }
             }
-            keys::write_previous(&key_file, &[], &faults)?;
+            keys::write_previous(&key_file, &[], &faults).map_err(|e| self.key_write_failed(e))?;
             self.reload_keys()?;
             self.flush_locked()?;
         }
         tracing::info!(store = %self.config().name, new_key = %report.new_key, reencrypted = report.reencrypted, "key rotated");
         Ok(report)
+    }
+
+    /// A failed key-file write; a failed fsync poisons the store like any other write.
+    fn key_write_failed(&self, err: KeyError) -> Error {
+        match err {
+            KeyError::Write(io) => self.io_failed(io),
+            other => other.into(),
+        }
+    }
+
+    /// Remove temp files that an interrupted write of this key file or its `.prev` left beside
+    /// it (they may hold the key being retired). Only names derived from this key file are
+    /// touched: a key directory can hold other stores' keys. Caller holds the store lock,
+    /// which every writer of these files holds.
+    fn sweep_key_temps(&self, key_file: &Path) -> Result<()> {
+        let (Some(dir), Some(name)) = (
+            key_file.parent(),
+            key_file.file_name().and_then(|n| n.to_str()),
+        ) else {
+            return Ok(());
+        };
+        let prefixes = [
+            format!(".{name}{TEMP_MARKER}"),
+            format!(".{name}.prev{TEMP_MARKER}"),
+        ];
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return Ok(());
+        };
+        for entry in entries.flatten() {
+            let n = entry.file_name().to_string_lossy().into_owned();
+            if prefixes.iter().any(|p| n.starts_with(p.as_str())) {
+                durable::remove_durably(dir, &n, self.faults()).map_err(|e| self.io_failed(e))?;
+                tracing::info!(store = %self.config().name, file = %n, "removed a temp file left by an interrupted key write");
+            }
+        }
+        Ok(())
     }
 }
