@@ -28,13 +28,6 @@ pub const MAX_STORE_NAME_BYTES: usize = 64;
 /// and the caller should hear about it rather than hang.
 pub const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// First and last sleep between `flock` attempts while waiting with a timeout. `flock` has no
-/// timed wait, so a waiter polls; backing off from 1 ms keeps handoff fast under light
-/// contention without spinning under heavy contention.
-pub const LOCK_POLL_MIN: Duration = Duration::from_millis(1);
-/// See [`LOCK_POLL_MIN`].
-pub const LOCK_POLL_MAX: Duration = Duration::from_millis(25);
-
 /// Seconds a Fernet token may be stamped in the future before it is refused. This is the
 /// `MAX_CLOCK_SKEW` of the Fernet spec (and of Python's `cryptography`), so holdfast and hive
 /// agree on which tokens are readable.

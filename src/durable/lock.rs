@@ -4,7 +4,8 @@
 //! `flock` on `metadata/index.lock`). Within a process: a reader/writer gate keyed by the lock
 //! file's path, taken first, so threads queue on a condition variable instead of all polling
 //! `flock`, and so a thread never relies on the per-open-file-description subtleties of `flock`.
-//! `flock` itself has no timed wait, so a timed acquisition polls `try_lock` with backoff.
+//! `flock` itself has no timed wait, so a timed acquisition blocks in `flock` on a helper thread
+//! and gives up at the deadline (see `poll_flock` for why not a `try_lock` poll).
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -15,8 +16,6 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use fs4::FileExt;
-
-use crate::limits::{LOCK_POLL_MAX, LOCK_POLL_MIN};
 
 /// Shared (readers) or exclusive (one writer).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -207,22 +206,74 @@ fn acquire(
     }
 }
 
-/// Try `flock` until it is taken or `deadline` passes (`None`: one try).
+/// Take `flock` before `deadline` passes (`None`: one try).
+///
+/// Waiting is a *blocking* `flock` in a helper thread, not a `try_lock` poll: a poller only
+/// gets in if one of its polls lands in the microseconds between a busy writer's release and
+/// its next acquisition, so with a few writers in other processes looping on the lock it could
+/// starve for the whole timeout (seen with 4 processes writing one store). A blocked `flock`
+/// is woken by the kernel at the release. The helper locks through a duplicate of `file` (same
+/// open file description, so the same lock); if the caller gave up meanwhile it unlocks again.
+/// A holder that never releases leaves the helper blocked (one thread and one descriptor per
+/// timed-out wait) until it does or the process exits.
 fn poll_flock(file: &File, mode: LockMode, deadline: Option<Instant>) -> io::Result<bool> {
-    let mut pause = LOCK_POLL_MIN;
+    if try_flock(file, mode)? {
+        return Ok(true);
+    }
+    let Some(deadline) = deadline else {
+        return Ok(false);
+    };
+    if Instant::now() >= deadline {
+        return Ok(false);
+    }
+    enum Wait {
+        Waiting,
+        GaveUp,
+        Done(io::Result<()>),
+    }
+    let waiter = file.try_clone()?;
+    let state = Arc::new((Mutex::new(Wait::Waiting), Condvar::new()));
+    let helper_state = Arc::clone(&state);
+    std::thread::Builder::new()
+        .name("holdfast-flock".into())
+        .spawn(move || {
+            let taken = loop {
+                let r = match mode {
+                    LockMode::Shared => FileExt::lock_shared(&waiter),
+                    LockMode::Exclusive => FileExt::lock(&waiter),
+                };
+                match r {
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    other => break other,
+                }
+            };
+            let (m, cv) = &*helper_state;
+            let mut s = m.lock().unwrap_or_else(PoisonError::into_inner);
+            if matches!(*s, Wait::GaveUp) {
+                if taken.is_ok() {
+                    let _ = FileExt::unlock(&waiter);
+                }
+                return;
+            }
+            *s = Wait::Done(taken);
+            cv.notify_all();
+        })?;
+    let (m, cv) = &*state;
+    let mut s = m.lock().unwrap_or_else(PoisonError::into_inner);
     loop {
-        if try_flock(file, mode)? {
-            return Ok(true);
+        match std::mem::replace(&mut *s, Wait::Waiting) {
+            Wait::Done(r) => return r.map(|()| true),
+            Wait::Waiting | Wait::GaveUp => {}
         }
-        let Some(deadline) = deadline else {
-            return Ok(false);
-        };
         let now = Instant::now();
         if now >= deadline {
+            *s = Wait::GaveUp;
             return Ok(false);
         }
-        std::thread::sleep(pause.min(deadline - now));
-        pause = (pause * 2).min(LOCK_POLL_MAX);
+        s = cv
+            .wait_timeout(s, deadline - now)
+            .unwrap_or_else(PoisonError::into_inner)
+            .0;
     }
 }
 
