@@ -3,7 +3,9 @@
 //! Secrets come from stdin or a no-echo tty prompt, never from argv (argv is world-readable in
 //! `/proc/<pid>/cmdline`).
 
+use std::ffi::{OsStr, OsString};
 use std::io::{IsTerminal, Read, Write};
+use std::os::unix::ffi::OsStrExt;
 
 use clap::Subcommand;
 use serde_json::{json, Value};
@@ -21,7 +23,7 @@ pub enum CredCommand {
     /// terminal. Updates one key of an existing credential and keeps everything else.
     Set {
         /// Credential id (e.g. `openai` or `team/github`).
-        id: String,
+        id: OsString,
         /// Which key of the credential to set.
         #[arg(long, default_value = "api_key", value_name = "NAME")]
         key: String,
@@ -43,7 +45,7 @@ pub enum CredCommand {
     /// Print a secret value (the only key, or --field), or the whole credential with --json.
     Get {
         /// Credential id.
-        id: String,
+        id: OsString,
         /// Which key's value to print.
         #[arg(long, value_name = "NAME")]
         field: Option<String>,
@@ -53,12 +55,12 @@ pub enum CredCommand {
     /// Delete a credential (its file, then nothing is left to read).
     Delete {
         /// Credential id.
-        id: String,
+        id: OsString,
     },
     /// Exit 0 if the credential exists, 3 if not.
     Exists {
         /// Credential id.
-        id: String,
+        id: OsString,
     },
 }
 
@@ -73,7 +75,7 @@ pub fn run(g: &Global, cmd: &CredCommand) -> CliResult {
             if_generation,
             document,
         } => {
-            id::validate(id).map_err(|e| CliError::usage(e.to_string()))?;
+            let id = valid_id(id)?;
             if let Some(t) = credential_type {
                 if !KNOWN_TYPES.contains(&t.as_str()) {
                     return Err(CliError::usage(format!(
@@ -117,7 +119,8 @@ pub fn run(g: &Global, cmd: &CredCommand) -> CliResult {
             Ok(())
         }
         CredCommand::Get { id, field } => {
-            let store = g.open(OpenMode::Repair)?;
+            let id = valid_id(id)?;
+            let store = g.open(OpenMode::ReadOnly)?;
             let cred = store.get(id)?;
             if g.json {
                 let mut doc = cred.expose_json();
@@ -161,7 +164,7 @@ pub fn run(g: &Global, cmd: &CredCommand) -> CliResult {
             Ok(())
         }
         CredCommand::List => {
-            let store = g.open(OpenMode::Repair)?;
+            let store = g.open(OpenMode::ReadOnly)?;
             let listing = store.list()?;
             if g.json {
                 out_json(&serde_json::to_value(&listing).unwrap_or_default());
@@ -211,6 +214,7 @@ pub fn run(g: &Global, cmd: &CredCommand) -> CliResult {
             Ok(())
         }
         CredCommand::Delete { id } => {
+            let id = valid_id(id)?;
             let store = g.open(OpenMode::Repair)?;
             let deleted = store.delete(id)?;
             if g.json {
@@ -225,7 +229,8 @@ pub fn run(g: &Global, cmd: &CredCommand) -> CliResult {
             }
         }
         CredCommand::Exists { id } => {
-            let store = g.open(OpenMode::Repair)?;
+            let id = valid_id(id)?;
+            let store = g.open(OpenMode::ReadOnly)?;
             let exists = store.exists(id)?;
             if g.json {
                 out_json(&json!({"id": id, "exists": exists}));
@@ -237,6 +242,12 @@ pub fn run(g: &Global, cmd: &CredCommand) -> CliResult {
             }
         }
     }
+}
+
+/// Check an id from argv before anything touches the file system. argv may hold bytes that
+/// are not UTF-8; clap's `String` parsing would reject those without saying "invalid id".
+fn valid_id(id: &OsStr) -> CliResult<&str> {
+    id::validate_bytes(id.as_bytes()).map_err(|e| CliError::usage(e.to_string()))
 }
 
 fn no_field(cred: &Credential, field: &str) -> CliError {

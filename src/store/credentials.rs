@@ -124,6 +124,9 @@ struct Inner {
     index_extra: Map<String, Value>,
     dirty: bool,
     unreadable: usize,
+    /// The file a `delete` is removing: its index entry is dropped before the unlink, so the
+    /// directory scan in `refresh` must not put it back while the file still exists.
+    deleting: Option<String>,
 }
 
 /// A hive-layout credential store. Safe to share between threads (`&self` everywhere) and to
@@ -139,6 +142,7 @@ pub struct CredentialStore {
     inner: Mutex<Inner>,
     poisoned: Mutex<Option<String>>,
     waiting_writers: AtomicUsize,
+    batch_depth: AtomicUsize,
     open_report: Report,
 }
 
@@ -204,6 +208,7 @@ impl CredentialStore {
             inner: Mutex::new(Inner::default()),
             poisoned: Mutex::new(None),
             waiting_writers: AtomicUsize::new(0),
+            batch_depth: AtomicUsize::new(0),
             open_report: Report::default(),
             config,
             opts,
@@ -614,7 +619,10 @@ impl CredentialStore {
                 Some(_) => {}
             }
             let removed = inner.entries.remove(&name);
-            if let Err(e) = self.flush_index(inner) {
+            inner.deleting = Some(name.clone());
+            let flushed = self.flush_index(inner);
+            inner.deleting = None;
+            if let Err(e) = flushed {
                 if let Some(entry) = removed {
                     inner.entries.insert(name, entry);
                 }
@@ -659,13 +667,35 @@ impl CredentialStore {
         self.reload_keys_if_changed()?;
         let mut inner = lock_guard(&self.inner);
         let result = self.with_ring(|ring| f(&mut inner, ring));
-        if inner.dirty && self.waiting_writers.load(Ordering::SeqCst) == 0 {
+        if inner.dirty
+            && self.waiting_writers.load(Ordering::SeqCst) == 0
+            && self.batch_depth.load(Ordering::SeqCst) == 0
+        {
             if let Err(e) = self.flush_index(&mut inner) {
                 // The credential itself is durable; the index is a cache rebuilt on open.
                 tracing::warn!(store = %self.config.name, error = %e, "index rewrite failed; it will be repaired on the next open");
             }
         }
         result
+    }
+
+    /// Run `f` (a sequence of writes from one thread, such as an import) with index rewrites
+    /// deferred to its end: N writes cost one index rewrite. Each write is still durable and
+    /// acknowledged on its own; a crash inside the batch is repaired on open like any other.
+    pub fn batch<T>(&self, f: impl FnOnce(&Self) -> T) -> Result<T> {
+        struct Depth<'a>(&'a AtomicUsize);
+        impl Drop for Depth<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        self.batch_depth.fetch_add(1, Ordering::SeqCst);
+        let out = {
+            let _depth = Depth(&self.batch_depth);
+            f(self)
+        };
+        self.flush()?;
+        Ok(out)
     }
 
     /// Flush pending index changes now (callers that batch writes, and `Drop`).
@@ -720,6 +750,9 @@ impl CredentialStore {
         let mut unreadable = 0;
         self.with_ring(|ring| {
             for name in names {
+                if inner.deleting.as_deref() == Some(name.as_str()) {
+                    continue;
+                }
                 let Some(stamp) = stamp_of(&self.cred_dir.join(&name)) else {
                     continue;
                 };
