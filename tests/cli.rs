@@ -1,0 +1,816 @@
+//! The admin CLI as a user sees it: output text, JSON shapes and exit codes, run as a real
+//! process with a temporary HOME (and XDG dirs) and none of holdfast's or hive's variables.
+
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde_json::{json, Value};
+
+struct Out {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl std::fmt::Display for Out {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "exit {}\n--- stdout\n{}--- stderr\n{}",
+            self.code, self.stdout, self.stderr
+        )
+    }
+}
+
+impl Out {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {self}"))
+    }
+
+    #[track_caller]
+    fn ok(self) -> Self {
+        assert_eq!(self.code, 0, "{self}");
+        self
+    }
+
+    #[track_caller]
+    fn code(self, want: i32) -> Self {
+        assert_eq!(self.code, want, "{self}");
+        self
+    }
+}
+
+/// A temporary HOME with XDG_CONFIG_HOME and XDG_STATE_HOME inside it.
+struct Env {
+    _dir: tempfile::TempDir,
+    home: PathBuf,
+}
+
+impl Env {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let home = dir.path().join("home");
+        fs::create_dir(&home).unwrap();
+        Env { _dir: dir, home }
+    }
+
+    fn cmd(&self) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_holdfast"));
+        c.env("HOME", &self.home)
+            .env("XDG_CONFIG_HOME", self.home.join("config"))
+            .env("XDG_STATE_HOME", self.home.join("state"))
+            .env_remove("CREDENTIALS_DIRECTORY")
+            .env_remove("STATE_DIRECTORY")
+            .env_remove("HIVE_HOME")
+            .env_remove("HIVE_CREDENTIAL_KEY")
+            .env_remove("HOLDFAST_DATA_DIR")
+            .env_remove("HOLDFAST_STORE")
+            .env_remove("RUST_LOG");
+        c
+    }
+
+    fn run(&self, args: &[&str], stdin: &[u8]) -> Out {
+        let mut c = self.cmd();
+        c.args(args);
+        run(c, stdin)
+    }
+
+    fn base(&self) -> PathBuf {
+        self.home.join("state/holdfast/stores/default")
+    }
+
+    fn key(&self) -> PathBuf {
+        self.home.join("config/holdfast/keys/default.key")
+    }
+
+    /// `init`, returning the key fingerprint it printed.
+    fn init(&self) -> String {
+        let o = self.run(&["init"], b"").ok();
+        fingerprint_in(&o.stdout)
+    }
+
+    fn set(&self, id: &str, value: &str) {
+        self.run(&["cred", "set", id], format!("{value}\n").as_bytes())
+            .ok();
+    }
+}
+
+fn run(mut c: Command, stdin: &[u8]) -> Out {
+    let mut child = c
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn holdfast");
+    let _ = child.stdin.take().unwrap().write_all(stdin);
+    let o = child.wait_with_output().expect("wait holdfast");
+    Out {
+        code: o.status.code().unwrap_or(-1),
+        stdout: String::from_utf8(o.stdout).expect("stdout is UTF-8"),
+        stderr: String::from_utf8(o.stderr).expect("stderr is UTF-8"),
+    }
+}
+
+/// The 8-hex-digit fingerprint after "fingerprint " in `text`.
+fn fingerprint_in(text: &str) -> String {
+    let at = text
+        .find("fingerprint ")
+        .unwrap_or_else(|| panic!("no fingerprint in {text:?}"))
+        + "fingerprint ".len();
+    let fp: String = text[at..].chars().take(8).collect();
+    assert!(
+        fp.len() == 8 && fp.chars().all(|c| c.is_ascii_hexdigit()),
+        "{fp:?} in {text:?}"
+    );
+    fp
+}
+
+fn mode(p: &Path) -> u32 {
+    fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
+}
+
+fn keys_of(v: &Value) -> Vec<&str> {
+    let mut k: Vec<&str> = v
+        .as_object()
+        .unwrap_or_else(|| panic!("not an object: {v}"))
+        .keys()
+        .map(String::as_str)
+        .collect();
+    k.sort_unstable();
+    k
+}
+
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn init_output_permissions_and_idempotence() {
+    let env = Env::new();
+    // Before init every command says there is no store, and how to make one.
+    let o = env.run(&["cred", "list"], b"").code(3);
+    assert!(o.stderr.contains("holdfast init"), "{o}");
+
+    let o = env.run(&["init"], b"").ok();
+    let lines: Vec<&str> = o.stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "{o}");
+    assert_eq!(
+        lines[0],
+        format!("created store \"default\" at {}", env.base().display())
+    );
+    let fp = fingerprint_in(lines[1]);
+    assert_eq!(
+        lines[1],
+        format!("key: key file {} (fingerprint {fp})", env.key().display())
+    );
+    assert_eq!(
+        lines[2],
+        "Back up the key file: without it these credentials cannot be decrypted."
+    );
+    assert!(o.stderr.is_empty(), "{o}");
+    assert_eq!(mode(&env.key()), 0o600);
+    assert_eq!(mode(env.key().parent().unwrap()), 0o700);
+    for d in ["", "credentials", "metadata"] {
+        assert_eq!(mode(&env.base().join(d)), 0o700, "{d}");
+    }
+    let key_bytes = fs::read(env.key()).unwrap();
+    assert_eq!(
+        String::from_utf8(key_bytes.clone()).unwrap().trim().len(),
+        44
+    );
+
+    // Again: nothing changes, the same key is reported.
+    let o = env.run(&["init"], b"").ok();
+    assert_eq!(
+        o.stdout,
+        format!(
+            "store \"default\" at {} is already initialized (0 credentials; key file {}, fingerprint {fp})\n",
+            env.base().display(),
+            env.key().display()
+        )
+    );
+    assert_eq!(fs::read(env.key()).unwrap(), key_bytes);
+    env.set("one", "v");
+    let o = env.run(&["--json", "init"], b"").ok();
+    assert_eq!(
+        o.json(),
+        json!({
+            "created": false,
+            "store": "default",
+            "path": env.base(),
+            "key_source": format!("key file {}", env.key().display()),
+            "key_fingerprint": fp,
+            "credentials": 1,
+        })
+    );
+    assert_eq!(fs::read(env.key()).unwrap(), key_bytes);
+}
+
+#[test]
+fn set_reads_stdin_and_drops_one_trailing_newline() {
+    let env = Env::new();
+    env.init();
+    let cases: &[(&[u8], &str)] = &[
+        (b"v1\n", "v1"),
+        (b"v2\r\n", "v2"),
+        (b"v3", "v3"),
+        (b"a\nb\n", "a\nb"),
+        (b"x\n\n", "x\n"),
+        (b" spaced \n", " spaced "),
+        (b"tab\t\n", "tab\t"),
+        (b"cr\r\r\n", "cr\r"),
+        ("ünïcödé ✓\n".as_bytes(), "ünïcödé ✓"),
+    ];
+    for (i, (stdin, want)) in cases.iter().enumerate() {
+        let id = format!("nl{i}");
+        let o = env.run(&["cred", "set", &id], stdin).ok();
+        assert_eq!(o.stdout, format!("stored {id} (generation 1)\n"));
+        let o = env.run(&["cred", "get", &id], b"").ok();
+        assert_eq!(o.stdout, format!("{want}\n"), "{stdin:?}");
+        let o = env.run(&["--json", "cred", "get", &id], b"").ok();
+        assert_eq!(
+            o.json()["credential"]["keys"]["api_key"]["value"],
+            json!(want)
+        );
+    }
+    for empty in [&b""[..], b"\n", b"\r\n"] {
+        let o = env.run(&["cred", "set", "empty"], empty).code(2);
+        assert!(o.stderr.contains("empty secret"), "{o}");
+    }
+    let o = env.run(&["cred", "set", "bin"], b"\xff\xfe\n").code(2);
+    assert!(o.stderr.contains("UTF-8"), "{o}");
+    env.run(&["cred", "exists", "empty"], b"").code(3);
+    env.run(&["cred", "exists", "bin"], b"").code(3);
+}
+
+#[test]
+fn get_with_several_keys_needs_field() {
+    let env = Env::new();
+    env.init();
+    let o = env
+        .run(
+            &["cred", "set", "db", "--key", "user", "--type", "basic_auth"],
+            b"alice\n",
+        )
+        .ok();
+    assert_eq!(o.stdout, "stored db (generation 1)\n");
+    let o = env
+        .run(&["cred", "set", "db", "--key", "pass"], b"pw-123\n")
+        .ok();
+    assert_eq!(o.stdout, "stored db (generation 2)\n");
+    let o = env.run(&["cred", "get", "db"], b"").code(2);
+    assert!(o.stdout.is_empty(), "{o}");
+    assert!(
+        o.stderr.contains("user") && o.stderr.contains("pass") && o.stderr.contains("--field"),
+        "{o}"
+    );
+    assert!(
+        !o.stderr.contains("alice") && !o.stderr.contains("pw-123"),
+        "{o}"
+    );
+    assert_eq!(
+        env.run(&["cred", "get", "db", "--field", "pass"], b"")
+            .ok()
+            .stdout,
+        "pw-123\n"
+    );
+    assert_eq!(
+        env.run(&["cred", "get", "--field", "user", "db"], b"")
+            .ok()
+            .stdout,
+        "alice\n"
+    );
+    let o = env
+        .run(&["cred", "get", "db", "--field", "nope"], b"")
+        .code(3);
+    assert!(
+        o.stderr.contains("user") && o.stderr.contains("pass"),
+        "{o}"
+    );
+    let o = env
+        .run(&["--json", "cred", "get", "db", "--field", "pass"], b"")
+        .ok();
+    assert_eq!(
+        o.json(),
+        json!({"credential": {"id": "db", "field": "pass", "value": "pw-123", "generation": 2}, "generation": 2})
+    );
+    let o = env.run(&["--json", "cred", "get", "db"], b"").ok();
+    assert_eq!(
+        o.json()["credential"]["credential_type"],
+        json!("basic_auth")
+    );
+}
+
+#[test]
+fn json_shapes() {
+    let env = Env::new();
+    env.init();
+    let o = env.run(&["--json", "cred", "set", "j"], b"jv\n").ok();
+    assert_eq!(o.json(), json!({"id": "j", "generation": 1}));
+    let o = env.run(&["cred", "set", "j", "--json"], b"jv2\n").ok();
+    assert_eq!(o.json(), json!({"id": "j", "generation": 2}));
+
+    let v = env.run(&["--json", "cred", "get", "j"], b"").ok().json();
+    assert_eq!(keys_of(&v), ["credential", "generation"]);
+    assert_eq!(v["generation"], json!(2));
+    let c = &v["credential"];
+    assert_eq!(c["id"], json!("j"));
+    assert_eq!(c["credential_type"], json!("api_key"));
+    assert_eq!(c["keys"]["api_key"]["name"], json!("api_key"));
+    assert_eq!(c["keys"]["api_key"]["value"], json!("jv2"));
+    assert_eq!(c["holdfast_generation"], json!(2));
+    for field in [
+        "created_at",
+        "updated_at",
+        "tags",
+        "description",
+        "auto_refresh",
+    ] {
+        assert!(c.get(field).is_some(), "{field} missing from {c}");
+    }
+
+    env.set("team/k", "kv");
+    let v = env.run(&["--json", "cred", "list"], b"").ok().json();
+    assert_eq!(keys_of(&v), ["credentials", "unreadable"]);
+    assert_eq!(v["unreadable"], json!(0));
+    let creds = v["credentials"].as_array().unwrap();
+    let ids: Vec<&str> = creds.iter().map(|c| c["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["j", "team/k"]);
+    for c in creds {
+        assert_eq!(keys_of(c), ["generation", "id", "metadata"]);
+        assert_eq!(c["metadata"]["key_names"], json!(["api_key"]));
+        assert_eq!(c["metadata"]["credential_type"], json!("api_key"));
+    }
+    assert_eq!(creds[0]["generation"], json!(2));
+    let text = v.to_string();
+    assert!(
+        !text.contains("jv2") && !text.contains("kv\""),
+        "list shows values: {text}"
+    );
+
+    let o = env.run(&["--json", "cred", "exists", "j"], b"").ok();
+    assert_eq!(o.json(), json!({"id": "j", "exists": true}));
+    let o = env.run(&["--json", "cred", "exists", "nope"], b"").code(3);
+    assert_eq!(o.json(), json!({"id": "nope", "exists": false}));
+    let o = env.run(&["--json", "cred", "delete", "j"], b"").ok();
+    assert_eq!(o.json(), json!({"id": "j", "deleted": true}));
+    let o = env.run(&["--json", "store", "fsck"], b"").ok();
+    let r = o.json();
+    assert_eq!(r["files"], json!(1));
+    assert_eq!(r["readable"], json!(1));
+    assert_eq!(r["temp_files"], json!([]));
+}
+
+#[test]
+fn list_table() {
+    let env = Env::new();
+    env.init();
+    assert_eq!(
+        env.run(&["cred", "list"], b"").ok().stdout,
+        "no credentials\n"
+    );
+    env.set("alpha", "secret-alpha");
+    env.run(
+        &[
+            "cred",
+            "set",
+            "team/beta-long-id",
+            "--type",
+            "bearer_token",
+            "--key",
+            "token",
+        ],
+        b"secret-beta\n",
+    )
+    .ok();
+    env.run(
+        &["cred", "set", "team/beta-long-id", "--key", "refresh"],
+        b"secret-beta2\n",
+    )
+    .ok();
+    let o = env.run(&["cred", "list"], b"").ok();
+    let lines: Vec<&str> = o.stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "{o}");
+    let w = "team/beta-long-id".len();
+    assert_eq!(
+        lines[0],
+        format!(
+            "{:<w$}  {:<12}  {:>3}  {:<19}  KEYS",
+            "ID", "TYPE", "GEN", "UPDATED"
+        )
+    );
+    let row = |l: &str| l.split_whitespace().map(str::to_owned).collect::<Vec<_>>();
+    let a = row(lines[1]);
+    assert_eq!(
+        (a[0].as_str(), a[1].as_str(), a[2].as_str()),
+        ("alpha", "api_key", "1")
+    );
+    assert_eq!(a[5], "api_key");
+    assert!(a[3].len() == 10 && a[4].len() == 8, "date and time: {a:?}");
+    let b = row(lines[2]);
+    assert_eq!(
+        (b[0].as_str(), b[1].as_str(), b[2].as_str(), b[5].as_str()),
+        ("team/beta-long-id", "bearer_token", "2", "refresh,token")
+    );
+    assert!(
+        lines[1].starts_with(&format!("{:<w$}  ", "alpha")),
+        "aligned: {o}"
+    );
+    assert!(!o.stdout.contains("secret-"), "{o}");
+}
+
+#[test]
+fn delete_and_exists_exit_codes() {
+    let env = Env::new();
+    env.init();
+    let o = env.run(&["cred", "exists", "x"], b"").code(3);
+    assert!(o.stdout.is_empty(), "{o}");
+    env.set("x", "xv");
+    let o = env.run(&["cred", "exists", "x"], b"").ok();
+    assert!(o.stdout.is_empty() && o.stderr.is_empty(), "{o}");
+    let o = env.run(&["cred", "delete", "x"], b"").ok();
+    assert_eq!(o.stdout, "deleted x\n");
+    let o = env.run(&["cred", "delete", "x"], b"").code(3);
+    assert!(o.stderr.contains("no credential \"x\""), "{o}");
+    env.run(&["cred", "exists", "x"], b"").code(3);
+    let o = env.run(&["cred", "get", "x"], b"").code(3);
+    assert!(
+        o.stdout.is_empty() && o.stderr.contains("no credential"),
+        "{o}"
+    );
+    assert!(!env.base().join("credentials/x.enc").exists());
+    // The index (hive lists from it) no longer names x: no ghost entry left behind.
+    let index: Value =
+        serde_json::from_slice(&fs::read(env.base().join("metadata/index.json")).unwrap()).unwrap();
+    assert!(
+        index["credentials"].get("x").is_none(),
+        "ghost entry: {index}"
+    );
+    let o = env.run(&["store", "fsck"], b"").ok();
+    assert!(o.stdout.contains("clean"), "{o}");
+}
+
+#[test]
+fn if_generation_compare_and_swap() {
+    let env = Env::new();
+    env.init();
+    env.run(&["cred", "set", "c", "--if-generation", "0"], b"first\n")
+        .ok();
+    let o = env
+        .run(&["cred", "set", "c", "--if-generation", "0"], b"again\n")
+        .code(4);
+    assert!(o.stderr.contains("generation 1"), "{o}");
+    let o = env
+        .run(&["cred", "set", "c", "--if-generation", "5"], b"stale\n")
+        .code(4);
+    assert!(o.stderr.contains("generation 1, not 5"), "{o}");
+    assert_eq!(env.run(&["cred", "get", "c"], b"").ok().stdout, "first\n");
+    let o = env
+        .run(&["cred", "set", "c", "--if-generation", "1"], b"second\n")
+        .ok();
+    assert_eq!(o.stdout, "stored c (generation 2)\n");
+    assert_eq!(env.run(&["cred", "get", "c"], b"").ok().stdout, "second\n");
+    // --document honours it too.
+    let doc = json!({"id": "c", "keys": {"api_key": {"name": "api_key", "value": "doc"}}});
+    env.run(
+        &["cred", "set", "--document", "c", "--if-generation", "1"],
+        doc.to_string().as_bytes(),
+    )
+    .code(4);
+    env.run(
+        &["cred", "set", "--document", "c", "--if-generation", "2"],
+        doc.to_string().as_bytes(),
+    )
+    .ok();
+    assert_eq!(env.run(&["cred", "get", "c"], b"").ok().stdout, "doc\n");
+}
+
+#[test]
+fn global_flags_work_before_and_after_the_subcommand() {
+    let env = Env::new();
+    let data = env.home.join("elsewhere");
+    let d = data.to_str().unwrap();
+    env.run(&["init", "--data-dir", d], b"").ok();
+    assert!(data.join("stores/default/credentials").is_dir());
+    assert!(!env.base().exists(), "--data-dir ignored");
+    env.run(&["cred", "set", "g", "--data-dir", d], b"gv\n")
+        .ok();
+    env.run(&["--data-dir", d, "cred", "set", "h"], b"hv\n")
+        .ok();
+    let before = env
+        .run(&["--data-dir", d, "--json", "cred", "list"], b"")
+        .ok();
+    let after = env
+        .run(&["cred", "list", "--data-dir", d, "--json"], b"")
+        .ok();
+    let middle = env
+        .run(&["cred", "--json", "list", "--data-dir", d], b"")
+        .ok();
+    let mut c = env.cmd();
+    c.env("HOLDFAST_DATA_DIR", &data)
+        .args(["cred", "list", "--json"]);
+    let from_env = run(c, b"").ok();
+    assert_eq!(before.json()["credentials"].as_array().unwrap().len(), 2);
+    assert_eq!(before.stdout, after.stdout);
+    assert_eq!(before.stdout, middle.stdout);
+    assert_eq!(before.stdout, from_env.stdout);
+    assert_eq!(
+        env.run(&["cred", "get", "g", "--data-dir", d], b"")
+            .ok()
+            .stdout,
+        "gv\n"
+    );
+    // -v and --store after the subcommand too.
+    env.run(&["init", "--store", "other", "-v", "--data-dir", d], b"")
+        .ok();
+    env.run(
+        &["cred", "set", "o", "--store", "other", "--data-dir", d],
+        b"ov\n",
+    )
+    .ok();
+    assert_eq!(
+        env.run(
+            &["--store", "other", "--data-dir", d, "cred", "get", "o"],
+            b""
+        )
+        .ok()
+        .stdout,
+        "ov\n"
+    );
+    env.run(&["cred", "get", "o", "--data-dir", d], b"").code(3);
+    env.run(
+        &["cred", "get", "x", "--store", "../evil", "--data-dir", d],
+        b"",
+    )
+    .code(2);
+}
+
+#[test]
+fn help_documents_exit_codes() {
+    let env = Env::new();
+    let o = env.run(&["--help"], b"").ok();
+    assert!(o.stdout.contains("Exit codes:"), "{o}");
+    for line in [
+        "0  success",
+        "2  usage error",
+        "3  not found",
+        "4  conflict",
+        "5  sealed",
+        "6  integrity",
+        "7  storage",
+        "8  busy",
+        "9  forbidden",
+    ] {
+        assert!(o.stdout.contains(line), "--help lacks {line:?}");
+    }
+    let o = env.run(&["-h"], b"").ok();
+    assert!(o.stdout.contains("holdfast --help"), "{o}");
+    env.run(&[], b"").code(2);
+    env.run(&["cred", "frobnicate"], b"").code(2);
+}
+
+#[test]
+fn fsck_reports_temp_files_and_repair_removes_them() {
+    let env = Env::new();
+    env.init();
+    env.set("a", "av");
+    env.set("b", "bv");
+    let o = env.run(&["store", "fsck"], b"").ok();
+    assert!(o.stdout.contains("clean: no problems found"), "{o}");
+    assert!(o.stdout.contains("files: 2"), "{o}");
+
+    let planted = env
+        .base()
+        .join("credentials/.a.enc.hf-tmp-0123456789abcdef");
+    fs::write(&planted, b"half-written").unwrap();
+    let o = env.run(&["store", "fsck"], b"").code(1);
+    assert!(o.stdout.contains("temp files: 1"), "{o}");
+    assert!(o.stdout.contains(".a.enc.hf-tmp-0123456789abcdef"), "{o}");
+    assert!(o.stdout.contains("nothing was modified"), "{o}");
+    assert!(
+        planted.exists(),
+        "fsck without --repair removed the temp file"
+    );
+    let o = env.run(&["--json", "store", "fsck"], b"").code(1);
+    assert_eq!(
+        o.json()["temp_files"],
+        json!([".a.enc.hf-tmp-0123456789abcdef"])
+    );
+    assert!(planted.exists());
+    // Reads do not repair either.
+    assert_eq!(env.run(&["cred", "get", "a"], b"").ok().stdout, "av\n");
+    env.run(&["cred", "list"], b"").ok();
+    assert!(planted.exists(), "a read command removed the temp file");
+
+    let o = env.run(&["store", "fsck", "--repair"], b"").ok();
+    assert!(o.stdout.contains("temp files: 1 (removed)"), "{o}");
+    assert!(!planted.exists());
+    let o = env.run(&["store", "fsck"], b"").ok();
+    assert!(o.stdout.contains("clean"), "{o}");
+    assert_eq!(env.run(&["cred", "get", "b"], b"").ok().stdout, "bv\n");
+}
+
+#[test]
+fn key_rotate_changes_fingerprint_and_keeps_every_credential() {
+    let env = Env::new();
+    let fp1 = env.init();
+    for i in 0..5 {
+        env.set(&format!("r{i}"), &format!("rv{i}"));
+    }
+    let key1 = fs::read(env.key()).unwrap();
+    let o = env.run(&["key", "rotate"], b"").ok();
+    let lines: Vec<&str> = o.stdout.lines().collect();
+    assert!(lines[0].starts_with("key rotated: new key "), "{o}");
+    let fp2: String = lines[0]["key rotated: new key ".len()..]
+        .chars()
+        .take(8)
+        .collect();
+    assert_eq!(
+        lines[0],
+        format!("key rotated: new key {fp2} ; retired {fp1}")
+    );
+    assert_ne!(fp1, fp2);
+    assert_eq!(
+        lines[1],
+        "5 file(s) re-encrypted, 5 verified under the new key"
+    );
+    assert_ne!(fs::read(env.key()).unwrap(), key1);
+    assert_eq!(mode(&env.key()), 0o600);
+    assert!(!env
+        .home
+        .join("config/holdfast/keys/default.key.prev")
+        .exists());
+    for i in 0..5 {
+        assert_eq!(
+            env.run(&["cred", "get", &format!("r{i}")], b"").ok().stdout,
+            format!("rv{i}\n")
+        );
+    }
+    // init reports the new fingerprint; a second rotation in JSON.
+    let o = env.run(&["init"], b"").ok();
+    assert_eq!(fingerprint_in(&o.stdout), fp2);
+    let r = env.run(&["--json", "key", "rotate"], b"").ok().json();
+    assert_eq!(r["retired"], json!([fp2]));
+    assert_eq!(r["reencrypted"], json!(5));
+    assert_ne!(r["new_key"], json!(fp2));
+    let o = env.run(&["store", "fsck"], b"").ok();
+    assert!(o.stdout.contains("clean"), "{o}");
+}
+
+#[test]
+fn store_dir_with_key_env_and_key_file() {
+    let env = Env::new();
+    // A hive-style directory whose key comes from an environment variable.
+    let dir = env.home.join("hive/credentials");
+    fs::create_dir_all(&dir).unwrap();
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
+    let key = holdfast::crypto::generate_key();
+    let d = dir.to_str().unwrap();
+    let with_key = |args: &[&str], stdin: &[u8], key: Option<&str>| {
+        let mut c = env.cmd();
+        if let Some(k) = key {
+            c.env("HF_TEST_KEY", k);
+        }
+        c.args(["--store-dir", d, "--key-env", "HF_TEST_KEY"])
+            .args(args);
+        run(c, stdin)
+    };
+    let k = Some(key.expose());
+    let o = with_key(&["init"], b"", k).code(2);
+    assert!(o.stderr.contains("--key-file"), "{o}");
+    let o = with_key(&["cred", "set", "svc"], b"env-keyed\n", k).ok();
+    assert_eq!(o.stdout, "stored svc (generation 1)\n");
+    assert!(dir.join("credentials/svc.enc").is_file());
+    assert!(dir.join("metadata/index.json").is_file());
+    assert_eq!(
+        with_key(&["cred", "get", "svc"], b"", k).ok().stdout,
+        "env-keyed\n"
+    );
+    // Without the variable: data but no key -> sealed; a wrong key -> sealed.
+    with_key(&["cred", "get", "svc"], b"", None).code(5);
+    let wrong = holdfast::crypto::generate_key();
+    let o = with_key(&["cred", "get", "svc"], b"", Some(wrong.expose())).code(5);
+    assert!(o.stderr.contains("HF_TEST_KEY"), "{o}");
+    // An environment key cannot be rotated by holdfast.
+    let o = with_key(&["key", "rotate"], b"", k).code(10);
+    assert!(o.stderr.contains("HF_TEST_KEY"), "{o}");
+    assert_eq!(
+        with_key(&["cred", "get", "svc"], b"", k).ok().stdout,
+        "env-keyed\n"
+    );
+    // --key-env belongs with --store-dir / --hive; --key-file and --key-env exclude each other.
+    let o = env
+        .run(&["--key-env", "HF_TEST_KEY", "cred", "list"], b"")
+        .code(2);
+    assert!(o.stderr.contains("--store-dir"), "{o}");
+    env.run(
+        &[
+            "--store-dir",
+            d,
+            "--key-env",
+            "X",
+            "--key-file",
+            "/nonexistent",
+            "cred",
+            "list",
+        ],
+        b"",
+    )
+    .code(2);
+
+    // --store-dir with --key-file: init creates both.
+    let dir2 = env.home.join("plain-store");
+    let keyf = env.home.join("mykeys/plain.key");
+    let (d2, kf) = (dir2.to_str().unwrap(), keyf.to_str().unwrap());
+    let o = env
+        .run(&["--store-dir", d2, "--key-file", kf, "init"], b"")
+        .ok();
+    assert!(o.stdout.contains(&format!("key file {kf}")), "{o}");
+    assert_eq!(mode(&keyf), 0o600);
+    assert_eq!(mode(&dir2), 0o700);
+    env.run(
+        &["cred", "set", "p", "--store-dir", d2, "--key-file", kf],
+        b"pv\n",
+    )
+    .ok();
+    assert_eq!(
+        env.run(
+            &["cred", "get", "p", "--key-file", kf, "--store-dir", d2],
+            b""
+        )
+        .ok()
+        .stdout,
+        "pv\n"
+    );
+    // The default store was never touched.
+    assert!(!env.base().exists());
+    assert!(!env.key().exists());
+}
+
+#[test]
+fn set_document_keeps_unknown_fields() {
+    let env = Env::new();
+    env.init();
+    let doc = json!({
+        "id": "doc",
+        "credential_type": "oauth2",
+        "keys": {
+            "access_token": {
+                "name": "access_token", "value": "at-1", "expires_at": null,
+                "metadata": {"scope": "repo"}, "x_key_extra": {"kept": true}
+            }
+        },
+        "provider_id": "github",
+        "tags": ["t1"],
+        "x_custom": {"nested": [1, 2, {"deep": "yes"}]},
+        "x_number": 42
+    });
+    let o = env
+        .run(
+            &["cred", "set", "--document", "doc"],
+            doc.to_string().as_bytes(),
+        )
+        .ok();
+    assert_eq!(o.stdout, "stored doc (generation 1)\n");
+    let check = |gen: u64, value: &str| {
+        let c = env.run(&["--json", "cred", "get", "doc"], b"").ok().json()["credential"].clone();
+        assert_eq!(c["x_custom"], doc["x_custom"], "{c}");
+        assert_eq!(c["x_number"], json!(42));
+        assert_eq!(c["provider_id"], json!("github"));
+        assert_eq!(c["tags"], json!(["t1"]));
+        assert_eq!(c["credential_type"], json!("oauth2"));
+        let k = &c["keys"]["access_token"];
+        assert_eq!(k["x_key_extra"], json!({"kept": true}), "{c}");
+        assert_eq!(k["metadata"], json!({"scope": "repo"}));
+        assert_eq!(k["value"], json!(value));
+        assert_eq!(c["holdfast_generation"], json!(gen));
+    };
+    check(1, "at-1");
+    // A plain `set` of one key keeps everything else.
+    env.run(&["cred", "set", "doc", "--key", "access_token"], b"at-2\n")
+        .ok();
+    check(2, "at-2");
+    assert_eq!(env.run(&["cred", "get", "doc"], b"").ok().stdout, "at-2\n");
+    // The document's id must match, and it must be a credential.
+    let o = env
+        .run(
+            &["cred", "set", "--document", "other"],
+            doc.to_string().as_bytes(),
+        )
+        .code(2);
+    assert!(o.stderr.contains("\"id\""), "{o}");
+    env.run(&["cred", "set", "--document", "doc"], b"not json")
+        .code(2);
+    env.run(
+        &["cred", "set", "--document", "doc"],
+        br#"{"id":"doc","keys":[1]}"#,
+    )
+    .code(2);
+    env.run(
+        &["cred", "set", "--document", "doc", "--key", "k"],
+        doc.to_string().as_bytes(),
+    )
+    .code(2);
+    check(2, "at-2");
+}
