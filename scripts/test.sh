@@ -13,5 +13,5 @@ cargo fmt --all -- --check
 echo "== cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets --quiet -- -D warnings
 
-echo "== cargo test"
-cargo test --all-targets --quiet -- --show-output
+echo "== cargo test (lib, bin, integration tests; benches are built by clippy above, run by cargo bench)"
+cargo test --lib --bins --tests --quiet -- --show-output

@@ -142,7 +142,7 @@ impl Index {
             top.insert(k.clone(), v.clone());
         }
         top.insert(HOLDFAST_FIELD.into(), Value::Object(hf));
-        serde_json::to_vec_pretty(&Value::Object(top)).unwrap_or_default()
+        serde_json::to_vec(&Value::Object(top)).unwrap_or_default()
     }
 }
 
