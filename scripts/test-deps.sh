@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Install what the test suite needs beyond the Rust toolchain, idempotently:
 # - Python's `cryptography` (hive's Fernet), for the interop tests in both directions.
+# - strace, for the tests that prove the syscall order of a write and that a rejected id makes
+#   no file-system call (SECURITY-CHECKLIST items 9 and 16).
 # - rustfmt and clippy components, for the lint steps.
 # Safe to run again and again: each step checks first and does nothing when satisfied.
 set -euo pipefail
@@ -9,6 +11,16 @@ if ! python3 -c 'import cryptography.fernet' 2>/dev/null; then
   echo "test-deps: installing Python package cryptography" >&2
   python3 -m pip install --quiet --disable-pip-version-check cryptography \
     || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages cryptography
+fi
+
+if ! command -v strace >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    echo "test-deps: installing strace" >&2
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq strace; } >/dev/null \
+      || echo "test-deps: could not install strace; the strace tests will say SKIPPED" >&2
+  else
+    echo "test-deps: strace missing and cannot be installed here; the strace tests will say SKIPPED" >&2
+  fi
 fi
 
 for comp in rustfmt clippy; do
