@@ -2,6 +2,9 @@
 //! files, clock skew, missing / wrong / unsafe keys, unsafe store permissions, and secrets
 //! never leaking into output or `Debug` (SECURITY-CHECKLIST items 9, 25-30, 33).
 
+#[allow(dead_code)] // each test binary uses only some of the shared helpers
+mod common;
+
 use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
 use std::fs;
@@ -9,46 +12,25 @@ use std::io::Write;
 use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use base64::Engine;
+use common::{clean_env, holdfast_cmd, run, store_cmd, store_config, value_of, Out, TestStore};
 use holdfast::crypto::{generate_key, keys, KeySource, Keyring, Secret};
 use holdfast::durable::{perms, Faults};
 use holdfast::error::ErrorKind;
-use holdfast::store::{
-    id, init_store, Credential, CredentialStore, Error, SealedReason, StoreConfig, StoreOptions,
-};
+use holdfast::store::{id, Credential, CredentialStore, Error, SealedReason, StoreOptions};
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
 
-struct TestStore {
-    _dir: tempfile::TempDir,
-    root: PathBuf,
-    base: PathBuf,
-    key: PathBuf,
-}
+const STORE_NAME: &str = "bad-input-test";
 
 impl TestStore {
-    fn new() -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let root = dir.path().to_path_buf();
-        let base = root.join("store");
-        let key = root.join("keys").join("test.key");
-        init_store(&config(&base, &key), &key, &Faults::none()).expect("init_store");
-        fs::create_dir_all(root.join("home")).unwrap();
-        TestStore {
-            _dir: dir,
-            root,
-            base,
-            key,
-        }
-    }
-
     /// A store holding `ids`, each with value `value-of-<id>`.
     fn with(ids: &[&str]) -> Self {
-        let ts = TestStore::new();
+        let ts = TestStore::new(STORE_NAME);
         let store = ts.open();
         for id in ids {
             put(&store, id, &value_for(id));
@@ -57,43 +39,8 @@ impl TestStore {
         ts
     }
 
-    fn config(&self) -> StoreConfig {
-        config(&self.base, &self.key)
-    }
-
-    fn try_open(&self) -> Result<CredentialStore, Error> {
-        CredentialStore::open(self.config(), StoreOptions::default())
-    }
-
-    fn open(&self) -> CredentialStore {
-        self.try_open().expect("open store")
-    }
-
     fn enc(&self, id: &str) -> PathBuf {
         self.base.join("credentials").join(id::file_name(id))
-    }
-
-    /// `holdfast --store-dir <base> --key-file <key> ARGS` with a clean environment.
-    fn cli<I, S>(&self, args: I, stdin: &[u8]) -> Out
-    where
-        I: IntoIterator<Item = S>,
-        S: AsRef<OsStr>,
-    {
-        let mut c = clean_cmd(&self.root.join("home"));
-        c.arg("--store-dir")
-            .arg(&self.base)
-            .arg("--key-file")
-            .arg(&self.key)
-            .args(args);
-        run(c, stdin)
-    }
-}
-
-fn config(base: &Path, key: &Path) -> StoreConfig {
-    StoreConfig {
-        name: "bad-input-test".into(),
-        base: base.to_path_buf(),
-        key_sources: vec![KeySource::File(key.to_path_buf())],
     }
 }
 
@@ -105,10 +52,6 @@ fn put(store: &CredentialStore, id: &str, value: &str) -> u64 {
     store
         .set(Credential::api_key(id, Secret::new(value.into())), None)
         .unwrap_or_else(|e| panic!("set {id}: {e}"))
-}
-
-fn value(c: &Credential) -> String {
-    c.key_value("api_key").unwrap_or("<none>").to_owned()
 }
 
 fn now() -> u64 {
@@ -132,59 +75,6 @@ fn write_private(p: &Path, bytes: &[u8]) {
         .unwrap();
     f.write_all(bytes).unwrap();
     f.sync_all().unwrap();
-}
-
-struct Out {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-impl std::fmt::Display for Out {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "exit {}\n--- stdout\n{}--- stderr\n{}",
-            self.code, self.stdout, self.stderr
-        )
-    }
-}
-
-fn clean_cmd(home: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_holdfast"));
-    clean_env(&mut c, home);
-    c
-}
-
-/// A clean environment: a temp HOME and XDG dirs, none of holdfast's or hive's variables.
-fn clean_env(c: &mut Command, home: &Path) {
-    c.env("HOME", home)
-        .env("XDG_CONFIG_HOME", home.join("config"))
-        .env("XDG_STATE_HOME", home.join("state"))
-        .env_remove("CREDENTIALS_DIRECTORY")
-        .env_remove("STATE_DIRECTORY")
-        .env_remove("HIVE_HOME")
-        .env_remove("HIVE_CREDENTIAL_KEY")
-        .env_remove("HOLDFAST_DATA_DIR")
-        .env_remove("HOLDFAST_STORE")
-        .env_remove("RUST_LOG");
-}
-
-fn run(mut c: Command, stdin: &[u8]) -> Out {
-    let mut child = c
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn holdfast");
-    // A command that fails before reading stdin closes the pipe: ignore EPIPE.
-    let _ = child.stdin.take().unwrap().write_all(stdin);
-    let o = child.wait_with_output().expect("wait holdfast");
-    Out {
-        code: o.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
-    }
 }
 
 /// Everything about a directory tree that a modification would change: type, mode, owner,
@@ -366,7 +256,7 @@ fn every_id_rule_is_enforced_by_the_library_before_any_file_access() {
     ] {
         assert!(id::validate(ok).is_ok(), "{ok}");
         put(&store, ok, &value_for(ok));
-        assert_eq!(value(&store.get(ok).unwrap()), value_for(ok));
+        assert_eq!(value_of(&store.get(ok).unwrap()), value_for(ok));
     }
 }
 
@@ -424,7 +314,7 @@ fn rejected_id_makes_no_file_syscall_on_the_store() {
         ("exists", "a//b"),
     ] {
         let mut c = Command::new("strace");
-        clean_env(&mut c, &ts.root.join("home"));
+        clean_env(&mut c, &ts.home());
         c.args(["-f", "-e", "trace=%file,%desc", "-o"])
             .arg(&trace)
             .arg(env!("CARGO_BIN_EXE_holdfast"))
@@ -478,7 +368,7 @@ fn slash_is_allowed_and_its_hive_twin_conflicts() {
     assert!(!store.exists("a_b").unwrap());
     assert!(!store.delete("a_b").unwrap());
     let c = store.get("a/b").unwrap();
-    assert_eq!((c.id(), value(&c).as_str()), ("a/b", "value-of-a/b"));
+    assert_eq!((c.id(), value_of(&c).as_str()), ("a/b", "value-of-a/b"));
     assert_eq!(c.generation(), 1);
     drop(store);
     let o = ts.cli(["cred", "set", "a_b"], b"other\n");
@@ -558,7 +448,7 @@ fn tampered_truncated_and_empty_files_are_integrity_errors_and_quarantined_on_op
         assert_eq!(&fs::read(ts.enc(id)).unwrap(), bytes, "{id} changed by get");
     }
     for good in ["good1", "good2"] {
-        assert_eq!(value(&store.get(good).unwrap()), value_for(good));
+        assert_eq!(value_of(&store.get(good).unwrap()), value_for(good));
     }
     let listing = store.list().unwrap();
     assert_eq!(listing.unreadable, damaged.len());
@@ -600,7 +490,7 @@ fn tampered_truncated_and_empty_files_are_integrity_errors_and_quarantined_on_op
         assert!(matches!(store.get(id), Err(Error::NotFound { .. })));
     }
     for good in ["good1", "good2"] {
-        assert_eq!(value(&store.get(good).unwrap()), value_for(good));
+        assert_eq!(value_of(&store.get(good).unwrap()), value_for(good));
     }
     assert_eq!(store.list().unwrap().unreadable, 0);
     println!(
@@ -653,7 +543,7 @@ fn swapped_files_are_integrity_errors_not_the_other_secret() {
         );
         assert_eq!(fs::read(ts.enc(id)).unwrap(), files[id]);
     }
-    assert_eq!(value(&store.get("delta").unwrap()), value_for("delta"));
+    assert_eq!(value_of(&store.get("delta").unwrap()), value_for("delta"));
     // Writing through a swapped file is refused too (it would destroy the other's secret).
     let e = store
         .set(
@@ -680,7 +570,7 @@ fn swapped_files_are_integrity_errors_not_the_other_secret() {
             &files[id]
         );
     }
-    assert_eq!(value(&store.get("delta").unwrap()), value_for("delta"));
+    assert_eq!(value_of(&store.get("delta").unwrap()), value_for("delta"));
     println!("swapped files: 3 ids (a pair swapped, one overwritten by a copy): 3 integrity errors, 0 secrets of the other id returned, 3 quarantined on open");
 }
 
@@ -725,8 +615,8 @@ fn token_from_the_future_is_clock_skew_left_alone() {
     assert_eq!(e.kind(), ErrorKind::Integrity);
     assert!(e.to_string().contains("clock"), "{e}");
     assert!(!e.to_string().contains("future-secret"));
-    assert_eq!(value(&store.get("near").unwrap()), "near-secret");
-    assert_eq!(value(&store.get("good").unwrap()), value_for("good"));
+    assert_eq!(value_of(&store.get("near").unwrap()), "near-secret");
+    assert_eq!(value_of(&store.get("good").unwrap()), value_for("good"));
     let report = store.fsck(true).unwrap();
     assert_eq!(report.clock_skew.len(), 1);
     assert!(report.quarantined.is_empty());
@@ -841,7 +731,7 @@ fn init_refuses_a_named_store_with_data_and_no_key() {
     // The same through the default layout ($XDG_STATE_HOME / $XDG_CONFIG_HOME).
     let home = tempfile::tempdir().unwrap();
     let run_home = |args: &[&str], stdin: &[u8]| {
-        let mut c = clean_cmd(home.path());
+        let mut c = holdfast_cmd(home.path());
         c.args(args);
         run(c, stdin)
     };
@@ -942,7 +832,10 @@ fn key_file_with_group_or_other_access_is_refused() {
     chmod(ts.key.parent().unwrap(), 0o700);
     // 0400 (systemd's mode) is fine.
     chmod(&ts.key, 0o400);
-    assert_eq!(value(&ts.open().get("alpha").unwrap()), value_for("alpha"));
+    assert_eq!(
+        value_of(&ts.open().get("alpha").unwrap()),
+        value_for("alpha")
+    );
 }
 
 #[test]
@@ -1003,20 +896,19 @@ fn unsafe_store_directories_are_refused() {
     // A symlink to a good store directory.
     let link = ts.root.join("link-to-store");
     std::os::unix::fs::symlink(&ts.base, &link).unwrap();
-    let e = CredentialStore::open(config(&link, &ts.key), StoreOptions::default())
-        .expect_err("open through a symlink must refuse");
+    let e = CredentialStore::open(
+        store_config(ts.name, &link, &ts.key),
+        StoreOptions::default(),
+    )
+    .expect_err("open through a symlink must refuse");
     assert_eq!(e.kind(), ErrorKind::Forbidden, "{e}");
     let msg = e.to_string();
     assert!(
         msg.contains("symlink") && msg.contains(&link.display().to_string()),
         "{msg}"
     );
-    let mut c = clean_cmd(&ts.root.join("home"));
-    c.arg("--store-dir")
-        .arg(&link)
-        .arg("--key-file")
-        .arg(&ts.key)
-        .args(["cred", "get", "alpha"]);
+    let mut c = store_cmd(&ts.home(), &link, &ts.key);
+    c.args(["cred", "get", "alpha"]);
     let o = run(c, b"");
     assert_eq!(o.code, 9, "{o}");
     assert!(o.stderr.contains("symlink"), "{o}");
@@ -1035,7 +927,10 @@ fn unsafe_store_directories_are_refused() {
     } else {
         println!("SKIPPED (not root): store dir owned by another uid");
     }
-    assert_eq!(value(&ts.open().get("alpha").unwrap()), value_for("alpha"));
+    assert_eq!(
+        value_of(&ts.open().get("alpha").unwrap()),
+        value_for("alpha")
+    );
     println!("unsafe store dirs: {cases} cases refused with kind forbidden / exit 9, path and problem named");
 }
 
@@ -1076,7 +971,7 @@ fn credential_file_replaced_by_a_symlink_is_refused_not_followed() {
         )
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Integrity, "{e}");
-    assert_eq!(value(&store.get("beta").unwrap()), value_for("beta"));
+    assert_eq!(value_of(&store.get("beta").unwrap()), value_for("beta"));
     drop(store);
     assert_eq!(fs::read(&copy).unwrap(), copy_bytes, "link target modified");
     let o = ts.cli(["cred", "get", "alpha"], b"");
@@ -1094,7 +989,7 @@ fn credential_file_replaced_by_a_symlink_is_refused_not_followed() {
     drop(store);
     assert_eq!(fs::read(&copy).unwrap(), copy_bytes);
     assert_eq!(
-        value(&ts.open().get("beta").unwrap()),
+        value_of(&ts.open().get("beta").unwrap()),
         value_for("beta"),
         "beta (a link target) must be untouched"
     );
@@ -1168,7 +1063,7 @@ fn secrets_never_leak_into_cli_output_or_logs() {
     let mut key_texts: Vec<(String, String)> = Vec::new();
     let mut exec = |args: &[&str], stdin: &[u8], code: i32, allowed: &[&'static str]| {
         for (fmt, verbose) in [("human", "-vv"), ("json", "-v")] {
-            let mut c = clean_cmd(home.path());
+            let mut c = holdfast_cmd(home.path());
             c.env("RUST_LOG", "trace")
                 .args([verbose, "--log-format", fmt])
                 .args(args);
@@ -1350,7 +1245,7 @@ fn secrets_never_leak_into_cli_output_or_logs() {
 
 #[test]
 fn debug_of_secret_bearing_types_is_redacted() {
-    let ts = TestStore::new();
+    let ts = TestStore::new(STORE_NAME);
     let secret_text = "hfDebugSecret-zaq1xsw2cde3";
     let key_text = fs::read_to_string(&ts.key).unwrap();
     let store = ts.open();

@@ -1,29 +1,15 @@
 //! The admin CLI as a user sees it: output text, JSON shapes and exit codes, run as a real
 //! process with a temporary HOME (and XDG dirs) and none of holdfast's or hive's variables.
 
+#[allow(dead_code)] // each test binary uses only some of the shared helpers
+mod common;
+
 use std::fs;
-use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
+use common::{run, Out, TempHome};
 use serde_json::{json, Value};
-
-struct Out {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-impl std::fmt::Display for Out {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "exit {}\n--- stdout\n{}--- stderr\n{}",
-            self.code, self.stdout, self.stderr
-        )
-    }
-}
 
 impl Out {
     fn json(&self) -> Value {
@@ -43,35 +29,8 @@ impl Out {
     }
 }
 
-/// A temporary HOME with XDG_CONFIG_HOME and XDG_STATE_HOME inside it.
-struct Env {
-    _dir: tempfile::TempDir,
-    home: PathBuf,
-}
-
-impl Env {
-    fn new() -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let home = dir.path().join("home");
-        fs::create_dir(&home).unwrap();
-        Env { _dir: dir, home }
-    }
-
-    fn cmd(&self) -> Command {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_holdfast"));
-        c.env("HOME", &self.home)
-            .env("XDG_CONFIG_HOME", self.home.join("config"))
-            .env("XDG_STATE_HOME", self.home.join("state"))
-            .env_remove("CREDENTIALS_DIRECTORY")
-            .env_remove("STATE_DIRECTORY")
-            .env_remove("HIVE_HOME")
-            .env_remove("HIVE_CREDENTIAL_KEY")
-            .env_remove("HOLDFAST_DATA_DIR")
-            .env_remove("HOLDFAST_STORE")
-            .env_remove("RUST_LOG");
-        c
-    }
-
+/// The CLI run in a temporary HOME (XDG_CONFIG_HOME and XDG_STATE_HOME inside it).
+impl TempHome {
     fn run(&self, args: &[&str], stdin: &[u8]) -> Out {
         let mut c = self.cmd();
         c.args(args);
@@ -95,22 +54,6 @@ impl Env {
     fn set(&self, id: &str, value: &str) {
         self.run(&["cred", "set", id], format!("{value}\n").as_bytes())
             .ok();
-    }
-}
-
-fn run(mut c: Command, stdin: &[u8]) -> Out {
-    let mut child = c
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn holdfast");
-    let _ = child.stdin.take().unwrap().write_all(stdin);
-    let o = child.wait_with_output().expect("wait holdfast");
-    Out {
-        code: o.status.code().unwrap_or(-1),
-        stdout: String::from_utf8(o.stdout).expect("stdout is UTF-8"),
-        stderr: String::from_utf8(o.stderr).expect("stderr is UTF-8"),
     }
 }
 
@@ -147,7 +90,7 @@ fn keys_of(v: &Value) -> Vec<&str> {
 
 #[test]
 fn init_output_permissions_and_idempotence() {
-    let env = Env::new();
+    let env = TempHome::new();
     // Before init every command says there is no store, and how to make one.
     let o = env.run(&["cred", "list"], b"").code(3);
     assert!(o.stderr.contains("holdfast init"), "{o}");
@@ -209,7 +152,7 @@ fn init_output_permissions_and_idempotence() {
 
 #[test]
 fn set_reads_stdin_and_drops_one_trailing_newline() {
-    let env = Env::new();
+    let env = TempHome::new();
     env.init();
     let cases: &[(&[u8], &str)] = &[
         (b"v1\n", "v1"),
@@ -246,7 +189,7 @@ fn set_reads_stdin_and_drops_one_trailing_newline() {
 
 #[test]
 fn get_with_several_keys_needs_field() {
-    let env = Env::new();
+    let env = TempHome::new();
     env.init();
     let o = env
         .run(
@@ -304,7 +247,7 @@ fn get_with_several_keys_needs_field() {
 
 #[test]
 fn json_shapes() {
-    let env = Env::new();
+    let env = TempHome::new();
     env.init();
     let o = env.run(&["--json", "cred", "set", "j"], b"jv\n").ok();
     assert_eq!(o.json(), json!({"id": "j", "generation": 1}));
@@ -364,7 +307,7 @@ fn json_shapes() {
 
 #[test]
 fn list_table() {
-    let env = Env::new();
+    let env = TempHome::new();
     env.init();
     assert_eq!(
         env.run(&["cred", "list"], b"").ok().stdout,
@@ -422,7 +365,7 @@ fn list_table() {
 
 #[test]
 fn delete_and_exists_exit_codes() {
-    let env = Env::new();
+    let env = TempHome::new();
     env.init();
     let o = env.run(&["cred", "exists", "x"], b"").code(3);
     assert!(o.stdout.is_empty(), "{o}");
@@ -453,7 +396,7 @@ fn delete_and_exists_exit_codes() {
 
 #[test]
 fn if_generation_compare_and_swap() {
-    let env = Env::new();
+    let env = TempHome::new();
     env.init();
     env.run(&["cred", "set", "c", "--if-generation", "0"], b"first\n")
         .ok();
@@ -488,7 +431,7 @@ fn if_generation_compare_and_swap() {
 
 #[test]
 fn global_flags_work_before_and_after_the_subcommand() {
-    let env = Env::new();
+    let env = TempHome::new();
     let data = env.home.join("elsewhere");
     let d = data.to_str().unwrap();
     env.run(&["init", "--data-dir", d], b"").ok();
@@ -548,7 +491,7 @@ fn global_flags_work_before_and_after_the_subcommand() {
 
 #[test]
 fn help_documents_exit_codes() {
-    let env = Env::new();
+    let env = TempHome::new();
     let o = env.run(&["--help"], b"").ok();
     assert!(o.stdout.contains("Exit codes:"), "{o}");
     for line in [
@@ -572,7 +515,7 @@ fn help_documents_exit_codes() {
 
 #[test]
 fn fsck_reports_temp_files_and_repair_removes_them() {
-    let env = Env::new();
+    let env = TempHome::new();
     env.init();
     env.set("a", "av");
     env.set("b", "bv");
@@ -613,7 +556,7 @@ fn fsck_reports_temp_files_and_repair_removes_them() {
 
 #[test]
 fn key_rotate_changes_fingerprint_and_keeps_every_credential() {
-    let env = Env::new();
+    let env = TempHome::new();
     let fp1 = env.init();
     for i in 0..5 {
         env.set(&format!("r{i}"), &format!("rv{i}"));
@@ -660,7 +603,7 @@ fn key_rotate_changes_fingerprint_and_keeps_every_credential() {
 
 #[test]
 fn store_dir_with_key_env_and_key_file() {
-    let env = Env::new();
+    let env = TempHome::new();
     // A hive-style directory whose key comes from an environment variable.
     let dir = env.home.join("hive/credentials");
     fs::create_dir_all(&dir).unwrap();
@@ -750,7 +693,7 @@ fn store_dir_with_key_env_and_key_file() {
 
 #[test]
 fn set_document_keeps_unknown_fields() {
-    let env = Env::new();
+    let env = TempHome::new();
     env.init();
     let doc = json!({
         "id": "doc",

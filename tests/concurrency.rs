@@ -5,19 +5,23 @@
 //! variables are set. Every child waits behind a start barrier (a file the parent creates once
 //! all children have reported ready) so the writes really overlap.
 
+#[allow(dead_code)] // each test binary uses only some of the shared helpers
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Barrier, Mutex};
 use std::time::{Duration, Instant};
 
-use holdfast::crypto::{KeySource, Secret};
-use holdfast::durable::Faults;
+use common::{index_json, reexec, store_config, temps_in, value_of, TestStore};
+use holdfast::crypto::Secret;
 use holdfast::error::ErrorKind;
-use holdfast::store::{init_store, Credential, CredentialStore, Error, StoreConfig, StoreOptions};
+use holdfast::store::{Credential, CredentialStore, Error, StoreOptions};
+
+const STORE_NAME: &str = "concurrency-test";
 
 /// Multiplier for loop counts (`HOLDFAST_TEST_SCALE`, default 1; the defaults meet the issue's
 /// minimums).
@@ -29,69 +33,19 @@ fn scale() -> usize {
         .unwrap_or(1)
 }
 
-struct TestStore {
-    _dir: tempfile::TempDir,
-    root: PathBuf,
-    base: PathBuf,
-    key: PathBuf,
-}
-
-impl TestStore {
-    fn new() -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let root = dir.path().to_path_buf();
-        let base = root.join("store");
-        let key = root.join("keys").join("test.key");
-        init_store(&config(&base, &key), &key, &Faults::none()).expect("init_store");
-        TestStore {
-            _dir: dir,
-            root,
-            base,
-            key,
-        }
-    }
-
-    fn config(&self) -> StoreConfig {
-        config(&self.base, &self.key)
-    }
-
-    fn open(&self) -> CredentialStore {
-        CredentialStore::open(self.config(), StoreOptions::default()).expect("open store")
-    }
-}
-
-fn config(base: &Path, key: &Path) -> StoreConfig {
-    StoreConfig {
-        name: "concurrency-test".into(),
-        base: base.to_path_buf(),
-        key_sources: vec![KeySource::File(key.to_path_buf())],
-    }
-}
-
-fn value_of(c: &Credential) -> String {
-    c.key_value("api_key").unwrap_or("<no api_key>").to_owned()
-}
-
 /// Temp files anywhere under the store (names containing `.hf-tmp-`).
 fn temp_files(base: &Path) -> Vec<String> {
     let mut found = Vec::new();
     for sub in ["credentials", "metadata", ""] {
-        if let Ok(rd) = fs::read_dir(base.join(sub)) {
-            for e in rd.flatten() {
-                let n = e.file_name().to_string_lossy().into_owned();
-                if n.contains(".hf-tmp-") {
-                    found.push(format!("{sub}/{n}"));
-                }
-            }
+        for n in temps_in(&base.join(sub)) {
+            found.push(format!("{sub}/{n}"));
         }
     }
     found
 }
 
 fn index_ids(base: &Path) -> BTreeSet<String> {
-    let bytes = fs::read(base.join("metadata/index.json")).expect("read index.json");
-    let v: serde_json::Value = serde_json::from_slice(&bytes).expect("index.json parses");
-    v["credentials"]
+    index_json(base)["credentials"]
         .as_object()
         .expect("index.json has a credentials object")
         .keys()
@@ -148,22 +102,19 @@ fn spawn_children(
     count: usize,
     tag: &str,
 ) -> Vec<(Child, PathBuf)> {
-    let exe = std::env::current_exe().expect("current_exe");
     let sync = ts.root.join(format!("sync-{tag}"));
     fs::create_dir_all(&sync).expect("sync dir");
     let barrier = sync.join("go");
     let mut children = Vec::new();
     for w in 0..workers {
         let out = sync.join(format!("out-{w}"));
-        let child = Command::new(&exe)
-            .args(["--exact", child_test, "--nocapture", "--ignored"])
+        let child = reexec(child_test, &ts.home())
             .env("HF_CHILD_BASE", &ts.base)
             .env("HF_CHILD_KEY", &ts.key)
             .env("HF_CHILD_WORKER", w.to_string())
             .env("HF_CHILD_COUNT", count.to_string())
             .env("HF_CHILD_BARRIER", &barrier)
             .env("HF_CHILD_OUT", &out)
-            .env_remove("HOLDFAST_TEST_SCALE")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -222,8 +173,11 @@ fn child_distinct_ids() {
         eprintln!("child_distinct_ids: not started as a child (no HF_CHILD_* env); nothing to do");
         return;
     };
-    let store = CredentialStore::open(config(&env.base, &env.key), StoreOptions::default())
-        .expect("child open");
+    let store = CredentialStore::open(
+        store_config(STORE_NAME, &env.base, &env.key),
+        StoreOptions::default(),
+    )
+    .expect("child open");
     env.wait_for_start();
     let mut gens = Vec::new();
     for i in 0..env.count {
@@ -266,8 +220,11 @@ fn child_same_id() {
         eprintln!("child_same_id: not started as a child (no HF_CHILD_* env); nothing to do");
         return;
     };
-    let store = CredentialStore::open(config(&env.base, &env.key), StoreOptions::default())
-        .expect("child open");
+    let store = CredentialStore::open(
+        store_config(STORE_NAME, &env.base, &env.key),
+        StoreOptions::default(),
+    )
+    .expect("child open");
     env.wait_for_start();
     let mut gens = Vec::new();
     for i in 0..env.count {
@@ -290,7 +247,7 @@ fn child_same_id() {
 fn four_processes_distinct_ids() {
     let workers = 4;
     let per = 250 * scale();
-    let ts = TestStore::new();
+    let ts = TestStore::new(STORE_NAME);
     let started = Instant::now();
     let children = spawn_children("child_distinct_ids", &ts, workers, per, "distinct");
     let outs = wait_children(children);
@@ -380,7 +337,7 @@ fn check_generations(all: &[u64], n: usize) -> (usize, usize) {
 fn same_id_processes() {
     let workers = 4;
     let per = 100 * scale();
-    let ts = TestStore::new();
+    let ts = TestStore::new(STORE_NAME);
     let started = Instant::now();
     let children = spawn_children("child_same_id", &ts, workers, per, "same");
     let outs = wait_children(children);
@@ -433,7 +390,7 @@ fn same_id_processes() {
 fn same_id_threads() {
     let threads = 8;
     let per = 100 * scale();
-    let ts = TestStore::new();
+    let ts = TestStore::new(STORE_NAME);
     let store = ts.open();
     // Half the threads share one handle, the other half use a second handle on the same store
     // (two opens in one process must serialize the same way).
@@ -498,7 +455,7 @@ fn same_id_threads() {
 fn compare_and_swap_race_has_one_winner() {
     let threads = 8;
     let rounds = 50 * scale();
-    let ts = TestStore::new();
+    let ts = TestStore::new(STORE_NAME);
     let store = ts.open();
     let barrier = Barrier::new(threads);
     let mut wins_per_thread = vec![0usize; threads];
@@ -573,32 +530,10 @@ fn compare_and_swap_race_has_one_winner() {
     assert_eq!(conflicts, rounds * (threads - 1));
 }
 
-/// Run `holdfast` against a store directory with a clean environment.
-fn holdfast_cmd(ts: &TestStore) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_holdfast"));
-    let home = ts.root.join("home");
-    c.env("HOME", &home)
-        .env("XDG_CONFIG_HOME", home.join("config"))
-        .env("XDG_STATE_HOME", home.join("state"))
-        .env_remove("CREDENTIALS_DIRECTORY")
-        .env_remove("STATE_DIRECTORY")
-        .env_remove("HIVE_HOME")
-        .env_remove("HIVE_CREDENTIAL_KEY")
-        .env_remove("HOLDFAST_DATA_DIR")
-        .env_remove("HOLDFAST_STORE")
-        .env_remove("RUST_LOG")
-        .arg("--store-dir")
-        .arg(&ts.base)
-        .arg("--key-file")
-        .arg(&ts.key);
-    c
-}
-
 #[test]
 fn cli_process_and_library_write_the_same_id() {
     let n = 50 * scale();
-    let ts = TestStore::new();
-    fs::create_dir_all(ts.root.join("home")).unwrap();
+    let ts = TestStore::new(STORE_NAME);
     let store = ts.open();
     // Who wrote which generation: 'c' = CLI, 'l' = library.
     let order = Mutex::new(BTreeMap::<u64, (char, usize)>::new());
@@ -610,26 +545,12 @@ fn cli_process_and_library_write_the_same_id() {
             barrier.wait();
             for i in 0..n {
                 cli_started.fetch_add(1, Ordering::SeqCst);
-                let mut child = holdfast_cmd(&ts)
-                    .args(["--json", "cred", "set", "shared"])
-                    .stdin(Stdio::piped())
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::piped())
-                    .spawn()
-                    .expect("spawn holdfast");
-                child
-                    .stdin
-                    .take()
-                    .unwrap()
-                    .write_all(format!("{}\n", same_value(0, i)).as_bytes())
-                    .unwrap();
-                let o = child.wait_with_output().unwrap();
-                assert!(
-                    o.status.success(),
-                    "cli set #{i}: {}",
-                    String::from_utf8_lossy(&o.stderr)
+                let o = ts.cli(
+                    ["--json", "cred", "set", "shared"],
+                    format!("{}\n", same_value(0, i)).as_bytes(),
                 );
-                let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+                assert_eq!(o.code, 0, "cli set #{i}: {o}");
+                let v: serde_json::Value = serde_json::from_str(&o.stdout).expect("json");
                 let g = v["generation"].as_u64().expect("generation");
                 assert!(order.lock().unwrap().insert(g, ('c', i)).is_none());
             }

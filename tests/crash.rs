@@ -17,17 +17,21 @@
 //! Every loop prints what it explored and the totals of violations; a violation fails the test
 //! with the first few details.
 
+#[allow(dead_code)] // each test binary uses only some of the shared helpers
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt::Display;
 use std::fs;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use holdfast::crypto::{keys, KeySource, Keyring, Secret};
+use common::{enc_files, names_in, reexec, store_config, temps_in};
+use holdfast::crypto::{keys, Keyring, Secret};
 use holdfast::durable::{FaultMode, Faults, Op};
 use holdfast::error::ErrorKind;
 use holdfast::store::{
@@ -35,7 +39,6 @@ use holdfast::store::{
 };
 use serde_json::Value;
 
-const TEMP_MARKER: &str = ".hf-tmp-";
 const EIO: i32 = 5;
 const ENOSPC: i32 = 28;
 
@@ -93,32 +96,6 @@ fn api_key(id: &str, value: &str) -> Credential {
     Credential::api_key(id, Secret::new(value.to_owned()))
 }
 
-fn names_in(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = match fs::read_dir(dir) {
-        Ok(rd) => rd
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .collect(),
-        Err(_) => Vec::new(),
-    };
-    v.sort();
-    v
-}
-
-fn temps_in(dir: &Path) -> Vec<String> {
-    names_in(dir)
-        .into_iter()
-        .filter(|n| n.contains(TEMP_MARKER))
-        .collect()
-}
-
-fn enc_files(dir: &Path) -> BTreeSet<String> {
-    names_in(dir)
-        .into_iter()
-        .filter(|n| n.ends_with(".enc") && !n.contains(TEMP_MARKER))
-        .collect()
-}
-
 fn copy_tree(src: &Path, dst: &Path) {
     for e in fs::read_dir(src).unwrap().flatten() {
         let ft = e.file_type().unwrap();
@@ -154,11 +131,11 @@ struct Env {
 
 impl Env {
     fn at(root: PathBuf, dir: Option<tempfile::TempDir>) -> Env {
-        let config = StoreConfig {
-            name: "crash".into(),
-            base: root.join("store"),
-            key_sources: vec![KeySource::File(root.join("keys").join("crash.key"))],
-        };
+        let config = store_config(
+            "crash",
+            &root.join("store"),
+            &root.join("keys").join("crash.key"),
+        );
         Env {
             _dir: dir,
             root,
@@ -1141,38 +1118,19 @@ fn kill_9_loop() {
     let env = Env::fresh();
     let home = tempfile::tempdir().unwrap();
     let stderr_path = home.path().join("child-stderr.log");
-    let exe = std::env::current_exe().unwrap();
     let mut m = KillModel::default();
     let mut t = Tally::default();
     let (mut landed, mut killed_before_ready, mut temp_seen_before_reopen) = (0u64, 0u64, 0u64);
 
     for cycle in 0..cycles {
         let ctx = format!("cycle {cycle}");
-        let mut cmd = Command::new(&exe);
-        cmd.args([
-            "--exact",
-            "child_writer",
-            "--nocapture",
-            "--ignored",
-            "--test-threads=1",
-            "-q",
-        ])
-        .env("HF_CHILD_DIR", &env.root)
-        .env("HF_CHILD_CYCLE", cycle.to_string())
-        .env("HF_CHILD_SEED", rng.next().to_string())
-        .env("HOME", home.path())
-        .env("XDG_CONFIG_HOME", home.path().join("config"))
-        .env("XDG_STATE_HOME", home.path().join("state"))
-        .env_remove("CREDENTIALS_DIRECTORY")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(fs::File::create(&stderr_path).unwrap());
-        for (k, _) in std::env::vars_os() {
-            let k = k.to_string_lossy();
-            if k.starts_with("HIVE_") || k.starts_with("HOLDFAST_") {
-                cmd.env_remove(&*k);
-            }
-        }
+        let mut cmd = reexec("child_writer", home.path());
+        cmd.env("HF_CHILD_DIR", &env.root)
+            .env("HF_CHILD_CYCLE", cycle.to_string())
+            .env("HF_CHILD_SEED", rng.next().to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(fs::File::create(&stderr_path).unwrap());
         let spawned = Instant::now();
         let mut child = cmd.spawn().expect("re-exec the test binary");
         let stdout = child.stdout.take().unwrap();

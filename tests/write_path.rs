@@ -7,49 +7,20 @@
 //! 2. Under a real pseudo-terminal (Python's `pty`), `cred set` prompts on the terminal with echo
 //!    off: the secret typed is stored and never appears in what the terminal shows.
 
+#[allow(dead_code)] // each test binary uses only some of the shared helpers
+mod common;
+
 use std::fs;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
-fn holdfast(home: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_holdfast"));
-    c.env("HOME", home)
-        .env("XDG_CONFIG_HOME", home.join("config"))
-        .env("XDG_STATE_HOME", home.join("state"))
-        .env_remove("CREDENTIALS_DIRECTORY")
-        .env_remove("STATE_DIRECTORY")
-        .env_remove("HIVE_HOME")
-        .env_remove("HIVE_CREDENTIAL_KEY")
-        .env_remove("HOLDFAST_DATA_DIR")
-        .env_remove("HOLDFAST_STORE")
-        .env_remove("RUST_LOG");
-    c
-}
+use common::{clean_env, holdfast_cmd, run, TempHome};
 
-fn run_with_stdin(mut c: Command, stdin: &[u8]) -> std::process::Output {
-    use std::io::Write;
-    let mut child = c
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(stdin)
-        .expect("write stdin");
-    child.wait_with_output().expect("wait")
-}
-
-fn home() -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let home = dir.path().join("home");
-    fs::create_dir(&home).expect("mkdir home");
-    let out = holdfast(&home).arg("init").output().expect("init");
+/// A temporary HOME in which `holdfast init` has made the default store.
+fn init_home() -> TempHome {
+    let th = TempHome::new();
+    let out = th.cmd().arg("init").output().expect("init");
     assert!(out.status.success(), "init: {out:?}");
-    (dir, home)
+    th
 }
 
 /// One traced syscall of interest, in order.
@@ -96,33 +67,27 @@ fn one_set_is_temp_write_fsync_rename_fsync_dir_then_reply() {
         println!("SKIPPED: strace is not available (scripts/test-deps.sh installs it)");
         return;
     }
-    let (dir, home) = home();
-    let trace = dir.path().join("trace.txt");
+    let th = init_home();
+    let home = &th.home;
+    let trace = th.root.join("trace.txt");
     let mut c = Command::new("strace");
-    c.args([
-        "-qq",
-        "-e",
-        "trace=openat,write,fsync,fdatasync,rename,renameat,renameat2",
-        "-o",
-    ])
-    .arg(&trace)
-    .arg(env!("CARGO_BIN_EXE_holdfast"))
-    .args(["cred", "set", "traced-id"]);
-    // Same environment as holdfast() gives the binary itself.
-    let probe = holdfast(&home);
-    for (k, v) in probe.get_envs() {
-        match v {
-            Some(v) => c.env(k, v),
-            None => c.env_remove(k),
-        };
-    }
-    let out = run_with_stdin(c, b"sk-traced-value\n");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    if !out.status.success() && stderr.contains("ptrace") {
-        println!("SKIPPED: strace cannot trace here: {}", stderr.trim());
+    // The same environment as holdfast_cmd() gives the binary itself.
+    clean_env(&mut c, home)
+        .args([
+            "-qq",
+            "-e",
+            "trace=openat,write,fsync,fdatasync,rename,renameat,renameat2",
+            "-o",
+        ])
+        .arg(&trace)
+        .arg(env!("CARGO_BIN_EXE_holdfast"))
+        .args(["cred", "set", "traced-id"]);
+    let out = run(c, b"sk-traced-value\n");
+    if out.code != 0 && out.stderr.contains("ptrace") {
+        println!("SKIPPED: strace cannot trace here: {}", out.stderr.trim());
         return;
     }
-    assert!(out.status.success(), "cred set under strace: {out:?}");
+    assert_eq!(out.code, 0, "cred set under strace: {out}");
     let calls: Vec<Call> = fs::read_to_string(&trace)
         .expect("trace")
         .lines()
@@ -198,7 +163,7 @@ fn one_set_is_temp_write_fsync_rename_fsync_dir_then_reply() {
 /// The prompt under a real terminal: echo is off, the typed secret is stored and not shown.
 #[test]
 fn tty_prompt_does_not_echo_the_secret() {
-    let (_dir, home) = home();
+    let th = init_home();
     let script = r#"
 import os, pty, sys, time
 argv = sys.argv[1:]
@@ -228,13 +193,7 @@ sys.stdout.write(seen.decode("utf-8", "replace"))
 sys.exit(os.waitstatus_to_exitcode(status))
 "#;
     let mut c = Command::new("python3");
-    let env_src = holdfast(&home);
-    for (k, v) in env_src.get_envs() {
-        match v {
-            Some(v) => c.env(k, v),
-            None => c.env_remove(k),
-        };
-    }
+    clean_env(&mut c, &th.home);
     let out = c
         .args([
             "-c",
@@ -264,7 +223,7 @@ sys.exit(os.waitstatus_to_exitcode(status))
         !shown.contains("tty-typed-secret-9431"),
         "the terminal echoed the secret: {shown:?}"
     );
-    let got = holdfast(&home)
+    let got = holdfast_cmd(&th.home)
         .args(["cred", "get", "typed"])
         .output()
         .expect("get");
