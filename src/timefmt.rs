@@ -74,7 +74,7 @@ pub fn parse(text: &str) -> Option<i64> {
     if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || s > 60 {
         return None;
     }
-    let mut rest = &text[19..];
+    let mut rest = text.get(19..)?;
     let mut micros = 0i64;
     if let Some(r) = rest.strip_prefix('.') {
         let digits = r.bytes().take_while(u8::is_ascii_digit).count();
@@ -88,9 +88,11 @@ pub fn parse(text: &str) -> Option<i64> {
     }
     let offset_secs = match rest {
         "" | "Z" | "z" => 0,
-        o if o.len() == 6 && (o.starts_with('+') || o.starts_with('-')) && &o[3..4] == ":" => {
+        o if o.len() == 6 && matches!(o.as_bytes()[0], b'+' | b'-') && o.as_bytes()[3] == b':' => {
             let sign = if o.starts_with('-') { -1 } else { 1 };
-            sign * (o[1..3].parse::<i64>().ok()? * 3600 + o[4..6].parse::<i64>().ok()? * 60)
+            let hh: i64 = o.get(1..3)?.parse().ok()?;
+            let mm: i64 = o.get(4..6)?.parse().ok()?;
+            sign * (hh * 3600 + mm * 60)
         }
         _ => return None,
     };
@@ -139,6 +141,18 @@ mod tests {
         );
         assert_eq!(parse("2026-01-01T00:00:01"), parse("2026-01-01T00:00:01Z"));
         assert_eq!(parse("garbage"), None);
+        // Multi-byte characters where digits or separators belong never panic.
+        for hostile in [
+            "2026-01-01T00:00:00+0é00",
+            "2026-01-01T00:00:00+00é0",
+            "2026-01-01T00:00:0é",
+            "2026-01-01T00:00:00.é",
+            "2026-01-01T00:00:00é+00:00",
+            "ééééééééééééééééééé",
+            "2026-01-01T00:00:00+é:00",
+        ] {
+            assert_eq!(parse(hostile), None, "{hostile}");
+        }
         assert_eq!(parse("2026-13-01T00:00:00Z"), None);
         assert_eq!(
             z_to_offset("2026-01-01T00:00:01Z"),

@@ -9,17 +9,21 @@
 //! every HIVE_*/HOLDFAST_* variable removed. Secrets never go through argv (keys travel as key
 //! files or environment variables, credential values on stdin).
 
+#[allow(dead_code)] // each test binary uses only some of the shared helpers
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsStr;
 use std::fs;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Read};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-use holdfast::crypto::{keys, KeySource, Keyring, Secret};
+use common::{clean_env, enc_files, index_json, run, store_cmd, store_config, Out};
+use holdfast::crypto::{keys, Keyring, Secret};
 use holdfast::durable::Faults;
 use holdfast::error::ErrorKind;
 use holdfast::store::{
@@ -77,7 +81,7 @@ impl Sandbox {
     fn new() -> Self {
         python_ready();
         let dir = tempfile::tempdir().expect("tempdir");
-        for sub in ["home", "config", "state"] {
+        for sub in ["home", "home/config", "home/state"] {
             let p = dir.path().join(sub);
             fs::create_dir(&p).expect("mkdir");
             fs::set_permissions(&p, fs::Permissions::from_mode(0o700)).expect("chmod");
@@ -87,6 +91,10 @@ impl Sandbox {
 
     fn root(&self) -> &Path {
         self.dir.path()
+    }
+
+    fn home(&self) -> PathBuf {
+        self.root().join("home")
     }
 
     fn store(&self) -> PathBuf {
@@ -123,11 +131,7 @@ impl Sandbox {
     }
 
     fn config(&self) -> StoreConfig {
-        StoreConfig {
-            name: "interop".into(),
-            base: self.store(),
-            key_sources: vec![KeySource::File(self.key_file())],
-        }
+        store_config("interop", &self.store(), &self.key_file())
     }
 
     fn open(&self) -> CredentialStore {
@@ -135,23 +139,10 @@ impl Sandbox {
     }
 
     /// A command with a private environment: HOME/XDG in the sandbox, no HIVE_*, HOLDFAST_*,
-    /// CREDENTIALS_DIRECTORY or STATE_DIRECTORY from the caller.
+    /// CREDENTIALS_DIRECTORY, STATE_DIRECTORY or RUST_LOG from the caller.
     fn command(&self, program: impl AsRef<OsStr>) -> Command {
         let mut c = Command::new(program);
-        for (k, _) in std::env::vars_os() {
-            let Some(k) = k.to_str() else { continue };
-            if k.starts_with("HIVE_")
-                || k.starts_with("HOLDFAST_")
-                || k == "CREDENTIALS_DIRECTORY"
-                || k == "STATE_DIRECTORY"
-            {
-                c.env_remove(k);
-            }
-        }
-        c.env("HOME", self.root().join("home"))
-            .env("XDG_CONFIG_HOME", self.root().join("config"))
-            .env("XDG_STATE_HOME", self.root().join("state"))
-            .env("PYTHONDONTWRITEBYTECODE", "1");
+        clean_env(&mut c, &self.home()).env("PYTHONDONTWRITEBYTECODE", "1");
         c
     }
 
@@ -183,29 +174,11 @@ impl Sandbox {
     }
 
     /// `holdfast --store-dir STORE --key-file KEY ARGS`, with `stdin` piped in.
-    fn holdfast(&self, args: &[&str], stdin: Option<&str>) -> Output {
-        let mut c = self.command(env!("CARGO_BIN_EXE_holdfast"));
-        c.arg("--store-dir")
-            .arg(self.store())
-            .arg("--key-file")
-            .arg(self.key_file())
-            .args(args);
-        run_with_stdin(c, stdin)
+    fn holdfast(&self, args: &[&str], stdin: Option<&str>) -> Out {
+        let mut c = store_cmd(&self.home(), &self.store(), &self.key_file());
+        c.args(args);
+        run(c, stdin.unwrap_or("").as_bytes())
     }
-}
-
-fn run_with_stdin(mut c: Command, stdin: Option<&str>) -> Output {
-    c.stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = c.spawn().expect("spawn");
-    {
-        let mut pipe = child.stdin.take().expect("stdin");
-        if let Some(text) = stdin {
-            pipe.write_all(text.as_bytes()).expect("write stdin");
-        }
-    }
-    child.wait_with_output().expect("wait")
 }
 
 fn parse_py(args: &[&str], out: &Output) -> Value {
@@ -221,13 +194,6 @@ fn parse_py(args: &[&str], out: &Output) -> Value {
             String::from_utf8_lossy(&out.stdout)
         )
     })
-}
-
-fn text(out: &Output) -> (String, String) {
-    (
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 fn obj(v: &Value) -> &Map<String, Value> {
@@ -257,19 +223,6 @@ fn hive_file_name(id: &str) -> String {
     format!("{}.enc", id.replace(['/', '\\'], "_").replace("..", "_"))
 }
 
-fn enc_files(store: &Path) -> BTreeSet<String> {
-    fs::read_dir(store.join("credentials"))
-        .expect("credentials dir")
-        .map(|e| {
-            e.expect("dir entry")
-                .file_name()
-                .to_string_lossy()
-                .into_owned()
-        })
-        .filter(|n| n.ends_with(".enc"))
-        .collect()
-}
-
 fn quarantine_files(store: &Path) -> Vec<PathBuf> {
     match fs::read_dir(store.join("quarantine")) {
         Ok(rd) => {
@@ -279,11 +232,6 @@ fn quarantine_files(store: &Path) -> Vec<PathBuf> {
         }
         Err(_) => Vec::new(),
     }
-}
-
-fn index_json(store: &Path) -> Value {
-    let bytes = fs::read(store.join("metadata/index.json")).expect("index.json");
-    serde_json::from_slice(&bytes).expect("index.json is JSON")
 }
 
 /// hive's `list_all` as the Python stand-in computes it: the index's ids, and whether the
@@ -386,7 +334,7 @@ fn fixture_written_by_python_reads_in_holdfast() {
     let fixture_index = index_json(&sb.store());
     let n = obj(&expected).len();
     assert!(n >= 10, "fixture too small: {n}");
-    let files = enc_files(&sb.store());
+    let files = enc_files(&sb.store().join("credentials"));
     let want_files: BTreeSet<String> = obj(&expected).keys().map(|id| hive_file_name(id)).collect();
     assert_eq!(files, want_files, "fixture files are hive's safe_id names");
     for id in obj(&expected).keys() {
@@ -466,15 +414,18 @@ fn fixture_written_by_python_reads_in_holdfast() {
             args.extend(["--field", f]);
         }
         let out = sb.holdfast(&args, None);
-        let (stdout, stderr) = text(&out);
-        assert!(out.status.success(), "cred get {id}: {stderr}");
+        assert_eq!(out.code, 0, "cred get {id}: {}", out.stderr);
         let key = field.unwrap_or("api_key");
         let want = expected[id]["keys"][key]["value"].as_str().expect("value");
-        assert_eq!(stdout, format!("{want}\n"), "cred get {id} --field {key}");
+        assert_eq!(
+            out.stdout,
+            format!("{want}\n"),
+            "cred get {id} --field {key}"
+        );
     }
     let out = sb.holdfast(&["--json", "cred", "get", "db/prod/main"], None);
-    assert!(out.status.success(), "{}", text(&out).1);
-    let v: Value = serde_json::from_slice(&out.stdout).expect("--json output");
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let v: Value = serde_json::from_str(&out.stdout).expect("--json output");
     assert_eq!(v["credential"], expected["db/prod/main"]);
 
     // The CLI, with --key-env (the key in an environment variable, as HIVE_CREDENTIAL_KEY).
@@ -491,10 +442,9 @@ fn fixture_written_by_python_reads_in_holdfast() {
             "access_token",
         ])
         .env("HF_INTEROP_KEY", sb.key_text());
-    let out = run_with_stdin(c, None);
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "--key-env: {stderr}");
-    assert_eq!(stdout, "gho-test-access-0002\n");
+    let out = run(c, b"");
+    assert_eq!(out.code, 0, "--key-env: {}", out.stderr);
+    assert_eq!(out.stdout, "gho-test-access-0002\n");
 
     // The store holdfast opened (and re-indexed) still reads in hive, index and all.
     let back = sb.py(&["read", &sb.store_arg()]);
@@ -513,7 +463,7 @@ fn python_store_updated_by_holdfast_reads_back_in_python() {
     // hive's own key lookup: HIVE_CREDENTIAL_KEY.
     let expected = sb.py_env_key(&["write", &sb.store_arg(), "--bulk", "20"]);
     let n = obj(&expected).len();
-    assert_eq!(enc_files(&sb.store()).len(), n);
+    assert_eq!(enc_files(&sb.store().join("credentials")).len(), n);
 
     let store = sb.open();
     assert_clean_open(store.open_report(), n, "fresh python store");
@@ -553,9 +503,8 @@ fn python_store_updated_by_holdfast_reads_back_in_python() {
         &["cred", "set", "db/prod/main", "--key", "password"],
         Some(&format!("{new_password}\n")),
     );
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "cred set: {stderr}");
-    assert!(stdout.contains("generation 2"), "{stdout}");
+    assert_eq!(out.code, 0, "cred set: {}", out.stderr);
+    assert!(out.stdout.contains("generation 2"), "{}", out.stdout);
 
     let back = sb.py(&["read", &sb.store_arg()]);
     assert_eq!(ids_of(&back), ids_of(&expected));
@@ -665,7 +614,7 @@ fn holdfast_store_reads_in_python() {
     store.flush().expect("flush");
     drop(store);
     let ids: BTreeSet<String> = want.keys().cloned().collect();
-    let files = enc_files(&sb.store());
+    let files = enc_files(&sb.store().join("credentials"));
     assert_eq!(
         files,
         ids.iter().map(|i| hive_file_name(i)).collect(),
@@ -1093,14 +1042,16 @@ fn future_token_from_python_is_clock_skew() {
     assert!(err.is_clock_skew(), "not clock skew: {err}");
     assert!(matches!(err, Error::ClockSkew { .. }));
     assert_eq!(err.kind(), ErrorKind::Integrity);
+    // The future-stamped credential stays listed with the metadata hive's index has for it
+    // (it exists; it just cannot be read yet), and is counted as unreadable.
     let listing = store.list().expect("list");
-    assert_eq!(listing.credentials.len(), obj(&expected).len());
+    assert_eq!(listing.credentials.len(), obj(&expected).len() + 1);
+    assert!(listing.credentials.iter().any(|c| c.id == id));
     assert_eq!(listing.unreadable, 1);
     drop(store);
     let out = sb.holdfast(&["cred", "get", id], None);
-    let (_, stderr) = text(&out);
-    assert_eq!(out.status.code(), Some(6), "{stderr}");
-    assert!(stderr.contains("future"), "{stderr}");
+    assert_eq!(out.code, 6, "{}", out.stderr);
+    assert!(out.stderr.contains("future"), "{}", out.stderr);
 
     assert_eq!(
         fs::read(&path).expect("future file"),

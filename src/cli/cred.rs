@@ -4,14 +4,16 @@
 //! `/proc/<pid>/cmdline`).
 
 use std::ffi::{OsStr, OsString};
-use std::io::{IsTerminal, Read, Write};
+use std::io::{BufRead, IsTerminal, Read, Write};
 use std::os::unix::ffi::OsStrExt;
 
 use clap::Subcommand;
 use serde_json::{json, Value};
+use zeroize::Zeroizing;
 
-use super::{out, out_json, CliError, CliResult, Global};
+use super::{out, out_json, out_secret_json, CliError, CliResult, Global};
 use crate::crypto::Secret;
+use crate::error::ErrorKind;
 use crate::limits::MAX_CREDENTIAL_FILE_BYTES;
 use crate::store::credential::KNOWN_TYPES;
 use crate::store::{id, Credential, OpenMode};
@@ -123,13 +125,14 @@ pub fn run(g: &Global, cmd: &CredCommand) -> CliResult {
             let store = g.open(OpenMode::ReadOnly)?;
             let cred = store.get(id)?;
             if g.json {
-                let mut doc = cred.expose_json();
-                if let (Some(f), Value::Object(_)) = (field, &doc) {
-                    let v = cred.key_value(f).ok_or_else(|| no_field(&cred, f))?;
-                    doc =
-                        json!({"id": id, "field": f, "value": v, "generation": cred.generation()});
-                }
-                out_json(&json!({"credential": doc, "generation": cred.generation()}));
+                let doc = match field {
+                    Some(f) => {
+                        let v = cred.key_value(f).ok_or_else(|| no_field(&cred, f))?;
+                        json!({"id": id, "field": f, "value": v, "generation": cred.generation()})
+                    }
+                    None => cred.expose_json(),
+                };
+                out_secret_json(json!({"credential": doc, "generation": cred.generation()}));
                 return Ok(());
             }
             let name = match field {
@@ -145,7 +148,7 @@ pub fn run(g: &Global, cmd: &CredCommand) -> CliResult {
                         [] => {
                             return Err(CliError::with_code(
                                 format!("credential {id:?} has no keys"),
-                                3,
+                                ErrorKind::NotFound.exit_code(),
                             ))
                         }
                         many => {
@@ -219,13 +222,16 @@ pub fn run(g: &Global, cmd: &CredCommand) -> CliResult {
             let deleted = store.delete(id)?;
             if g.json {
                 out_json(&json!({"id": id, "deleted": deleted}));
-                return Ok(());
+            } else if deleted {
+                out(format!("deleted {id}"));
             }
             if deleted {
-                out(format!("deleted {id}"));
                 Ok(())
             } else {
-                Err(CliError::with_code(format!("no credential {id:?}"), 3))
+                Err(CliError::with_code(
+                    format!("no credential {id:?}"),
+                    ErrorKind::NotFound.exit_code(),
+                ))
             }
         }
         CredCommand::Exists { id } => {
@@ -238,7 +244,10 @@ pub fn run(g: &Global, cmd: &CredCommand) -> CliResult {
             if exists {
                 Ok(())
             } else {
-                Err(CliError::with_code(format!("no credential {id:?}"), 3))
+                Err(CliError::with_code(
+                    format!("no credential {id:?}"),
+                    ErrorKind::NotFound.exit_code(),
+                ))
             }
         }
     }
@@ -257,7 +266,7 @@ fn no_field(cred: &Credential, field: &str) -> CliError {
             cred.id(),
             cred.key_names().join(", ")
         ),
-        3,
+        ErrorKind::NotFound.exit_code(),
     )
 }
 
@@ -265,37 +274,50 @@ fn no_field(cred: &Credential, field: &str) -> CliError {
 /// or from all of stdin, dropping one trailing newline.
 fn read_secret_input(prompt: Option<&str>) -> CliResult<Secret> {
     let stdin = std::io::stdin();
-    let mut text = if stdin.is_terminal() {
+    // Every buffer that holds the secret is zeroized when dropped, on error paths too, and is
+    // allocated once at full size so no reallocation leaves a partial copy behind.
+    let buf: Zeroizing<Vec<u8>> = if stdin.is_terminal() {
         let Some(prompt) = prompt else {
             return Err(CliError::usage("pipe the document on stdin"));
         };
         prompt_no_echo(prompt)?
     } else {
-        let mut buf = Vec::new();
-        stdin
-            .lock()
-            .take(MAX_CREDENTIAL_FILE_BYTES + 1)
-            .read_to_end(&mut buf)
-            .map_err(|e| CliError::with_code(format!("reading stdin: {e}"), 7))?;
-        let buf = zeroize::Zeroizing::new(buf);
-        if buf.len() as u64 > MAX_CREDENTIAL_FILE_BYTES {
+        let cap = MAX_CREDENTIAL_FILE_BYTES as usize;
+        let mut buf = Zeroizing::new(vec![0u8; cap + 1]);
+        let mut n = 0;
+        let mut input = stdin.lock();
+        while n < buf.len() {
+            match input.read(&mut buf[n..]) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    return Err(CliError::with_code(
+                        format!("reading stdin: {e}"),
+                        ErrorKind::Storage.exit_code(),
+                    ))
+                }
+            }
+        }
+        if n > cap {
             return Err(CliError::usage("stdin is larger than the 1 MiB limit"));
         }
-        String::from_utf8(buf.to_vec()).map_err(|_| CliError::usage("stdin is not UTF-8"))?
+        buf.truncate(n);
+        buf
     };
-    if text.ends_with('\n') {
-        text.pop();
-        if text.ends_with('\r') {
-            text.pop();
-        }
-    }
+    let mut text = std::str::from_utf8(&buf).map_err(|_| CliError::usage("stdin is not UTF-8"))?;
+    text = text.strip_suffix('\n').unwrap_or(text);
+    text = text.strip_suffix('\r').unwrap_or(text);
     if text.is_empty() {
         return Err(CliError::usage("empty secret: nothing stored"));
     }
-    Ok(Secret::new(text))
+    Ok(Secret::new(text.to_owned()))
 }
 
-fn prompt_no_echo(prompt: &str) -> CliResult<String> {
+/// Longest secret a person can type at the prompt (the terminal's line buffer is 4 KiB).
+const PROMPT_MAX: usize = 64 * 1024;
+
+fn prompt_no_echo(prompt: &str) -> CliResult<Zeroizing<Vec<u8>>> {
     use rustix::termios::{self, LocalModes, OptionalActions};
     let fd = std::io::stdin();
     let original = termios::tcgetattr(&fd)
@@ -307,8 +329,10 @@ fn prompt_no_echo(prompt: &str) -> CliResult<String> {
     let _ = std::io::stderr().flush();
     termios::tcsetattr(&fd, OptionalActions::Now, &quiet)
         .map_err(|e| CliError::with_code(format!("cannot turn off echo: {e}"), 1))?;
-    let mut line = String::new();
-    let read = fd.read_line(&mut line);
+    let mut line = Zeroizing::new(Vec::with_capacity(PROMPT_MAX));
+    let read = (&mut fd.lock())
+        .take(PROMPT_MAX as u64)
+        .read_until(b'\n', &mut line);
     let _ = termios::tcsetattr(&fd, OptionalActions::Now, &original);
     read.map_err(|e| CliError::with_code(format!("reading the secret: {e}"), 1))?;
     Ok(line)

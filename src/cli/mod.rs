@@ -247,6 +247,17 @@ fn out_json(v: &serde_json::Value) {
     out(serde_json::to_string_pretty(v).unwrap_or_default());
 }
 
+/// Print JSON that holds secret values: serialized into a zeroizing buffer, and every string
+/// in `v` zeroized afterwards.
+fn out_secret_json(mut v: serde_json::Value) {
+    let mut buf = zeroize::Zeroizing::new(Vec::new());
+    if serde_json::to_writer_pretty(&mut *buf, &v).is_ok() {
+        buf.push(b'\n');
+        let _ = std::io::stdout().lock().write_all(&buf);
+    }
+    crate::store::credential::zeroize_json(&mut v);
+}
+
 /// Parse arguments, run the command, and turn the outcome into an exit code.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();

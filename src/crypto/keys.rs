@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use super::{parse_key, Secret};
 use crate::durable::{self, perms, Faults, IoError, PermError};
 use crate::limits::MAX_KEY_FILE_BYTES;
+use zeroize::Zeroizing;
 
 /// One place a key can come from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -102,9 +103,18 @@ impl fmt::Debug for LoadedKeys {
     }
 }
 
-fn read_key_file(path: &Path, check_dir: bool) -> Result<Option<String>, KeyError> {
-    if std::fs::symlink_metadata(path).is_err() {
-        return Ok(None);
+/// Read a key file's text, trimmed, as a `Secret`. `Ok(None)` only if the file does not exist:
+/// any other failure to look at it (EACCES, …) is an error, never "no key here".
+fn read_key_file(path: &Path, check_dir: bool) -> Result<Option<Secret>, KeyError> {
+    match std::fs::symlink_metadata(path) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(KeyError::Io {
+                path: path.to_path_buf(),
+                source,
+            })
+        }
     }
     perms::check_private_file(path)?;
     if check_dir {
@@ -117,14 +127,14 @@ fn read_key_file(path: &Path, check_dir: bool) -> Result<Option<String>, KeyErro
         source,
     })?;
     let Some(bytes) = bytes else { return Ok(None) };
-    let text = Secret::new(String::from_utf8(bytes).map_err(|_| KeyError::Malformed {
+    let bytes = Zeroizing::new(bytes);
+    let text = std::str::from_utf8(&bytes).map_err(|_| KeyError::Malformed {
         source_desc: format!("key file {}", path.display()),
-    })?);
-    Ok(Some(text.expose().trim().to_owned()))
+    })?;
+    Ok(Some(Secret::new(text.trim().to_owned())))
 }
 
-fn parse_one(text: String, source_desc: impl Fn() -> String) -> Result<Secret, KeyError> {
-    let text = Secret::new(text);
+fn parse_one(text: Secret, source_desc: impl Fn() -> String) -> Result<Secret, KeyError> {
     if parse_key(text.expose()).is_none() {
         return Err(KeyError::Malformed {
             source_desc: source_desc(),
@@ -138,12 +148,15 @@ fn read_previous(key_file: &Path, check_dir: bool) -> Result<Vec<Secret>, KeyErr
     let Some(text) = read_key_file(&prev, check_dir)? else {
         return Ok(Vec::new());
     };
-    let text = Secret::new(text);
     text.expose()
         .lines()
         .map(str::trim)
         .filter(|l| !l.is_empty())
-        .map(|l| parse_one(l.to_owned(), || format!("key file {}", prev.display())))
+        .map(|l| {
+            parse_one(Secret::new(l.to_owned()), || {
+                format!("key file {}", prev.display())
+            })
+        })
         .collect()
 }
 
@@ -170,13 +183,13 @@ pub fn load(sources: &[KeySource]) -> Result<Option<LoadedKeys>, KeyError> {
                 let Some(value) = std::env::var_os(var) else {
                     continue;
                 };
-                let text = value.into_string().map_err(|_| KeyError::Malformed {
+                let text = Secret::new(value.into_string().map_err(|_| KeyError::Malformed {
                     source_desc: desc(),
-                })?;
-                if text.trim().is_empty() {
+                })?);
+                if text.expose().trim().is_empty() {
                     continue;
                 }
-                let primary = parse_one(text.trim().to_owned(), desc)?;
+                let primary = parse_one(Secret::new(text.expose().trim().to_owned()), desc)?;
                 return Ok(Some(LoadedKeys {
                     source: source.clone(),
                     primary,
@@ -189,12 +202,22 @@ pub fn load(sources: &[KeySource]) -> Result<Option<LoadedKeys>, KeyError> {
 }
 
 /// Write a brand-new key file (0600, in a 0700 directory created if missing). Refuses to
-/// replace an existing file.
+/// replace an existing file, atomically: a file that appears between the check and the write
+/// (another `init` racing) is never replaced.
 pub fn create_key_file(path: &Path, key: &Secret, faults: &Faults) -> Result<(), KeyError> {
     if std::fs::symlink_metadata(path).is_ok() {
         return Err(KeyError::Exists(path.to_path_buf()));
     }
-    write_key_file(path, key, faults)
+    let (dir, name) = split(path)?;
+    durable::create_private_dir(dir, faults)?;
+    perms::check_private_dir(dir)?;
+    match durable::create_exclusive(dir, name, key.expose().as_bytes(), faults) {
+        Ok(_) => Ok(()),
+        Err(e) if e.source.kind() == std::io::ErrorKind::AlreadyExists => {
+            Err(KeyError::Exists(path.to_path_buf()))
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Replace a key file atomically (0600, directory 0700 created if missing).
@@ -229,7 +252,8 @@ pub fn write_previous(
     Ok(())
 }
 
-fn split(path: &Path) -> Result<(&Path, &str), KeyError> {
+/// A key path's directory and file name.
+pub(crate) fn split(path: &Path) -> Result<(&Path, &str), KeyError> {
     match (path.parent(), path.file_name().and_then(|n| n.to_str())) {
         (Some(dir), Some(name)) => Ok((dir, name)),
         _ => Err(KeyError::Io {

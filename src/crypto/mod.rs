@@ -15,6 +15,7 @@ use base64::Engine;
 use fernet::Fernet;
 use std::fmt;
 use std::time::{SystemTime, UNIX_EPOCH};
+use zeroize::Zeroize;
 
 use crate::limits::FERNET_MAX_CLOCK_SKEW_SECS;
 
@@ -22,7 +23,12 @@ use crate::limits::FERNET_MAX_CLOCK_SKEW_SECS;
 /// was wrong is not something to tell anyone.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DecryptError {
-    /// Wrong key, tampered, truncated, or not a Fernet token.
+    /// Not shaped like a Fernet token at all (empty, not base64, wrong version byte, wrong
+    /// length): damage, and no evidence about the key.
+    #[error("not a Fernet token (empty, truncated or not base64)")]
+    Malformed,
+    /// Shaped like a token, but it authenticates under none of the keys: the wrong key, or
+    /// tampering. The only outcome that counts as evidence of a wrong key.
     #[error("cannot decrypt: wrong key, or the file is damaged or tampered with")]
     Invalid,
     /// Valid under one of our keys, but stamped in the future beyond the allowed skew.
@@ -30,6 +36,8 @@ pub enum DecryptError {
     ClockSkew {
         /// How far ahead of our clock the token's timestamp is.
         ahead_secs: u64,
+        /// Which key authenticated it (0 = primary).
+        key_index: usize,
     },
 }
 
@@ -37,6 +45,15 @@ pub enum DecryptError {
 pub struct Keyring {
     keys: Vec<Fernet>,
     fingerprints: Vec<String>,
+}
+
+impl Drop for Keyring {
+    fn drop(&mut self) {
+        // `Fernet` derives `Zeroize` but does not zeroize itself on drop.
+        for k in &mut self.keys {
+            k.zeroize();
+        }
+    }
 }
 
 impl fmt::Debug for Keyring {
@@ -73,6 +90,19 @@ fn now_secs() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
+}
+
+/// Whether `token` is shaped like a Fernet token: url-safe base64 of `0x80 · 8-byte timestamp ·
+/// 16-byte IV · a whole number of 16-byte AES blocks · 32-byte HMAC`.
+pub fn is_token_shaped(token: &str) -> bool {
+    let t = token.trim();
+    let Ok(raw) = base64::engine::general_purpose::URL_SAFE
+        .decode(t)
+        .or_else(|_| base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(t))
+    else {
+        return false;
+    };
+    raw.first() == Some(&0x80) && raw.len() >= 1 + 8 + 16 + 16 + 32 && (raw.len() - 57) % 16 == 0
 }
 
 /// The timestamp field of a Fernet token, if it is shaped like one.
@@ -120,19 +150,23 @@ impl Keyring {
                 return Ok((SecretBytes::new(p), i));
             }
         }
+        if !is_token_shaped(token) {
+            return Err(DecryptError::Malformed);
+        }
         // Tell clock skew apart from damage: if the token is stamped beyond the allowed skew
         // and authenticates when checked "at" its own timestamp, it is intact.
         let now = now_secs();
         if let Some(ts) = token_timestamp(token) {
-            if ts > now + FERNET_MAX_CLOCK_SKEW_SECS
-                && self
-                    .keys
-                    .iter()
-                    .any(|k| k.decrypt_at_time(token, None, ts).is_ok())
-            {
-                return Err(DecryptError::ClockSkew {
-                    ahead_secs: ts - now,
-                });
+            if ts > now + FERNET_MAX_CLOCK_SKEW_SECS {
+                for (key_index, k) in self.keys.iter().enumerate() {
+                    if let Ok(mut p) = k.decrypt_at_time(token, None, ts) {
+                        p.zeroize();
+                        return Err(DecryptError::ClockSkew {
+                            ahead_secs: ts - now,
+                            key_index,
+                        });
+                    }
+                }
             }
         }
         Err(DecryptError::Invalid)
@@ -171,7 +205,7 @@ mod tests {
         let tok = k.encrypt_at_time(b"x", now_secs() + 3600);
         assert!(matches!(
             k.decrypt(&tok),
-            Err(DecryptError::ClockSkew { ahead_secs }) if ahead_secs > 3500
+            Err(DecryptError::ClockSkew { ahead_secs, key_index: 0 }) if ahead_secs > 3500
         ));
         // Same token under another key is plain invalid: the skew check authenticates first.
         let other = Keyring::new(&generate_key(), &[]).unwrap();
@@ -179,6 +213,32 @@ mod tests {
         // Within the skew window it reads.
         let near = k.encrypt_at_time(b"x", now_secs() + 30);
         assert!(k.decrypt(&near).is_ok());
+    }
+
+    #[test]
+    fn malformed_is_not_evidence_of_a_wrong_key() {
+        let k = Keyring::new(&generate_key(), &[]).unwrap();
+        for bad in ["", "   ", "not base64!", "gAAAAA", &"A".repeat(200)] {
+            assert_eq!(
+                k.decrypt(bad).unwrap_err(),
+                DecryptError::Malformed,
+                "{bad:?}"
+            );
+        }
+        let mut tok = k.encrypt(b"hello").into_bytes();
+        let mid = tok.len() / 2;
+        tok[mid] = if tok[mid] == b'A' { b'B' } else { b'A' };
+        let tampered = String::from_utf8(tok).unwrap();
+        assert_eq!(k.decrypt(&tampered).unwrap_err(), DecryptError::Invalid);
+        let other = Keyring::new(&generate_key(), &[]).unwrap();
+        assert_eq!(
+            other.decrypt(&k.encrypt(b"x")).unwrap_err(),
+            DecryptError::Invalid
+        );
+        assert_eq!(
+            k.decrypt(&k.encrypt(b"x")[..60]).unwrap_err(),
+            DecryptError::Malformed
+        );
     }
 
     #[test]

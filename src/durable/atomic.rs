@@ -26,6 +26,11 @@ use super::IoError;
 /// Every temp file holdfast creates contains this marker: `.<name>.hf-tmp-<16 hex>`.
 pub const TEMP_MARKER: &str = ".hf-tmp-";
 
+/// Whether a directory entry is one of holdfast's temp files.
+pub fn is_temp_name(name: &str) -> bool {
+    name.starts_with('.') && name.contains(TEMP_MARKER)
+}
+
 /// Identity of a file version as the file system reports it: enough to tell, without reading
 /// the file, whether it changed since holdfast last read or wrote it. Atomic replacement always
 /// creates a new inode; an in-place rewrite (as hive does) changes size or mtime.
@@ -84,6 +89,35 @@ pub fn atomic_write(
     bytes: &[u8],
     faults: &Faults,
 ) -> Result<FileStamp, IoError> {
+    publish(dir, name, bytes, faults, Publish::Replace)
+}
+
+/// Create `dir/name` with `bytes` durably, only if it does not exist: the same steps as
+/// [`atomic_write`], but the complete temp file is published with `link(2)`, which fails with
+/// `EEXIST` instead of replacing a file that appeared meanwhile (two `holdfast init`s racing
+/// must never replace a key the other already used). The temp name is then unlinked.
+pub fn create_exclusive(
+    dir: &Path,
+    name: &str,
+    bytes: &[u8],
+    faults: &Faults,
+) -> Result<FileStamp, IoError> {
+    publish(dir, name, bytes, faults, Publish::NoReplace)
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Publish {
+    Replace,
+    NoReplace,
+}
+
+fn publish(
+    dir: &Path,
+    name: &str,
+    bytes: &[u8],
+    faults: &Faults,
+    how: Publish,
+) -> Result<FileStamp, IoError> {
     let tmp = dir.join(format!(".{name}{TEMP_MARKER}{}", random_hex()));
     let target = dir.join(name);
 
@@ -101,14 +135,21 @@ pub fn atomic_write(
             .check(Op::FsyncFile)
             .and_then(|()| file.sync_all())
             .map_err(|e| IoError::new(Op::FsyncFile, &tmp, e))?;
+        // fstat, not a write step: a failure here is not an fsync failure and must not poison.
         let stamp = file
             .metadata()
             .map(|m| FileStamp::of(&m))
-            .map_err(|e| IoError::new(Op::FsyncFile, &tmp, e))?;
+            .map_err(|e| IoError::new(Op::WriteTemp, &tmp, e))?;
         faults
             .check(Op::Rename)
-            .and_then(|()| fs::rename(&tmp, &target))
+            .and_then(|()| match how {
+                Publish::Replace => fs::rename(&tmp, &target),
+                Publish::NoReplace => fs::hard_link(&tmp, &target),
+            })
             .map_err(|e| IoError::new(Op::Rename, &target, e))?;
+        if how == Publish::NoReplace {
+            remove_temp(&tmp, faults)?;
+        }
         Ok(stamp)
     })();
     drop(file);
@@ -230,7 +271,7 @@ pub fn sweep_temp_files(dir: &Path, faults: &Faults) -> Result<Vec<String>, IoEr
     for entry in entries {
         let entry = entry.map_err(|e| IoError::new(Op::RemoveTemp, dir, e))?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with('.') && name.contains(TEMP_MARKER) {
+        if is_temp_name(&name) {
             remove_temp(&entry.path(), faults)?;
             removed.push(name);
         }
@@ -350,6 +391,21 @@ mod tests {
         assert_eq!(swept.len(), 1);
         assert_eq!(names(d.path()), vec!["a"]);
         assert_eq!(fs::read(d.path().join("a")).unwrap(), b"old");
+    }
+
+    #[test]
+    fn create_exclusive_never_replaces() {
+        let d = tempfile::tempdir().unwrap();
+        create_exclusive(d.path(), "k", b"first", &Faults::none()).unwrap();
+        let err = create_exclusive(d.path(), "k", b"second", &Faults::none()).unwrap_err();
+        assert_eq!(err.source.kind(), io::ErrorKind::AlreadyExists);
+        assert_eq!(fs::read(d.path().join("k")).unwrap(), b"first");
+        assert_eq!(names(d.path()), vec!["k"]);
+        let mode = fs::metadata(d.path().join("k"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
     }
 
     #[test]

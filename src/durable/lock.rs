@@ -12,6 +12,7 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -58,6 +59,10 @@ struct GateState {
 struct Gate {
     state: Mutex<GateState>,
     cv: Condvar,
+    /// A helper thread is blocked in `flock` for this path. At most one exists per path: if a
+    /// holder in another process hangs, waiters that time out must not each leave a thread
+    /// (and a file descriptor) behind.
+    helper_in_flight: Arc<AtomicBool>,
 }
 
 impl Gate {
@@ -192,7 +197,7 @@ fn acquire(
     if !gate.acquire(mode, deadline) {
         return Ok(None);
     }
-    let taken = poll_flock(&file, mode, deadline);
+    let taken = wait_flock(&file, mode, deadline, &gate.helper_in_flight);
     match taken {
         Ok(true) => Ok(Some(LockGuard { file, gate, mode })),
         Ok(false) => {
@@ -216,7 +221,12 @@ fn acquire(
 /// open file description, so the same lock); if the caller gave up meanwhile it unlocks again.
 /// A holder that never releases leaves the helper blocked (one thread and one descriptor per
 /// timed-out wait) until it does or the process exits.
-fn poll_flock(file: &File, mode: LockMode, deadline: Option<Instant>) -> io::Result<bool> {
+fn wait_flock(
+    file: &File,
+    mode: LockMode,
+    deadline: Option<Instant>,
+    helper_in_flight: &Arc<AtomicBool>,
+) -> io::Result<bool> {
     if try_flock(file, mode)? {
         return Ok(true);
     }
@@ -226,15 +236,21 @@ fn poll_flock(file: &File, mode: LockMode, deadline: Option<Instant>) -> io::Res
     if Instant::now() >= deadline {
         return Ok(false);
     }
+    let waiter = file.try_clone()?;
+    if helper_in_flight.swap(true, Ordering::SeqCst) {
+        // An earlier waiter's helper is still blocked: the holder has not released for a whole
+        // timeout. Poll rather than add another blocked thread.
+        return poll_flock(file, mode, deadline);
+    }
+    let in_flight = Arc::clone(helper_in_flight);
     enum Wait {
         Waiting,
         GaveUp,
         Done(io::Result<()>),
     }
-    let waiter = file.try_clone()?;
     let state = Arc::new((Mutex::new(Wait::Waiting), Condvar::new()));
     let helper_state = Arc::clone(&state);
-    std::thread::Builder::new()
+    let spawned = std::thread::Builder::new()
         .name("holdfast-flock".into())
         .spawn(move || {
             let taken = loop {
@@ -249,6 +265,7 @@ fn poll_flock(file: &File, mode: LockMode, deadline: Option<Instant>) -> io::Res
             };
             let (m, cv) = &*helper_state;
             let mut s = m.lock().unwrap_or_else(PoisonError::into_inner);
+            in_flight.store(false, Ordering::SeqCst);
             if matches!(*s, Wait::GaveUp) {
                 if taken.is_ok() {
                     let _ = FileExt::unlock(&waiter);
@@ -257,7 +274,11 @@ fn poll_flock(file: &File, mode: LockMode, deadline: Option<Instant>) -> io::Res
             }
             *s = Wait::Done(taken);
             cv.notify_all();
-        })?;
+        });
+    if let Err(e) = spawned {
+        helper_in_flight.store(false, Ordering::SeqCst);
+        return Err(e);
+    }
     let (m, cv) = &*state;
     let mut s = m.lock().unwrap_or_else(PoisonError::into_inner);
     loop {
@@ -276,6 +297,23 @@ fn poll_flock(file: &File, mode: LockMode, deadline: Option<Instant>) -> io::Res
             .0;
     }
 }
+
+/// Poll `try_lock` until `deadline` (the fallback while a helper is already blocked).
+fn poll_flock(file: &File, mode: LockMode, deadline: Instant) -> io::Result<bool> {
+    loop {
+        if try_flock(file, mode)? {
+            return Ok(true);
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok(false);
+        }
+        std::thread::sleep(POLL_FALLBACK.min(deadline - now));
+    }
+}
+
+/// Sleep between polls in [`poll_flock`].
+const POLL_FALLBACK: Duration = Duration::from_millis(10);
 
 #[cfg(test)]
 mod tests {

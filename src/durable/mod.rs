@@ -9,8 +9,8 @@ pub mod lock;
 pub mod perms;
 
 pub use atomic::{
-    atomic_write, create_private_dir, fsync_dir, move_aside, read_capped, remove_durably,
-    sweep_temp_files, FileStamp, TEMP_MARKER,
+    atomic_write, create_exclusive, create_private_dir, fsync_dir, is_temp_name, move_aside,
+    read_capped, remove_durably, sweep_temp_files, FileStamp, TEMP_MARKER,
 };
 pub use fault::{FaultMode, Faults, Op};
 pub use lock::{LockError, LockGuard, LockMode};
@@ -21,7 +21,7 @@ use std::path::PathBuf;
 
 /// A failed file-system step, with the step and the path it was applied to.
 #[derive(Debug, thiserror::Error)]
-#[error("{op} {}: {source}", path.display())]
+#[error("{op} {}: {source}{}", path.display(), self.hint())]
 pub struct IoError {
     /// The step that failed.
     pub op: Op,
@@ -54,6 +54,18 @@ impl IoError {
 
     /// The disk (or quota) is full.
     pub fn is_disk_full(&self) -> bool {
-        matches!(self.source.raw_os_error(), Some(28) | Some(122))
+        let full = [rustix::io::Errno::NOSPC, rustix::io::Errno::DQUOT];
+        self.source
+            .raw_os_error()
+            .is_some_and(|e| full.contains(&rustix::io::Errno::from_raw_os_error(e)))
+    }
+
+    /// What the user can do about it, where that is clear from the error.
+    fn hint(&self) -> &'static str {
+        if self.is_disk_full() {
+            " (the disk or quota is full: free some space and retry; the previous value is intact)"
+        } else {
+            ""
+        }
     }
 }

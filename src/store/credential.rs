@@ -39,6 +39,9 @@ pub enum SchemaError {
     /// A field has the wrong type.
     #[error("field \"{0}\" has the wrong type")]
     BadField(&'static str),
+    /// The document's id is not the id it is being stored under.
+    #[error("the document's \"id\" is not the id it is stored under")]
+    IdMismatch,
 }
 
 /// A credential document.
@@ -46,18 +49,39 @@ pub struct Credential {
     doc: Map<String, Value>,
 }
 
-fn zeroize_value(v: &mut Value) {
+/// An upper bound on the compact JSON size of `doc`: every string may need escaping to
+/// `\uXXXX` (6 bytes per input byte) plus quotes; numbers and literals are short.
+fn json_size_bound(doc: &Map<String, Value>) -> usize {
+    fn value(v: &Value) -> usize {
+        match v {
+            Value::String(s) => s.len() * 6 + 2,
+            Value::Array(a) => 2 + a.iter().map(|x| value(x) + 1).sum::<usize>(),
+            Value::Object(o) => map(o),
+            _ => 24,
+        }
+    }
+    fn map(o: &Map<String, Value>) -> usize {
+        2 + o
+            .iter()
+            .map(|(k, v)| k.len() * 6 + 4 + value(v))
+            .sum::<usize>()
+    }
+    map(doc)
+}
+
+/// Zeroize every string in a JSON value (documents that held secrets, before they are dropped).
+pub fn zeroize_json(v: &mut Value) {
     match v {
         Value::String(s) => s.zeroize(),
-        Value::Array(a) => a.iter_mut().for_each(zeroize_value),
-        Value::Object(o) => o.values_mut().for_each(zeroize_value),
+        Value::Array(a) => a.iter_mut().for_each(zeroize_json),
+        Value::Object(o) => o.values_mut().for_each(zeroize_json),
         _ => {}
     }
 }
 
 impl Drop for Credential {
     fn drop(&mut self) {
-        self.doc.values_mut().for_each(zeroize_value);
+        self.doc.values_mut().for_each(zeroize_json);
     }
 }
 
@@ -116,7 +140,9 @@ impl Credential {
         Credential::from_value(value)
     }
 
-    fn check(&self) -> Result<(), SchemaError> {
+    /// Check the document against the schema (also run before every write, so no code path can
+    /// store a document that a later open would quarantine).
+    pub(crate) fn check(&self) -> Result<(), SchemaError> {
         if !matches!(self.doc.get("id"), Some(Value::String(_))) {
             return Err(SchemaError::NoId);
         }
@@ -145,10 +171,13 @@ impl Credential {
         Ok(())
     }
 
-    /// Serialize to plaintext bytes (compact JSON; hive loads it).
+    /// Serialize to plaintext bytes (compact JSON; hive loads it). The buffer is sized up front
+    /// so that no reallocation frees a partial plaintext unzeroized.
     pub fn to_bytes(&self) -> Zeroizing<Vec<u8>> {
-        // A Map of JSON values always serializes.
-        Zeroizing::new(serde_json::to_vec(&self.doc).unwrap_or_default())
+        let mut buf = Zeroizing::new(Vec::with_capacity(json_size_bound(&self.doc)));
+        // Serializing a map of JSON values into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut *buf, &self.doc);
+        buf
     }
 
     /// The whole document, secrets included, as JSON (for `cred get --json`).
@@ -227,7 +256,7 @@ impl Credential {
         match self.doc.get_mut("keys").and_then(Value::as_object_mut) {
             Some(keys) => match keys.shift_remove(name) {
                 Some(mut v) => {
-                    zeroize_value(&mut v);
+                    zeroize_json(&mut v);
                     true
                 }
                 None => false,
@@ -377,6 +406,16 @@ mod tests {
         assert_eq!(e["created_at"], json!("2026-01-01T00:00:00+00:00"));
         assert_eq!(e["tags"], json!(["t"]));
         assert!(!e.to_string().contains("s1"));
+    }
+
+    #[test]
+    fn to_bytes_never_reallocates() {
+        let mut c = Credential::api_key("x", Secret::new("\u{1}\"\\ é ✓ \n".repeat(50)));
+        c.set_field("tags", json!(["a", 1, null, true, {"k": "v"}]));
+        let b = c.to_bytes();
+        assert!(b.len() <= b.capacity());
+        assert_eq!(b.capacity(), json_size_bound(&c.doc));
+        assert!(Credential::parse(&b).is_ok());
     }
 
     #[test]

@@ -17,12 +17,12 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-use super::credential::Credential;
+use super::credential::{Credential, SchemaError};
 use super::fsck::{Quarantined, Report};
 use super::id;
 use super::index::{Index, IndexState, Vouch};
@@ -92,36 +92,47 @@ pub struct CredentialInfo {
 /// The result of `list`.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Listing {
-    /// Readable credentials, sorted by id.
+    /// Credentials, sorted by id: every readable one, plus those that cannot be read right now
+    /// (clock skew, I/O error) but whose metadata is known from the index or an earlier read.
     pub credentials: Vec<CredentialInfo>,
     /// Files that could not be read (see `store fsck`).
     pub unreadable: usize,
 }
 
+/// One credential file as the store knows it.
 #[derive(Clone, Debug)]
 struct Entry {
     id: String,
     meta: Value,
-    stamp: FileStamp,
+    /// The file's stamp when `meta` was derived from it. `None` for an entry kept (from the
+    /// index or an earlier scan) for a file that cannot be read right now (clock skew, I/O
+    /// error): such an entry stays listed but is never vouched for.
+    stamp: Option<FileStamp>,
     generation: u64,
 }
 
 enum KeyState {
-    Unsealed {
-        ring: Keyring,
-        source: KeySource,
-        stamp: Option<(Option<FileStamp>, Option<FileStamp>)>,
-    },
+    Unsealed { ring: Keyring, source: KeySource },
     Sealed(SealedReason),
+}
+
+/// The keys in use, and the stamps of every key file they were read from (taken *before*
+/// reading, so a rotation landing between the read and the stamp is seen as a change).
+struct KeySnapshot {
+    state: KeyState,
+    stamps: Vec<Option<FileStamp>>,
 }
 
 #[derive(Default)]
 struct Inner {
+    /// By file name.
     entries: BTreeMap<String, Entry>,
-    /// Index entries kept for files we cannot read right now (clock skew): id → entry.
-    kept: Map<String, Value>,
+    /// Whether `entries` reflects a scan (or the index's vouches) at least once.
+    seeded: bool,
     /// Unknown top-level index fields, preserved.
     index_extra: Map<String, Value>,
+    /// index.json as we last read or wrote it (another writer changed it if this differs).
+    index_stamp: Option<FileStamp>,
     dirty: bool,
     unreadable: usize,
     /// The file a `delete` is removing: its index entry is dropped before the unlink, so the
@@ -138,7 +149,8 @@ pub struct CredentialStore {
     quarantine_dir: PathBuf,
     lock_path: PathBuf,
     opts: StoreOptions,
-    keys: RwLock<KeyState>,
+    /// Swapped whole on reload; readers clone the `Arc` and hold no guard during I/O.
+    keys: RwLock<Arc<KeySnapshot>>,
     inner: Mutex<Inner>,
     poisoned: Mutex<Option<String>>,
     waiting_writers: AtomicUsize,
@@ -162,25 +174,56 @@ fn stamp_of(path: &Path) -> Option<FileStamp> {
     fs::symlink_metadata(path).ok().map(|m| FileStamp::of(&m))
 }
 
-fn key_stamps(source: &KeySource) -> Option<(Option<FileStamp>, Option<FileStamp>)> {
-    match source {
-        KeySource::File(p) | KeySource::SystemdCredential(p) => {
-            Some((stamp_of(p), stamp_of(&keys::prev_path(p))))
-        }
-        KeySource::Env(_) => None,
-    }
-}
-
-/// What reading one credential file gave.
+/// How reading one credential file went.
 enum FileRead {
     Missing,
     Ok(Credential, usize),
+    /// Authentic, but stamped in the future.
     Skew(DecryptError),
-    Bad(String),
+    /// A well-formed token that authenticates under none of the keys.
+    WrongKey,
+    /// Not a usable credential file (empty, torn, not a token, not a credential, a symlink).
+    Damaged(String),
+    /// The OS failed to read it (EIO, EMFILE, …): says nothing about the file; never
+    /// quarantined.
+    Io(io::Error),
+}
+
+/// What a directory scan found.
+#[derive(Default)]
+struct Scan {
+    entries: BTreeMap<String, Entry>,
+    files: usize,
+    vouched: usize,
+    decrypted: usize,
+    old_key: Vec<String>,
+    skewed: Vec<String>,
+    io_errors: Vec<String>,
+    /// File name and reason: files that fail decryption, parsing or id binding.
+    bad: Vec<(String, String)>,
+    drift: Vec<String>,
+}
+
+/// What the rotation needs to know about one file.
+pub(super) enum KeyUse {
+    Primary,
+    Previous,
+    /// Stamped in the future; `previous`: it authenticates only under a previous key.
+    Skewed {
+        previous: bool,
+    },
+    /// Authenticates under no key, or is not a token: no key can help it.
+    Undecryptable,
+    /// Could not be read (I/O error).
+    Unreadable(String),
 }
 
 fn lock_guard<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn is_eloop(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error())
 }
 
 impl CredentialStore {
@@ -188,8 +231,10 @@ impl CredentialStore {
     /// the files. See [`OpenMode`] for what may be modified.
     pub fn open(config: StoreConfig, opts: StoreOptions) -> Result<Self> {
         let base = config.base.clone();
-        if fs::symlink_metadata(&base).is_err() {
-            return Err(Error::NoStore(base));
+        match fs::symlink_metadata(&base) {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(Error::NoStore(base)),
+            Err(source) => return Err(Error::Read { path: base, source }),
         }
         perms::check_private_dir(&base)?;
         let cred_dir = base.join("credentials");
@@ -204,7 +249,10 @@ impl CredentialStore {
             quarantine_dir: base.join("quarantine"),
             cred_dir,
             meta_dir,
-            keys: RwLock::new(KeyState::Sealed(SealedReason::BadKey(String::new()))),
+            keys: RwLock::new(Arc::new(KeySnapshot {
+                state: KeyState::Sealed(SealedReason::BadKey(String::new())),
+                stamps: Vec::new(),
+            })),
             inner: Mutex::new(Inner::default()),
             poisoned: Mutex::new(None),
             waiting_writers: AtomicUsize::new(0),
@@ -213,12 +261,9 @@ impl CredentialStore {
             config,
             opts,
         };
-        let state = store.load_keys()?;
-        *store.keys.write().unwrap_or_else(PoisonError::into_inner) = state;
-        if store.sealed_reason().is_some() {
-            return Ok(store);
-        }
-        if store.opts.mode == OpenMode::ReadOnly {
+        let snapshot = store.load_keys()?;
+        *store.keys.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(snapshot);
+        if store.sealed_reason().is_some() || store.opts.mode == OpenMode::ReadOnly {
             return Ok(store);
         }
         durable::create_private_dir(&store.cred_dir, &store.opts.faults)?;
@@ -227,7 +272,7 @@ impl CredentialStore {
             return Ok(store);
         }
         let report = {
-            let _guard = store.lock_for(LockMode::Exclusive)?;
+            let _guard = store.lock_store(LockMode::Exclusive)?;
             let mut inner = lock_guard(&store.inner);
             store.reconcile(&mut inner, false, true)?
         };
@@ -248,9 +293,16 @@ impl CredentialStore {
         &self.config
     }
 
+    fn keys_now(&self) -> Arc<KeySnapshot> {
+        self.keys
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
     /// Why the store is sealed, or `None` if it has a working key.
     pub fn sealed_reason(&self) -> Option<SealedReason> {
-        match &*self.keys.read().unwrap_or_else(PoisonError::into_inner) {
+        match &self.keys_now().state {
             KeyState::Sealed(r) => Some(r.clone()),
             KeyState::Unsealed { .. } => None,
         }
@@ -258,7 +310,7 @@ impl CredentialStore {
 
     /// Fingerprints of the keys in use (primary first), for status output.
     pub fn key_fingerprints(&self) -> Vec<String> {
-        match &*self.keys.read().unwrap_or_else(PoisonError::into_inner) {
+        match &self.keys_now().state {
             KeyState::Unsealed { ring, .. } => ring.fingerprints().to_vec(),
             KeyState::Sealed(_) => Vec::new(),
         }
@@ -266,7 +318,7 @@ impl CredentialStore {
 
     /// Where the key came from, if unsealed.
     pub fn key_source(&self) -> Option<KeySource> {
-        match &*self.keys.read().unwrap_or_else(PoisonError::into_inner) {
+        match &self.keys_now().state {
             KeyState::Unsealed { source, .. } => Some(source.clone()),
             KeyState::Sealed(_) => None,
         }
@@ -276,25 +328,22 @@ impl CredentialStore {
         &self.opts.faults
     }
 
-    fn enc_files(&self) -> Result<Vec<String>> {
+    /// Names of the `.enc` files in `credentials/`, sorted.
+    pub(super) fn enc_files(&self) -> Result<Vec<String>> {
         let mut names = Vec::new();
+        let read_err = |source| Error::Read {
+            path: self.cred_dir.clone(),
+            source,
+        };
         let rd = match fs::read_dir(&self.cred_dir) {
             Ok(rd) => rd,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(names),
-            Err(source) => {
-                return Err(Error::Read {
-                    path: self.cred_dir.clone(),
-                    source,
-                })
-            }
+            Err(e) => return Err(read_err(e)),
         };
         for e in rd {
-            let e = e.map_err(|source| Error::Read {
-                path: self.cred_dir.clone(),
-                source,
-            })?;
+            let e = e.map_err(read_err)?;
             if let Some(name) = e.file_name().to_str() {
-                if name.ends_with(".enc") && !name.contains(durable::TEMP_MARKER) {
+                if name.ends_with(".enc") && !durable::is_temp_name(name) {
                     names.push(name.to_owned());
                 }
             }
@@ -303,8 +352,42 @@ impl CredentialStore {
         Ok(names)
     }
 
+    fn key_file_stamps(&self) -> Vec<Option<FileStamp>> {
+        self.config
+            .key_sources
+            .iter()
+            .flat_map(|s| match s {
+                KeySource::File(p) | KeySource::SystemdCredential(p) => {
+                    vec![stamp_of(p), stamp_of(&keys::prev_path(p))]
+                }
+                KeySource::Env(_) => Vec::new(),
+            })
+            .collect()
+    }
+
+    /// Whether `ring` opens file `name`: `Some(true)` it authenticates (even if stamped in
+    /// the future or not a credential), `Some(false)` a well-formed token that does not,
+    /// `None` no evidence either way (missing, empty, malformed, unreadable).
+    fn key_opens(&self, ring: &Keyring, name: &str) -> Option<bool> {
+        let bytes =
+            durable::read_capped(&self.cred_dir.join(name), MAX_CREDENTIAL_FILE_BYTES).ok()??;
+        let token = std::str::from_utf8(&bytes).ok()?;
+        match ring.decrypt(token) {
+            Ok(_) | Err(DecryptError::ClockSkew { .. }) => Some(true),
+            Err(DecryptError::Invalid) => Some(false),
+            Err(DecryptError::Malformed) => None,
+        }
+    }
+
     /// Load keys and decide sealed/unsealed. Unsafe key permissions are an error (refuse).
-    fn load_keys(&self) -> Result<KeyState> {
+    fn load_keys(&self) -> Result<KeySnapshot> {
+        let stamps = self.key_file_stamps();
+        let sealed = |reason| {
+            Ok(KeySnapshot {
+                state: KeyState::Sealed(reason),
+                stamps: stamps.clone(),
+            })
+        };
         let sources = &self.config.key_sources;
         let looked_in = sources
             .iter()
@@ -314,7 +397,7 @@ impl CredentialStore {
         let loaded = match keys::load(sources) {
             Ok(l) => l,
             Err(e @ crate::crypto::KeyError::Malformed { .. }) => {
-                return Ok(KeyState::Sealed(SealedReason::BadKey(e.to_string())))
+                return sealed(SealedReason::BadKey(e.to_string()))
             }
             Err(e) => return Err(e.into()),
         };
@@ -325,69 +408,68 @@ impl CredentialStore {
             previous,
         }) = loaded
         else {
-            return Ok(KeyState::Sealed(SealedReason::NoKey {
+            return sealed(SealedReason::NoKey {
                 files: files.len(),
                 looked_in,
-            }));
+            });
         };
         let Some(ring) = Keyring::new(&primary, &previous) else {
-            return Ok(KeyState::Sealed(SealedReason::BadKey(format!(
+            return sealed(SealedReason::BadKey(format!(
                 "{source} does not hold a Fernet key"
-            ))));
+            )));
         };
         // The key must open at least one existing file; otherwise it is the wrong key and
         // nothing may be written with it (files would end up under two keys) or quarantined.
-        let mut tried = 0;
-        let mut opened = files.is_empty();
+        // Only authentication failures count: empty or torn files say nothing about the key.
+        let mut refused = 0;
+        let mut opened = false;
         for name in &files {
-            match self.read_file(name, &ring) {
-                FileRead::Ok(..) | FileRead::Skew(_) => {
+            match self.key_opens(&ring, name) {
+                Some(true) => {
                     opened = true;
                     break;
                 }
-                FileRead::Bad(_) => tried += 1,
-                FileRead::Missing => {}
+                Some(false) => refused += 1,
+                None => {}
             }
-            if tried >= KEY_CHECK_SAMPLE {
+            if refused >= KEY_CHECK_SAMPLE {
                 break;
             }
         }
-        if !opened && tried > 0 {
-            return Ok(KeyState::Sealed(SealedReason::WrongKey {
-                tried,
+        if !opened && refused > 0 {
+            return sealed(SealedReason::WrongKey {
+                tried: refused,
                 source: source.to_string(),
-            }));
+            });
         }
-        let stamp = key_stamps(&source);
-        Ok(KeyState::Unsealed {
-            ring,
-            source,
-            stamp,
+        Ok(KeySnapshot {
+            state: KeyState::Unsealed { ring, source },
+            stamps,
         })
     }
 
-    /// Reload the keys if their files changed (another process rotated them).
-    fn reload_keys_if_changed(&self) -> Result<()> {
-        let changed = match &*self.keys.read().unwrap_or_else(PoisonError::into_inner) {
-            KeyState::Unsealed { source, stamp, .. } => key_stamps(source) != *stamp,
-            KeyState::Sealed(_) => false,
-        };
-        if changed {
-            let state = self.load_keys()?;
-            if let KeyState::Sealed(reason) = &state {
-                tracing::error!(store = %self.config.name, %reason, "key files changed and no longer open the store");
-            } else {
-                tracing::info!(store = %self.config.name, "key files changed; reloaded keys");
-            }
-            *self.keys.write().unwrap_or_else(PoisonError::into_inner) = state;
+    /// Reload the keys if any key file changed (another process rotated, or a person restored
+    /// a key). Never fails: a key that became unusable seals the store, with the reason.
+    fn reload_keys_if_changed(&self) {
+        if self.key_file_stamps() != self.keys_now().stamps {
+            self.reload_keys();
         }
-        Ok(())
     }
 
-    pub(super) fn reload_keys(&self) -> Result<()> {
-        let state = self.load_keys()?;
-        *self.keys.write().unwrap_or_else(PoisonError::into_inner) = state;
-        Ok(())
+    pub(super) fn reload_keys(&self) {
+        let snapshot = self.load_keys().unwrap_or_else(|e| KeySnapshot {
+            state: KeyState::Sealed(SealedReason::BadKey(e.to_string())),
+            stamps: self.key_file_stamps(),
+        });
+        match &snapshot.state {
+            KeyState::Sealed(reason) => {
+                tracing::error!(store = %self.config.name, %reason, "key files changed and no longer open the store")
+            }
+            KeyState::Unsealed { ring, .. } => {
+                tracing::info!(store = %self.config.name, keys = ?ring.fingerprints(), "key files changed; reloaded keys")
+            }
+        }
+        *self.keys.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(snapshot);
     }
 
     fn sealed_error(&self, reason: SealedReason) -> Error {
@@ -397,16 +479,22 @@ impl CredentialStore {
         }
     }
 
-    /// Run `f` with the keyring, or fail with `sealed`.
+    /// Run `f` with the keyring, or fail with `sealed`. No lock is held while `f` runs.
     pub(super) fn with_ring<T>(&self, f: impl FnOnce(&Keyring) -> Result<T>) -> Result<T> {
-        match &*self.keys.read().unwrap_or_else(PoisonError::into_inner) {
+        let keys = self.keys_now();
+        match &keys.state {
             KeyState::Unsealed { ring, .. } => f(ring),
             KeyState::Sealed(r) => Err(self.sealed_error(r.clone())),
         }
     }
 
-    fn lock_for(&self, mode: LockMode) -> Result<LockGuard> {
-        Ok(lock::lock(&self.lock_path, mode, self.opts.lock_timeout)?)
+    /// Take the store lock, then pick up key files another process changed while we waited:
+    /// every decision made under the lock (quarantine, re-encryption, writes) uses the keys
+    /// as they are now.
+    fn lock_store(&self, mode: LockMode) -> Result<LockGuard> {
+        let guard = lock::lock(&self.lock_path, mode, self.opts.lock_timeout)?;
+        self.reload_keys_if_changed();
+        Ok(guard)
     }
 
     /// Turn a failed durable step into an error, poisoning the store if it was an fsync.
@@ -440,31 +528,39 @@ impl CredentialStore {
         let bytes = match durable::read_capped(&path, MAX_CREDENTIAL_FILE_BYTES) {
             Ok(Some(b)) => b,
             Ok(None) => return FileRead::Missing,
-            Err(e) if e.raw_os_error() == Some(40) => {
-                return FileRead::Bad("is a symlink; refusing to follow it".into())
+            Err(e) if is_eloop(&e) => {
+                return FileRead::Damaged("is a symlink; refusing to follow it".into())
             }
-            Err(e) => return FileRead::Bad(format!("cannot be read: {e}")),
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                return FileRead::Damaged(format!("is unusable: {e}"))
+            }
+            Err(e) => return FileRead::Io(e),
         };
         let Ok(token) = std::str::from_utf8(&bytes) else {
-            return FileRead::Bad("is not a Fernet token (not text)".into());
+            return FileRead::Damaged("is not a Fernet token (not text)".into());
         };
         if token.trim().is_empty() {
-            return FileRead::Bad("is empty".into());
+            return FileRead::Damaged("is empty".into());
         }
         match ring.decrypt(token) {
             Ok((plain, key_idx)) => match Credential::parse(plain.expose()) {
                 Ok(c) => FileRead::Ok(c, key_idx),
-                Err(e) => FileRead::Bad(format!("decrypts, but is not a credential: {e}")),
+                Err(e) => FileRead::Damaged(format!("decrypts, but is not a credential: {e}")),
             },
             Err(e @ DecryptError::ClockSkew { .. }) => FileRead::Skew(e),
-            Err(DecryptError::Invalid) => FileRead::Bad(DecryptError::Invalid.to_string()),
+            Err(DecryptError::Invalid) => FileRead::WrongKey,
+            Err(e @ DecryptError::Malformed) => FileRead::Damaged(e.to_string()),
         }
     }
 
     /// Read the credential stored under `id`'s file name: `Ok(None)` if there is no file.
-    /// Files that fail are errors (integrity or clock skew), never silently "missing".
+    /// Files that fail are errors (integrity, clock skew, I/O), never silently "missing".
     fn read_for(&self, id: &str, ring: &Keyring) -> Result<Option<Credential>> {
         let name = id::file_name(id);
+        let integrity = |reason: String| Error::Integrity {
+            what: format!("credential {id:?} (file {name})"),
+            reason,
+        };
         match self.read_file(&name, ring) {
             FileRead::Missing => Ok(None),
             FileRead::Ok(c, _) => Ok(Some(c)),
@@ -472,9 +568,11 @@ impl CredentialStore {
                 id: id.to_owned(),
                 source,
             }),
-            FileRead::Bad(reason) => Err(Error::Integrity {
-                what: format!("credential {id:?} (file {name})"),
-                reason,
+            FileRead::WrongKey => Err(integrity(DecryptError::Invalid.to_string())),
+            FileRead::Damaged(reason) => Err(integrity(reason)),
+            FileRead::Io(source) => Err(Error::Read {
+                path: self.cred_dir.join(&name),
+                source,
             }),
         }
     }
@@ -488,11 +586,7 @@ impl CredentialStore {
         } else {
             Some(Error::Integrity {
                 what: format!("credential {id:?} (file {name})"),
-                reason: format!(
-                    "the file holds credential {:?}, whose file would be {}: files were swapped or renamed",
-                    found.id(),
-                    id::file_name(found.id())
-                ),
+                reason: swapped_reason(found.id()),
             })
         }
     }
@@ -500,11 +594,10 @@ impl CredentialStore {
     /// Read credential `id`. The id inside the file must equal `id`.
     pub fn get(&self, id: &str) -> Result<Credential> {
         id::validate(id)?;
-        let first = self.with_ring(|ring| self.read_for(id, ring));
-        // A rotation by another process re-encrypts files under a key we have not loaded yet.
-        let found = match first {
+        let found = match self.with_ring(|ring| self.read_for(id, ring)) {
+            // A rotation by another process re-encrypts files under a key we have not loaded.
             Err(Error::Integrity { .. }) => {
-                self.reload_keys_if_changed()?;
+                self.reload_keys_if_changed();
                 self.with_ring(|ring| self.read_for(id, ring))?
             }
             other => other?,
@@ -576,10 +669,9 @@ impl CredentialStore {
                 .and_then(|c| c.field("created_at").cloned());
             let mut new = f(existing)?;
             if new.id() != id {
-                return Err(Error::InvalidCredential(
-                    super::credential::SchemaError::NoId,
-                ));
+                return Err(Error::InvalidCredential(SchemaError::IdMismatch));
             }
+            new.check().map_err(Error::InvalidCredential)?;
             let generation = current + 1;
             new.stamp_write(created.as_ref());
             new.set_generation(generation);
@@ -592,11 +684,10 @@ impl CredentialStore {
                 Entry {
                     id: id.to_owned(),
                     meta: new.index_entry(),
-                    stamp,
+                    stamp: Some(stamp),
                     generation,
                 },
             );
-            inner.kept.shift_remove(id);
             inner.dirty = true;
             Ok(generation)
         })
@@ -620,7 +711,7 @@ impl CredentialStore {
             }
             let removed = inner.entries.remove(&name);
             inner.deleting = Some(name.clone());
-            let flushed = self.flush_index(inner);
+            let flushed = self.flush_index(inner, ring);
             inner.deleting = None;
             if let Err(e) = flushed {
                 if let Some(entry) = removed {
@@ -633,47 +724,58 @@ impl CredentialStore {
         })
     }
 
-    /// Metadata of every readable credential (never secret values), fresh from the directory.
+    /// Metadata of every credential (never secret values), fresh from the directory.
+    /// Files that cannot be read are counted in `unreadable` (and listed with their last known
+    /// metadata if they had any).
     pub fn list(&self) -> Result<Listing> {
-        self.with_ring(|_| Ok(()))?;
-        let mut inner = lock_guard(&self.inner);
-        self.refresh(&mut inner)?;
-        let mut credentials: Vec<CredentialInfo> = inner
-            .entries
-            .values()
-            .map(|e| CredentialInfo {
-                id: e.id.clone(),
-                generation: e.generation,
-                metadata: e.meta.clone(),
+        self.reload_keys_if_changed();
+        self.with_ring(|ring| {
+            let mut inner = lock_guard(&self.inner);
+            self.refresh(&mut inner, ring)?;
+            let mut credentials: Vec<CredentialInfo> = inner
+                .entries
+                .values()
+                .map(|e| CredentialInfo {
+                    id: e.id.clone(),
+                    generation: e.generation,
+                    metadata: e.meta.clone(),
+                })
+                .collect();
+            credentials.sort_by(|a, b| a.id.cmp(&b.id));
+            Ok(Listing {
+                credentials,
+                unreadable: inner.unreadable,
             })
-            .collect();
-        credentials.sort_by(|a, b| a.id.cmp(&b.id));
-        Ok(Listing {
-            credentials,
-            unreadable: inner.unreadable,
         })
     }
 
     /// Run a write under the store lock, then rewrite the index if this was the last queued
-    /// writer of the process (group commit of index rewrites).
+    /// writer of the process (group commit of index rewrites). The rewrite check runs on every
+    /// exit path once the lock is held, so an early error cannot strand an earlier writer's
+    /// pending index change.
     fn write_op<T>(&self, f: impl FnOnce(&mut Inner, &Keyring) -> Result<T>) -> Result<T> {
         self.check_writable()?;
         self.waiting_writers.fetch_add(1, Ordering::SeqCst);
-        let guard = self.lock_for(LockMode::Exclusive);
+        let guard = self.lock_store(LockMode::Exclusive);
         self.waiting_writers.fetch_sub(1, Ordering::SeqCst);
         let _guard = guard?;
-        // Re-check under the lock: another thread may have poisoned the store meanwhile.
-        self.check_writable()?;
-        self.reload_keys_if_changed()?;
+        let keys = self.keys_now();
         let mut inner = lock_guard(&self.inner);
-        let result = self.with_ring(|ring| f(&mut inner, ring));
+        // Re-check under the lock: another thread may have poisoned the store meanwhile.
+        let result = self.check_writable().and_then(|()| match &keys.state {
+            KeyState::Unsealed { ring, .. } => f(&mut inner, ring),
+            KeyState::Sealed(r) => Err(self.sealed_error(r.clone())),
+        });
         if inner.dirty
             && self.waiting_writers.load(Ordering::SeqCst) == 0
             && self.batch_depth.load(Ordering::SeqCst) == 0
+            && lock_guard(&self.poisoned).is_none()
         {
-            if let Err(e) = self.flush_index(&mut inner) {
-                // The credential itself is durable; the index is a cache rebuilt on open.
-                tracing::warn!(store = %self.config.name, error = %e, "index rewrite failed; it will be repaired on the next open");
+            if let KeyState::Unsealed { ring, .. } = &keys.state {
+                if let Err(e) = self.flush_index(&mut inner, ring) {
+                    // The credential itself is durable; the index is a cache rebuilt on open.
+                    tracing::warn!(store = %self.config.name, error = %e, "index rewrite failed; it will be repaired on the next open");
+                }
             }
         }
         result
@@ -698,99 +800,105 @@ impl CredentialStore {
         Ok(out)
     }
 
-    /// Flush pending index changes now (callers that batch writes, and `Drop`).
+    /// Flush pending index changes now (callers that batch writes, and `Drop`). Nothing to do
+    /// for a sealed, read-only or poisoned store.
     pub fn flush(&self) -> Result<()> {
-        if self.check_writable().is_err() {
+        if self.check_writable().is_err() || !lock_guard(&self.inner).dirty {
             return Ok(());
         }
+        let _guard = self.lock_store(LockMode::Exclusive)?;
         let mut inner = lock_guard(&self.inner);
         if !inner.dirty {
             return Ok(());
         }
-        drop(inner);
-        let _guard = self.lock_for(LockMode::Exclusive)?;
-        inner = lock_guard(&self.inner);
-        self.flush_index(&mut inner)
+        self.with_ring(|ring| self.flush_index(&mut inner, ring))
     }
 
     /// Rewrite index.json from the files. Caller holds the store lock. Refreshes from the
-    /// directory first: another process may have written files since our last look.
-    fn flush_index(&self, inner: &mut Inner) -> Result<()> {
-        self.refresh(inner)?;
+    /// directory first (another process may have written files since our last look) and picks
+    /// up unknown top-level fields if another writer rewrote the index meanwhile.
+    fn flush_index(&self, inner: &mut Inner, ring: &Keyring) -> Result<()> {
+        self.refresh(inner, ring)?;
+        let index_path = self.meta_dir.join(INDEX_FILE);
+        if stamp_of(&index_path) != inner.index_stamp {
+            if let (on_disk, IndexState::Ok, _) = self.read_index() {
+                inner.index_extra = on_disk.extra;
+            }
+        }
         let mut index = Index {
             extra: inner.index_extra.clone(),
             ..Index::default()
         };
-        for (id, e) in &inner.kept {
-            index.credentials.insert(id.clone(), e.clone());
-        }
         for (name, e) in &inner.entries {
             index.credentials.insert(e.id.clone(), e.meta.clone());
-            index.vouches.insert(
-                name.clone(),
-                Vouch {
-                    id: e.id.clone(),
-                    stamp: e.stamp,
-                    generation: e.generation,
-                },
-            );
+            if let Some(stamp) = e.stamp {
+                index.vouches.insert(
+                    name.clone(),
+                    Vouch {
+                        id: e.id.clone(),
+                        stamp,
+                        generation: e.generation,
+                    },
+                );
+            }
         }
         let bytes = index.to_bytes(&self.config.base.to_string_lossy());
-        durable::atomic_write(&self.meta_dir, INDEX_FILE, &bytes, self.faults())
+        let stamp = durable::atomic_write(&self.meta_dir, INDEX_FILE, &bytes, self.faults())
             .map_err(|e| self.io_failed(e))?;
+        inner.index_stamp = Some(stamp);
         inner.dirty = false;
         Ok(())
     }
 
     /// Bring the in-memory entries up to date with the directory: stat every file, decrypt
-    /// only those whose stamp changed. Modifies nothing on disk.
-    fn refresh(&self, inner: &mut Inner) -> Result<()> {
-        let names = self.enc_files()?;
-        let mut fresh = BTreeMap::new();
-        let mut unreadable = 0;
-        self.with_ring(|ring| {
-            for name in names {
-                if inner.deleting.as_deref() == Some(name.as_str()) {
-                    continue;
-                }
-                let Some(stamp) = stamp_of(&self.cred_dir.join(&name)) else {
-                    continue;
-                };
-                if let Some(e) = inner.entries.get(&name).filter(|e| e.stamp == stamp) {
-                    fresh.insert(name, e.clone());
-                    continue;
-                }
-                match self.read_file(&name, ring) {
-                    FileRead::Ok(c, _) if id::file_name(c.id()) == name => {
-                        let entry = Entry {
-                            id: c.id().to_owned(),
-                            meta: c.index_entry(),
-                            stamp,
-                            generation: c.generation(),
-                        };
-                        fresh.insert(name, entry);
-                    }
-                    FileRead::Missing => {}
-                    _ => unreadable += 1,
-                }
+    /// only those whose stamp changed (or, the first time, that the index does not vouch for).
+    /// A file that cannot be read keeps its last known entry. Modifies nothing on disk.
+    fn refresh(&self, inner: &mut Inner, ring: &Keyring) -> Result<()> {
+        let seed = if inner.seeded {
+            None
+        } else {
+            let (index, state, stamp) = self.read_index();
+            (state == IndexState::Ok).then_some((index, stamp))
+        };
+        let seed_ref = seed.as_ref().map(|(i, s)| (i, *s));
+        let scan = self.scan(
+            ring,
+            &inner.entries,
+            seed_ref,
+            false,
+            inner.deleting.as_deref(),
+        )?;
+        let mut fresh = scan.entries;
+        for (name, _) in &scan.bad {
+            if let Some(e) = inner.entries.get(name) {
+                fresh.insert(
+                    name.clone(),
+                    Entry {
+                        stamp: None,
+                        ..e.clone()
+                    },
+                );
             }
-            Ok(())
-        })?;
-        if fresh.len() != inner.entries.len()
+        }
+        let changed = fresh.len() != inner.entries.len()
             || fresh
                 .iter()
                 .zip(&inner.entries)
-                .any(|(a, b)| a.0 != b.0 || a.1.stamp != b.1.stamp)
-        {
+                .any(|(a, b)| a.0 != b.0 || a.1.stamp != b.1.stamp);
+        if changed && inner.seeded {
             inner.dirty = true;
         }
         inner.entries = fresh;
-        inner.unreadable = unreadable;
+        inner.seeded = true;
+        inner.unreadable = scan.bad.len() + scan.skewed.len() + scan.io_errors.len();
         Ok(())
     }
 
-    fn read_index(&self) -> (Index, IndexState) {
-        match durable::read_capped(&self.meta_dir.join(INDEX_FILE), MAX_INDEX_FILE_BYTES) {
+    /// Read index.json: the parsed index (empty if unusable), its state, and its stamp.
+    fn read_index(&self) -> (Index, IndexState, Option<FileStamp>) {
+        let path = self.meta_dir.join(INDEX_FILE);
+        let stamp = stamp_of(&path);
+        let (index, state) = match durable::read_capped(&path, MAX_INDEX_FILE_BYTES) {
             Ok(None) => (Index::default(), IndexState::Missing),
             Ok(Some(bytes)) => match Index::parse(&bytes) {
                 Ok(idx) => (idx, IndexState::Ok),
@@ -800,7 +908,114 @@ impl CredentialStore {
                 (Index::default(), IndexState::TooBig)
             }
             Err(_) => (Index::default(), IndexState::Unparseable),
+        };
+        (index, state, stamp)
+    }
+
+    /// Scan `credentials/`: trust files whose stamp matches a known entry or (racily clean)
+    /// an index vouch, decrypt the rest (all of them when `full`). Modifies nothing.
+    fn scan(
+        &self,
+        ring: &Keyring,
+        known: &BTreeMap<String, Entry>,
+        index: Option<(&Index, Option<FileStamp>)>,
+        full: bool,
+        skip: Option<&str>,
+    ) -> Result<Scan> {
+        let mut scan = Scan::default();
+        let names = self.enc_files()?;
+        scan.files = names.len();
+        for name in names {
+            if skip == Some(name.as_str()) {
+                continue;
+            }
+            let Some(stamp) = stamp_of(&self.cred_dir.join(&name)) else {
+                continue;
+            };
+            if !full {
+                if let Some(e) = known.get(&name).filter(|e| e.stamp == Some(stamp)) {
+                    scan.vouched += 1;
+                    scan.entries.insert(name, e.clone());
+                    continue;
+                }
+                if let Some((idx, index_stamp)) = index {
+                    if let Some(e) = vouched_entry(idx, index_stamp, &name, stamp) {
+                        scan.vouched += 1;
+                        scan.entries.insert(name, e);
+                        continue;
+                    }
+                }
+            }
+            scan.decrypted += 1;
+            // What to keep listing if the file cannot be read now.
+            let fallback = || {
+                known.get(&name).cloned().or_else(|| {
+                    let (idx, _) = index?;
+                    let (cid, meta) = idx
+                        .credentials
+                        .iter()
+                        .find(|(cid, _)| id::file_name(cid) == name)?;
+                    Some(Entry {
+                        id: cid.clone(),
+                        meta: meta.clone(),
+                        stamp: None,
+                        generation: idx.vouches.get(&name).map_or(0, |v| v.generation),
+                    })
+                })
+            };
+            match self.read_file(&name, ring) {
+                FileRead::Missing => {}
+                FileRead::Ok(c, key_idx) => {
+                    if id::file_name(c.id()) != name {
+                        scan.bad.push((name, swapped_reason(c.id())));
+                        continue;
+                    }
+                    if key_idx > 0 {
+                        scan.old_key.push(name.clone());
+                    }
+                    let meta = c.index_entry();
+                    if let Some((idx, _)) = index {
+                        if idx.credentials.get(c.id()).is_some_and(|m| *m != meta) {
+                            scan.drift.push(c.id().to_owned());
+                        }
+                    }
+                    let entry = Entry {
+                        id: c.id().to_owned(),
+                        meta,
+                        stamp: Some(stamp),
+                        generation: c.generation(),
+                    };
+                    scan.entries.insert(name, entry);
+                }
+                FileRead::Skew(e) => {
+                    scan.skewed.push(format!("{name}: {e}"));
+                    if let Some(keep) = fallback() {
+                        scan.entries.insert(
+                            name,
+                            Entry {
+                                stamp: None,
+                                ..keep
+                            },
+                        );
+                    }
+                }
+                FileRead::Io(e) => {
+                    scan.io_errors.push(format!("{name}: {e}"));
+                    if let Some(keep) = fallback() {
+                        scan.entries.insert(
+                            name,
+                            Entry {
+                                stamp: None,
+                                ..keep
+                            },
+                        );
+                    }
+                }
+                FileRead::WrongKey => scan.bad.push((name, DecryptError::Invalid.to_string())),
+                FileRead::Damaged(reason) => scan.bad.push((name, reason)),
+            }
         }
+        Ok(scan)
     }
 
     /// Compare the index with the files and (with `repair`) fix every difference. Caller holds
@@ -821,147 +1036,80 @@ impl CredentialStore {
             } else if let Ok(rd) = fs::read_dir(dir) {
                 report.temp_files.extend(rd.filter_map(|e| {
                     let n = e.ok()?.file_name().to_string_lossy().into_owned();
-                    (n.starts_with('.') && n.contains(durable::TEMP_MARKER)).then_some(n)
+                    durable::is_temp_name(&n).then_some(n)
                 }));
             }
         }
-        let (index, state) = self.read_index();
+        let (index, state, index_stamp) = self.read_index();
         report.set_index_state(&state);
-        // Which index id was recorded for each file name (vouched, or by hive's mapping).
-        let mut stray = Vec::new();
         if let Ok(rd) = fs::read_dir(&self.cred_dir) {
-            for e in rd.flatten() {
-                let n = e.file_name().to_string_lossy().into_owned();
-                if !n.ends_with(".enc") && !n.contains(durable::TEMP_MARKER) {
-                    stray.push(n);
-                }
-            }
+            report.stray = rd
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| !n.ends_with(".enc") && !durable::is_temp_name(n))
+                .collect();
+            report.stray.sort();
         }
-        stray.sort();
-        report.stray = stray;
-
-        let names = self.enc_files()?;
-        report.files = names.len();
-        if state == IndexState::Missing && names.is_empty() {
-            // A new, empty store: nothing to rebuild, the first write creates the index.
+        let scan = self.with_ring(|ring| {
+            self.scan(
+                ring,
+                &BTreeMap::new(),
+                Some((&index, index_stamp)),
+                full,
+                None,
+            )
+        })?;
+        if state == IndexState::Missing && scan.files == 0 {
+            // A new, empty store: nothing to rebuild; the first write creates the index.
             report.index_rebuilt = false;
         }
-        let mut entries = BTreeMap::new();
-        let mut kept = Map::new();
-        let mut bad: Vec<(String, String)> = Vec::new();
-        self.with_ring(|ring| {
-            for name in &names {
-                let path = self.cred_dir.join(name);
-                let Some(stamp) = stamp_of(&path) else { continue };
-                let vouch = index.vouches.get(name).filter(|v| {
-                    !full
-                        && v.stamp == stamp
-                        && index.credentials.contains_key(&v.id)
-                        && id::file_name(&v.id) == *name
-                });
-                if let Some(v) = vouch {
-                    report.vouched += 1;
-                    let meta = index.credentials.get(&v.id).cloned().unwrap_or(Value::Null);
-                    entries.insert(
-                        name.clone(),
-                        Entry {
-                            id: v.id.clone(),
-                            meta,
-                            stamp,
-                            generation: v.generation,
-                        },
-                    );
-                    continue;
-                }
-                report.decrypted += 1;
-                match self.read_file(name, ring) {
-                    FileRead::Missing => {}
-                    FileRead::Ok(c, key_idx) => {
-                        if id::file_name(c.id()) != *name {
-                            bad.push((
-                                name.clone(),
-                                format!(
-                                    "holds credential {:?}, whose file would be {} (swapped or renamed)",
-                                    c.id(),
-                                    id::file_name(c.id())
-                                ),
-                            ));
-                            continue;
-                        }
-                        if key_idx > 0 {
-                            report.old_key.push(name.clone());
-                        }
-                        let meta = c.index_entry();
-                        if index.credentials.get(c.id()).is_some_and(|m| *m != meta) {
-                            report.drift.push(c.id().to_owned());
-                        }
-                        entries.insert(
-                            name.clone(),
-                            Entry {
-                                id: c.id().to_owned(),
-                                meta,
-                                stamp,
-                                generation: c.generation(),
-                            },
-                        );
-                    }
-                    FileRead::Skew(e) => {
-                        report.clock_skew.push(format!("{name}: {e}"));
-                        // Keep whatever the index said about this file until it reads again.
-                        for (cid, meta) in &index.credentials {
-                            if id::file_name(cid) == *name {
-                                kept.insert(cid.clone(), meta.clone());
-                            }
-                        }
-                    }
-                    FileRead::Bad(reason) => bad.push((name.clone(), reason)),
-                }
-            }
-            Ok(())
-        })?;
-        for e in entries.values() {
-            if !index.credentials.contains_key(&e.id) {
-                report.orphans.push(e.id.clone());
-            }
-        }
-        let live: std::collections::HashSet<&str> = entries
-            .values()
-            .map(|e| e.id.as_str())
-            .chain(kept.keys().map(String::as_str))
-            .collect();
+        report.files = scan.files;
+        report.vouched = scan.vouched;
+        report.decrypted = scan.decrypted;
+        report.old_key = scan.old_key;
+        report.clock_skew = scan.skewed;
+        report.io_errors = scan.io_errors;
+        report.drift = scan.drift;
+        let entries = scan.entries;
         if state == IndexState::Ok {
-            for cid in index.credentials.keys() {
-                if !live.contains(cid.as_str()) {
-                    report.ghosts.push(cid.clone());
-                }
-            }
-        } else {
-            // A rebuilt index: everything on disk is "added", nothing is a ghost.
-            report.orphans.clear();
+            let ids: std::collections::HashSet<&str> =
+                entries.values().map(|e| e.id.as_str()).collect();
+            report.orphans = entries
+                .values()
+                .filter(|e| !index.credentials.contains_key(&e.id))
+                .map(|e| e.id.clone())
+                .collect();
+            report.ghosts = index
+                .credentials
+                .keys()
+                .filter(|cid| !ids.contains(cid.as_str()))
+                .cloned()
+                .collect();
         }
-        for (name, reason) in bad {
+        for (name, reason) in scan.bad {
             let moved_to = if repair {
-                Some(
-                    durable::move_aside(&self.cred_dir, &name, &self.quarantine_dir, faults)
-                        .map_err(|e| self.io_failed(e))?,
-                )
+                let to = durable::move_aside(&self.cred_dir, &name, &self.quarantine_dir, faults)
+                    .map_err(|e| self.io_failed(e))?;
+                tracing::warn!(file = %name, %reason, moved_to = %to.display(), "quarantined credential file");
+                Some(to)
             } else {
                 None
             };
-            if let Some(to) = &moved_to {
-                tracing::warn!(file = %name, %reason, moved_to = %to.display(), "quarantined credential file");
-            }
             report.quarantined.push(Quarantined {
                 file: name,
                 reason,
                 moved_to,
             });
         }
-        report.readable = entries.len();
-        let vouches_match = entries.len() == index.vouches.len()
-            && entries
+        report.readable = entries.values().filter(|e| e.stamp.is_some()).count();
+        let vouched: Vec<(&String, FileStamp)> = entries
+            .iter()
+            .filter_map(|(n, e)| e.stamp.map(|s| (n, s)))
+            .collect();
+        let vouches_match = vouched.len() == index.vouches.len()
+            && vouched
                 .iter()
-                .all(|(n, e)| index.vouches.get(n).is_some_and(|v| v.stamp == e.stamp));
+                .all(|(n, s)| index.vouches.get(*n).is_some_and(|v| v.stamp == *s));
         let needs_rewrite = state != IndexState::Ok
             || !report.orphans.is_empty()
             || !report.ghosts.is_empty()
@@ -969,12 +1117,14 @@ impl CredentialStore {
             || !report.quarantined.is_empty()
             || !vouches_match;
         inner.entries = entries;
-        inner.kept = kept;
+        inner.seeded = true;
         inner.index_extra = index.extra;
-        inner.unreadable = report.clock_skew.len() + report.quarantined.len();
+        inner.index_stamp = index_stamp;
+        inner.unreadable =
+            report.clock_skew.len() + report.io_errors.len() + report.quarantined.len();
         inner.dirty = needs_rewrite;
         if repair && needs_rewrite {
-            self.flush_index(inner)?;
+            self.with_ring(|ring| self.flush_index(inner, ring))?;
             report.index_rewritten = true;
         }
         Ok(report)
@@ -988,12 +1138,12 @@ impl CredentialStore {
         } else if let Some(reason) = self.sealed_reason() {
             return Err(self.sealed_error(reason));
         }
-        // A read-only look at a store without a metadata/ directory takes no lock (creating
-        // the lock file would be a modification).
+        // A read-only look takes the lock shared, but only if the lock file exists: creating
+        // it would be a modification.
         let _guard = if repair {
-            Some(self.lock_for(LockMode::Exclusive)?)
-        } else if self.meta_dir.is_dir() {
-            Some(self.lock_for(LockMode::Shared)?)
+            Some(self.lock_store(LockMode::Exclusive)?)
+        } else if self.lock_path.is_file() {
+            Some(self.lock_store(LockMode::Shared)?)
         } else {
             None
         };
@@ -1006,51 +1156,104 @@ impl CredentialStore {
         Ok(self.enc_files()?.len())
     }
 
-    pub(super) fn enc_file_names(&self) -> Result<Vec<String>> {
-        self.enc_files()
-    }
-
-    /// Re-encrypt one file with the primary key if it is under a previous key. Caller holds
-    /// the store lock. Returns whether it was rewritten; files that do not decrypt at all are
-    /// left for fsck (no key could help them).
-    pub(super) fn reencrypt_file(&self, name: &str) -> Result<bool> {
-        let mut inner = lock_guard(&self.inner);
-        self.with_ring(|ring| match self.read_file(name, ring) {
-            FileRead::Ok(c, idx) if idx > 0 => {
-                let token = ring.encrypt(&c.to_bytes());
-                let stamp =
-                    durable::atomic_write(&self.cred_dir, name, token.as_bytes(), self.faults())
-                        .map_err(|e| self.io_failed(e))?;
-                if let Some(e) = inner.entries.get_mut(name) {
-                    e.stamp = stamp;
-                }
-                inner.dirty = true;
-                Ok(true)
-            }
-            _ => Ok(false),
-        })
-    }
-
-    /// Whether a file still needs a previous key (`None`: it does not decrypt at all).
-    pub(super) fn needs_old_key(&self, name: &str) -> Result<Option<bool>> {
+    /// Which key file `name` needs (rotation). Works on the raw token: a file that
+    /// authenticates under an old key but is not a valid credential still needs that key.
+    pub(super) fn key_use(&self, name: &str) -> Result<KeyUse> {
         self.with_ring(|ring| {
-            Ok(match self.read_file(name, ring) {
-                FileRead::Ok(_, idx) => Some(idx > 0),
-                FileRead::Skew(_) | FileRead::Missing => Some(false),
-                FileRead::Bad(_) => None,
+            let path = self.cred_dir.join(name);
+            let bytes = match durable::read_capped(&path, MAX_CREDENTIAL_FILE_BYTES) {
+                Ok(Some(b)) => b,
+                Ok(None) => return Ok(KeyUse::Primary),
+                Err(e) if is_eloop(&e) || e.kind() == io::ErrorKind::InvalidData => {
+                    return Ok(KeyUse::Undecryptable)
+                }
+                Err(e) => return Ok(KeyUse::Unreadable(format!("{name}: {e}"))),
+            };
+            let Ok(token) = std::str::from_utf8(&bytes) else {
+                return Ok(KeyUse::Undecryptable);
+            };
+            Ok(match ring.decrypt(token) {
+                Ok((_, 0)) => KeyUse::Primary,
+                Ok(_) => KeyUse::Previous,
+                Err(DecryptError::ClockSkew { key_index, .. }) => KeyUse::Skewed {
+                    previous: key_index > 0,
+                },
+                Err(DecryptError::Invalid | DecryptError::Malformed) => KeyUse::Undecryptable,
             })
         })
     }
 
-    pub(super) fn exclusive_lock(&self) -> Result<LockGuard> {
-        self.check_writable()?;
-        self.lock_for(LockMode::Exclusive)
+    /// Re-encrypt one file with the primary key if it is under a previous key, keeping its
+    /// plaintext byte for byte. Caller holds the store lock. Returns whether it was rewritten.
+    pub(super) fn reencrypt_file(&self, name: &str) -> Result<bool> {
+        let mut inner = lock_guard(&self.inner);
+        self.with_ring(|ring| {
+            let path = self.cred_dir.join(name);
+            let Ok(Some(bytes)) = durable::read_capped(&path, MAX_CREDENTIAL_FILE_BYTES) else {
+                return Ok(false);
+            };
+            let Ok(token) = std::str::from_utf8(&bytes) else {
+                return Ok(false);
+            };
+            let Ok((plain, idx)) = ring.decrypt(token) else {
+                return Ok(false);
+            };
+            if idx == 0 {
+                return Ok(false);
+            }
+            let token = ring.encrypt(plain.expose());
+            let stamp =
+                durable::atomic_write(&self.cred_dir, name, token.as_bytes(), self.faults())
+                    .map_err(|e| self.io_failed(e))?;
+            if let Some(e) = inner.entries.get_mut(name) {
+                e.stamp = Some(stamp);
+            }
+            inner.dirty = true;
+            Ok(true)
+        })
     }
 
+    /// Take the store lock for a writer outside `write_op` (rotation).
+    pub(super) fn exclusive_lock(&self) -> Result<LockGuard> {
+        self.check_writable()?;
+        self.lock_store(LockMode::Exclusive)
+    }
+
+    /// Rewrite the index now. Caller holds the store lock.
     pub(super) fn flush_locked(&self) -> Result<()> {
         let mut inner = lock_guard(&self.inner);
-        self.flush_index(&mut inner)
+        self.with_ring(|ring| self.flush_index(&mut inner, ring))
     }
+}
+
+/// An index entry that vouches for file `name` with stamp `stamp`, if it does: the recorded
+/// stamp matches, the recorded id maps to this file name and has an entry, and the file is
+/// *racily clean* (git's rule): its mtime is strictly older than the index's, so an in-place
+/// rewrite in the same timestamp tick as the index write cannot hide behind an equal stamp.
+fn vouched_entry(
+    index: &Index,
+    index_stamp: Option<FileStamp>,
+    name: &str,
+    stamp: FileStamp,
+) -> Option<Entry> {
+    let v = index.vouches.get(name)?;
+    let racily_clean = index_stamp.is_some_and(|i| stamp.mtime_ns < i.mtime_ns);
+    if v.stamp != stamp || !racily_clean || id::file_name(&v.id) != name {
+        return None;
+    }
+    Some(Entry {
+        id: v.id.clone(),
+        meta: index.credentials.get(&v.id)?.clone(),
+        stamp: Some(stamp),
+        generation: v.generation,
+    })
+}
+
+fn swapped_reason(found_id: &str) -> String {
+    format!(
+        "the file holds credential {found_id:?}, whose file would be {}: files were swapped or renamed",
+        id::file_name(found_id)
+    )
 }
 
 impl Drop for CredentialStore {
@@ -1063,8 +1266,20 @@ impl Drop for CredentialStore {
 
 /// Create a new store at `config.base` with a fresh key written to `key_file`. Refuses if the
 /// store already holds credential files or a key already exists (never mint a key while
-/// encrypted data exists).
+/// encrypted data exists). Runs under the store lock, and the key file is created with a
+/// no-replace link, so two racing `init`s cannot both create a key.
 pub fn init_store(config: &StoreConfig, key_file: &Path, faults: &Faults) -> Result<()> {
+    let cred_dir = config.base.join("credentials");
+    let meta_dir = config.base.join("metadata");
+    durable::create_private_dir(&config.base, faults)?;
+    perms::check_private_dir(&config.base)?;
+    durable::create_private_dir(&cred_dir, faults)?;
+    durable::create_private_dir(&meta_dir, faults)?;
+    let _guard = lock::lock(
+        &meta_dir.join("index.lock"),
+        LockMode::Exclusive,
+        LOCK_TIMEOUT,
+    )?;
     if let Some(existing) = keys::load(&config.key_sources)? {
         return Err(Error::Key(crate::crypto::KeyError::Exists(
             match existing.source {
@@ -1073,31 +1288,27 @@ pub fn init_store(config: &StoreConfig, key_file: &Path, faults: &Faults) -> Res
             },
         )));
     }
-    let cred_dir = config.base.join("credentials");
-    if let Ok(rd) = fs::read_dir(&cred_dir) {
-        let n = rd
-            .flatten()
-            .filter(|e| e.file_name().to_string_lossy().ends_with(".enc"))
-            .count();
-        if n > 0 {
-            return Err(Error::Sealed {
-                store: config.name.clone(),
-                reason: SealedReason::NoKey {
-                    files: n,
-                    looked_in: config
-                        .key_sources
-                        .iter()
-                        .map(ToString::to_string)
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                },
-            });
-        }
+    let n = fs::read_dir(&cred_dir)
+        .map(|rd| {
+            rd.flatten()
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".enc"))
+                .count()
+        })
+        .unwrap_or(0);
+    if n > 0 {
+        return Err(Error::Sealed {
+            store: config.name.clone(),
+            reason: SealedReason::NoKey {
+                files: n,
+                looked_in: config
+                    .key_sources
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            },
+        });
     }
-    durable::create_private_dir(&config.base, faults)?;
-    perms::check_private_dir(&config.base)?;
-    durable::create_private_dir(&cred_dir, faults)?;
-    durable::create_private_dir(&config.base.join("metadata"), faults)?;
     keys::create_key_file(key_file, &crate::crypto::generate_key(), faults)?;
     Ok(())
 }

@@ -47,6 +47,8 @@ pub struct Report {
     pub drift: Vec<String>,
     /// Files stamped in the future (clock skew): left alone, unreadable until the clock catches up.
     pub clock_skew: Vec<String>,
+    /// Files that could not be read because of an I/O error (left alone; retry).
+    pub io_errors: Vec<String>,
     /// Files still encrypted with a previous key (a rotation to finish).
     pub old_key: Vec<String>,
     /// Files that failed decryption, parsing or id binding, or are not regular files.
@@ -72,6 +74,7 @@ impl Report {
             + self.ghosts.len()
             + self.drift.len()
             + self.clock_skew.len()
+            + self.io_errors.len()
             + self.old_key.len()
             + self.quarantined.len()
     }
@@ -124,6 +127,7 @@ impl fmt::Display for Report {
             &self.clock_skew,
             "",
         )?;
+        list(f, "unreadable (I/O error; left alone)", &self.io_errors, "")?;
         list(
             f,
             "still under a previous key (run `holdfast key rotate` to finish)",

@@ -162,6 +162,10 @@ pub enum Error {
     /// The operation needs a mode or source the store was not opened with.
     #[error("{0}")]
     Unsupported(String),
+    /// Key rotation re-encrypted what it could but kept the previous key, because these files
+    /// may still need it.
+    #[error("key rotation kept the previous key because {} file(s) may still need it: {}; nothing is lost: fix the cause (clock, I/O) and run `holdfast key rotate` again to finish", .0.len(), .0.join("; "))]
+    RotationBlocked(Vec<String>),
 }
 
 impl Error {
@@ -172,7 +176,9 @@ impl Error {
             Error::NotFound { .. } | Error::NoStore(_) => ErrorKind::NotFound,
             Error::GenerationMismatch { .. } | Error::IdCollision { .. } => ErrorKind::Conflict,
             Error::Sealed { .. } => ErrorKind::Sealed,
-            Error::Integrity { .. } | Error::ClockSkew { .. } => ErrorKind::Integrity,
+            Error::Integrity { .. } | Error::ClockSkew { .. } | Error::RotationBlocked(_) => {
+                ErrorKind::Integrity
+            }
             Error::Io(_) | Error::Read { .. } | Error::Poisoned(_) => ErrorKind::Storage,
             Error::Lock(LockError::Timeout { .. }) => ErrorKind::Busy,
             Error::Lock(LockError::Io { .. }) => ErrorKind::Storage,

@@ -18,8 +18,8 @@
 
 use std::path::Path;
 
-use super::credentials::CredentialStore;
-use super::{Error, Result};
+use super::credentials::{CredentialStore, KeyUse};
+use super::{Error, Result, SealedReason};
 use crate::crypto::{generate_key, keys, KeyError, Secret};
 use crate::durable::{self, TEMP_MARKER};
 
@@ -51,9 +51,14 @@ impl CredentialStore {
                 reason,
             });
         }
-        let source = self
-            .key_source()
-            .ok_or_else(|| Error::Unsupported("store is sealed; nothing to rotate".into()))?;
+        let Some(source) = self.key_source() else {
+            return Err(Error::Sealed {
+                store: self.config().name.clone(),
+                reason: self.sealed_reason().unwrap_or(SealedReason::BadKey(
+                    "the key went away during the rotation".into(),
+                )),
+            });
+        };
         let Some(key_file) = source.writable_file().map(ToOwned::to_owned) else {
             return Err(Error::Unsupported(format!(
                 "the key comes from {source}, which holdfast cannot rewrite; rotate it where it is \
@@ -68,8 +73,12 @@ impl CredentialStore {
         {
             let _lock = self.exclusive_lock()?;
             self.sweep_key_temps(&key_file)?;
-            let loaded = keys::load(std::slice::from_ref(&source))?
-                .ok_or_else(|| Error::Unsupported(format!("{source} has no key any more")))?;
+            let Some(loaded) = keys::load(std::slice::from_ref(&source))? else {
+                return Err(Error::Sealed {
+                    store: self.config().name.clone(),
+                    reason: SealedReason::BadKey(format!("{source} has no key any more")),
+                });
+            };
             let in_prev = loaded
                 .previous
                 .iter()
@@ -90,13 +99,13 @@ impl CredentialStore {
                 keys::write_key_file(&key_file, &generate_key(), &faults)
                     .map_err(|e| self.key_write_failed(e))?;
             }
-            self.reload_keys()?;
+            self.reload_keys();
         }
         report.new_key = self.key_fingerprints().first().cloned().unwrap_or_default();
         report.retired = self.key_fingerprints().into_iter().skip(1).collect();
 
         // Step 2: re-encrypt, one file per lock hold so other writers keep going.
-        let names = self.enc_file_names()?;
+        let names = self.enc_files()?;
         for (i, name) in names.iter().enumerate() {
             let _lock = self.exclusive_lock()?;
             if self.reencrypt_file(name)? {
@@ -105,22 +114,34 @@ impl CredentialStore {
             progress(i + 1, names.len());
         }
 
-        // Step 3: prove nothing needs the old keys, then forget them.
+        // Step 3: prove nothing needs the old keys, then forget them. A file that might still
+        // need one (stamped in the future under an old key, or unreadable right now) keeps the
+        // old keys: dropping them could make it undecryptable for good.
         {
             let _lock = self.exclusive_lock()?;
-            for name in self.enc_file_names()? {
+            let mut blockers = Vec::new();
+            for name in self.enc_files()? {
                 report.verified += 1;
-                match self.needs_old_key(&name)? {
-                    Some(true) => {
-                        self.reencrypt_file(&name)?;
-                        report.reencrypted += 1;
+                match self.key_use(&name)? {
+                    KeyUse::Primary | KeyUse::Skewed { previous: false } => {}
+                    KeyUse::Previous => {
+                        if self.reencrypt_file(&name)? {
+                            report.reencrypted += 1;
+                        }
                     }
-                    Some(false) => {}
-                    None => report.undecryptable.push(name),
+                    KeyUse::Skewed { previous: true } => blockers.push(format!(
+                        "{name}: stamped in the future and readable only with a previous key"
+                    )),
+                    KeyUse::Unreadable(why) => blockers.push(why),
+                    KeyUse::Undecryptable => report.undecryptable.push(name),
                 }
             }
+            if !blockers.is_empty() {
+                self.flush_locked()?;
+                return Err(Error::RotationBlocked(blockers));
+            }
             keys::write_previous(&key_file, &[], &faults).map_err(|e| self.key_write_failed(e))?;
-            self.reload_keys()?;
+            self.reload_keys();
             self.flush_locked()?;
         }
         tracing::info!(store = %self.config().name, new_key = %report.new_key, reencrypted = report.reencrypted, "key rotated");
@@ -140,12 +161,7 @@ impl CredentialStore {
     /// touched: a key directory can hold other stores' keys. Caller holds the store lock,
     /// which every writer of these files holds.
     fn sweep_key_temps(&self, key_file: &Path) -> Result<()> {
-        let (Some(dir), Some(name)) = (
-            key_file.parent(),
-            key_file.file_name().and_then(|n| n.to_str()),
-        ) else {
-            return Ok(());
-        };
+        let (dir, name) = keys::split(key_file)?;
         let prefixes = [
             format!(".{name}{TEMP_MARKER}"),
             format!(".{name}.prev{TEMP_MARKER}"),

@@ -1,0 +1,378 @@
+//! Regression tests for store semantics found in review: each test fails on the code before
+//! its fix.
+//!
+//! - keys rotated by another handle are picked up under the lock (no mass quarantine);
+//! - rotation keeps the old key while a file may still need it;
+//! - a hostile timestamp in a credential cannot panic (and brick) the store;
+//! - the seal check is not fooled by empty or torn files;
+//! - two racing `init`s cannot both create a key;
+//! - a closure cannot store a document a later open would quarantine;
+//! - unknown top-level index fields added by another writer survive our rewrite;
+//! - a hung lock holder costs at most one helper thread, however many waiters time out;
+//! - reads during key reloads and deletes never deadlock.
+
+#[allow(dead_code)]
+mod common;
+
+use std::fs;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use common::TestStore;
+use holdfast::crypto::{generate_key, keys, KeySource, Keyring, Secret};
+use holdfast::durable::{lock, Faults, LockError, LockMode};
+use holdfast::error::ErrorKind;
+use holdfast::store::{
+    init_store, Credential, CredentialStore, Error, OpenMode, SealedReason, StoreOptions,
+};
+use serde_json::json;
+
+fn api(id: &str, v: &str) -> Credential {
+    Credential::api_key(id, Secret::new(v.to_owned()))
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+fn quarantine_count(ts: &TestStore) -> usize {
+    fs::read_dir(ts.base.join("quarantine"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+#[test]
+fn rotation_by_another_handle_is_picked_up_under_the_lock() {
+    let ts = TestStore::new("semantics");
+    let n = 12;
+    let a = ts.open();
+    for i in 0..n {
+        a.set(api(&format!("c{i}"), &format!("v{i}")), None)
+            .unwrap();
+    }
+    // Another handle (another process, as far as `a` knows) rotates the key completely.
+    let b = ts.open();
+    let rep = b.rotate_key(|_, _| {}).unwrap();
+    assert_eq!(rep.reencrypted, n);
+    drop(b);
+    // `a` still holds the old key in memory. Everything it decides under the lock must use
+    // the new one: a repairing fsck must not quarantine the re-encrypted files.
+    let report = a.fsck(true).unwrap();
+    assert!(report.quarantined.is_empty(), "{report}");
+    assert_eq!(report.readable, n, "{report}");
+    a.set(api("after", "x"), None).unwrap();
+    assert_eq!(a.list().unwrap().credentials.len(), n + 1);
+    for i in 0..n {
+        assert_eq!(
+            a.get(&format!("c{i}")).unwrap().key_value("api_key"),
+            Some(format!("v{i}").as_str())
+        );
+    }
+    drop(a);
+    assert_eq!(quarantine_count(&ts), 0);
+    let c = ts.open();
+    assert!(c.open_report().quarantined.is_empty());
+    assert_eq!(c.list().unwrap().credentials.len(), n + 1);
+    println!(
+        "rotation by another handle: {n} files re-encrypted, 0 quarantined by the stale handle"
+    );
+}
+
+#[test]
+fn rotation_keeps_the_old_key_while_a_future_stamped_file_needs_it() {
+    let ts = TestStore::new("semantics");
+    let store = ts.open();
+    store.set(api("normal", "v"), None).unwrap();
+    // A credential stamped an hour ahead under the current (soon old) key.
+    let key = keys::load(&[KeySource::File(ts.key.clone())])
+        .unwrap()
+        .unwrap();
+    let ring = Keyring::new(&key.primary, &[]).unwrap();
+    let doc = api("future", "f");
+    let token = ring.encrypt_at_time(&doc.to_bytes(), now() + 3600);
+    fs::write(ts.base.join("credentials/future.enc"), token).unwrap();
+    let err = store.rotate_key(|_, _| {}).unwrap_err();
+    assert!(matches!(err, Error::RotationBlocked(_)), "{err}");
+    assert_eq!(err.kind(), ErrorKind::Integrity);
+    assert!(err.to_string().contains("future.enc"), "{err}");
+    // The old key is still there: the future file is clock skew, not undecryptable.
+    assert!(keys::prev_path(&ts.key).exists());
+    assert!(store.get("future").unwrap_err().is_clock_skew());
+    assert_eq!(store.get("normal").unwrap().key_value("api_key"), Some("v"));
+    drop(store);
+    // Once the file no longer needs the old key, the rotation finishes.
+    fs::remove_file(ts.base.join("credentials/future.enc")).unwrap();
+    let rep = ts.open().rotate_key(|_, _| {}).unwrap();
+    assert!(rep.resumed);
+    assert!(!keys::prev_path(&ts.key).exists());
+}
+
+#[test]
+fn rotation_reencrypts_a_file_that_decrypts_but_is_not_a_credential() {
+    let ts = TestStore::new("semantics");
+    let store = ts.open();
+    store.set(api("ok", "v"), None).unwrap();
+    let key = keys::load(&[KeySource::File(ts.key.clone())])
+        .unwrap()
+        .unwrap();
+    let ring = Keyring::new(&key.primary, &[]).unwrap();
+    // Authentic under the old key, but not JSON: the old key is the only way to read it.
+    let odd = ts.base.join("credentials/odd.enc");
+    fs::write(&odd, ring.encrypt(b"not json at all")).unwrap();
+    store.rotate_key(|_, _| {}).unwrap();
+    // Re-encrypted with the new key, byte-for-byte the same plaintext.
+    let new_key = keys::load(&[KeySource::File(ts.key.clone())])
+        .unwrap()
+        .unwrap();
+    assert!(new_key.previous.is_empty());
+    let new_ring = Keyring::new(&new_key.primary, &[]).unwrap();
+    let (plain, idx) = new_ring
+        .decrypt(&fs::read_to_string(&odd).unwrap())
+        .expect("the odd file must decrypt under the new key alone");
+    assert_eq!(idx, 0);
+    assert_eq!(plain.expose(), b"not json at all");
+}
+
+#[test]
+fn hostile_timestamp_cannot_brick_the_store() {
+    let ts = TestStore::new("semantics");
+    let store = ts.open();
+    let doc = json!({"id": "odd", "credential_type": "api_key", "keys": {"api_key": {
+        "name": "api_key", "value": "v", "expires_at": "2026-01-01T00:00:00+0é00",
+        "metadata": {}}}, "created_at": "2026-01-01T00:00:00+é:00"});
+    store
+        .set(Credential::from_value(doc).unwrap(), None)
+        .unwrap();
+    drop(store);
+    let store = ts.open();
+    assert_eq!(store.get("odd").unwrap().key_value("api_key"), Some("v"));
+    assert!(store.fsck(true).unwrap().quarantined.is_empty());
+}
+
+#[test]
+fn empty_and_torn_files_do_not_seal_a_store() {
+    let ts = TestStore::new("semantics");
+    let store = ts.open();
+    for i in 0..3 {
+        store.set(api(&format!("z{i}"), "good"), None).unwrap();
+    }
+    drop(store);
+    // Unpatched hive leaves empty or torn files; sorted first, they are what the key check
+    // tries first. They say nothing about the key.
+    let cred = ts.base.join("credentials");
+    for i in 0..10 {
+        let torn = if i % 2 == 0 { "" } else { "gAAAAABp" };
+        fs::write(cred.join(format!("a{i:02}.enc")), torn).unwrap();
+    }
+    let store = ts.open();
+    assert_eq!(store.sealed_reason(), None, "sealed by damaged files");
+    assert_eq!(store.open_report().quarantined.len(), 10);
+    assert_eq!(store.list().unwrap().credentials.len(), 3);
+    drop(store);
+    // A really wrong key is still caught.
+    keys::write_key_file(&ts.key, &generate_key(), &Faults::none()).unwrap();
+    let store = ts.open();
+    assert!(matches!(
+        store.sealed_reason(),
+        Some(SealedReason::WrongKey { tried: 3, .. })
+    ));
+}
+
+#[test]
+fn racing_inits_create_exactly_one_key() {
+    let mut created = 0;
+    let rounds = 20;
+    for _ in 0..rounds {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("store");
+        let key = dir.path().join("keys/k.key");
+        let config = common::store_config("race", &base, &key);
+        let barrier = Arc::new(Barrier::new(4));
+        let results: Vec<_> = (0..4)
+            .map(|_| {
+                let (config, key, barrier) = (config.clone(), key.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    init_store(&config, &key, &Faults::none())
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .collect();
+        let ok = results.iter().filter(|r| r.is_ok()).count();
+        assert_eq!(ok, 1, "{results:?}");
+        for r in results.iter().filter_map(|r| r.as_ref().err()) {
+            assert_eq!(r.kind(), ErrorKind::Conflict, "{r}");
+        }
+        created += ok;
+    }
+    println!("racing inits: {rounds} rounds x 4 threads, {created} keys created (one per round)");
+}
+
+#[test]
+fn update_cannot_store_a_document_open_would_quarantine() {
+    let ts = TestStore::new("semantics");
+    let store = ts.open();
+    store.set(api("x", "v"), None).unwrap();
+    let err = store
+        .update("x", None, |c| {
+            let mut c = c.unwrap();
+            c.set_field("keys", json!(5));
+            Ok(c)
+        })
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidParams, "{err}");
+    let err = store
+        .update("x", None, |_| Ok(api("y", "other id")))
+        .unwrap_err();
+    assert!(err.to_string().contains("not the id"), "{err}");
+    assert_eq!(store.get("x").unwrap().key_value("api_key"), Some("v"));
+    assert_eq!(store.get("x").unwrap().generation(), 1);
+}
+
+#[test]
+fn unknown_index_fields_added_by_another_writer_survive() {
+    let ts = TestStore::new("semantics");
+    let store = ts.open();
+    store.set(api("a", "v"), None).unwrap();
+    // Another tool adds a top-level field to the index after we opened.
+    let path = ts.base.join("metadata/index.json");
+    let mut idx: serde_json::Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+    idx["other_tool"] = json!({"kept": true});
+    fs::write(&path, serde_json::to_vec(&idx).unwrap()).unwrap();
+    store.set(api("b", "v"), None).unwrap();
+    let after: serde_json::Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+    assert_eq!(after["other_tool"], json!({"kept": true}));
+    assert!(after["credentials"]["b"].is_object());
+}
+
+fn flock_helper_threads() -> usize {
+    fs::read_dir("/proc/self/task")
+        .unwrap()
+        .flatten()
+        .filter(|t| {
+            fs::read_to_string(t.path().join("comm"))
+                .map(|c| c.trim() == "holdfast-flock")
+                .unwrap_or(false)
+        })
+        .count()
+}
+
+#[test]
+fn a_hung_lock_holder_costs_at_most_one_helper_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("x.lock");
+    // A holder the in-process gate does not know about: another process, as far as the
+    // gate can tell.
+    let hung = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    fs4::FileExt::lock(&hung).unwrap();
+    for _ in 0..6 {
+        let err = lock::lock(&path, LockMode::Exclusive, Duration::from_millis(30)).unwrap_err();
+        assert!(matches!(err, LockError::Timeout { .. }));
+    }
+    let helpers = flock_helper_threads();
+    assert!(
+        helpers <= 1,
+        "{helpers} helper threads blocked on one hung lock"
+    );
+    fs4::FileExt::unlock(&hung).unwrap();
+    // The lock is usable again, and the blocked helper goes away.
+    let start = Instant::now();
+    let g = lock::lock(&path, LockMode::Exclusive, Duration::from_secs(5)).unwrap();
+    drop(g);
+    while flock_helper_threads() > 0 && start.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(flock_helper_threads(), 0);
+    println!("hung lock holder: 6 timed-out waiters left {helpers} helper thread(s)");
+}
+
+#[test]
+fn reads_during_key_reloads_and_deletes_do_not_deadlock() {
+    let ts = TestStore::new("semantics");
+    let store = Arc::new(ts.open());
+    store.set(api("r", "v"), None).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let key = ts.key.clone();
+    let threads: Vec<_> = (0..3)
+        .map(|t| {
+            let (store, stop, key) = (store.clone(), stop.clone(), key.clone());
+            std::thread::spawn(move || {
+                let mut ops = 0u64;
+                while !stop.load(Ordering::SeqCst) {
+                    match t {
+                        0 => {
+                            store.set(api("d", "x"), None).unwrap();
+                            store.delete("d").unwrap();
+                        }
+                        1 => {
+                            assert_eq!(store.get("r").unwrap().key_value("api_key"), Some("v"));
+                        }
+                        _ => {
+                            // Touch the key file: its stamp changes, every reader reloads.
+                            let k = fs::read(&key).unwrap();
+                            keys::write_key_file(
+                                &key,
+                                &Secret::new(String::from_utf8(k).unwrap()),
+                                &Faults::none(),
+                            )
+                            .unwrap();
+                        }
+                    }
+                    ops += 1;
+                }
+                ops
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    stop.store(true, Ordering::SeqCst);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut total = 0;
+    for t in threads {
+        while !t.is_finished() {
+            assert!(
+                Instant::now() < deadline,
+                "deadlock: a thread did not finish"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        total += t.join().unwrap();
+    }
+    println!("deletes, reads and key reloads for 1.5 s: {total} operations, no deadlock");
+}
+
+#[test]
+fn read_only_open_lists_without_modifying() {
+    let ts = TestStore::new("semantics");
+    let store = ts.open();
+    for i in 0..5 {
+        store.set(api(&format!("c{i}"), "v"), None).unwrap();
+    }
+    drop(store);
+    let before = fs::read(ts.base.join("metadata/index.json")).unwrap();
+    let ro = CredentialStore::open(
+        ts.config(),
+        StoreOptions {
+            mode: OpenMode::ReadOnly,
+            ..StoreOptions::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(ro.list().unwrap().credentials.len(), 5);
+    drop(ro);
+    assert_eq!(
+        fs::read(ts.base.join("metadata/index.json")).unwrap(),
+        before
+    );
+}
