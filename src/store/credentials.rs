@@ -987,28 +987,19 @@ impl CredentialStore {
                     };
                     scan.entries.insert(name, entry);
                 }
-                FileRead::Skew(e) => {
-                    scan.skewed.push(format!("{name}: {e}"));
-                    if let Some(keep) = fallback() {
-                        scan.entries.insert(
-                            name,
-                            Entry {
-                                stamp: None,
-                                ..keep
-                            },
-                        );
+                // Unreadable right now, not damaged: keep listing what we knew about it.
+                unreadable @ (FileRead::Skew(_) | FileRead::Io(_)) => {
+                    match &unreadable {
+                        FileRead::Skew(e) => scan.skewed.push(format!("{name}: {e}")),
+                        FileRead::Io(e) => scan.io_errors.push(format!("{name}: {e}")),
+                        _ => {}
                     }
-                }
-                FileRead::Io(e) => {
-                    scan.io_errors.push(format!("{name}: {e}"));
                     if let Some(keep) = fallback() {
-                        scan.entries.insert(
-                            name,
-                            Entry {
-                                stamp: None,
-                                ..keep
-                            },
-                        );
+                        let keep = Entry {
+                            stamp: None,
+                            ..keep
+                        };
+                        scan.entries.insert(name, keep);
                     }
                 }
                 FileRead::WrongKey => scan.bad.push((name, DecryptError::Invalid.to_string())),
