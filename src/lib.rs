@@ -1,7 +1,8 @@
 //! holdfast: a local daemon that keeps the state AI-agent processes must not lose or leak.
 //!
 //! Layers, data flowing down only (see `docs/design.md`):
-//! - [`cli`]: the admin command line, one file per subcommand.
+//! - [`cli`]: the admin command line, one file per subcommand; [`client`]: a blocking client.
+//! - [`ipc`]: the socket server and protocol; [`service`]: the daemon's state.
 //! - [`store`]: the hive-compatible credential store (files, index, reconciliation, fsck).
 //! - [`crypto`]: keys, their sources and rotation, Fernet, and the [`crypto::Secret`] type.
 //! - [`durable`]: the only code that writes, renames, fsyncs or locks files.
@@ -9,10 +10,15 @@
 #![warn(missing_docs)]
 
 pub mod cli;
+pub mod client;
+pub mod config;
 pub mod crypto;
 pub mod durable;
 pub mod error;
+pub mod ipc;
 pub mod limits;
 pub mod paths;
+pub mod process;
+pub mod service;
 pub mod store;
 pub mod timefmt;

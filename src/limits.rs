@@ -36,3 +36,45 @@ pub const FERNET_MAX_CLOCK_SKEW_SECS: u64 = 60;
 /// How many files the open-time key check tries to decrypt before it concludes that the key is
 /// wrong (and seals the store) rather than that a few files are corrupt.
 pub const KEY_CHECK_SAMPLE: usize = 8;
+
+/// Largest request line (one JSON-RPC message) the daemon reads. Every legitimate request is a
+/// credential document at most (a few KiB); 1 MiB leaves room for large certificates. A longer
+/// line gets an error and the connection is closed, before more than this much is buffered.
+pub const MAX_FRAME_BYTES: usize = 1024 * 1024;
+
+/// Connections served at once. A permit is taken *before* `accept`, so this is real
+/// backpressure (mini-redis). Agent processes hold one or two connections each; 1,024 covers a
+/// machine full of them. The daemon raises its open-file soft limit to fit.
+pub const MAX_CONNECTIONS: usize = 1024;
+
+/// Requests one connection may have in flight at once (pipelining). Bounds the memory and the
+/// blocking-pool threads one client can occupy.
+pub const MAX_INFLIGHT_PER_CONNECTION: usize = 32;
+
+/// Bytes of responses and events queued for one connection. A client that stops reading is
+/// disconnected when its queue passes this, so it cannot make the daemon buffer without bound.
+pub const MAX_OUTPUT_QUEUE_BYTES: usize = 8 * 1024 * 1024;
+
+/// A connection with nothing in flight, no subscription and no bytes received for this long is
+/// closed (a client that connects and sends nothing).
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Once the first byte of a request line arrives, the whole line must arrive within this time
+/// (a slowloris client sending one byte a second is cut off).
+pub const READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long graceful shutdown waits for in-flight requests to reach a safe point before the
+/// daemon exits anyway (systemd's default TimeoutStopSec is 90 s; stay well inside it).
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
+
+/// How often the daemon checks that its socket file is still its own (gpg-agent's
+/// CHECK_OWN_SOCKET_INTERVAL): deleted or replaced → it stops and does not unlink the other's.
+pub const SOCKET_CHECK_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Quiet time the change watcher waits for before reconciling (events arrive in bursts: a
+/// temp file, a rename, an index rewrite). Well under the one second the daemon promises.
+pub const WATCH_DEBOUNCE: Duration = Duration::from_millis(200);
+
+/// Longest refresh lease a client may ask for. A refresh that takes longer than this has
+/// failed; the next client may try.
+pub const MAX_LEASE: Duration = Duration::from_secs(300);

@@ -56,6 +56,19 @@ pub fn store_key_sources(store: &str) -> Result<Vec<KeySource>, String> {
     Ok(v)
 }
 
+/// The daemon's socket: `$XDG_RUNTIME_DIR/holdfast/holdfast.sock`, else
+/// `/tmp/holdfast-$UID/holdfast.sock` (the directory's owner and mode are checked before use).
+/// `--socket`, `HOLDFAST_SOCKET` and the config file's `socket` override it earlier.
+pub fn default_socket() -> PathBuf {
+    match env_path("XDG_RUNTIME_DIR") {
+        Some(dir) => dir.join("holdfast/holdfast.sock"),
+        None => PathBuf::from(format!(
+            "/tmp/holdfast-{}/holdfast.sock",
+            crate::durable::perms::euid()
+        )),
+    }
+}
+
 /// hive's home: `$HIVE_HOME`, else `~/.hive`.
 pub fn hive_home() -> Result<PathBuf, String> {
     match env_path("HIVE_HOME") {

@@ -11,6 +11,7 @@ use clap::Subcommand;
 use serde_json::{json, Value};
 use zeroize::Zeroizing;
 
+use super::backend::Backend;
 use super::{out, out_json, out_secret_json, CliError, CliResult, Global};
 use crate::crypto::Secret;
 use crate::error::ErrorKind;
@@ -86,7 +87,7 @@ pub fn run(g: &Global, cmd: &CredCommand) -> CliResult {
                     )));
                 }
             }
-            let store = g.open(OpenMode::Repair)?;
+            let mut store = Backend::open(g, OpenMode::Repair)?;
             let generation = if *document {
                 let text = read_secret_input(None)?;
                 let value: Value = serde_json::from_str(text.expose())
@@ -109,8 +110,9 @@ pub fn run(g: &Global, cmd: &CredCommand) -> CliResult {
                     if let Some(d) = description {
                         c.set_field("description", d.as_str().into());
                     }
-                    c.set_key(key, secret);
-                    Ok(c)
+                    // A fresh copy per attempt: through the daemon, a lost race retries.
+                    c.set_key(key, Secret::new(secret.expose().to_owned()));
+                    c
                 })?
             };
             if g.json {
@@ -122,7 +124,7 @@ pub fn run(g: &Global, cmd: &CredCommand) -> CliResult {
         }
         CredCommand::Get { id, field } => {
             let id = valid_id(id)?;
-            let store = g.open(OpenMode::ReadOnly)?;
+            let mut store = Backend::open(g, OpenMode::ReadOnly)?;
             let cred = store.get(id)?;
             if g.json {
                 let doc = match field {
@@ -167,7 +169,7 @@ pub fn run(g: &Global, cmd: &CredCommand) -> CliResult {
             Ok(())
         }
         CredCommand::List => {
-            let store = g.open(OpenMode::ReadOnly)?;
+            let mut store = Backend::open(g, OpenMode::ReadOnly)?;
             let listing = store.list()?;
             if g.json {
                 out_json(&serde_json::to_value(&listing).unwrap_or_default());
@@ -218,7 +220,7 @@ pub fn run(g: &Global, cmd: &CredCommand) -> CliResult {
         }
         CredCommand::Delete { id } => {
             let id = valid_id(id)?;
-            let store = g.open(OpenMode::Repair)?;
+            let mut store = Backend::open(g, OpenMode::Repair)?;
             let deleted = store.delete(id)?;
             if g.json {
                 out_json(&json!({"id": id, "deleted": deleted}));
@@ -236,7 +238,7 @@ pub fn run(g: &Global, cmd: &CredCommand) -> CliResult {
         }
         CredCommand::Exists { id } => {
             let id = valid_id(id)?;
-            let store = g.open(OpenMode::ReadOnly)?;
+            let mut store = Backend::open(g, OpenMode::ReadOnly)?;
             let exists = store.exists(id)?;
             if g.json {
                 out_json(&json!({"id": id, "exists": exists}));

@@ -4,6 +4,7 @@ use std::io::{IsTerminal, Write};
 
 use clap::Subcommand;
 
+use super::backend::Backend;
 use super::{out, out_json, CliResult, Global};
 use crate::store::OpenMode;
 
@@ -20,9 +21,9 @@ pub enum KeyCommand {
 pub fn run(g: &Global, cmd: &KeyCommand) -> CliResult {
     match cmd {
         KeyCommand::Rotate => {
-            let store = g.open(OpenMode::Repair)?;
+            let mut store = Backend::open(g, OpenMode::Repair)?;
             let tty = std::io::stderr().is_terminal() && !g.json;
-            let report = store.rotate_key(|done, total| {
+            let report = store.rotate(|done, total| {
                 if tty && (done % 16 == 0 || done == total) {
                     let _ = write!(std::io::stderr(), "\rre-encrypting {done}/{total}");
                     if done == total {

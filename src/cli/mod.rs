@@ -1,9 +1,12 @@
 //! The `holdfast` admin command line. One file per subcommand; this file holds the global
 //! options, store selection, output and exit codes.
 
+mod backend;
 mod cred;
+mod daemon;
 mod init;
 mod key;
+mod status;
 mod store;
 
 use std::io::Write;
@@ -36,6 +39,12 @@ Environment:
   HOLDFAST_STORE      store name (default \"default\")
   CREDENTIALS_DIRECTORY  systemd credentials; holdfast-<store>.key there is used first
   HIVE_HOME, HIVE_CREDENTIAL_KEY  hive's store and key, used with --hive
+  HOLDFAST_SOCKET     the daemon's socket (default $XDG_RUNTIME_DIR/holdfast/holdfast.sock)
+  HOLDFAST_CONFIG     config file (default $XDG_CONFIG_HOME/holdfast/config.toml)
+
+Commands that read or write credentials go through the daemon when one answers on the
+socket (and serves the same data directory); otherwise they open the store directly, with
+the same locks, and say \"(offline)\" on stderr.
   RUST_LOG            log filter (e.g. holdfast=debug); logs never contain secrets";
 
 /// holdfast: keeps the state AI-agent processes must not lose or leak.
@@ -86,6 +95,16 @@ pub struct Global {
     /// Log format on stderr.
     #[arg(long, global = true, value_enum, default_value = "human")]
     log_format: LogFormat,
+    /// The daemon's socket (default $XDG_RUNTIME_DIR/holdfast/holdfast.sock, else
+    /// /tmp/holdfast-$UID/holdfast.sock; the config file's `socket` if set).
+    #[arg(long, global = true, env = "HOLDFAST_SOCKET", value_name = "PATH")]
+    socket: Option<PathBuf>,
+    /// Config file (default $XDG_CONFIG_HOME/holdfast/config.toml, optional).
+    #[arg(long, global = true, env = "HOLDFAST_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Do not talk to a running daemon: open the store directly (with the same locks).
+    #[arg(long, global = true)]
+    offline: bool,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,6 +115,10 @@ enum LogFormat {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Run the daemon: serve the stores over the Unix socket until SIGTERM/SIGINT.
+    Daemon(daemon::DaemonArgs),
+    /// Show the daemon's state (or, with no daemon, the store's).
+    Status,
     /// Create a store and its key. Only for an empty store: holdfast never mints a key while
     /// encrypted data exists. Running it again on an initialized store changes nothing.
     Init(init::InitArgs),
@@ -186,10 +209,7 @@ impl Global {
             ));
         }
         paths::validate_store_name(&self.store).map_err(CliError::usage)?;
-        let data = match &self.data_dir {
-            Some(d) => d.clone(),
-            None => paths::default_data_dir().map_err(CliError::usage)?,
-        };
+        let data = self.data_dir()?;
         let key_file = paths::key_file(&self.store).map_err(CliError::usage)?;
         Ok((
             StoreConfig {
@@ -199,6 +219,69 @@ impl Global {
             },
             Some(key_file),
         ))
+    }
+
+    /// The config file (defaults if there is none).
+    fn config(&self) -> CliResult<crate::config::Config> {
+        crate::config::load(self.config.as_deref()).map_err(CliError::usage)
+    }
+
+    /// The data directory: flag or env, then the config file, then the XDG default.
+    fn data_dir(&self) -> CliResult<PathBuf> {
+        if let Some(d) = &self.data_dir {
+            return Ok(d.clone());
+        }
+        if let Some(d) = self.config()?.data_dir {
+            return Ok(d);
+        }
+        paths::default_data_dir().map_err(CliError::usage)
+    }
+
+    /// The socket: flag or env, then the config file, then the default.
+    fn socket_path(&self) -> CliResult<PathBuf> {
+        if let Some(s) = &self.socket {
+            return Ok(s.clone());
+        }
+        Ok(self.config()?.socket.unwrap_or_else(paths::default_socket))
+    }
+
+    /// A connection to a daemon serving this invocation's store, or `None` (with the reason
+    /// printed as "(offline) …" on stderr) when the store must be opened directly.
+    fn daemon(&self) -> CliResult<Option<crate::client::Client>> {
+        let why = if self.offline {
+            Some("--offline given".to_string())
+        } else if self.store_dir.is_some() || self.hive {
+            Some("--store-dir/--hive open a directory directly".to_string())
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            offline_note(&why);
+            return Ok(None);
+        }
+        let socket = self.socket_path()?;
+        let client = match crate::client::Client::connect(&socket, "holdfast-cli", None) {
+            Ok(c) => c,
+            Err(_) => {
+                offline_note(&format!("no daemon answers on {}", socket.display()));
+                return Ok(None);
+            }
+        };
+        let ours = self.data_dir()?;
+        let theirs = client
+            .hello
+            .get("data_dir")
+            .and_then(serde_json::Value::as_str);
+        if theirs.map(std::path::Path::new) != Some(ours.as_path()) {
+            offline_note(&format!(
+                "the daemon on {} serves data dir {}, not {}",
+                socket.display(),
+                theirs.unwrap_or("?"),
+                ours.display()
+            ));
+            return Ok(None);
+        }
+        Ok(Some(client))
     }
 
     fn open(&self, mode: OpenMode) -> CliResult<CredentialStore> {
@@ -221,11 +304,11 @@ impl Global {
     }
 }
 
-fn init_logging(g: &Global) {
+fn init_logging(g: &Global, daemon: bool) {
     use tracing_subscriber::EnvFilter;
-    let default = match g.verbose {
-        0 => "holdfast=warn",
-        1 => "holdfast=info",
+    let default = match (g.verbose, daemon) {
+        (0, false) => "holdfast=warn",
+        (0, true) | (1, _) => "holdfast=info",
         _ => "holdfast=debug",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
@@ -236,6 +319,23 @@ fn init_logging(g: &Global) {
         LogFormat::Human => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
     };
+}
+
+/// Say on stderr that this command works on the store directly, not through a daemon.
+fn offline_note(why: &str) {
+    let _ = writeln!(
+        std::io::stderr(),
+        "holdfast: (offline) {why}; using the store directly"
+    );
+}
+
+impl From<crate::client::ClientError> for CliError {
+    fn from(e: crate::client::ClientError) -> Self {
+        CliError {
+            message: e.to_string(),
+            code: e.kind().exit_code(),
+        }
+    }
 }
 
 /// Print a line to stdout; a closed pipe (`| head`) is not an error worth a panic.
@@ -261,9 +361,11 @@ fn out_secret_json(mut v: serde_json::Value) {
 /// Parse arguments, run the command, and turn the outcome into an exit code.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(&cli.global);
+    init_logging(&cli.global, matches!(cli.command, Command::Daemon(_)));
     let g = &cli.global;
     let result = match &cli.command {
+        Command::Daemon(a) => daemon::run(g, a),
+        Command::Status => status::run(g),
         Command::Init(a) => init::run(g, a),
         Command::Cred(c) => cred::run(g, c),
         Command::Store(c) => store::run(g, c),

@@ -2,6 +2,7 @@
 
 use clap::Subcommand;
 
+use super::backend::Backend;
 use super::{out, out_json, CliError, CliResult, Global};
 use crate::store::OpenMode;
 
@@ -22,11 +23,14 @@ pub enum StoreCommand {
 pub fn run(g: &Global, cmd: &StoreCommand) -> CliResult {
     match cmd {
         StoreCommand::Fsck { repair } => {
-            let store = g.open(if *repair {
-                OpenMode::Deferred
-            } else {
-                OpenMode::ReadOnly
-            })?;
+            let mut store = Backend::open(
+                g,
+                if *repair {
+                    OpenMode::Deferred
+                } else {
+                    OpenMode::ReadOnly
+                },
+            )?;
             let report = store.fsck(*repair)?;
             let remaining = if *repair {
                 report.clock_skew.len() + report.old_key.len()
@@ -36,11 +40,7 @@ pub fn run(g: &Global, cmd: &StoreCommand) -> CliResult {
             if g.json {
                 out_json(&serde_json::to_value(&report).unwrap_or_default());
             } else {
-                out(format!(
-                    "store {:?} ({})",
-                    store.config().name,
-                    store.config().base.display()
-                ));
+                out(store.describe());
                 out(format!("{report}").trim_end());
                 if report.is_clean() {
                     out("clean: no problems found");

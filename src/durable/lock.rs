@@ -136,6 +136,23 @@ impl std::fmt::Debug for LockGuard {
     }
 }
 
+impl LockGuard {
+    /// Replace the lock file's contents with `text` (e.g. the holder's pid, for the "already
+    /// running (pid N)" message). Informational only: the lock is the flock, not the content.
+    pub fn record(&self, text: &str) -> io::Result<()> {
+        use std::os::unix::fs::FileExt as _;
+        self.file.set_len(0)?;
+        self.file.write_all_at(text.as_bytes(), 0)
+    }
+}
+
+/// What the holder of a lock file recorded in it (see [`LockGuard::record`]).
+pub fn recorded(path: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let t = text.trim();
+    (!t.is_empty() && t.len() < 256).then(|| t.to_owned())
+}
+
 impl Drop for LockGuard {
     fn drop(&mut self) {
         // Closing the file releases the flock too; unlock first so the gate never opens while

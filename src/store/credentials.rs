@@ -79,7 +79,7 @@ impl Default for StoreOptions {
 }
 
 /// One credential as `list` shows it: metadata, never secret values.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct CredentialInfo {
     /// The id.
     pub id: String,
@@ -87,6 +87,15 @@ pub struct CredentialInfo {
     pub generation: u64,
     /// hive's index entry (type, provider, alias, key names, dates, tags).
     pub metadata: Value,
+}
+
+/// A credential that changed on disk since the store last looked (`sync`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Change {
+    /// The id.
+    pub id: String,
+    /// Its generation now; `None` if it was deleted.
+    pub generation: Option<u64>,
 }
 
 /// The result of `list`.
@@ -747,6 +756,48 @@ impl CredentialStore {
                 unreadable: inner.unreadable,
             })
         })
+    }
+
+    /// Pick up changes other processes made to the files (hive, an offline CLI, a person
+    /// copying files): refresh from the directory, return the credentials that appeared,
+    /// changed or disappeared, and rewrite the index if it drifted. Cheap when nothing changed
+    /// (one stat per file). Writes made through this handle are already known and are not
+    /// reported again.
+    pub fn sync(&self) -> Result<Vec<Change>> {
+        self.reload_keys_if_changed();
+        let changes = self.with_ring(|ring| {
+            let mut inner = lock_guard(&self.inner);
+            let before: BTreeMap<String, (u64, Option<FileStamp>)> = inner
+                .entries
+                .values()
+                .map(|e| (e.id.clone(), (e.generation, e.stamp)))
+                .collect();
+            let was_seeded = inner.seeded;
+            self.refresh(&mut inner, ring)?;
+            if !was_seeded {
+                return Ok(Vec::new());
+            }
+            let mut changes = Vec::new();
+            let mut after_ids = std::collections::HashSet::new();
+            for e in inner.entries.values() {
+                after_ids.insert(e.id.clone());
+                if before.get(&e.id) != Some(&(e.generation, e.stamp)) {
+                    changes.push(Change {
+                        id: e.id.clone(),
+                        generation: Some(e.generation),
+                    });
+                }
+            }
+            for id in before.keys().filter(|id| !after_ids.contains(*id)) {
+                changes.push(Change {
+                    id: id.clone(),
+                    generation: None,
+                });
+            }
+            Ok(changes)
+        })?;
+        self.flush()?;
+        Ok(changes)
     }
 
     /// Run a write under the store lock, then rewrite the index if this was the last queued

@@ -1,14 +1,14 @@
 //! The reconciliation report: what a scan of a store found and what was done about it. `open`
 //! produces one (and logs it when anything was repaired); `holdfast store fsck` prints it.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::path::PathBuf;
 
 use super::index::IndexState;
 
 /// A file moved (or, without `--repair`, to be moved) to quarantine.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Quarantined {
     /// File name in `credentials/`.
     pub file: String,
@@ -19,7 +19,7 @@ pub struct Quarantined {
 }
 
 /// What a scan found.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Report {
     /// Whether problems were repaired (false: report only).
     pub repaired: bool,

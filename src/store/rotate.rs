@@ -24,7 +24,7 @@ use crate::crypto::{generate_key, keys, KeyError, Secret};
 use crate::durable::{self, TEMP_MARKER};
 
 /// What a rotation did.
-#[derive(Debug, Clone, Default, serde::Serialize)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct RotateReport {
     /// Whether this run resumed an interrupted rotation.
     pub resumed: bool,

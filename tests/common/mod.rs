@@ -40,8 +40,9 @@ const REMOVED_VARS: [&str; 7] = [
     "RUST_LOG",
 ];
 
-/// A clean environment on `c`: HOME is `home`, XDG_CONFIG_HOME and XDG_STATE_HOME are
-/// `home/config` and `home/state`, and CREDENTIALS_DIRECTORY, STATE_DIRECTORY, RUST_LOG and
+/// A clean environment on `c`: HOME is `home`, XDG_CONFIG_HOME, XDG_STATE_HOME and
+/// XDG_RUNTIME_DIR are `home/config`, `home/state` and `home/run` (so the default socket is
+/// the test's own, never a daemon running on the machine), and CREDENTIALS_DIRECTORY, STATE_DIRECTORY, RUST_LOG and
 /// every HIVE_* and HOLDFAST_* variable (those named above and any the caller has) are removed.
 /// Variables set on `c` afterwards win.
 pub fn clean_env<'a>(c: &'a mut Command, home: &Path) -> &'a mut Command {
@@ -57,6 +58,7 @@ pub fn clean_env<'a>(c: &'a mut Command, home: &Path) -> &'a mut Command {
     c.env("HOME", home)
         .env("XDG_CONFIG_HOME", home.join("config"))
         .env("XDG_STATE_HOME", home.join("state"))
+        .env("XDG_RUNTIME_DIR", home.join("run"))
 }
 
 /// The `holdfast` binary with a [`clean_env`] around `home`.

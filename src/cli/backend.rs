@@ -1,0 +1,201 @@
+//! Where a CLI command's store operations go: to the daemon when one answers on the socket
+//! (and serves the same data directory), else to the store opened directly with the same locks.
+
+use serde_json::{json, Map, Value};
+
+use super::{CliError, CliResult, Global};
+use crate::client::Client;
+use crate::error::ErrorKind;
+use crate::store::{
+    Credential, CredentialInfo, CredentialStore, Listing, OpenMode, Report, RotateReport,
+};
+
+/// How many times a read-modify-write through the daemon retries after losing a race.
+const CAS_RETRIES: usize = 8;
+
+/// The daemon, or the store itself.
+pub enum Backend {
+    /// Through the socket.
+    Daemon {
+        /// The connection.
+        client: Client,
+        /// Store name.
+        store: String,
+    },
+    /// Directly.
+    Local(Box<CredentialStore>),
+}
+
+fn from_json<T: serde::de::DeserializeOwned>(v: Value) -> CliResult<T> {
+    serde_json::from_value(v)
+        .map_err(|e| CliError::with_code(format!("unexpected answer from the daemon: {e}"), 1))
+}
+
+impl Backend {
+    /// Connect to the daemon, or open the store in `mode`.
+    pub fn open(g: &Global, mode: OpenMode) -> CliResult<Self> {
+        match g.daemon()? {
+            Some(client) => Ok(Backend::Daemon {
+                client,
+                store: g.store.clone(),
+            }),
+            None => Ok(Backend::Local(Box::new(g.open(mode)?))),
+        }
+    }
+
+    fn call(&mut self, method: &str, mut params: Value) -> CliResult<Value> {
+        match self {
+            Backend::Daemon { client, store } => {
+                params["store"] = store.as_str().into();
+                Ok(client.call(method, params)?)
+            }
+            Backend::Local(_) => Err(CliError::with_code(
+                "internal: daemon call on a local store",
+                1,
+            )),
+        }
+    }
+
+    /// Read a credential.
+    pub fn get(&mut self, id: &str) -> CliResult<Credential> {
+        if let Backend::Local(s) = self {
+            return Ok(s.get(id)?);
+        }
+        let mut v = self.call("cred.get", json!({"id": id}))?;
+        let doc = v
+            .get_mut("credential")
+            .map(Value::take)
+            .unwrap_or(Value::Null);
+        crate::store::credential::zeroize_json(&mut v);
+        Credential::from_value(doc).map_err(|e| {
+            CliError::with_code(format!("the daemon sent an invalid credential: {e}"), 1)
+        })
+    }
+
+    /// Store a whole document.
+    pub fn set(&mut self, cred: Credential, if_generation: Option<u64>) -> CliResult<u64> {
+        if let Backend::Local(s) = self {
+            return Ok(s.set(cred, if_generation)?);
+        }
+        let mut params = json!({"credential": cred.expose_json()});
+        if let Some(g) = if_generation {
+            params["if_generation"] = g.into();
+        }
+        let result = self.call("cred.set", params.clone());
+        crate::store::credential::zeroize_json(&mut params);
+        Ok(result?["generation"].as_u64().unwrap_or(0))
+    }
+
+    /// Read-modify-write. Locally under the store lock; through the daemon as a
+    /// compare-and-swap on the generation, retried when another writer wins (unless the caller
+    /// gave `if_generation`, which is then the condition).
+    pub fn update(
+        &mut self,
+        id: &str,
+        if_generation: Option<u64>,
+        mut f: impl FnMut(Option<Credential>) -> Credential,
+    ) -> CliResult<u64> {
+        if let Backend::Local(s) = self {
+            return Ok(s.update(id, if_generation, |c| Ok(f(c)))?);
+        }
+        for _ in 0..CAS_RETRIES {
+            let existing = match self.get(id) {
+                Ok(c) => Some(c),
+                Err(e) if e.code == ErrorKind::NotFound.exit_code() => None,
+                Err(e) => return Err(e),
+            };
+            let current = existing.as_ref().map_or(0, Credential::generation);
+            if let Some(want) = if_generation {
+                if want != current {
+                    return Err(CliError::with_code(
+                        format!("credential {id:?} is at generation {current}, not {want}: someone else wrote it first (read it again, then retry)"),
+                        ErrorKind::Conflict.exit_code(),
+                    ));
+                }
+            }
+            match self.set(f(existing), Some(current)) {
+                Err(e) if e.code == ErrorKind::Conflict.exit_code() && if_generation.is_none() => {
+                    continue
+                }
+                other => return other,
+            }
+        }
+        Err(CliError::with_code(
+            format!("credential {id:?} kept changing under us ({CAS_RETRIES} tries); retry"),
+            ErrorKind::Busy.exit_code(),
+        ))
+    }
+
+    /// Delete; whether it existed.
+    pub fn delete(&mut self, id: &str) -> CliResult<bool> {
+        if let Backend::Local(s) = self {
+            return Ok(s.delete(id)?);
+        }
+        Ok(self.call("cred.delete", json!({"id": id}))?["deleted"].as_bool() == Some(true))
+    }
+
+    /// Whether it exists.
+    pub fn exists(&mut self, id: &str) -> CliResult<bool> {
+        if let Backend::Local(s) = self {
+            return Ok(s.exists(id)?);
+        }
+        Ok(self.call("cred.exists", json!({"id": id}))?["exists"].as_bool() == Some(true))
+    }
+
+    /// Metadata of every credential.
+    pub fn list(&mut self) -> CliResult<Listing> {
+        if let Backend::Local(s) = self {
+            return Ok(s.list()?);
+        }
+        let v = self.call("cred.list", json!({}))?;
+        let credentials = v["credentials"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|item| {
+                let mut meta: Map<String, Value> = item.as_object().cloned().unwrap_or_default();
+                let id = meta
+                    .shift_remove("id")
+                    .and_then(|v| v.as_str().map(str::to_owned));
+                let generation = meta.shift_remove("generation").and_then(|v| v.as_u64());
+                CredentialInfo {
+                    id: id.unwrap_or_default(),
+                    generation: generation.unwrap_or(0),
+                    metadata: Value::Object(meta),
+                }
+            })
+            .collect();
+        Ok(Listing {
+            credentials,
+            unreadable: v["unreadable"].as_u64().unwrap_or(0) as usize,
+        })
+    }
+
+    /// fsck.
+    pub fn fsck(&mut self, repair: bool) -> CliResult<Report> {
+        if let Backend::Local(s) = self {
+            return Ok(s.fsck(repair)?);
+        }
+        from_json(self.call("admin.fsck", json!({"repair": repair}))?)
+    }
+
+    /// Key rotation (progress is only reported locally).
+    pub fn rotate(&mut self, progress: impl FnMut(usize, usize)) -> CliResult<RotateReport> {
+        if let Backend::Local(s) = self {
+            return Ok(s.rotate_key(progress)?);
+        }
+        from_json(self.call("admin.rotate_key", json!({}))?)
+    }
+
+    /// A label for messages: the store's name and where it lives.
+    pub fn describe(&self) -> String {
+        match self {
+            Backend::Daemon { store, .. } => format!("store {store:?} (via the daemon)"),
+            Backend::Local(s) => format!(
+                "store {:?} ({})",
+                s.config().name,
+                s.config().base.display()
+            ),
+        }
+    }
+}

@@ -1,0 +1,81 @@
+//! `holdfast daemon`: serve the stores over the socket until SIGTERM/SIGINT.
+
+use std::sync::Arc;
+
+use clap::Args;
+
+use super::{CliError, CliResult, Global};
+use crate::ipc::server;
+use crate::service::{watch, Daemon};
+
+/// Arguments of `holdfast daemon`.
+#[derive(Args, Debug)]
+pub struct DaemonArgs {}
+
+/// Start the daemon; returns when it has shut down.
+pub fn run(g: &Global, _args: &DaemonArgs) -> CliResult {
+    let config = g.config()?;
+    let limits = config.limits();
+    for note in
+        crate::process::harden(limits.max_connections).map_err(|e| CliError::with_code(e, 1))?
+    {
+        tracing::warn!("{note}");
+    }
+    let data_dir = g.data_dir()?;
+    let socket = g.socket_path()?;
+    let daemon = Daemon::open(socket.clone(), data_dir.clone(), config)
+        .map_err(|e| CliError::with_code(e, 1))?;
+    let daemon = Arc::new(daemon);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("holdfast-worker")
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::with_code(format!("cannot start the async runtime: {e}"), 1))?;
+    runtime.block_on(async move {
+        let bound =
+            server::bind(&socket, &data_dir).map_err(|e| CliError::with_code(e.to_string(), 1))?;
+        let _watcher = match watch::start(Arc::clone(&daemon)) {
+            Ok(w) => Some(w),
+            Err(e) => {
+                tracing::warn!(error = %e, "not watching the stores for outside changes");
+                None
+            }
+        };
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            let reason = wait_for_signal().await;
+            tracing::info!(
+                signal = reason,
+                "shutting down: no new connections; finishing requests in flight"
+            );
+            let _ = tx.send(true);
+        });
+        tracing::info!(
+            socket = %socket.display(),
+            data_dir = %data_dir.display(),
+            pid = std::process::id(),
+            stores = daemon.stores.len(),
+            "holdfast daemon listening"
+        );
+        server::run(bound, Arc::clone(&daemon), limits, rx, true).await;
+        tracing::info!("holdfast daemon stopped");
+        Ok::<(), CliError>(())
+    })
+}
+
+async fn wait_for_signal() -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        // Without signal handlers the daemon can only be killed; keep serving.
+        std::future::pending::<()>().await;
+        return "none";
+    };
+    tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    }
+}

@@ -1,0 +1,208 @@
+//! A small blocking client for the daemon's socket, used by the CLI and usable by Rust agents.
+//!
+//! ```no_run
+//! use holdfast::client::Client;
+//! let mut c = Client::connect(&holdfast::paths::default_socket(), "my-agent", None)?;
+//! let v = c.call("cred.get", serde_json::json!({"id": "openai"}))?;
+//! # Ok::<(), holdfast::client::ClientError>(())
+//! ```
+
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::error::ErrorKind;
+use crate::ipc::protocol::{kind_for, PROTOCOL_VERSION};
+
+/// Why a call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// No daemon answers on the socket.
+    #[error("cannot connect to {path}: {source}")]
+    Connect {
+        /// The socket path.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The connection failed mid-call.
+    #[error("connection to the daemon failed: {0}")]
+    Io(#[from] std::io::Error),
+    /// The daemon sent something that is not a JSON-RPC response.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    /// The daemon answered with an error.
+    #[error("{message}")]
+    Rpc {
+        /// JSON-RPC code.
+        code: i64,
+        /// Stable kind.
+        kind: ErrorKind,
+        /// Message (never contains a secret).
+        message: String,
+        /// The whole `data` object.
+        data: Value,
+    },
+}
+
+impl ClientError {
+    /// The error kind (transport failures count as `storage`).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            ClientError::Rpc { kind, .. } => *kind,
+            _ => ErrorKind::Storage,
+        }
+    }
+}
+
+/// A connection that has said hello.
+pub struct Client {
+    reader: BufReader<UnixStream>,
+    writer: UnixStream,
+    next_id: u64,
+    events: VecDeque<Value>,
+    /// The daemon's answer to `hello`.
+    pub hello: Value,
+}
+
+impl Client {
+    /// Connect, and say hello as `client` (bound to `plugin`'s grant, if given).
+    pub fn connect(path: &Path, client: &str, plugin: Option<&str>) -> Result<Self, ClientError> {
+        let stream = UnixStream::connect(path).map_err(|source| ClientError::Connect {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let writer = stream.try_clone()?;
+        let mut c = Client {
+            reader: BufReader::new(stream),
+            writer,
+            next_id: 1,
+            events: VecDeque::new(),
+            hello: Value::Null,
+        };
+        let mut params = json!({"client": client, "protocol": PROTOCOL_VERSION});
+        if let Some(p) = plugin {
+            params["plugin"] = p.into();
+        }
+        c.hello = c.call("hello", params)?;
+        Ok(c)
+    }
+
+    /// Set a timeout for each read from the daemon (`None`: wait forever).
+    pub fn set_read_timeout(&self, t: Option<Duration>) -> Result<(), ClientError> {
+        Ok(self.reader.get_ref().set_read_timeout(t)?)
+    }
+
+    /// Call `method` and wait for its response. Event notifications that arrive meanwhile are
+    /// kept for [`Client::next_event`].
+    pub fn call(&mut self, method: &str, params: Value) -> Result<Value, ClientError> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut line = serde_json::to_vec(&json!({
+            "jsonrpc": "2.0", "id": id, "method": method, "params": params,
+        }))
+        .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        line.push(b'\n');
+        self.writer.write_all(&line)?;
+        loop {
+            let msg = self.read_message()?;
+            if msg.get("method").and_then(Value::as_str) == Some("event") {
+                self.events.push_back(msg["params"].clone());
+                continue;
+            }
+            if msg.get("id") != Some(&json!(id)) {
+                // A response to nothing we asked (e.g. the cap refusal has id null).
+                if let Some(err) = msg.get("error") {
+                    return Err(rpc_error(err));
+                }
+                continue;
+            }
+            if let Some(err) = msg.get("error") {
+                return Err(rpc_error(err));
+            }
+            return msg
+                .get("result")
+                .cloned()
+                .ok_or_else(|| ClientError::Protocol("response without result or error".into()));
+        }
+    }
+
+    /// The next event notification's `params` (after `cred.watch`), waiting at most `timeout`.
+    pub fn next_event(&mut self, timeout: Duration) -> Result<Option<Value>, ClientError> {
+        if let Some(ev) = self.events.pop_front() {
+            return Ok(Some(ev));
+        }
+        self.set_read_timeout(Some(timeout))?;
+        let got = match self.read_message() {
+            Ok(msg) if msg.get("method").and_then(Value::as_str) == Some("event") => {
+                Some(msg["params"].clone())
+            }
+            Ok(_) => None,
+            Err(ClientError::Io(e))
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                None
+            }
+            Err(e) => return Err(e),
+        };
+        self.set_read_timeout(None)?;
+        Ok(got)
+    }
+
+    fn read_message(&mut self) -> Result<Value, ClientError> {
+        let mut line = String::new();
+        if self.reader.read_line(&mut line)? == 0 {
+            return Err(ClientError::Io(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the daemon closed the connection",
+            )));
+        }
+        serde_json::from_str(&line).map_err(|e| ClientError::Protocol(format!("bad line: {e}")))
+    }
+}
+
+fn rpc_error(err: &Value) -> ClientError {
+    let code = err.get("code").and_then(Value::as_i64).unwrap_or(0);
+    let data = err.get("data").cloned().unwrap_or(Value::Null);
+    let kind = data
+        .get("kind")
+        .and_then(Value::as_str)
+        .and_then(kind_from_str)
+        .or_else(|| kind_for(code))
+        .unwrap_or(ErrorKind::Storage);
+    ClientError::Rpc {
+        code,
+        kind,
+        message: err
+            .get("message")
+            .and_then(Value::as_str)
+            .unwrap_or("error")
+            .to_owned(),
+        data,
+    }
+}
+
+fn kind_from_str(s: &str) -> Option<ErrorKind> {
+    use ErrorKind::*;
+    [
+        InvalidParams,
+        NotFound,
+        Conflict,
+        Forbidden,
+        Sealed,
+        Integrity,
+        Storage,
+        Busy,
+        Unsupported,
+    ]
+    .into_iter()
+    .find(|k| k.as_str() == s)
+}

@@ -1,0 +1,243 @@
+//! The optional config file, `$XDG_CONFIG_HOME/holdfast/config.toml`. Defaults work with none.
+//!
+//! ```toml
+//! socket = "/run/user/1000/holdfast/holdfast.sock"   # else $XDG_RUNTIME_DIR/holdfast/holdfast.sock
+//! data_dir = "~/.local/state/holdfast"
+//! allow_root = true            # root peers may connect to a non-root daemon (ssh-agent's policy)
+//! require_plugin = false       # true: every connection must name a plugin in `hello`
+//!
+//! [limits]                     # each optional; see limits.rs for the defaults and why
+//! max_frame_bytes = 1048576
+//! max_connections = 1024
+//! idle_timeout_ms = 120000
+//! read_timeout_ms = 10000
+//! max_output_queue_bytes = 8388608
+//!
+//! [stores.hive]                # served as store "hive" beside the data dir's stores
+//! path = "~/.hive/credentials"
+//! hive = true                  # key from HIVE_CREDENTIAL_KEY / $HIVE_HOME/secrets/credential_key
+//! # key_file = "..."  or  key_env = "VAR"
+//!
+//! [plugins.summarizer]         # `hello {plugin: "summarizer"}` binds a connection to this grant
+//! stores = ["default"]
+//! methods = ["cred.get", "cred.list", "cred.watch"]   # or "cred.*", "*"
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::limits;
+
+/// The parsed config file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Socket path.
+    pub socket: Option<PathBuf>,
+    /// Data directory.
+    pub data_dir: Option<PathBuf>,
+    /// Whether root peers may connect to a non-root daemon (default true).
+    pub allow_root: Option<bool>,
+    /// Whether every connection must bind to a plugin.
+    #[serde(default)]
+    pub require_plugin: bool,
+    /// Limit overrides.
+    #[serde(default)]
+    pub limits: LimitsConfig,
+    /// Extra stores, by name.
+    #[serde(default)]
+    pub stores: BTreeMap<String, StoreEntry>,
+    /// Plugin grants, by plugin name.
+    #[serde(default)]
+    pub plugins: BTreeMap<String, PluginGrant>,
+}
+
+/// `[limits]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Largest request line.
+    pub max_frame_bytes: Option<usize>,
+    /// Connections at once.
+    pub max_connections: Option<usize>,
+    /// Idle timeout.
+    pub idle_timeout_ms: Option<u64>,
+    /// Read timeout within a line.
+    pub read_timeout_ms: Option<u64>,
+    /// Output queue cap per connection.
+    pub max_output_queue_bytes: Option<usize>,
+}
+
+/// `[stores.NAME]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreEntry {
+    /// Base directory (holding credentials/ and metadata/).
+    pub path: PathBuf,
+    /// Key file.
+    pub key_file: Option<PathBuf>,
+    /// Key environment variable.
+    pub key_env: Option<String>,
+    /// Use hive's key sources.
+    #[serde(default)]
+    pub hive: bool,
+}
+
+/// `[plugins.NAME]`.
+#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct PluginGrant {
+    /// Stores it may touch (`"*"`: all).
+    pub stores: Vec<String>,
+    /// Methods it may call: exact names, `family.*`, or `*`.
+    pub methods: Vec<String>,
+}
+
+impl PluginGrant {
+    /// Everything (a connection bound to no plugin).
+    pub fn all() -> Self {
+        PluginGrant {
+            stores: vec!["*".into()],
+            methods: vec!["*".into()],
+        }
+    }
+
+    /// Whether `method` is granted.
+    pub fn allows_method(&self, method: &str) -> bool {
+        self.methods.iter().any(|m| {
+            m == "*"
+                || m == method
+                || m.strip_suffix(".*")
+                    .is_some_and(|fam| method.split_once('.').is_some_and(|(f, _)| f == fam))
+        })
+    }
+
+    /// Whether `store` is granted.
+    pub fn allows_store(&self, store: &str) -> bool {
+        self.stores.iter().any(|s| s == "*" || s == store)
+    }
+}
+
+/// Runtime limits: the defaults of `limits.rs` with the config's overrides.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Largest request line.
+    pub max_frame: usize,
+    /// Connections at once.
+    pub max_connections: usize,
+    /// Requests in flight per connection.
+    pub max_inflight: usize,
+    /// Output queue cap per connection.
+    pub max_output: usize,
+    /// Idle timeout.
+    pub idle: Duration,
+    /// Read timeout within a line.
+    pub read: Duration,
+}
+
+impl Config {
+    /// Runtime limits.
+    pub fn limits(&self) -> Limits {
+        let l = &self.limits;
+        Limits {
+            max_frame: l.max_frame_bytes.unwrap_or(limits::MAX_FRAME_BYTES),
+            max_connections: l.max_connections.unwrap_or(limits::MAX_CONNECTIONS),
+            max_inflight: limits::MAX_INFLIGHT_PER_CONNECTION,
+            max_output: l
+                .max_output_queue_bytes
+                .unwrap_or(limits::MAX_OUTPUT_QUEUE_BYTES),
+            idle: l
+                .idle_timeout_ms
+                .map_or(limits::IDLE_TIMEOUT, Duration::from_millis),
+            read: l
+                .read_timeout_ms
+                .map_or(limits::READ_TIMEOUT, Duration::from_millis),
+        }
+    }
+
+    /// Whether root peers may connect.
+    pub fn allow_root(&self) -> bool {
+        self.allow_root.unwrap_or(true)
+    }
+}
+
+/// Expand a leading `~/` with `$HOME`.
+pub fn expand_home(p: &Path) -> PathBuf {
+    match (p.strip_prefix("~"), std::env::var_os("HOME")) {
+        (Ok(rest), Some(home)) => PathBuf::from(home).join(rest),
+        _ => p.to_path_buf(),
+    }
+}
+
+/// The default config path.
+pub fn default_path() -> Option<PathBuf> {
+    crate::paths::config_dir()
+        .ok()
+        .map(|d| d.join("config.toml"))
+}
+
+/// Load the config: `explicit` must exist; the default path may be absent (defaults apply).
+pub fn load(explicit: Option<&Path>) -> Result<Config, String> {
+    let (path, required) = match explicit {
+        Some(p) => (p.to_path_buf(), true),
+        None => match default_path() {
+            Some(p) => (p, false),
+            None => return Ok(Config::default()),
+        },
+    };
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => {
+            return Ok(Config::default())
+        }
+        Err(e) => return Err(format!("cannot read config {}: {e}", path.display())),
+    };
+    let mut config: Config =
+        toml::from_str(&text).map_err(|e| format!("config {}: {e}", path.display()))?;
+    config.socket = config.socket.as_deref().map(expand_home);
+    config.data_dir = config.data_dir.as_deref().map(expand_home);
+    for s in config.stores.values_mut() {
+        s.path = expand_home(&s.path);
+        s.key_file = s.key_file.as_deref().map(expand_home);
+    }
+    for name in config.stores.keys() {
+        crate::paths::validate_store_name(name).map_err(|e| format!("[stores.{name}]: {e}"))?;
+    }
+    Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_documented_example() {
+        let text = r#"
+            socket = "/tmp/x.sock"
+            allow_root = false
+            [limits]
+            max_frame_bytes = 2048
+            [stores.hive]
+            path = "/h/credentials"
+            hive = true
+            [plugins.summarizer]
+            stores = ["default"]
+            methods = ["cred.get", "admin.*"]
+        "#;
+        let c: Config = toml::from_str(text).unwrap();
+        assert_eq!(c.limits().max_frame, 2048);
+        assert!(!c.allow_root());
+        assert!(c.stores["hive"].hive);
+        let p = &c.plugins["summarizer"];
+        assert!(p.allows_method("cred.get"));
+        assert!(!p.allows_method("cred.set"));
+        assert!(p.allows_method("admin.status"));
+        assert!(!p.allows_method("administrator.x"));
+        assert!(p.allows_store("default"));
+        assert!(!p.allows_store("hive"));
+        assert!(toml::from_str::<Config>("nonsense = 1").is_err());
+    }
+}

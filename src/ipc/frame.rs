@@ -1,0 +1,170 @@
+//! Framing: one JSON-RPC message per `\n`-terminated line, at most `max` bytes, read with an
+//! idle timeout (between messages) and a read timeout (within one message). Memory stays
+//! bounded by `max` whatever a client sends: a line that outgrows it is an error *before* more
+//! is buffered, and the connection is closed.
+
+use std::time::Duration;
+
+use tokio::io::{AsyncBufRead, AsyncBufReadExt};
+use tokio::time::Instant;
+
+/// Why no frame was read.
+#[derive(Debug)]
+pub enum FrameError {
+    /// The line passed the size cap.
+    TooLong {
+        /// The cap.
+        max: usize,
+    },
+    /// A started line did not complete within the read timeout (slowloris).
+    ReadTimeout,
+    /// Nothing arrived within the idle timeout and the caller allowed closing.
+    Idle,
+    /// The peer closed mid-line.
+    Truncated,
+    /// The socket failed.
+    Io(std::io::Error),
+}
+
+/// Reads lines from a buffered stream.
+pub struct FrameReader<R> {
+    inner: R,
+    max: usize,
+    buf: Vec<u8>,
+}
+
+impl<R: AsyncBufRead + Unpin> FrameReader<R> {
+    /// A reader of lines up to `max` bytes (the newline excluded).
+    pub fn new(inner: R, max: usize) -> Self {
+        FrameReader {
+            inner,
+            max,
+            buf: Vec::new(),
+        }
+    }
+
+    /// The next line without its newline; `Ok(None)` at a clean end of stream.
+    ///
+    /// Between messages it waits in slices of `idle`; after each slice `may_idle_close()`
+    /// decides whether the connection may be closed (it may not while requests are in flight
+    /// or a subscription is open). Once a line has started, it must complete within `read`.
+    pub async fn next(
+        &mut self,
+        idle: Duration,
+        read: Duration,
+        mut may_idle_close: impl FnMut() -> bool,
+    ) -> Result<Option<Vec<u8>>, FrameError> {
+        self.buf.clear();
+        let mut deadline: Option<Instant> = None;
+        loop {
+            let wait = match deadline {
+                Some(d) => d.saturating_duration_since(Instant::now()),
+                None => idle,
+            };
+            let available = match tokio::time::timeout(wait, self.inner.fill_buf()).await {
+                Ok(Ok(bytes)) => bytes,
+                Ok(Err(e)) => return Err(FrameError::Io(e)),
+                Err(_) if deadline.is_some() => return Err(FrameError::ReadTimeout),
+                Err(_) => {
+                    if may_idle_close() {
+                        return Err(FrameError::Idle);
+                    }
+                    continue;
+                }
+            };
+            if available.is_empty() {
+                return if self.buf.is_empty() {
+                    Ok(None)
+                } else {
+                    Err(FrameError::Truncated)
+                };
+            }
+            if deadline.is_none() {
+                deadline = Some(Instant::now() + read);
+            }
+            let (take, done) = match available.iter().position(|&b| b == b'\n') {
+                Some(i) => (i, true),
+                None => (available.len(), false),
+            };
+            if self.buf.len() + take > self.max {
+                return Err(FrameError::TooLong { max: self.max });
+            }
+            self.buf.extend_from_slice(&available[..take]);
+            self.inner.consume(take + usize::from(done));
+            if done {
+                let mut line = std::mem::take(&mut self.buf);
+                if line.last() == Some(&b'\r') {
+                    line.pop();
+                }
+                return Ok(Some(line));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncWriteExt, BufReader};
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn lines_and_caps() {
+        rt().block_on(async {
+            let data: &[u8] = b"{\"a\":1}\r\nsecond\n0123456789ABCDEF\n";
+            let mut r = FrameReader::new(BufReader::with_capacity(4, data), 10);
+            let t = Duration::from_secs(1);
+            assert_eq!(r.next(t, t, || true).await.unwrap().unwrap(), b"{\"a\":1}");
+            assert_eq!(r.next(t, t, || true).await.unwrap().unwrap(), b"second");
+            assert!(matches!(
+                r.next(t, t, || true).await,
+                Err(FrameError::TooLong { max: 10 })
+            ));
+        });
+    }
+
+    #[test]
+    fn eof_clean_and_truncated() {
+        rt().block_on(async {
+            let t = Duration::from_secs(1);
+            let mut r = FrameReader::new(BufReader::new(&b""[..]), 10);
+            assert!(r.next(t, t, || true).await.unwrap().is_none());
+            let mut r = FrameReader::new(BufReader::new(&b"half"[..]), 10);
+            assert!(matches!(
+                r.next(t, t, || true).await,
+                Err(FrameError::Truncated)
+            ));
+        });
+    }
+
+    #[test]
+    fn slowloris_and_idle() {
+        rt().block_on(async {
+            let (client, server) = tokio::io::duplex(64);
+            let mut r = FrameReader::new(BufReader::new(server), 100);
+            let mut client = client;
+            client.write_all(b"{\"par").await.unwrap();
+            let res = r
+                .next(Duration::from_secs(5), Duration::from_millis(50), || true)
+                .await;
+            assert!(matches!(res, Err(FrameError::ReadTimeout)), "{res:?}");
+            let (_client2, server2) = tokio::io::duplex(64);
+            let mut r = FrameReader::new(BufReader::new(server2), 100);
+            let mut slices = 0;
+            let res = r
+                .next(Duration::from_millis(10), Duration::from_secs(5), || {
+                    slices += 1;
+                    slices >= 3
+                })
+                .await;
+            assert!(matches!(res, Err(FrameError::Idle)));
+            assert_eq!(slices, 3, "idle waits until the caller allows closing");
+        });
+    }
+}

@@ -1,0 +1,539 @@
+//! Method → service. Thin: parse params (unknown fields refused), check the connection's
+//! grant, run the store call on the blocking pool, shape the result.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use zeroize::Zeroizing;
+
+use super::protocol::{self, Request, RpcError, PROTOCOL_VERSION};
+use super::server::Session;
+use crate::config::PluginGrant;
+use crate::crypto::Secret;
+use crate::error::ErrorKind;
+use crate::limits::MAX_LEASE;
+use crate::service::{CredEvent, Daemon};
+use crate::store::{Change, Credential, CredentialStore};
+
+/// Every method served, in `hello`'s list.
+pub const METHODS: &[&str] = &[
+    "hello",
+    "cred.get",
+    "cred.set",
+    "cred.delete",
+    "cred.list",
+    "cred.exists",
+    "cred.watch",
+    "cred.refresh_lease",
+    "cred.release_lease",
+    "admin.status",
+    "admin.fsck",
+    "admin.reindex",
+    "admin.rotate_key",
+];
+
+const DEFAULT_STORE: &str = "default";
+
+/// Handle one request line and produce the response line.
+pub async fn handle_line(
+    daemon: &Arc<Daemon>,
+    session: &Arc<Session>,
+    line: &[u8],
+) -> Zeroizing<Vec<u8>> {
+    let req = match protocol::parse_request(line) {
+        Ok(r) => r,
+        Err(bad) => return protocol::response_err(&bad.0, &bad.1),
+    };
+    let id = req.id.clone();
+    match dispatch(daemon, session, req).await {
+        Ok(result) => protocol::response_ok(&id, result),
+        Err(e) => protocol::response_err(&id, &e),
+    }
+}
+
+/// serde's messages quote the offending value (`invalid type: string "sk-…"`); a client that
+/// puts a secret in the wrong field must not get it echoed into logs. Keep the shape, drop the
+/// quoted text.
+fn redact_quoted(msg: &str) -> String {
+    let mut out = String::with_capacity(msg.len());
+    let mut inside = false;
+    for ch in msg.chars() {
+        if ch == '"' {
+            if !inside {
+                out.push_str("\"…\"");
+            }
+            inside = !inside;
+        } else if !inside {
+            out.push(ch);
+        }
+    }
+    out
+}
+
+fn params<T: DeserializeOwned>(p: Map<String, Value>) -> Result<T, RpcError> {
+    serde_json::from_value(Value::Object(p)).map_err(|e| {
+        RpcError::invalid_params(format!("bad params: {}", redact_quoted(&e.to_string())))
+    })
+}
+
+fn store_error(e: &crate::store::Error) -> RpcError {
+    RpcError::from_store(e)
+}
+
+/// Run a blocking store call on tokio's blocking pool.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, crate::store::Error> + Send + 'static,
+) -> Result<T, RpcError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| RpcError::new(ErrorKind::Storage, format!("internal error: {e}")))?
+        .map_err(|e| store_error(&e))
+}
+
+fn store_of(
+    daemon: &Daemon,
+    grant: &PluginGrant,
+    name: Option<&str>,
+) -> Result<(String, Arc<CredentialStore>), RpcError> {
+    let name = name.unwrap_or(DEFAULT_STORE);
+    if !grant.allows_store(name) {
+        return Err(RpcError::new(
+            ErrorKind::Forbidden,
+            format!("this connection's plugin grant does not include store {name:?}"),
+        ));
+    }
+    let Some(slot) = daemon.stores.get(name) else {
+        let known: Vec<&str> = daemon.stores.keys().map(String::as_str).collect();
+        return Err(RpcError::new(
+            ErrorKind::NotFound,
+            format!(
+                "no store {name:?} (stores: {}); create it with `holdfast --store {name} init`",
+                if known.is_empty() {
+                    "none".into()
+                } else {
+                    known.join(", ")
+                }
+            ),
+        ));
+    };
+    match &slot.store {
+        Ok(s) => Ok((name.to_owned(), Arc::clone(s))),
+        Err(e) => Err(RpcError::new(
+            ErrorKind::Storage,
+            format!("store {name:?} did not open: {e}"),
+        )),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Hello {
+    #[serde(default)]
+    client: Option<String>,
+    #[serde(default)]
+    plugin: Option<String>,
+    #[serde(default)]
+    protocol: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ById {
+    #[serde(default)]
+    store: Option<String>,
+    id: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StoreOnly {
+    #[serde(default)]
+    store: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SetParams {
+    #[serde(default)]
+    store: Option<String>,
+    #[serde(default)]
+    credential: Option<Value>,
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    value: Option<Value>,
+    #[serde(default)]
+    if_generation: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FsckParams {
+    #[serde(default)]
+    store: Option<String>,
+    #[serde(default)]
+    repair: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LeaseParams {
+    #[serde(default)]
+    store: Option<String>,
+    id: String,
+    ttl_ms: u64,
+}
+
+/// Route one request.
+pub async fn dispatch(
+    daemon: &Arc<Daemon>,
+    session: &Arc<Session>,
+    req: Request,
+) -> Result<Value, RpcError> {
+    if req.method == "hello" {
+        return hello(daemon, session, req.params);
+    }
+    if !METHODS.contains(&req.method.as_str()) {
+        return Err(RpcError::method_not_found(&req.method));
+    }
+    let Some(grant) = session.grant() else {
+        return Err(RpcError::invalid_request(
+            "send `hello` first (it says which protocol you speak and binds a plugin grant)",
+        ));
+    };
+    if !grant.allows_method(&req.method) {
+        return Err(RpcError::new(
+            ErrorKind::Forbidden,
+            format!(
+                "this connection's plugin grant does not include {}",
+                req.method
+            ),
+        ));
+    }
+    match req.method.as_str() {
+        "cred.get" => {
+            let p: ById = params(req.params)?;
+            let (_, store) = store_of(daemon, &grant, p.store.as_deref())?;
+            let cred = blocking(move || store.get(&p.id)).await?;
+            Ok(json!({"credential": cred.expose_json(), "generation": cred.generation()}))
+        }
+        "cred.exists" => {
+            let p: ById = params(req.params)?;
+            let (_, store) = store_of(daemon, &grant, p.store.as_deref())?;
+            let exists = blocking(move || store.exists(&p.id)).await?;
+            Ok(json!({"exists": exists}))
+        }
+        "cred.set" => cred_set(daemon, session, &grant, req.params).await,
+        "cred.delete" => {
+            let p: ById = params(req.params)?;
+            let (name, store) = store_of(daemon, &grant, p.store.as_deref())?;
+            let id = p.id.clone();
+            let deleted = blocking(move || store.delete(&p.id)).await?;
+            if deleted {
+                let change = Change {
+                    id: id.clone(),
+                    generation: None,
+                };
+                daemon.publish(&name, &change, "daemon");
+                daemon.release_lease(&name, &id, session.id);
+            }
+            Ok(json!({"deleted": deleted}))
+        }
+        "cred.list" => {
+            let p: StoreOnly = params(req.params)?;
+            let (_, store) = store_of(daemon, &grant, p.store.as_deref())?;
+            let listing = blocking(move || store.list()).await?;
+            let credentials: Vec<Value> = listing
+                .credentials
+                .into_iter()
+                .map(|c| {
+                    let mut item = Map::new();
+                    item.insert("id".into(), c.id.into());
+                    item.insert("generation".into(), c.generation.into());
+                    if let Value::Object(meta) = c.metadata {
+                        for (k, v) in meta {
+                            item.entry(k).or_insert(v);
+                        }
+                    }
+                    Value::Object(item)
+                })
+                .collect();
+            Ok(json!({"credentials": credentials, "unreadable": listing.unreadable}))
+        }
+        "cred.watch" => cred_watch(daemon, session, &grant, req.params),
+        "cred.refresh_lease" => {
+            let p: LeaseParams = params(req.params)?;
+            crate::store::id::validate(&p.id)
+                .map_err(|e| RpcError::invalid_params(e.to_string()))?;
+            let (name, _) = store_of(daemon, &grant, p.store.as_deref())?;
+            if p.ttl_ms == 0 || Duration::from_millis(p.ttl_ms) > MAX_LEASE {
+                return Err(RpcError::invalid_params(format!(
+                    "ttl_ms must be 1..={}",
+                    MAX_LEASE.as_millis()
+                )));
+            }
+            let answer =
+                daemon.refresh_lease(&name, &p.id, session.id, Duration::from_millis(p.ttl_ms));
+            let mut v = serde_json::to_value(&answer).unwrap_or_default();
+            if !answer.granted {
+                v["hint"] = "another client is refreshing this credential: watch it (cred.watch) and read it again on its cred.changed event".into();
+            }
+            Ok(v)
+        }
+        "cred.release_lease" => {
+            let p: ById = params(req.params)?;
+            let (name, _) = store_of(daemon, &grant, p.store.as_deref())?;
+            Ok(json!({"released": daemon.release_lease(&name, &p.id, session.id)}))
+        }
+        "admin.status" => {
+            let _: StoreOnly = params(req.params)?;
+            let d = Arc::clone(daemon);
+            blocking(move || Ok(status(&d))).await
+        }
+        "admin.fsck" | "admin.reindex" => {
+            let (store_name, repair) = if req.method == "admin.reindex" {
+                let p: StoreOnly = params(req.params)?;
+                (p.store, true)
+            } else {
+                let p: FsckParams = params(req.params)?;
+                (p.store, p.repair)
+            };
+            let (name, store) = store_of(daemon, &grant, store_name.as_deref())?;
+            let report = blocking(move || store.fsck(repair)).await?;
+            let mut v = serde_json::to_value(&report).unwrap_or_default();
+            v["store"] = name.into();
+            Ok(v)
+        }
+        "admin.rotate_key" => {
+            let p: StoreOnly = params(req.params)?;
+            let (name, store) = store_of(daemon, &grant, p.store.as_deref())?;
+            let report = blocking(move || store.rotate_key(|_, _| {})).await?;
+            let mut v = serde_json::to_value(&report).unwrap_or_default();
+            v["store"] = name.into();
+            Ok(v)
+        }
+        other => Err(RpcError::method_not_found(other)),
+    }
+}
+
+fn hello(daemon: &Daemon, session: &Session, p: Map<String, Value>) -> Result<Value, RpcError> {
+    let p: Hello = params(p)?;
+    if let Some(v) = p.protocol {
+        if v != PROTOCOL_VERSION {
+            return Err(RpcError::new(
+                ErrorKind::Unsupported,
+                format!("this server speaks protocol {PROTOCOL_VERSION}, not {v}"),
+            ));
+        }
+    }
+    let grant = match &p.plugin {
+        Some(name) => daemon.config.plugins.get(name).cloned().ok_or_else(|| {
+            RpcError::new(
+                ErrorKind::Forbidden,
+                format!("no plugin {name:?} in the config file; ask the user to declare it under [plugins.{name}]"),
+            )
+        })?,
+        None if daemon.config.require_plugin => {
+            return Err(RpcError::new(
+                ErrorKind::Forbidden,
+                "this daemon requires every client to name its plugin in hello {plugin}",
+            ))
+        }
+        None => PluginGrant::all(),
+    };
+    let stores: Vec<&String> = daemon
+        .stores
+        .keys()
+        .filter(|s| grant.allows_store(s))
+        .collect();
+    let methods: Vec<&str> = METHODS
+        .iter()
+        .copied()
+        .filter(|m| *m == "hello" || grant.allows_method(m))
+        .collect();
+    *session
+        .grant
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(grant);
+    tracing::info!(conn = session.id, client = ?p.client, plugin = ?p.plugin, "hello");
+    Ok(json!({
+        "server": "holdfast",
+        "version": env!("CARGO_PKG_VERSION"),
+        "protocol": PROTOCOL_VERSION,
+        "connection": session.id,
+        "methods": methods,
+        "grant": {"plugin": p.plugin, "stores": stores},
+        "data_dir": daemon.data_dir,
+    }))
+}
+
+/// Normalize a `cred.set` credential document: each key may omit its `name` (the map key
+/// names it); then check it against the schema.
+fn credential_from_params(doc: Value) -> Result<Credential, RpcError> {
+    let mut doc = doc;
+    if let Some(Value::Object(keys)) = doc.get_mut("keys") {
+        for (name, k) in keys.iter_mut() {
+            if let Value::Object(k) = k {
+                k.entry("name")
+                    .or_insert_with(|| Value::String(name.clone()));
+            }
+        }
+    }
+    let result = Credential::from_value(doc.clone())
+        .map_err(|e| RpcError::invalid_params(format!("invalid credential: {e}")));
+    crate::store::credential::zeroize_json(&mut doc);
+    result
+}
+
+async fn cred_set(
+    daemon: &Arc<Daemon>,
+    session: &Arc<Session>,
+    grant: &PluginGrant,
+    raw: Map<String, Value>,
+) -> Result<Value, RpcError> {
+    let p: SetParams = params(raw)?;
+    let cred = match (p.credential, p.id, p.value) {
+        (Some(doc), None, None) => credential_from_params(doc)?,
+        (None, Some(id), Some(Value::String(value))) => {
+            crate::store::id::validate(&id).map_err(|e| RpcError::invalid_params(e.to_string()))?;
+            Credential::api_key(&id, Secret::new(value))
+        }
+        (None, Some(_), Some(_)) => {
+            return Err(RpcError::invalid_params("\"value\" must be a string"))
+        }
+        _ => {
+            return Err(RpcError::invalid_params(
+                "give either {credential: {id, keys, …}} or the shorthand {id, value}",
+            ))
+        }
+    };
+    let (name, store) = store_of(daemon, grant, p.store.as_deref())?;
+    let id = cred.id().to_owned();
+    let if_generation = p.if_generation;
+    let generation = blocking(move || store.set(cred, if_generation)).await?;
+    daemon.publish(
+        &name,
+        &Change {
+            id: id.clone(),
+            generation: Some(generation),
+        },
+        "daemon",
+    );
+    daemon.release_lease(&name, &id, session.id);
+    Ok(json!({"id": id, "generation": generation}))
+}
+
+fn cred_watch(
+    daemon: &Arc<Daemon>,
+    session: &Arc<Session>,
+    grant: &PluginGrant,
+    raw: Map<String, Value>,
+) -> Result<Value, RpcError> {
+    let p: StoreOnly = params(raw)?;
+    // Watch one store, or every store the grant covers.
+    let only = match p.store.as_deref() {
+        Some(s) => Some(store_of(daemon, grant, Some(s))?.0),
+        None => None,
+    };
+    let sub = session.subscription_id();
+    let mut rx = daemon.events.subscribe();
+    session.watching.fetch_add(1, Ordering::SeqCst);
+    let (session_f, grant_f) = (Arc::clone(session), grant.clone());
+    tokio::spawn(async move {
+        loop {
+            if session_f.has_ended() || session_f.outbox.is_closed() {
+                break;
+            }
+            let ev: CredEvent = tokio::select! {
+                _ = session_f.ended_notify.notified() => break,
+                r = rx.recv() => match r {
+                    Ok(ev) => ev,
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                        let line = protocol::notification(json!({
+                            "subscription": sub, "type": "resync", "missed": n,
+                            "hint": "events were dropped because this client fell behind: list again",
+                        }));
+                        if !session_f.outbox.send(line) { break; }
+                        continue;
+                    }
+                    Err(_) => break,
+                },
+            };
+            if only.as_ref().is_some_and(|s| *s != ev.store) || !grant_f.allows_store(&ev.store) {
+                continue;
+            }
+            let line = protocol::notification(json!({
+                "subscription": sub,
+                "type": "cred.changed",
+                "store": ev.store,
+                "id": ev.id,
+                "generation": ev.generation,
+                "deleted": ev.generation.is_none(),
+                "source": ev.source,
+            }));
+            if !session_f.outbox.send(line) {
+                break;
+            }
+        }
+        session_f.watching.fetch_sub(1, Ordering::SeqCst);
+    });
+    Ok(json!({"subscription": sub}))
+}
+
+/// `admin.status`.
+pub fn status(daemon: &Daemon) -> Value {
+    let stores: Vec<Value> = daemon
+        .stores
+        .iter()
+        .map(|(name, slot)| match &slot.store {
+            Ok(s) => {
+                let sealed = s.sealed_reason();
+                json!({
+                    "name": name,
+                    "path": slot.config.base,
+                    "sealed": sealed.is_some(),
+                    "sealed_reason": sealed.map(|r| r.to_string()),
+                    "credentials": s.file_count().ok(),
+                    "key_fingerprints": s.key_fingerprints(),
+                    "key_source": s.key_source().map(|k| k.to_string()),
+                })
+            }
+            Err(e) => json!({"name": name, "path": slot.config.base, "error": e}),
+        })
+        .collect();
+    json!({
+        "server": "holdfast",
+        "version": env!("CARGO_PKG_VERSION"),
+        "protocol": PROTOCOL_VERSION,
+        "pid": std::process::id(),
+        "uptime_ms": u64::try_from(daemon.started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        "socket": daemon.socket,
+        "data_dir": daemon.data_dir,
+        "connections": daemon.connections.load(Ordering::SeqCst),
+        "stores": stores,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serde_errors_lose_their_quoted_values() {
+        let e = serde_json::from_value::<LeaseParams>(json!({"id": "x", "ttl_ms": "sk-secret"}))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("sk-secret"),
+            "premise: serde quotes the value: {e}"
+        );
+        let r = redact_quoted(&e);
+        assert!(!r.contains("sk-secret"), "{r}");
+        assert!(r.contains("invalid type"), "{r}");
+    }
+}

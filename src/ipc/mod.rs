@@ -1,0 +1,11 @@
+//! The plugin API: newline-delimited JSON-RPC 2.0 over a pathname Unix socket.
+//!
+//! - [`frame`]: bounded line framing with idle and read timeouts.
+//! - [`protocol`]: request parsing, response/notification lines, error codes and kinds.
+//! - [`server`]: bind (singleton, stale socket, 0600), accept (peer uid), connections, shutdown.
+//! - [`handlers`]: method → service.
+
+pub mod frame;
+pub mod handlers;
+pub mod protocol;
+pub mod server;

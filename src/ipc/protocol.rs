@@ -1,0 +1,339 @@
+//! The wire protocol, v1: newline-delimited JSON-RPC 2.0 over a Unix stream socket.
+//!
+//! Every type that crosses the socket lives here, and every error maps to exactly one code and
+//! one stable `data.kind` string in [`RpcError::from_store`] / [`code_for`]. Handlers stay thin.
+
+use serde_json::{json, Map, Value};
+use zeroize::Zeroizing;
+
+use crate::error::ErrorKind;
+
+/// The protocol version this server speaks.
+pub const PROTOCOL_VERSION: u64 = 1;
+
+/// JSON-RPC's standard codes, and holdfast's server codes (one per error kind).
+pub mod codes {
+    /// Not JSON (or nested deeper than 128 levels).
+    pub const PARSE_ERROR: i64 = -32700;
+    /// JSON, but not a JSON-RPC 2.0 request.
+    pub const INVALID_REQUEST: i64 = -32600;
+    /// No such method.
+    pub const METHOD_NOT_FOUND: i64 = -32601;
+    /// Bad parameters (including a bad credential id or document).
+    pub const INVALID_PARAMS: i64 = -32602;
+    /// A bug in holdfast.
+    pub const INTERNAL: i64 = -32603;
+    /// `not_found`.
+    pub const NOT_FOUND: i64 = -32001;
+    /// `conflict`.
+    pub const CONFLICT: i64 = -32002;
+    /// `forbidden`.
+    pub const FORBIDDEN: i64 = -32003;
+    /// `sealed`.
+    pub const SEALED: i64 = -32004;
+    /// `integrity`.
+    pub const INTEGRITY: i64 = -32005;
+    /// `storage`.
+    pub const STORAGE: i64 = -32006;
+    /// `busy`.
+    pub const BUSY: i64 = -32007;
+    /// `unsupported` (a known method this configuration cannot do).
+    pub const UNSUPPORTED: i64 = -32008;
+}
+
+/// The JSON-RPC code for an error kind.
+pub fn code_for(kind: ErrorKind) -> i64 {
+    match kind {
+        ErrorKind::InvalidParams => codes::INVALID_PARAMS,
+        ErrorKind::NotFound => codes::NOT_FOUND,
+        ErrorKind::Conflict => codes::CONFLICT,
+        ErrorKind::Forbidden => codes::FORBIDDEN,
+        ErrorKind::Sealed => codes::SEALED,
+        ErrorKind::Integrity => codes::INTEGRITY,
+        ErrorKind::Storage => codes::STORAGE,
+        ErrorKind::Busy => codes::BUSY,
+        ErrorKind::Unsupported => codes::UNSUPPORTED,
+    }
+}
+
+/// The error kind a code stands for (clients decoding a response).
+pub fn kind_for(code: i64) -> Option<ErrorKind> {
+    Some(match code {
+        codes::PARSE_ERROR | codes::INVALID_REQUEST | codes::INVALID_PARAMS => {
+            ErrorKind::InvalidParams
+        }
+        codes::METHOD_NOT_FOUND | codes::UNSUPPORTED => ErrorKind::Unsupported,
+        codes::NOT_FOUND => ErrorKind::NotFound,
+        codes::CONFLICT => ErrorKind::Conflict,
+        codes::FORBIDDEN => ErrorKind::Forbidden,
+        codes::SEALED => ErrorKind::Sealed,
+        codes::INTEGRITY => ErrorKind::Integrity,
+        codes::STORAGE | codes::INTERNAL => ErrorKind::Storage,
+        codes::BUSY => ErrorKind::Busy,
+        _ => return None,
+    })
+}
+
+/// A request id: a number, a string, or null (JSON-RPC allows all three).
+pub type Id = Value;
+
+/// A parsed request.
+#[derive(Debug)]
+pub struct Request {
+    /// Echoed in the response.
+    pub id: Id,
+    /// e.g. `cred.get`.
+    pub method: String,
+    /// An object (absent or null params become `{}`).
+    pub params: Map<String, Value>,
+}
+
+/// An error on its way to a client.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RpcError {
+    /// JSON-RPC code.
+    pub code: i64,
+    /// Human-readable; never contains a secret.
+    pub message: String,
+    /// The stable kind, sent as `data.kind`.
+    pub kind: ErrorKind,
+    /// Extra `data` fields (e.g. `reason: "clock_skew"`, `generation`).
+    pub data: Map<String, Value>,
+}
+
+impl RpcError {
+    /// An error of `kind` with the kind's code.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        RpcError {
+            code: code_for(kind),
+            message: message.into(),
+            kind,
+            data: Map::new(),
+        }
+    }
+
+    /// Not JSON.
+    pub fn parse_error(detail: impl std::fmt::Display) -> Self {
+        RpcError {
+            code: codes::PARSE_ERROR,
+            ..RpcError::new(ErrorKind::InvalidParams, format!("parse error: {detail}"))
+        }
+    }
+
+    /// JSON, but not a request.
+    pub fn invalid_request(detail: impl Into<String>) -> Self {
+        RpcError {
+            code: codes::INVALID_REQUEST,
+            ..RpcError::new(ErrorKind::InvalidParams, detail)
+        }
+    }
+
+    /// Unknown method.
+    pub fn method_not_found(method: &str) -> Self {
+        let shown: String = method.chars().take(64).collect();
+        RpcError {
+            code: codes::METHOD_NOT_FOUND,
+            ..RpcError::new(
+                ErrorKind::Unsupported,
+                format!("unknown method {shown:?}; `hello` lists the methods served"),
+            )
+        }
+    }
+
+    /// Bad params.
+    pub fn invalid_params(detail: impl Into<String>) -> Self {
+        RpcError::new(ErrorKind::InvalidParams, detail)
+    }
+
+    /// Add a `data` field.
+    pub fn with(mut self, key: &str, value: impl Into<Value>) -> Self {
+        self.data.insert(key.into(), value.into());
+        self
+    }
+
+    /// A store error, with its kind and, where useful, machine-readable detail.
+    pub fn from_store(e: &crate::store::Error) -> Self {
+        use crate::store::Error as E;
+        let err = RpcError::new(e.kind(), e.to_string());
+        match e {
+            E::ClockSkew { .. } => err.with("reason", "clock_skew"),
+            E::GenerationMismatch {
+                expected, actual, ..
+            } => err
+                .with("reason", "generation_mismatch")
+                .with("expected", *expected)
+                .with("generation", *actual),
+            E::IdCollision { .. } => err.with("reason", "id_collision"),
+            E::Poisoned(_) => err.with("reason", "refusing_writes"),
+            _ => err,
+        }
+    }
+
+    fn to_value(&self) -> Value {
+        let mut data = self.data.clone();
+        data.insert("kind".into(), self.kind.as_str().into());
+        json!({"code": self.code, "message": self.message, "data": data})
+    }
+}
+
+/// A request that could not be parsed: the id (if one could be read) and the error to send.
+pub type BadRequest = Box<(Id, RpcError)>;
+
+/// Parse one request line. On failure, the id (if one could be read) for the error response.
+pub fn parse_request(line: &[u8]) -> Result<Request, BadRequest> {
+    parse_inner(line).map_err(Box::new)
+}
+
+// Private and boxed by its only caller; the unboxed tuple keeps the early returns readable.
+#[allow(clippy::result_large_err)]
+fn parse_inner(line: &[u8]) -> Result<Request, (Id, RpcError)> {
+    // serde_json refuses nesting deeper than 128 levels (its default; never `unbounded_depth`).
+    let value: Value =
+        serde_json::from_slice(line).map_err(|e| (Value::Null, RpcError::parse_error(e)))?;
+    let Value::Object(mut obj) = value else {
+        return Err((
+            Value::Null,
+            RpcError::invalid_request(
+                "a request must be a JSON object (batches are not supported)",
+            ),
+        ));
+    };
+    let id = match obj.remove("id") {
+        None => {
+            return Err((
+                Value::Null,
+                RpcError::invalid_request(
+                    "missing \"id\" (notifications from clients are not supported)",
+                ),
+            ))
+        }
+        Some(id @ (Value::Number(_) | Value::String(_) | Value::Null)) => id,
+        Some(_) => {
+            return Err((
+                Value::Null,
+                RpcError::invalid_request("\"id\" must be a number, a string or null"),
+            ))
+        }
+    };
+    if obj.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+        return Err((id, RpcError::invalid_request("\"jsonrpc\" must be \"2.0\"")));
+    }
+    let method = match obj.remove("method") {
+        Some(Value::String(m)) => m,
+        _ => return Err((id, RpcError::invalid_request("\"method\" must be a string"))),
+    };
+    let params = match obj.remove("params") {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(p)) => p,
+        Some(_) => return Err((id, RpcError::invalid_params("\"params\" must be an object"))),
+    };
+    obj.remove("jsonrpc");
+    if let Some(extra) = obj.keys().next() {
+        let shown: String = extra.chars().take(64).collect();
+        return Err((
+            id,
+            RpcError::invalid_request(format!("unknown request field {shown:?}")),
+        ));
+    }
+    Ok(Request { id, method, params })
+}
+
+/// Serialize `v` plus a newline into a zeroizing buffer (responses may carry secrets).
+fn line(v: &Value) -> Zeroizing<Vec<u8>> {
+    let mut buf = Zeroizing::new(Vec::with_capacity(256));
+    // Serializing a `Value` into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *buf, v);
+    buf.push(b'\n');
+    buf
+}
+
+/// A success response line.
+pub fn response_ok(id: &Id, result: Value) -> Zeroizing<Vec<u8>> {
+    let mut v = json!({"jsonrpc": "2.0", "id": id, "result": result});
+    let out = line(&v);
+    crate::store::credential::zeroize_json(&mut v);
+    out
+}
+
+/// An error response line.
+pub fn response_err(id: &Id, err: &RpcError) -> Zeroizing<Vec<u8>> {
+    line(&json!({"jsonrpc": "2.0", "id": id, "error": err.to_value()}))
+}
+
+/// A server notification line (`"method": "event"`; no id).
+pub fn notification(params: Value) -> Zeroizing<Vec<u8>> {
+    line(&json!({"jsonrpc": "2.0", "method": "event", "params": params}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_requests_and_rejects_everything_else() {
+        let r =
+            parse_request(br#"{"jsonrpc":"2.0","id":7,"method":"cred.get","params":{"id":"x"}}"#)
+                .unwrap();
+        assert_eq!(r.id, json!(7));
+        assert_eq!(r.method, "cred.get");
+        assert_eq!(r.params["id"], json!("x"));
+        let bad: &[(&[u8], i64)] = &[
+            (b"not json", codes::PARSE_ERROR),
+            (b"[1,2]", codes::INVALID_REQUEST),
+            (br#"{"jsonrpc":"2.0","method":"x"}"#, codes::INVALID_REQUEST),
+            (
+                br#"{"jsonrpc":"1.0","id":1,"method":"x"}"#,
+                codes::INVALID_REQUEST,
+            ),
+            (
+                br#"{"jsonrpc":"2.0","id":1,"method":5}"#,
+                codes::INVALID_REQUEST,
+            ),
+            (
+                br#"{"jsonrpc":"2.0","id":{},"method":"x"}"#,
+                codes::INVALID_REQUEST,
+            ),
+            (
+                br#"{"jsonrpc":"2.0","id":1,"method":"x","params":[1]}"#,
+                codes::INVALID_PARAMS,
+            ),
+            (
+                br#"{"jsonrpc":"2.0","id":1,"method":"x","extra":1}"#,
+                codes::INVALID_REQUEST,
+            ),
+        ];
+        for (line, code) in bad {
+            let (_, e) = *parse_request(line).unwrap_err();
+            assert_eq!(e.code, *code, "{}", String::from_utf8_lossy(line));
+        }
+    }
+
+    #[test]
+    fn deep_nesting_is_a_parse_error_not_a_crash() {
+        let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
+        let (_, e) = *parse_request(deep.as_bytes()).unwrap_err();
+        assert_eq!(e.code, codes::PARSE_ERROR);
+    }
+
+    #[test]
+    fn every_kind_roundtrips_through_its_code() {
+        use ErrorKind::*;
+        for k in [
+            InvalidParams,
+            NotFound,
+            Conflict,
+            Forbidden,
+            Sealed,
+            Integrity,
+            Storage,
+            Busy,
+            Unsupported,
+        ] {
+            assert_eq!(kind_for(code_for(k)), Some(k));
+        }
+        let line = response_err(&json!(1), &RpcError::new(Sealed, "x"));
+        let v: Value = serde_json::from_slice(&line).unwrap();
+        assert_eq!(v["error"]["data"]["kind"], json!("sealed"));
+        assert_eq!(v["error"]["code"], json!(codes::SEALED));
+    }
+}

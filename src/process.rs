@@ -1,0 +1,51 @@
+//! Process hardening at daemon start (ssh-agent, gpg-agent):
+//! - `PR_SET_DUMPABLE=0`: no core dumps, and `/proc/<pid>/mem`, `environ`, … become unreadable
+//!   to other processes of the same uid (ptrace is refused too);
+//! - `RLIMIT_CORE=0`: no core file even if something re-enables dumping;
+//! - raise the open-file soft limit towards the hard limit, so the connection cap (not EMFILE)
+//!   is what refuses clients.
+
+use rustix::process::{self, DumpableBehavior, Resource, Rlimit};
+
+/// Files needed beyond the connection cap (stores, locks, watcher, logs).
+const SPARE_FDS: u64 = 256;
+
+/// Harden the process. Failures are returned as notes to log (a kernel that refuses
+/// `PR_SET_DUMPABLE` must not stop the daemon); the core limit is required.
+pub fn harden(max_connections: usize) -> Result<Vec<String>, String> {
+    let mut notes = Vec::new();
+    process::setrlimit(
+        Resource::Core,
+        Rlimit {
+            current: Some(0),
+            maximum: Some(0),
+        },
+    )
+    .map_err(|e| format!("cannot set RLIMIT_CORE=0: {e}"))?;
+    if let Err(e) = process::set_dumpable_behavior(DumpableBehavior::NotDumpable) {
+        notes.push(format!(
+            "PR_SET_DUMPABLE=0 failed ({e}); core dumps are still off"
+        ));
+    }
+    let want = max_connections as u64 * 2 + SPARE_FDS;
+    let nofile = process::getrlimit(Resource::Nofile);
+    let current = nofile.current.unwrap_or(u64::MAX);
+    if current < want {
+        let target = nofile.maximum.map_or(want, |m| m.min(want));
+        let raised = process::setrlimit(
+            Resource::Nofile,
+            Rlimit {
+                current: Some(target),
+                maximum: nofile.maximum,
+            },
+        );
+        match raised {
+            Ok(()) if target >= want => {}
+            Ok(()) => notes.push(format!(
+                "open-file limit is {target} (hard limit); fewer than {max_connections} connections may fit"
+            )),
+            Err(e) => notes.push(format!("cannot raise the open-file limit from {current}: {e}")),
+        }
+    }
+    Ok(notes)
+}

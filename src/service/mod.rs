@@ -1,0 +1,235 @@
+//! The daemon's state: the open stores, change events, refresh leases. Transport-free: the IPC
+//! handlers call into it, and every blocking store call runs on tokio's blocking pool.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tokio::sync::broadcast;
+
+use crate::config::Config;
+use crate::crypto::KeySource;
+use crate::store::{Change, CredentialStore, OpenMode, StoreConfig, StoreOptions};
+
+pub mod watch;
+
+/// How many change events a slow watcher may fall behind before it is told to re-list.
+const EVENT_BACKLOG: usize = 1024;
+
+/// A credential changed: written or deleted through the daemon, or by another process.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct CredEvent {
+    /// Store name.
+    pub store: String,
+    /// Credential id.
+    pub id: String,
+    /// Generation now; `None`: deleted.
+    pub generation: Option<u64>,
+    /// `daemon` (a client wrote through the socket) or `external` (another process).
+    pub source: &'static str,
+}
+
+/// One store the daemon serves.
+pub struct StoreSlot {
+    /// Where it lives and its key sources.
+    pub config: StoreConfig,
+    /// The open store, or why it could not be opened (unsafe permissions, I/O).
+    pub store: Result<Arc<CredentialStore>, String>,
+}
+
+/// A refresh lease: one client may refresh a credential; others wait for its write.
+#[derive(Debug, Clone)]
+struct Lease {
+    id: u64,
+    conn: u64,
+    expires: Instant,
+}
+
+/// What `cred.refresh_lease` answers.
+#[derive(Debug, Clone, Serialize)]
+pub struct LeaseAnswer {
+    /// Whether this client holds the lease now.
+    pub granted: bool,
+    /// The lease (when granted).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease_id: Option<u64>,
+    /// Milliseconds until the lease expires (granted), or until the holder's does (not).
+    pub expires_in_ms: u64,
+}
+
+/// The daemon's shared state.
+pub struct Daemon {
+    /// When it started (monotonic).
+    pub started: Instant,
+    /// The socket it serves.
+    pub socket: PathBuf,
+    /// Its data directory.
+    pub data_dir: PathBuf,
+    /// The config it runs with.
+    pub config: Config,
+    /// Stores by name.
+    pub stores: BTreeMap<String, StoreSlot>,
+    /// Change events for `cred.watch` subscribers.
+    pub events: broadcast::Sender<CredEvent>,
+    /// Open connections.
+    pub connections: AtomicUsize,
+    leases: Mutex<HashMap<(String, String), Lease>>,
+    next_lease: AtomicU64,
+}
+
+impl Daemon {
+    /// Open every store: `<data>/stores/*` plus the config's `[stores.*]`. A store that fails to
+    /// open is kept with its error (status shows it; its operations return it).
+    pub fn open(socket: PathBuf, data_dir: PathBuf, config: Config) -> Result<Self, String> {
+        let mut configs: BTreeMap<String, StoreConfig> = BTreeMap::new();
+        let stores_dir = data_dir.join("stores");
+        if let Ok(rd) = std::fs::read_dir(&stores_dir) {
+            for e in rd.flatten() {
+                let Some(name) = e.file_name().to_str().map(str::to_owned) else {
+                    continue;
+                };
+                if crate::paths::validate_store_name(&name).is_err() || !e.path().is_dir() {
+                    continue;
+                }
+                let key_sources = crate::paths::store_key_sources(&name)?;
+                configs.insert(
+                    name.clone(),
+                    StoreConfig {
+                        name,
+                        base: e.path(),
+                        key_sources,
+                    },
+                );
+            }
+        }
+        for (name, entry) in &config.stores {
+            let key_sources = match (&entry.key_file, &entry.key_env) {
+                (Some(f), _) => vec![KeySource::File(f.clone())],
+                (None, Some(v)) => vec![KeySource::Env(v.clone())],
+                (None, None) if entry.hive => crate::paths::hive_key_sources()?,
+                (None, None) => crate::paths::store_key_sources(name)?,
+            };
+            configs.insert(
+                name.clone(),
+                StoreConfig {
+                    name: name.clone(),
+                    base: entry.path.clone(),
+                    key_sources,
+                },
+            );
+        }
+        let stores = configs
+            .into_iter()
+            .map(|(name, cfg)| {
+                let store = CredentialStore::open(
+                    cfg.clone(),
+                    StoreOptions {
+                        mode: OpenMode::Repair,
+                        ..StoreOptions::default()
+                    },
+                )
+                .map(Arc::new)
+                .map_err(|e| e.to_string());
+                match &store {
+                    Ok(s) => match s.sealed_reason() {
+                        Some(reason) => tracing::warn!(store = %name, %reason, "store is sealed"),
+                        None => {
+                            tracing::info!(store = %name, path = %cfg.base.display(), "store open")
+                        }
+                    },
+                    Err(e) => tracing::error!(store = %name, error = %e, "store failed to open"),
+                }
+                (name, StoreSlot { config: cfg, store })
+            })
+            .collect();
+        let (events, _) = broadcast::channel(EVENT_BACKLOG);
+        Ok(Daemon {
+            started: Instant::now(),
+            socket,
+            data_dir,
+            config,
+            stores,
+            events,
+            connections: AtomicUsize::new(0),
+            leases: Mutex::new(HashMap::new()),
+            next_lease: AtomicU64::new(1),
+        })
+    }
+
+    /// Publish a change to watchers (no receivers is fine).
+    pub fn publish(&self, store: &str, change: &Change, source: &'static str) {
+        let _ = self.events.send(CredEvent {
+            store: store.to_owned(),
+            id: change.id.clone(),
+            generation: change.generation,
+            source,
+        });
+    }
+
+    /// Ask for the refresh lease on `(store, id)` for connection `conn`.
+    pub fn refresh_lease(&self, store: &str, id: &str, conn: u64, ttl: Duration) -> LeaseAnswer {
+        let now = Instant::now();
+        let mut leases = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
+        leases.retain(|_, l| l.expires > now);
+        let key = (store.to_owned(), id.to_owned());
+        if let Some(l) = leases.get(&key) {
+            if l.conn != conn {
+                return LeaseAnswer {
+                    granted: false,
+                    lease_id: None,
+                    expires_in_ms: millis(l.expires - now),
+                };
+            }
+        }
+        let lease = Lease {
+            id: self.next_lease.fetch_add(1, Ordering::Relaxed),
+            conn,
+            expires: now + ttl,
+        };
+        let answer = LeaseAnswer {
+            granted: true,
+            lease_id: Some(lease.id),
+            expires_in_ms: millis(ttl),
+        };
+        leases.insert(key, lease);
+        answer
+    }
+
+    /// Release the lease on `(store, id)` if `conn` holds it (it wrote the credential, or
+    /// released explicitly). Returns whether a lease was released.
+    pub fn release_lease(&self, store: &str, id: &str, conn: u64) -> bool {
+        let mut leases = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
+        let key = (store.to_owned(), id.to_owned());
+        if leases.get(&key).is_some_and(|l| l.conn == conn) {
+            leases.remove(&key);
+            return true;
+        }
+        false
+    }
+
+    /// Drop every lease a closing connection holds.
+    pub fn release_connection(&self, conn: u64) {
+        self.leases
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|_, l| l.conn != conn);
+    }
+
+    /// Flush every store's index (shutdown).
+    pub fn flush_all(&self) {
+        for (name, slot) in &self.stores {
+            if let Ok(s) = &slot.store {
+                if let Err(e) = s.flush() {
+                    tracing::warn!(store = %name, error = %e, "index flush at shutdown failed; it will be repaired on the next open");
+                }
+            }
+        }
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
