@@ -35,13 +35,15 @@ pub fn run(g: &Global, _args: &DaemonArgs) -> CliResult {
     runtime.block_on(async move {
         let bound =
             server::bind(&socket, &data_dir).map_err(|e| CliError::with_code(e.to_string(), 1))?;
-        let _watcher = match watch::start(Arc::clone(&daemon)) {
-            Ok(w) => Some(w),
-            Err(e) => {
-                tracing::warn!(error = %e, "not watching the stores for outside changes");
-                None
+        match watch::start(Arc::clone(&daemon)) {
+            Ok(w) => {
+                *daemon
+                    .watcher
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(w)
             }
-        };
+            Err(e) => tracing::warn!(error = %e, "not watching the stores for outside changes"),
+        }
         let (tx, rx) = tokio::sync::watch::channel(false);
         tokio::spawn(async move {
             let reason = wait_for_signal().await;
@@ -55,10 +57,15 @@ pub fn run(g: &Global, _args: &DaemonArgs) -> CliResult {
             socket = %socket.display(),
             data_dir = %data_dir.display(),
             pid = std::process::id(),
-            stores = daemon.stores.len(),
+            stores = daemon.stores().len(),
             "holdfast daemon listening"
         );
         server::run(bound, Arc::clone(&daemon), limits, rx, true).await;
+        daemon
+            .watcher
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
         tracing::info!("holdfast daemon stopped");
         Ok::<(), CliError>(())
     })

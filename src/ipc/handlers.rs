@@ -94,20 +94,25 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| store_error(&e))
 }
 
-fn store_of(
-    daemon: &Daemon,
+async fn store_of(
+    daemon: &Arc<Daemon>,
     grant: &PluginGrant,
     name: Option<&str>,
 ) -> Result<(String, Arc<CredentialStore>), RpcError> {
-    let name = name.unwrap_or(DEFAULT_STORE);
-    if !grant.allows_store(name) {
+    let name = name.unwrap_or(DEFAULT_STORE).to_owned();
+    if !grant.allows_store(&name) {
         return Err(RpcError::new(
             ErrorKind::Forbidden,
             format!("this connection's plugin grant does not include store {name:?}"),
         ));
     }
-    let Some(slot) = daemon.stores.get(name) else {
-        let known: Vec<&str> = daemon.stores.keys().map(String::as_str).collect();
+    // Opening a store created after start reads its files: do it on the blocking pool.
+    let (d, n) = (Arc::clone(daemon), name.clone());
+    let slot = tokio::task::spawn_blocking(move || d.store(&n))
+        .await
+        .map_err(|e| RpcError::new(ErrorKind::Storage, format!("internal error: {e}")))?;
+    let Some(slot) = slot else {
+        let known: Vec<String> = daemon.stores().into_iter().map(|(n, _)| n).collect();
         return Err(RpcError::new(
             ErrorKind::NotFound,
             format!(
@@ -121,7 +126,7 @@ fn store_of(
         ));
     };
     match &slot.store {
-        Ok(s) => Ok((name.to_owned(), Arc::clone(s))),
+        Ok(s) => Ok((name, Arc::clone(s))),
         Err(e) => Err(RpcError::new(
             ErrorKind::Storage,
             format!("store {name:?} did not open: {e}"),
@@ -217,20 +222,20 @@ pub async fn dispatch(
     match req.method.as_str() {
         "cred.get" => {
             let p: ById = params(req.params)?;
-            let (_, store) = store_of(daemon, &grant, p.store.as_deref())?;
+            let (_, store) = store_of(daemon, &grant, p.store.as_deref()).await?;
             let cred = blocking(move || store.get(&p.id)).await?;
             Ok(json!({"credential": cred.expose_json(), "generation": cred.generation()}))
         }
         "cred.exists" => {
             let p: ById = params(req.params)?;
-            let (_, store) = store_of(daemon, &grant, p.store.as_deref())?;
+            let (_, store) = store_of(daemon, &grant, p.store.as_deref()).await?;
             let exists = blocking(move || store.exists(&p.id)).await?;
             Ok(json!({"exists": exists}))
         }
         "cred.set" => cred_set(daemon, session, &grant, req.params).await,
         "cred.delete" => {
             let p: ById = params(req.params)?;
-            let (name, store) = store_of(daemon, &grant, p.store.as_deref())?;
+            let (name, store) = store_of(daemon, &grant, p.store.as_deref()).await?;
             let id = p.id.clone();
             let deleted = blocking(move || store.delete(&p.id)).await?;
             if deleted {
@@ -245,7 +250,7 @@ pub async fn dispatch(
         }
         "cred.list" => {
             let p: StoreOnly = params(req.params)?;
-            let (_, store) = store_of(daemon, &grant, p.store.as_deref())?;
+            let (_, store) = store_of(daemon, &grant, p.store.as_deref()).await?;
             let listing = blocking(move || store.list()).await?;
             let credentials: Vec<Value> = listing
                 .credentials
@@ -264,12 +269,12 @@ pub async fn dispatch(
                 .collect();
             Ok(json!({"credentials": credentials, "unreadable": listing.unreadable}))
         }
-        "cred.watch" => cred_watch(daemon, session, &grant, req.params),
+        "cred.watch" => cred_watch(daemon, session, &grant, req.params).await,
         "cred.refresh_lease" => {
             let p: LeaseParams = params(req.params)?;
             crate::store::id::validate(&p.id)
                 .map_err(|e| RpcError::invalid_params(e.to_string()))?;
-            let (name, _) = store_of(daemon, &grant, p.store.as_deref())?;
+            let (name, _) = store_of(daemon, &grant, p.store.as_deref()).await?;
             if p.ttl_ms == 0 || Duration::from_millis(p.ttl_ms) > MAX_LEASE {
                 return Err(RpcError::invalid_params(format!(
                     "ttl_ms must be 1..={}",
@@ -286,7 +291,7 @@ pub async fn dispatch(
         }
         "cred.release_lease" => {
             let p: ById = params(req.params)?;
-            let (name, _) = store_of(daemon, &grant, p.store.as_deref())?;
+            let (name, _) = store_of(daemon, &grant, p.store.as_deref()).await?;
             Ok(json!({"released": daemon.release_lease(&name, &p.id, session.id)}))
         }
         "admin.status" => {
@@ -302,7 +307,7 @@ pub async fn dispatch(
                 let p: FsckParams = params(req.params)?;
                 (p.store, p.repair)
             };
-            let (name, store) = store_of(daemon, &grant, store_name.as_deref())?;
+            let (name, store) = store_of(daemon, &grant, store_name.as_deref()).await?;
             let report = blocking(move || store.fsck(repair)).await?;
             let mut v = serde_json::to_value(&report).unwrap_or_default();
             v["store"] = name.into();
@@ -310,7 +315,7 @@ pub async fn dispatch(
         }
         "admin.rotate_key" => {
             let p: StoreOnly = params(req.params)?;
-            let (name, store) = store_of(daemon, &grant, p.store.as_deref())?;
+            let (name, store) = store_of(daemon, &grant, p.store.as_deref()).await?;
             let report = blocking(move || store.rotate_key(|_, _| {})).await?;
             let mut v = serde_json::to_value(&report).unwrap_or_default();
             v["store"] = name.into();
@@ -345,9 +350,10 @@ fn hello(daemon: &Daemon, session: &Session, p: Map<String, Value>) -> Result<Va
         }
         None => PluginGrant::all(),
     };
-    let stores: Vec<&String> = daemon
-        .stores
-        .keys()
+    let stores: Vec<String> = daemon
+        .stores()
+        .into_iter()
+        .map(|(n, _)| n)
         .filter(|s| grant.allows_store(s))
         .collect();
     let methods: Vec<&str> = METHODS
@@ -411,7 +417,7 @@ async fn cred_set(
             ))
         }
     };
-    let (name, store) = store_of(daemon, grant, p.store.as_deref())?;
+    let (name, store) = store_of(daemon, grant, p.store.as_deref()).await?;
     let id = cred.id().to_owned();
     let if_generation = p.if_generation;
     let generation = blocking(move || store.set(cred, if_generation)).await?;
@@ -427,7 +433,7 @@ async fn cred_set(
     Ok(json!({"id": id, "generation": generation}))
 }
 
-fn cred_watch(
+async fn cred_watch(
     daemon: &Arc<Daemon>,
     session: &Arc<Session>,
     grant: &PluginGrant,
@@ -436,7 +442,7 @@ fn cred_watch(
     let p: StoreOnly = params(raw)?;
     // Watch one store, or every store the grant covers.
     let only = match p.store.as_deref() {
-        Some(s) => Some(store_of(daemon, grant, Some(s))?.0),
+        Some(s) => Some(store_of(daemon, grant, Some(s)).await?.0),
         None => None,
     };
     let sub = session.subscription_id();
@@ -487,7 +493,7 @@ fn cred_watch(
 /// `admin.status`.
 pub fn status(daemon: &Daemon) -> Value {
     let stores: Vec<Value> = daemon
-        .stores
+        .stores()
         .iter()
         .map(|(name, slot)| match &slot.store {
             Ok(s) => {

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -70,8 +70,11 @@ pub struct Daemon {
     pub data_dir: PathBuf,
     /// The config it runs with.
     pub config: Config,
-    /// Stores by name.
-    pub stores: BTreeMap<String, StoreSlot>,
+    /// Stores by name. A store created after start (`holdfast init` while the daemon runs)
+    /// is opened on first use.
+    stores: RwLock<BTreeMap<String, Arc<StoreSlot>>>,
+    /// The file watcher (stores opened later are added to it).
+    pub watcher: Mutex<Option<watch::Watcher>>,
     /// Change events for `cred.watch` subscribers.
     pub events: broadcast::Sender<CredEvent>,
     /// Open connections.
@@ -123,27 +126,7 @@ impl Daemon {
         }
         let stores = configs
             .into_iter()
-            .map(|(name, cfg)| {
-                let store = CredentialStore::open(
-                    cfg.clone(),
-                    StoreOptions {
-                        mode: OpenMode::Repair,
-                        ..StoreOptions::default()
-                    },
-                )
-                .map(Arc::new)
-                .map_err(|e| e.to_string());
-                match &store {
-                    Ok(s) => match s.sealed_reason() {
-                        Some(reason) => tracing::warn!(store = %name, %reason, "store is sealed"),
-                        None => {
-                            tracing::info!(store = %name, path = %cfg.base.display(), "store open")
-                        }
-                    },
-                    Err(e) => tracing::error!(store = %name, error = %e, "store failed to open"),
-                }
-                (name, StoreSlot { config: cfg, store })
-            })
+            .map(|(name, cfg)| (name, Arc::new(open_slot(cfg))))
             .collect();
         let (events, _) = broadcast::channel(EVENT_BACKLOG);
         Ok(Daemon {
@@ -151,12 +134,64 @@ impl Daemon {
             socket,
             data_dir,
             config,
-            stores,
+            stores: RwLock::new(stores),
+            watcher: Mutex::new(None),
             events,
             connections: AtomicUsize::new(0),
             leases: Mutex::new(HashMap::new()),
             next_lease: AtomicU64::new(1),
         })
+    }
+
+    /// Every store, by name.
+    pub fn stores(&self) -> Vec<(String, Arc<StoreSlot>)> {
+        self.stores
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|(n, s)| (n.clone(), Arc::clone(s)))
+            .collect()
+    }
+
+    /// Store `name`; a store directory created under the data dir after start is opened now
+    /// (blocking: call from the blocking pool) and added to the watcher.
+    pub fn store(&self, name: &str) -> Option<Arc<StoreSlot>> {
+        if let Some(s) = self
+            .stores
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(name)
+        {
+            return Some(Arc::clone(s));
+        }
+        crate::paths::validate_store_name(name).ok()?;
+        let base = self.data_dir.join("stores").join(name);
+        if !base.is_dir() {
+            return None;
+        }
+        let key_sources = crate::paths::store_key_sources(name).ok()?;
+        let mut stores = self.stores.write().unwrap_or_else(PoisonError::into_inner);
+        if let Some(s) = stores.get(name) {
+            return Some(Arc::clone(s));
+        }
+        let slot = Arc::new(open_slot(StoreConfig {
+            name: name.to_owned(),
+            base,
+            key_sources,
+        }));
+        stores.insert(name.to_owned(), Arc::clone(&slot));
+        drop(stores);
+        if slot.store.is_ok() {
+            if let Some(w) = self
+                .watcher
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .as_mut()
+            {
+                w.add(&slot.config.base);
+            }
+        }
+        Some(slot)
     }
 
     /// Publish a change to watchers (no receivers is fine).
@@ -220,7 +255,7 @@ impl Daemon {
 
     /// Flush every store's index (shutdown).
     pub fn flush_all(&self) {
-        for (name, slot) in &self.stores {
+        for (name, slot) in self.stores() {
             if let Ok(s) = &slot.store {
                 if let Err(e) = s.flush() {
                     tracing::warn!(store = %name, error = %e, "index flush at shutdown failed; it will be repaired on the next open");
@@ -228,6 +263,28 @@ impl Daemon {
             }
         }
     }
+}
+
+/// Open one store for the daemon (repairing on open), logging how it went.
+fn open_slot(cfg: StoreConfig) -> StoreSlot {
+    let name = cfg.name.clone();
+    let store = CredentialStore::open(
+        cfg.clone(),
+        StoreOptions {
+            mode: OpenMode::Repair,
+            ..StoreOptions::default()
+        },
+    )
+    .map(Arc::new)
+    .map_err(|e| e.to_string());
+    match &store {
+        Ok(s) => match s.sealed_reason() {
+            Some(reason) => tracing::warn!(store = %name, %reason, "store is sealed"),
+            None => tracing::info!(store = %name, path = %cfg.base.display(), "store open"),
+        },
+        Err(e) => tracing::error!(store = %name, error = %e, "store failed to open"),
+    }
+    StoreSlot { config: cfg, store }
 }
 
 fn millis(d: Duration) -> u64 {

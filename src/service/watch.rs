@@ -17,15 +17,35 @@ use crate::limits::WATCH_DEBOUNCE;
 
 /// The running watcher; dropping it stops watching.
 pub struct Watcher {
-    _debouncer: Debouncer<notify::RecommendedWatcher, RecommendedCache>,
+    debouncer: Debouncer<notify::RecommendedWatcher, RecommendedCache>,
     /// Directories watched.
     pub watched: Vec<PathBuf>,
 }
 
+impl Watcher {
+    /// Watch a store's `credentials/` and `metadata/` directories (a store opened after
+    /// start). Failures are logged: the store still works, only outside changes go unseen
+    /// until the next write through the daemon.
+    pub fn add(&mut self, base: &std::path::Path) {
+        for sub in ["credentials", "metadata"] {
+            let dir = base.join(sub);
+            if !dir.is_dir() || self.watched.contains(&dir) {
+                continue;
+            }
+            match self.debouncer.watch(&dir, RecursiveMode::NonRecursive) {
+                Ok(()) => self.watched.push(dir),
+                Err(e) => {
+                    tracing::warn!(dir = %dir.display(), error = %e, "cannot watch for outside changes")
+                }
+            }
+        }
+    }
+}
+
 /// Sync `names` (all stores if `None`) and publish what changed.
 pub fn sync_stores(daemon: &Daemon, names: Option<&BTreeSet<String>>) {
-    for (name, slot) in &daemon.stores {
-        if names.is_some_and(|n| !n.contains(name)) {
+    for (name, slot) in daemon.stores() {
+        if names.is_some_and(|n| !n.contains(&name)) {
             continue;
         }
         let Ok(store) = &slot.store else { continue };
@@ -36,7 +56,7 @@ pub fn sync_stores(daemon: &Daemon, names: Option<&BTreeSet<String>>) {
             Ok(changes) => {
                 for c in &changes {
                     tracing::info!(store = %name, id = %c.id, generation = ?c.generation, "credential changed on disk");
-                    daemon.publish(name, c, "external");
+                    daemon.publish(&name, c, "external");
                 }
             }
             Err(e) => tracing::warn!(store = %name, error = %e, "sync after a file change failed"),
@@ -44,19 +64,18 @@ pub fn sync_stores(daemon: &Daemon, names: Option<&BTreeSet<String>>) {
     }
 }
 
-/// Start watching every open store's `credentials/` and `metadata/` directories.
+/// Start watching every open store's `credentials/` and `metadata/` directories. Events are
+/// mapped to stores by path at the time they arrive, so stores added later are covered.
 pub fn start(daemon: Arc<Daemon>) -> Result<Watcher, String> {
-    let bases: Vec<(String, PathBuf)> = daemon
-        .stores
-        .iter()
-        .filter(|(_, s)| s.store.is_ok())
-        .map(|(n, s)| (n.clone(), s.config.base.clone()))
-        .collect();
-    let handler_bases = bases.clone();
     let handler_daemon = Arc::clone(&daemon);
-    let mut debouncer = new_debouncer(WATCH_DEBOUNCE, None, move |res: DebounceEventResult| {
+    let debouncer = new_debouncer(WATCH_DEBOUNCE, None, move |res: DebounceEventResult| {
         let names = match res {
             Ok(events) => {
+                let bases: Vec<(String, PathBuf)> = handler_daemon
+                    .stores()
+                    .into_iter()
+                    .map(|(n, s)| (n, s.config.base.clone()))
+                    .collect();
                 let mut names = BTreeSet::new();
                 let mut everything = false;
                 for ev in &events {
@@ -64,7 +83,7 @@ pub fn start(daemon: Arc<Daemon>) -> Result<Watcher, String> {
                         everything = true;
                     }
                     for p in &ev.paths {
-                        for (n, base) in &handler_bases {
+                        for (n, base) in &bases {
                             if p.starts_with(base) {
                                 names.insert(n.clone());
                             }
@@ -88,21 +107,14 @@ pub fn start(daemon: Arc<Daemon>) -> Result<Watcher, String> {
         sync_stores(&handler_daemon, names.as_ref());
     })
     .map_err(|e| format!("cannot start the file watcher: {e}"))?;
-    let mut watched = Vec::new();
-    for (name, base) in &bases {
-        for sub in ["credentials", "metadata"] {
-            let dir = base.join(sub);
-            if !dir.is_dir() {
-                continue;
-            }
-            debouncer
-                .watch(&dir, RecursiveMode::NonRecursive)
-                .map_err(|e| format!("cannot watch {} (store {name}): {e}", dir.display()))?;
-            watched.push(dir);
+    let mut watcher = Watcher {
+        debouncer,
+        watched: Vec::new(),
+    };
+    for (_, slot) in daemon.stores() {
+        if slot.store.is_ok() {
+            watcher.add(&slot.config.base);
         }
     }
-    Ok(Watcher {
-        _debouncer: debouncer,
-        watched,
-    })
+    Ok(watcher)
 }
