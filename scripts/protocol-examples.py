@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""Print a real request/response exchange for every method of the holdfast socket protocol.
+
+Starts the daemon (target/debug/holdfast unless HOLDFAST_BIN is set) on a temporary HOME, runs
+each example, prints `-> request` / `<- response` lines (and `<~ event` notifications), and
+stops the daemon. docs/protocol.md quotes this output; rerun it after changing the protocol:
+
+    cargo build && python3 scripts/protocol-examples.py
+"""
+import json, os, signal, socket, subprocess, sys, tempfile, time
+
+BIN = os.environ.get("HOLDFAST_BIN", os.path.join(os.path.dirname(__file__), "..", "target", "debug", "holdfast"))
+
+
+def main():
+    tmp = tempfile.mkdtemp(prefix="hf-proto-")
+    home = os.path.join(tmp, "home")
+    run = os.path.join(home, "run")
+    os.makedirs(run, mode=0o700)
+    os.chmod(run, 0o700)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HOLDFAST_", "HIVE_", "XDG_"))}
+    env.update(HOME=home, XDG_RUNTIME_DIR=run, XDG_CONFIG_HOME=os.path.join(home, "config"),
+               XDG_STATE_HOME=os.path.join(home, "state"))
+    cfg = os.path.join(home, "config", "holdfast")
+    os.makedirs(cfg, exist_ok=True)
+    with open(os.path.join(cfg, "config.toml"), "w") as f:
+        f.write('[plugins.reader]\nstores = ["default"]\nmethods = ["cred.get", "cred.list"]\n')
+    subprocess.run([BIN, "init"], env=env, check=True, capture_output=True)
+    daemon = subprocess.Popen([BIN, "daemon"], env=env, stderr=subprocess.DEVNULL)
+    sock_path = os.path.join(run, "holdfast", "holdfast.sock")
+    for _ in range(100):
+        if os.path.exists(sock_path):
+            break
+        time.sleep(0.05)
+    try:
+        a = Conn(sock_path, "a")
+        b = Conn(sock_path, "b")
+        a.call("hello", {"client": "docs-example", "protocol": 1})
+        b.call("hello", {"client": "watcher"}, quiet=True)
+        b.call("cred.watch", {"store": "default"})
+        a.call("cred.set", {"id": "openai", "value": "sk-example-1"})
+        b.event()
+        a.call("cred.set", {"credential": {"id": "github/bot", "credential_type": "oauth2",
+                                          "keys": {"access_token": {"value": "gho_example", "expires_at": "2026-12-01T00:00:00Z"},
+                                                   "refresh_token": {"value": "ghr_example"}},
+                                          "description": "CI bot", "team": "infra"},
+                            "if_generation": 0})
+        b.event()
+        a.call("cred.set", {"credential": {"id": "github/bot", "keys": {"access_token": {"value": "x"}}}, "if_generation": 0})
+        a.call("cred.get", {"id": "openai"})
+        a.call("cred.list", {})
+        a.call("cred.exists", {"id": "openai"})
+        a.call("cred.refresh_lease", {"id": "github/bot", "ttl_ms": 30000})
+        b.call("cred.refresh_lease", {"id": "github/bot", "ttl_ms": 30000})
+        a.call("cred.set", {"credential": {"id": "github/bot", "credential_type": "oauth2",
+                                          "keys": {"access_token": {"value": "gho_example_2"}, "refresh_token": {"value": "ghr_example"}}},
+                            "if_generation": 1})
+        b.event()
+        b.call("cred.release_lease", {"id": "github/bot"})
+        a.call("cred.delete", {"id": "openai"})
+        b.event()
+        a.call("cred.delete", {"id": "openai"})
+        a.call("cred.get", {"id": "../etc/passwd"})
+        a.call("cred.get", {"id": "nope"})
+        a.call("admin.status", {})
+        a.call("admin.fsck", {"repair": False})
+        a.call("admin.reindex", {})
+        a.call("admin.rotate_key", {})
+        a.call("no.such.method", {})
+        a.raw(b'{"jsonrpc":"2.0","id":99,"method":"cred.get","params":{"id":"x","extra":1}}')
+        a.raw(b'{not json')
+        c = Conn(sock_path, "c")
+        c.call("cred.get", {"id": "x"})
+        c.call("hello", {"plugin": "reader"})
+        c.call("cred.set", {"id": "x", "value": "y"})
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(timeout=30)
+
+
+class Conn:
+    def __init__(self, path, tag):
+        self.s = socket.socket(socket.AF_UNIX)
+        self.s.connect(path)
+        self.f = self.s.makefile("rwb")
+        self.tag = tag
+        self.next = 1
+
+    def call(self, method, params, quiet=False):
+        req = {"jsonrpc": "2.0", "id": self.next, "method": method, "params": params}
+        self.next += 1
+        line = json.dumps(req).encode()
+        if not quiet:
+            print(f"[{self.tag}] -> {line.decode()}")
+        self.f.write(line + b"\n")
+        self.f.flush()
+        while True:
+            resp = self.f.readline()
+            msg = json.loads(resp)
+            if msg.get("method") == "event":
+                print(f"[{self.tag}] <~ {resp.decode().strip()}")
+                continue
+            if not quiet:
+                print(f"[{self.tag}] <- {resp.decode().strip()}")
+            return msg
+
+    def raw(self, line):
+        print(f"[{self.tag}] -> {line.decode()}")
+        self.f.write(line + b"\n")
+        self.f.flush()
+        print(f"[{self.tag}] <- {self.f.readline().decode().strip()}")
+
+    def event(self):
+        self.s.settimeout(5)
+        print(f"[{self.tag}] <~ {self.f.readline().decode().strip()}")
+        self.s.settimeout(None)
+
+
+if __name__ == "__main__":
+    main()
