@@ -55,20 +55,34 @@ pub async fn handle_line(
     }
 }
 
-/// serde's messages quote the offending value (`invalid type: string "sk-…"`); a client that
-/// puts a secret in the wrong field must not get it echoed into logs. Keep the shape, drop the
-/// quoted text.
+/// serde's messages quote the offending value (`invalid type: string "sk-…"`) and the offending
+/// field name (`` unknown field `sk-…` ``); a client that puts a secret in the wrong place must
+/// not get it echoed (or logged). Keep the shape, drop the client's text: every `"…"` span, and
+/// the backtick span naming an unknown field or variant. The list of expected fields (ours) stays.
 fn redact_quoted(msg: &str) -> String {
     let mut out = String::with_capacity(msg.len());
-    let mut inside = false;
+    let mut in_double = false;
+    let mut in_tick: Option<bool> = None; // Some(redact?) while inside a backtick span
     for ch in msg.chars() {
-        if ch == '"' {
-            if !inside {
-                out.push_str("\"…\"");
+        match (ch, in_double, in_tick) {
+            ('"', _, None) => {
+                if !in_double {
+                    out.push_str("\"…\"");
+                }
+                in_double = !in_double;
             }
-            inside = !inside;
-        } else if !inside {
-            out.push(ch);
+            (_, true, _) => {}
+            ('`', false, None) => {
+                let redact = out.ends_with("unknown field ") || out.ends_with("unknown variant ");
+                out.push_str(if redact { "`…" } else { "`" });
+                in_tick = Some(redact);
+            }
+            ('`', false, Some(_)) => {
+                out.push('`');
+                in_tick = None;
+            }
+            (_, false, Some(true)) => {}
+            (c, false, _) => out.push(c),
         }
     }
     out
@@ -541,5 +555,19 @@ mod tests {
         let r = redact_quoted(&e);
         assert!(!r.contains("sk-secret"), "{r}");
         assert!(r.contains("invalid type"), "{r}");
+        let e = serde_json::from_value::<ById>(json!({"id": "x", "sk-secret-name": 1}))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("sk-secret-name"),
+            "premise: serde names the field: {e}"
+        );
+        let r = redact_quoted(&e);
+        assert!(!r.contains("sk-secret-name"), "{r}");
+        assert!(
+            r.contains("unknown field `…`") && r.contains("`store`"),
+            "{r}"
+        );
     }
 }

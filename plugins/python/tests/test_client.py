@@ -1,0 +1,707 @@
+"""Tests of holdfast_client against the real daemon binary.
+
+Every test that needs a daemon starts its own: a private HOME / XDG_* tree in a temp dir,
+``holdfast init`` (store "default"), ``holdfast daemon`` on ``$XDG_RUNTIME_DIR/holdfast/
+holdfast.sock``, and SIGTERM at the end (which must exit 0). The binary is ``$HOLDFAST_BIN``,
+else ``target/debug/holdfast`` (``plugins/run-tests.sh`` builds it).
+
+Run as a script with ``refresh-worker`` this file is one process of the single-flight race.
+"""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import uuid
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+import holdfast_client as hc  # noqa: E402
+
+REPO = HERE.parents[2]
+BIN = os.environ.get("HOLDFAST_BIN") or str(REPO / "target" / "debug" / "holdfast")
+
+# A fake secret that is easy to search for in messages.
+SECRET = "sk-test-DO-NOT-LEAK-" + "7f3a9c" * 4
+
+
+# ---------------------------------------------------------------------------------------------
+# The daemon under test
+
+
+def clean_env(home):
+    """The caller's environment less anything pointing at real stores, keys or daemons, with
+    HOME and XDG_* under ``home``."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("HOLDFAST_", "HIVE_"))
+        and k not in ("CREDENTIALS_DIRECTORY", "STATE_DIRECTORY", "RUST_LOG", "XDG_RUNTIME_DIR")
+    }
+    env.update(
+        HOME=str(home),
+        XDG_CONFIG_HOME=str(home / "config"),
+        XDG_STATE_HOME=str(home / "state"),
+        XDG_RUNTIME_DIR=str(home / "run"),
+    )
+    return env
+
+
+class Daemon:
+    """``holdfast init`` then ``holdfast daemon`` in a fresh temp HOME."""
+
+    def __init__(self, config=None):
+        # mkdtemp (0700, short path): a socket path must fit in 108 bytes.
+        self.root = Path(tempfile.mkdtemp(prefix="hf-py-"))
+        self.home = self.root / "home"
+        (self.home / "run").mkdir(parents=True, mode=0o700)
+        os.chmod(self.home / "run", 0o700)
+        self.env = clean_env(self.home)
+        self.socket = str(self.home / "run" / "holdfast" / "holdfast.sock")
+        out = self.cli("init")
+        assert out.returncode == 0, "holdfast init failed:\n%s" % out.stderr
+        if config is not None:
+            cfg_dir = self.home / "config" / "holdfast"
+            cfg_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            (cfg_dir / "config.toml").write_text(config)
+        self.log_path = self.root / "daemon.log"
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            [BIN, "daemon"],
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=self._log,
+        )
+        self._wait_ready()
+
+    def _wait_ready(self, timeout=20.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(
+                    "daemon exited with %s:\n%s" % (self.proc.returncode, self.log())
+                )
+            s = socket.socket(socket.AF_UNIX)
+            try:
+                s.connect(self.socket)
+                return
+            except OSError:
+                time.sleep(0.05)
+            finally:
+                s.close()
+        raise AssertionError("daemon did not listen within %ss:\n%s" % (timeout, self.log()))
+
+    def log(self):
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def cli(self, *args, input=None):
+        return subprocess.run(
+            [BIN, *args],
+            env=self.env,
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    def client(self, name="pytest", plugin=None, **kw):
+        return hc.Client(self.socket, client=name, plugin=plugin, **kw)
+
+    def stop(self):
+        """SIGTERM; returns the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc = self.proc.wait()
+        self._log.close()
+        return rc
+
+    def cleanup(self):
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@pytest.fixture
+def make_daemon():
+    started = []
+
+    def make(config=None):
+        d = Daemon(config)
+        started.append(d)
+        return d
+
+    yield make
+    failures = []
+    for d in started:
+        rc = d.stop()
+        if rc != 0:
+            failures.append("daemon exited %s after SIGTERM:\n%s" % (rc, d.log()))
+        if SECRET in d.log():
+            failures.append("the daemon's log contains the test secret")
+        d.cleanup()
+    assert not failures, "\n".join(failures)
+
+
+@pytest.fixture
+def daemon(make_daemon):
+    return make_daemon()
+
+
+def oauth_doc(cid, access, refresh):
+    return {
+        "id": cid,
+        "credential_type": "oauth2",
+        "keys": {
+            "access_token": {"value": access, "expires_at": "2026-01-01T00:00:00Z"},
+            "refresh_token": {"value": refresh},
+        },
+        "description": "an OAuth-style test credential",
+    }
+
+
+def assert_no_secret(exc, secret=SECRET):
+    shown = [
+        str(exc),
+        repr(exc),
+        repr(exc.args),
+        json.dumps(exc.data),
+        "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+    ]
+    for s in shown:
+        assert secret not in s, "secret leaked into an exception: %s" % s
+
+
+# ---------------------------------------------------------------------------------------------
+# Finding the socket
+
+
+def test_socket_path_resolution_matches_the_cli(monkeypatch, tmp_path):
+    for var in ("HOLDFAST_SOCKET", "HOLDFAST_CONFIG", "XDG_RUNTIME_DIR", "XDG_CONFIG_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert hc.default_socket_path() == "/tmp/holdfast-%d/holdfast.sock" % os.geteuid()
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "relative/ignored")
+    assert hc.default_socket_path() == "/tmp/holdfast-%d/holdfast.sock" % os.geteuid()
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/4242")
+    assert hc.default_socket_path() == "/run/user/4242/holdfast/holdfast.sock"
+    # The config file's socket wins over the runtime dir ("~/" expanded with HOME).
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
+    (tmp_path / "cfg" / "holdfast").mkdir(parents=True)
+    (tmp_path / "cfg" / "holdfast" / "config.toml").write_text(
+        'socket = "~/s/hf.sock"\n[plugins.x]\nstores = ["*"]\nmethods = ["*"]\n'
+    )
+    assert hc.default_socket_path() == str(tmp_path / "s" / "hf.sock")
+    # HOLDFAST_CONFIG names another file.
+    other = tmp_path / "other.toml"
+    other.write_text('socket = "/elsewhere/hf.sock"\n')
+    monkeypatch.setenv("HOLDFAST_CONFIG", str(other))
+    assert hc.default_socket_path() == "/elsewhere/hf.sock"
+    # HOLDFAST_SOCKET wins over everything; empty counts as unset.
+    monkeypatch.setenv("HOLDFAST_SOCKET", "/explicit.sock")
+    assert hc.default_socket_path() == "/explicit.sock"
+    monkeypatch.setenv("HOLDFAST_SOCKET", "")
+    assert hc.default_socket_path() == "/elsewhere/hf.sock"
+
+
+def test_default_socket_finds_the_daemon_and_a_missing_one_is_connection_closed(
+    daemon, monkeypatch
+):
+    for var in ("HOLDFAST_SOCKET", "HOLDFAST_CONFIG"):
+        monkeypatch.delenv(var, raising=False)
+    for k in ("HOME", "XDG_RUNTIME_DIR", "XDG_CONFIG_HOME"):
+        monkeypatch.setenv(k, daemon.env[k])
+    with hc.Client(client="default-path") as c:
+        assert c.socket_path == daemon.socket
+        assert c.hello["server"] == "holdfast"
+        assert c.hello["protocol"] == hc.PROTOCOL_VERSION
+    with pytest.raises(hc.ConnectionClosed) as ei:
+        hc.Client(str(daemon.root / "no-such.sock"))
+    assert ei.value.kind == "storage" and isinstance(ei.value, ConnectionError)
+
+
+# ---------------------------------------------------------------------------------------------
+# Every helper
+
+
+def test_every_helper_against_the_daemon(daemon):
+    c = daemon.client("helpers")
+    other = daemon.client("helpers-2")
+    try:
+        assert "cred.refresh_lease" in c.hello["methods"]
+        assert c.hello["grant"]["stores"] == ["default"]
+
+        # set_value / get / exists
+        r = c.set_value("openai", SECRET)
+        assert r == hc.SetResult("openai", 1)
+        rec = c.get("openai")
+        assert rec.generation == 1 and rec.id == "openai"
+        assert rec.credential_type == "api_key" and rec.keys == ["api_key"]
+        assert rec.value() == SECRET
+        assert SECRET not in repr(rec), repr(rec)
+        assert c.exists("openai") is True
+        assert c.exists("nothing-here") is False
+
+        # set (a whole document) and a second write
+        doc = oauth_doc("github", "at-1", "rt-1")
+        assert c.set(doc) == hc.SetResult("github", 1)
+        assert c.set(doc, if_generation=1).generation == 2
+        gh = c.get("github")
+        assert gh.value("access_token") == "at-1" and gh.value("refresh_token") == "rt-1"
+        assert gh.credential["description"] == "an OAuth-style test credential"
+        assert gh.generation == 2
+        with pytest.raises(KeyError):
+            gh.value("api_key")
+
+        # list: ids, generations and metadata, never a value
+        listing = c.list()
+        by_id = {e["id"]: e for e in listing}
+        assert set(by_id) == {"openai", "github"}
+        assert by_id["github"]["generation"] == 2
+        assert by_id["github"]["credential_type"] == "oauth2"
+        assert sorted(by_id["github"]["key_names"]) == ["access_token", "refresh_token"]
+        assert SECRET not in json.dumps(listing) and "at-1" not in json.dumps(listing)
+
+        # refresh_lease / release_lease across two connections
+        lease = c.refresh_lease("github", 5000)
+        assert lease.granted and lease.lease_id is not None and lease.expires_in_ms == 5000
+        denied = other.refresh_lease("github", 5000)
+        assert not denied.granted and 0 < denied.expires_in_ms <= 5000
+        assert other.release_lease("github") is False  # not its lease
+        assert c.release_lease("github") is True
+        assert c.release_lease("github") is False
+        assert other.refresh_lease("github", 1000).granted
+        assert other.release_lease("github") is True
+
+        # status
+        st = c.status()
+        assert st["server"] == "holdfast" and st["pid"] == daemon.proc.pid
+        assert st["connections"] >= 2
+        (store,) = st["stores"]
+        assert store["name"] == "default" and store["sealed"] is False
+        assert store["credentials"] == 2
+
+        # watch returns a subscription id; delete says whether it existed
+        sub = c.watch()
+        assert isinstance(sub, int)
+        assert c.delete("openai") is True
+        assert c.delete("openai") is False
+        assert not c.exists("openai")
+        ev = c.next_event(timeout=5)
+        assert ev is not None and ev["subscription"] == sub
+        assert ev["id"] == "openai" and ev["deleted"] is True and ev["generation"] is None
+
+        # call() for anything else
+        fsck = c.call("admin.fsck")
+        assert fsck["store"] == "default"
+    finally:
+        c.close()
+        other.close()
+    with pytest.raises(hc.ConnectionClosed):
+        c.get("github")
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors
+
+
+def test_errors_map_to_kinds(daemon):
+    with daemon.client("errors") as c:
+        with pytest.raises(hc.NotFound) as ei:
+            c.get("missing")
+        e = ei.value
+        assert (e.kind, e.code, e.data["kind"]) == ("not_found", -32001, "not_found")
+        assert isinstance(e, KeyError) and isinstance(e, hc.HoldfastError)
+        assert str(e).startswith("not_found: ")
+
+        c.set_value("cas", "v1")
+        c.set_value("cas", "v2", if_generation=1)
+        with pytest.raises(hc.Conflict) as ei:
+            c.set_value("cas", "v3", if_generation=1)
+        e = ei.value
+        assert (e.kind, e.code) == ("conflict", -32002)
+        assert e.data["generation"] == 2 and e.data["expected"] == 1
+        with pytest.raises(hc.Conflict):
+            c.set_value("cas", "v3", if_generation=0)  # 0: only if absent
+        assert c.set_value("fresh", "v", if_generation=0).generation == 1
+        assert c.get("cas").value() == "v2"
+
+        for bad in ["../etc/passwd", "", "/abs", ".hidden", "x" * 300]:
+            with pytest.raises(hc.InvalidParams) as ei:
+                c.get(bad)
+            assert ei.value.kind == "invalid_params" and ei.value.code == -32602, bad
+            with pytest.raises(hc.InvalidParams):
+                c.set_value(bad, "v")
+            with pytest.raises(hc.InvalidParams):
+                c.refresh_lease(bad, 1000)
+        with pytest.raises(hc.InvalidParams):
+            c.call("cred.get", id="cas", unknown_field=1)
+        with pytest.raises(hc.InvalidParams):
+            c.refresh_lease("cas", 0)
+        with pytest.raises(hc.InvalidParams):
+            c.set({"id": "doc", "keys": {"k": {"value": 5}}})
+        with pytest.raises(hc.InvalidParams):
+            c.call("cred.set", id="x", value=object())  # not JSON: refused client-side
+
+        with pytest.raises(hc.Unsupported) as ei:
+            c.call("cred.frobnicate")
+        assert ei.value.kind == "unsupported" and ei.value.code == -32601
+        with pytest.raises(hc.NotFound):
+            c.get("x", store="no-such-store")
+        # The connection is still usable after every error.
+        assert c.get("cas").generation == 2
+        for kind in hc.KINDS:
+            assert hc._ERROR_CLASSES[kind].kind == kind
+
+
+def test_forbidden_with_a_plugin_grant_from_config(make_daemon):
+    d = make_daemon(
+        """
+[plugins.reader]
+stores = ["default"]
+methods = ["cred.get", "cred.list", "cred.watch"]
+
+[plugins.elsewhere]
+stores = ["other"]
+methods = ["*"]
+"""
+    )
+    with d.client("admin") as admin:
+        admin.set_value("shared", SECRET)
+    with d.client("reader", plugin="reader") as r:
+        assert r.hello["grant"] == {"plugin": "reader", "stores": ["default"]}
+        assert set(r.hello["methods"]) == {"hello", "cred.get", "cred.list", "cred.watch"}
+        assert r.get("shared").value() == SECRET
+        assert [e["id"] for e in r.list()] == ["shared"]
+        for call in (
+            lambda: r.set_value("shared", "overwritten"),
+            lambda: r.delete("shared"),
+            lambda: r.exists("shared"),
+            lambda: r.status(),
+            lambda: r.refresh_lease("shared", 1000),
+        ):
+            with pytest.raises(hc.Forbidden) as ei:
+                call()
+            e = ei.value
+            assert (e.kind, e.code) == ("forbidden", -32003)
+            assert isinstance(e, PermissionError)
+            assert_no_secret(e)
+        assert r.get("shared").value() == SECRET  # nothing was changed
+    with d.client("elsewhere", plugin="elsewhere") as el:
+        assert el.hello["grant"]["stores"] == []  # "other" is not served
+        with pytest.raises(hc.Forbidden):
+            el.get("shared")  # the default store is outside its grant
+    with pytest.raises(hc.Forbidden) as ei:
+        d.client("stranger", plugin="no-such-plugin")
+    assert ei.value.kind == "forbidden"
+
+
+def test_secrets_never_in_exceptions_or_reprs(daemon):
+    with daemon.client("hygiene") as c:
+        c.set_value("s", SECRET)
+        errors = []
+        for call in (
+            lambda: c.set_value("s", SECRET, if_generation=42),  # conflict
+            lambda: c.call("cred.refresh_lease", id="s", ttl_ms=SECRET),  # wrong type
+            lambda: c.call("cred.get", id="s", **{SECRET: 1}),  # secret as a field name
+            lambda: c.set({"id": "s", "keys": {"k": {"value": 1, "note": SECRET}}}),
+            lambda: c.set_value("../" + "x", SECRET),  # bad id
+            lambda: c.call("cred.set", id="s", value=[SECRET]),  # wrong value type
+        ):
+            with pytest.raises(hc.HoldfastError) as ei:
+                call()
+            assert_no_secret(ei.value)
+            errors.append(ei.value.kind)
+        print("secret hygiene: %d failing calls, kinds %s, 0 leaks" % (len(errors), errors))
+        rec = c.get("s")
+        assert SECRET not in repr(rec) and SECRET not in str(rec)
+        assert SECRET not in repr(c)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pipelining
+
+
+def test_pipelining_8_threads_x_50_calls_on_one_client(daemon):
+    threads_n, calls_n = 8, 50
+    c = daemon.client("pipeliner")
+    barrier = threading.Barrier(threads_n)
+    mismatches = []
+    done = [0] * threads_n
+    errors = []
+
+    def work(t):
+        try:
+            barrier.wait()
+            last = {}
+            for i in range(calls_n):
+                cid = "t%d-%d" % (t, i % 5)
+                if i % 2 == 0:
+                    value = "v-%d-%d-%s" % (t, i, uuid.uuid4().hex)
+                    r = c.set_value(cid, value)
+                    if r.id != cid:
+                        mismatches.append((t, i, "set answered for %s" % r.id))
+                    last[cid] = (value, r.generation)
+                else:
+                    want = last.get(cid)
+                    if want is None:
+                        if c.exists(cid):
+                            mismatches.append((t, i, "exists before any write"))
+                    else:
+                        rec = c.get(cid)
+                        if (rec.id, rec.value(), rec.generation) != (cid, want[0], want[1]):
+                            mismatches.append((t, i, "get answered another request"))
+                done[t] += 1
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    start = time.monotonic()
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(threads_n)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=120)
+    elapsed = time.monotonic() - start
+    total = sum(done)
+    print(
+        "pipelining: %d threads x %d calls = %d calls on one connection in %.2fs, "
+        "max %d in flight, %d mismatched, %d errors"
+        % (threads_n, calls_n, total, elapsed, c.max_pending, len(mismatches), len(errors))
+    )
+    try:
+        assert not errors, errors
+        assert not mismatches, mismatches[:5]
+        assert total == threads_n * calls_n
+        assert c.max_pending > 1, "requests were never pipelined"
+        assert len(c.list()) == threads_n * 5
+    finally:
+        c.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Watching
+
+
+def test_watch_receives_an_event_for_a_write_from_another_client(daemon):
+    seen_by_callback = []
+    with daemon.client("watcher", on_event=seen_by_callback.append) as w, daemon.client(
+        "writer"
+    ) as writer:
+        sub = w.watch()
+        writer.set_value("watched", "v1")
+        writer.set_value("watched", "v2")
+        writer.delete("watched")
+        got = []
+        for ev in w.events(timeout=5):
+            got.append(ev)
+            if len(got) == 3:
+                break
+        print("watch: %d events from another client: %s" % (len(got), [
+            (e["id"], e["generation"], e["deleted"]) for e in got]))
+        assert [(e["type"], e["subscription"], e["store"], e["source"]) for e in got] == [
+            ("cred.changed", sub, "default", "daemon")
+        ] * 3
+        assert [(e["id"], e["generation"], e["deleted"]) for e in got] == [
+            ("watched", 1, False),
+            ("watched", 2, False),
+            ("watched", None, True),
+        ]
+        assert seen_by_callback == got
+        # Nothing more: the iterator ends after its idle timeout.
+        t0 = time.monotonic()
+        assert list(w.events(timeout=0.3)) == []
+        assert 0.25 <= time.monotonic() - t0 < 5
+        # The writer never watched: it has no events.
+        assert writer.next_event(timeout=0.1) is None
+
+
+def test_watch_sees_an_offline_cli_write_as_external(daemon):
+    with daemon.client("watcher") as w:
+        w.watch()
+        out = daemon.cli("--offline", "cred", "set", "from-cli", input="cli-value\n")
+        assert out.returncode == 0, out.stderr
+        ev = None
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            ev = w.next_event(timeout=deadline - time.monotonic())
+            if ev is None or ev.get("id") == "from-cli":
+                break
+        assert ev is not None and ev["id"] == "from-cli", ev
+        assert ev["source"] == "external" and ev["generation"] == 1
+        assert w.get("from-cli").value() == "cli-value"
+
+
+# ---------------------------------------------------------------------------------------------
+# Single-flight refresh
+
+
+def _refresh_worker(argv):
+    """One process of the race: read the token, say ready, wait for "go", then refresh it
+    through single_flight_refresh. Prints one JSON line with what it saw."""
+    sock, cid, counter_file, name = argv
+    calls = 0
+    with hc.Client(sock, client=name) as c:
+        stale = c.get(cid)
+        print(json.dumps({"ready": stale.generation}), flush=True)
+        if sys.stdin.readline().strip() != "go":
+            sys.exit(3)
+
+        def refresh(record):
+            nonlocal calls
+            calls += 1
+            fd = os.open(counter_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                os.write(fd, ("%s\n" % name).encode())
+            finally:
+                os.close(fd)
+            time.sleep(0.3)  # the OAuth round trip
+            doc = dict(record.credential)
+            keys = {k: dict(v) for k, v in doc["keys"].items()}
+            keys["access_token"]["value"] = "at-" + uuid.uuid4().hex
+            keys["refresh_token"]["value"] = "rt-" + uuid.uuid4().hex
+            doc["keys"] = keys
+            return doc
+
+        fresh = hc.single_flight_refresh(
+            c, cid, refresh, ttl_ms=15000, stale_generation=stale.generation, timeout=60
+        )
+        print(
+            json.dumps(
+                {
+                    "calls": calls,
+                    "token": fresh.value("access_token"),
+                    "generation": fresh.generation,
+                }
+            ),
+            flush=True,
+        )
+
+
+def test_single_flight_refresh_race_8_processes(daemon):
+    n = 8
+    cid = "oauth-race"
+    with daemon.client("setup") as c:
+        c.set(oauth_doc(cid, "at-stale", "rt-stale"))
+        g0 = c.get(cid).generation
+    counter = daemon.root / "refresh-calls"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, "refresh-worker", daemon.socket, cid, str(counter),
+             "worker-%d" % i],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(n)
+    ]
+    try:
+        for p in procs:
+            line = p.stdout.readline()
+            assert line, "worker died before ready: %s" % p.stderr.read()
+            assert json.loads(line) == {"ready": g0}
+        for p in procs:  # all are connected and have read the stale token: go, together
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        results = []
+        for p in procs:
+            out, err = p.communicate(timeout=90)
+            assert p.returncode == 0, "worker failed:\n%s" % err
+            results.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    calls = sum(r["calls"] for r in results)
+    counted = counter.read_text().splitlines() if counter.exists() else []
+    tokens = {r["token"] for r in results}
+    gens = sorted({r["generation"] for r in results})
+    with daemon.client("check") as c:
+        final = c.get(cid)
+    print(
+        "single-flight refresh: %d processes, refresh_fn calls=%d (counter file %d), "
+        "distinct final tokens=%d, generation %d -> %s (stored %d)"
+        % (n, calls, len(counted), len(tokens), g0, gens, final.generation)
+    )
+    assert calls == 1 and len(counted) == 1
+    assert len(tokens) == 1
+    (token,) = tokens
+    assert token != "at-stale" and token.startswith("at-")
+    assert gens == [g0 + 1] and final.generation == g0 + 1
+    assert final.value("access_token") == token
+    assert final.credential_type == "oauth2"
+    assert final.credential["description"] == "an OAuth-style test credential"
+
+
+def test_single_flight_refresh_failure_releases_the_lease(daemon):
+    with daemon.client("a") as a, daemon.client("b") as b:
+        a.set(oauth_doc("tok", "at-0", "rt-0"))
+
+        def broken(record):
+            raise RuntimeError("the token endpoint said 500")
+
+        with pytest.raises(RuntimeError):
+            hc.single_flight_refresh(a, "tok", broken, ttl_ms=60000)
+        # The failed holder let go at once: b gets the lease without waiting 60 s.
+        assert b.refresh_lease("tok", 1000).granted
+        b.release_lease("tok")
+        # A late caller whose stale token was already replaced refreshes nothing.
+        a.set(oauth_doc("tok", "at-1", "rt-1"))  # generation 2
+        fresh = hc.single_flight_refresh(
+            b, "tok", broken, ttl_ms=1000, stale_generation=1
+        )
+        assert fresh.generation == 2 and fresh.value("access_token") == "at-1"
+        # A string from refresh_fn is written as the {id, value} shorthand.
+        b.set_value("plain", "old")
+        got = hc.single_flight_refresh(b, "plain", lambda r: "new-" + r.value(), ttl_ms=1000)
+        assert (got.value(), got.generation) == ("new-old", 2)
+        # The internal subscription of single_flight_refresh does not feed events().
+        assert b.next_event(timeout=0.3) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# Interop with the CLI
+
+
+def test_interop_python_set_reads_back_through_offline_cli(daemon):
+    with daemon.client("interop") as c:
+        c.set_value("interop-key", SECRET)
+        c.set(oauth_doc("interop-oauth", "at-interop", "rt-interop"))
+    out = daemon.cli("--offline", "cred", "get", "interop-key")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.rstrip("\n") == SECRET
+    assert "(offline)" in out.stderr
+    out = daemon.cli("--offline", "cred", "get", "interop-oauth", "--field", "access_token")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.rstrip("\n") == "at-interop"
+    out = daemon.cli("--offline", "--json", "cred", "get", "interop-oauth")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["generation"] == 1
+    assert doc["credential"]["keys"]["refresh_token"]["value"] == "rt-interop"
+    # And the other way: the offline CLI writes, the client reads through the daemon.
+    out = daemon.cli("--offline", "cred", "set", "cli-written", input="from-the-cli\n")
+    assert out.returncode == 0, out.stderr
+    with daemon.client("interop-2") as c:
+        assert c.get("cli-written").value() == "from-the-cli"
+
+
+if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "refresh-worker":
+    _refresh_worker(sys.argv[2:])
