@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run every test holdfast has: the same command locally and in CI (.ci/run calls this).
-#   fmt check · clippy -D warnings · all Rust tests (unit, integration, crash, interop)
+#   fmt check · clippy -D warnings · all Rust tests (unit, integration, crash, interop, daemon)
+#   · the plugin tests in plugins/
 # Crash and fault tests print what they explored; --show-output keeps those lines visible.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,3 +16,6 @@ cargo clippy --all-targets --quiet -- -D warnings
 
 echo "== cargo test (lib, bin, integration tests; benches are built by clippy above, run by cargo bench)"
 cargo test --lib --bins --tests --quiet -- --show-output
+
+echo "== plugin tests (plugins/run-tests.sh: the Python client against the real daemon)"
+plugins/run-tests.sh
