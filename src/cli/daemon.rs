@@ -44,6 +44,16 @@ pub fn run(g: &Global, _args: &DaemonArgs) -> CliResult {
             }
             Err(e) => tracing::warn!(error = %e, "not watching the stores for outside changes"),
         }
+        // The background index flusher: stores open with deferred index rewrites.
+        let flusher = Arc::clone(&daemon);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(crate::limits::INDEX_FLUSH_INTERVAL);
+            loop {
+                tick.tick().await;
+                let d = Arc::clone(&flusher);
+                let _ = tokio::task::spawn_blocking(move || d.flush_dirty()).await;
+            }
+        });
         let (tx, rx) = tokio::sync::watch::channel(false);
         tokio::spawn(async move {
             let reason = wait_for_signal().await;

@@ -2,6 +2,7 @@
 //! options, store selection, output and exit codes.
 
 mod backend;
+mod bench;
 mod cred;
 mod daemon;
 mod init;
@@ -131,6 +132,9 @@ enum Command {
     /// Key management.
     #[command(subcommand)]
     Key(key::KeyCommand),
+    /// Measure this machine: the floors (socket round trip, fsync, atomic replace), then
+    /// cred.get and cred.set through a real daemon on a temporary store, against the targets.
+    Bench(bench::BenchArgs),
 }
 
 /// An error on its way to the user: message plus exit code.
@@ -370,6 +374,7 @@ pub fn main() -> ExitCode {
         Command::Cred(c) => cred::run(g, c),
         Command::Store(c) => store::run(g, c),
         Command::Key(c) => key::run(g, c),
+        Command::Bench(a) => bench::run(g, a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -120,11 +120,17 @@ async fn store_of(
             format!("this connection's plugin grant does not include store {name:?}"),
         ));
     }
-    // Opening a store created after start reads its files: do it on the blocking pool.
-    let (d, n) = (Arc::clone(daemon), name.clone());
-    let slot = tokio::task::spawn_blocking(move || d.store(&n))
-        .await
-        .map_err(|e| RpcError::new(ErrorKind::Storage, format!("internal error: {e}")))?;
+    // An open store is a map lookup. Opening one created after start reads its files: that
+    // goes to the blocking pool.
+    let slot = match daemon.open_store(&name) {
+        Some(slot) => Some(slot),
+        None => {
+            let (d, n) = (Arc::clone(daemon), name.clone());
+            tokio::task::spawn_blocking(move || d.store(&n))
+                .await
+                .map_err(|e| RpcError::new(ErrorKind::Storage, format!("internal error: {e}")))?
+        }
+    };
     let Some(slot) = slot else {
         let known: Vec<String> = daemon.stores().into_iter().map(|(n, _)| n).collect();
         return Err(RpcError::new(
@@ -237,7 +243,10 @@ pub async fn dispatch(
         "cred.get" => {
             let p: ById = params(req.params)?;
             let (_, store) = store_of(daemon, &grant, p.store.as_deref()).await?;
-            let cred = blocking(move || store.get(&p.id)).await?;
+            // A get is one small read (from the page cache, normally) and a decryption: ~5 µs
+            // measured (`holdfast bench`), less than a trip through the blocking pool (~13 µs).
+            // It runs on the worker; writes, which fsync, always go to the blocking pool.
+            let cred = store.get(&p.id).map_err(|e| store_error(&e))?;
             Ok(json!({"credential": cred.expose_json(), "generation": cred.generation()}))
         }
         "cred.exists" => {

@@ -404,6 +404,15 @@ async fn connection(
             p = Arc::clone(&inflight).acquire_owned() => match p { Ok(p) => p, Err(_) => break },
         };
         let (daemon, session) = (Arc::clone(&daemon), Arc::clone(&session));
+        if session.grant().is_none() {
+            // Until `hello` has bound a grant, requests are handled in order, here: a client
+            // may pipeline `hello` and its first requests, and those must see that grant.
+            // (Before hello nothing touches a store, so this never waits on the disk.)
+            let reply = handlers::handle_line(&daemon, &session, &line).await;
+            session.outbox.send(reply);
+            drop(permit);
+            continue;
+        }
         tokio::spawn(async move {
             let reply = handlers::handle_line(&daemon, &session, &line).await;
             session.outbox.send(reply);
@@ -420,7 +429,15 @@ async fn connection(
     daemon.release_connection(conn);
     session.end();
     drop(session);
-    let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
+    // A client that does not read would keep the writer blocked (and its socket open)
+    // forever: after the drain time, abort it.
+    let mut writer = writer;
+    if tokio::time::timeout(Duration::from_secs(5), &mut writer)
+        .await
+        .is_err()
+    {
+        writer.abort();
+    }
     daemon.connections.fetch_sub(1, Ordering::SeqCst);
     tracing::debug!(conn, "connection closed");
 }

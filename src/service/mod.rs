@@ -12,7 +12,7 @@ use tokio::sync::broadcast;
 
 use crate::config::Config;
 use crate::crypto::KeySource;
-use crate::store::{Change, CredentialStore, OpenMode, StoreConfig, StoreOptions};
+use crate::store::{Change, CredentialStore, IndexFlush, OpenMode, StoreConfig, StoreOptions};
 
 pub mod watch;
 
@@ -153,6 +153,28 @@ impl Daemon {
             .collect()
     }
 
+    /// Store `name` if it is already open (no file-system access: safe on an async thread).
+    pub fn open_store(&self, name: &str) -> Option<Arc<StoreSlot>> {
+        self.stores
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(name)
+            .cloned()
+    }
+
+    /// Rewrite the index of every store with pending changes (the background flusher).
+    pub fn flush_dirty(&self) {
+        for (name, slot) in self.stores() {
+            if let Ok(s) = &slot.store {
+                if s.is_dirty() {
+                    if let Err(e) = s.flush() {
+                        tracing::warn!(store = %name, error = %e, "index rewrite failed; retrying on the next flush");
+                    }
+                }
+            }
+        }
+    }
+
     /// Store `name`; a store directory created under the data dir after start is opened now
     /// (blocking: call from the blocking pool) and added to the watcher.
     pub fn store(&self, name: &str) -> Option<Arc<StoreSlot>> {
@@ -272,6 +294,9 @@ fn open_slot(cfg: StoreConfig) -> StoreSlot {
         cfg.clone(),
         StoreOptions {
             mode: OpenMode::Repair,
+            // The daemon's flusher rewrites indexes in the background; its watcher keeps
+            // every store's view current (see `IndexFlush::Deferred`).
+            index_flush: IndexFlush::Deferred,
             ..StoreOptions::default()
         },
     )

@@ -1,11 +1,12 @@
 //! Watching the stores' directories for changes made by other processes (a hive process, an
 //! offline CLI, a person copying files). A debounced batch of inotify events makes the daemon
-//! `sync` the affected stores: refresh from the directory (a stat per file; decrypt only what
-//! changed), rewrite the index if it drifted, and publish `cred.changed` events for every
-//! credential that appeared, changed or disappeared. An inotify queue overflow (or any event
-//! the debouncer marks "rescan") syncs every store: sync is always a full directory scan.
+//! look at exactly the files named in it (`sync_files`: a stat each, a decryption for those
+//! that changed), publish `cred.changed` events for every credential that appeared, changed or
+//! disappeared, and mark the index for the background flusher. The daemon's own writes come
+//! back as events too and cost a stat each. An inotify queue overflow (or any event the
+//! debouncer marks "rescan") makes it rescan every store in full (`sync`).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -42,17 +43,28 @@ impl Watcher {
     }
 }
 
-/// Sync `names` (all stores if `None`) and publish what changed.
-pub fn sync_stores(daemon: &Daemon, names: Option<&BTreeSet<String>>) {
+/// What changed, per store: the file names seen in events, or `None` for "rescan it all".
+type Touched = BTreeMap<String, Option<BTreeSet<String>>>;
+
+/// Sync the stores in `touched` (every store if `None`) and publish what changed.
+pub fn sync_stores(daemon: &Daemon, touched: Option<&Touched>) {
     for (name, slot) in daemon.stores() {
-        if names.is_some_and(|n| !n.contains(&name)) {
-            continue;
-        }
+        let files = match touched {
+            None => None,
+            Some(t) => match t.get(&name) {
+                None => continue,
+                Some(files) => files.as_ref(),
+            },
+        };
         let Ok(store) = &slot.store else { continue };
         if store.sealed_reason().is_some() {
             continue;
         }
-        match store.sync() {
+        let result = match files {
+            Some(files) => store.sync_files(&files.iter().cloned().collect::<Vec<_>>()),
+            None => store.sync(),
+        };
+        match result {
             Ok(changes) => {
                 for c in &changes {
                     tracing::info!(store = %name, id = %c.id, generation = ?c.generation, "credential changed on disk");
@@ -69,14 +81,14 @@ pub fn sync_stores(daemon: &Daemon, names: Option<&BTreeSet<String>>) {
 pub fn start(daemon: Arc<Daemon>) -> Result<Watcher, String> {
     let handler_daemon = Arc::clone(&daemon);
     let debouncer = new_debouncer(WATCH_DEBOUNCE, None, move |res: DebounceEventResult| {
-        let names = match res {
+        let touched = match res {
             Ok(events) => {
                 let bases: Vec<(String, PathBuf)> = handler_daemon
                     .stores()
                     .into_iter()
                     .map(|(n, s)| (n, s.config.base.clone()))
                     .collect();
-                let mut names = BTreeSet::new();
+                let mut touched = Touched::new();
                 let mut everything = false;
                 for ev in &events {
                     if ev.need_rescan() || ev.paths.is_empty() {
@@ -84,8 +96,15 @@ pub fn start(daemon: Arc<Daemon>) -> Result<Watcher, String> {
                     }
                     for p in &ev.paths {
                         for (n, base) in &bases {
-                            if p.starts_with(base) {
-                                names.insert(n.clone());
+                            if !p.starts_with(base) {
+                                continue;
+                            }
+                            let file = p.file_name().and_then(|f| f.to_str());
+                            match (touched.entry(n.clone()).or_insert_with(|| Some(BTreeSet::new())), file) {
+                                (Some(files), Some(f)) => {
+                                    files.insert(f.to_owned());
+                                }
+                                (slot, _) => *slot = None,
                             }
                         }
                     }
@@ -94,7 +113,7 @@ pub fn start(daemon: Arc<Daemon>) -> Result<Watcher, String> {
                     tracing::info!("file watcher asked for a rescan (event queue overflow?): syncing every store");
                     None
                 } else {
-                    Some(names)
+                    Some(touched)
                 }
             }
             Err(errors) => {
@@ -104,7 +123,7 @@ pub fn start(daemon: Arc<Daemon>) -> Result<Watcher, String> {
                 None
             }
         };
-        sync_stores(&handler_daemon, names.as_ref());
+        sync_stores(&handler_daemon, touched.as_ref());
     })
     .map_err(|e| format!("cannot start the file watcher: {e}"))?;
     let mut watcher = Watcher {

@@ -25,7 +25,7 @@ use serde_json::{Map, Value};
 use super::credential::{Credential, SchemaError};
 use super::fsck::{Quarantined, Report};
 use super::id;
-use super::index::{Index, IndexState, Vouch};
+use super::index::{write_index, EntryRef, Index, IndexState};
 use super::{Error, Result, SealedReason};
 use crate::crypto::{keys, DecryptError, KeySource, Keyring, LoadedKeys};
 use crate::durable::{self, lock, perms, Faults, FileStamp, IoError, LockGuard, LockMode};
@@ -57,11 +57,28 @@ pub enum OpenMode {
     Deferred,
 }
 
+/// When the index is rewritten after a write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IndexFlush {
+    /// By the writer, if no other writer of this process is queued (group commit), after
+    /// re-reading the directory so that other processes' files are never dropped from it.
+    /// For short-lived processes (the CLI): the index is current when they exit.
+    Immediate,
+    /// Never by the writer: a background flusher calls [`CredentialStore::flush`] (the daemon,
+    /// every few hundred milliseconds while dirty), and the directory is not re-read before
+    /// each rewrite because the daemon's file watcher keeps the store's view current (`sync`).
+    /// Writes then cost no O(n) work at all; hive sees a new credential in its index within
+    /// the flush interval.
+    Deferred,
+}
+
 /// Options for [`CredentialStore::open`].
 #[derive(Clone, Debug)]
 pub struct StoreOptions {
     /// Repair or look only.
     pub mode: OpenMode,
+    /// When the index is rewritten.
+    pub index_flush: IndexFlush,
     /// Fault-injection seam (tests); disarmed by default.
     pub faults: Faults,
     /// How long writers wait for the store lock.
@@ -72,6 +89,7 @@ impl Default for StoreOptions {
     fn default() -> Self {
         StoreOptions {
             mode: OpenMode::Repair,
+            index_flush: IndexFlush::Immediate,
             faults: Faults::none(),
             lock_timeout: LOCK_TIMEOUT,
         }
@@ -800,6 +818,70 @@ impl CredentialStore {
         Ok(changes)
     }
 
+    /// Like [`CredentialStore::sync`], but look only at the files named (the file watcher knows
+    /// which changed): a stat each, a decryption for those whose stamp differs. Names that are
+    /// not credential files are ignored, except `index.json`: if another process rewrote it,
+    /// the index is marked dirty so that ours (a full view) replaces it. O(changed files), not
+    /// O(store): the daemon's own writes come back as events and cost a stat each.
+    pub fn sync_files(&self, names: &[String]) -> Result<Vec<Change>> {
+        self.reload_keys_if_changed();
+        self.with_ring(|ring| {
+            let mut inner = lock_guard(&self.inner);
+            if !inner.seeded {
+                self.refresh(&mut inner, ring)?;
+                return Ok(Vec::new());
+            }
+            let mut changes = Vec::new();
+            for name in names {
+                if name == INDEX_FILE {
+                    if stamp_of(&self.meta_dir.join(INDEX_FILE)) != inner.index_stamp {
+                        inner.dirty = true;
+                    }
+                    continue;
+                }
+                if !name.ends_with(".enc") || durable::is_temp_name(name) {
+                    continue;
+                }
+                if inner.deleting.as_deref() == Some(name.as_str()) {
+                    continue;
+                }
+                let stamp = stamp_of(&self.cred_dir.join(name));
+                let known = inner.entries.get(name);
+                if stamp.is_some() && known.is_some_and(|e| e.stamp == stamp) {
+                    continue;
+                }
+                match (stamp, self.read_file(name, ring)) {
+                    (Some(stamp), FileRead::Ok(c, _)) if id::file_name(c.id()) == *name => {
+                        let entry = Entry {
+                            id: c.id().to_owned(),
+                            meta: c.index_entry(),
+                            stamp: Some(stamp),
+                            generation: c.generation(),
+                        };
+                        changes.push(Change {
+                            id: entry.id.clone(),
+                            generation: Some(entry.generation),
+                        });
+                        inner.entries.insert(name.clone(), entry);
+                        inner.dirty = true;
+                    }
+                    (_, FileRead::Missing) => {
+                        if let Some(gone) = inner.entries.remove(name) {
+                            changes.push(Change {
+                                id: gone.id,
+                                generation: None,
+                            });
+                            inner.dirty = true;
+                        }
+                    }
+                    // Unreadable or damaged: keep what we knew; fsck reports it.
+                    _ => {}
+                }
+            }
+            Ok(changes)
+        })
+    }
+
     /// Run a write under the store lock, then rewrite the index if this was the last queued
     /// writer of the process (group commit of index rewrites). The rewrite check runs on every
     /// exit path once the lock is held, so an early error cannot strand an earlier writer's
@@ -818,6 +900,7 @@ impl CredentialStore {
             KeyState::Sealed(r) => Err(self.sealed_error(r.clone())),
         });
         if inner.dirty
+            && self.opts.index_flush == IndexFlush::Immediate
             && self.waiting_writers.load(Ordering::SeqCst) == 0
             && self.batch_depth.load(Ordering::SeqCst) == 0
             && lock_guard(&self.poisoned).is_none()
@@ -869,36 +952,41 @@ impl CredentialStore {
     /// directory first (another process may have written files since our last look) and picks
     /// up unknown top-level fields if another writer rewrote the index meanwhile.
     fn flush_index(&self, inner: &mut Inner, ring: &Keyring) -> Result<()> {
-        self.refresh(inner, ring)?;
+        if self.opts.index_flush == IndexFlush::Immediate {
+            self.refresh(inner, ring)?;
+        }
         let index_path = self.meta_dir.join(INDEX_FILE);
         if stamp_of(&index_path) != inner.index_stamp {
             if let (on_disk, IndexState::Ok, _) = self.read_index() {
                 inner.index_extra = on_disk.extra;
             }
         }
-        let mut index = Index {
-            extra: inner.index_extra.clone(),
-            ..Index::default()
-        };
-        for (name, e) in &inner.entries {
-            index.credentials.insert(e.id.clone(), e.meta.clone());
-            if let Some(stamp) = e.stamp {
-                index.vouches.insert(
-                    name.clone(),
-                    Vouch {
-                        id: e.id.clone(),
-                        stamp,
-                        generation: e.generation,
-                    },
-                );
-            }
-        }
-        let bytes = index.to_bytes(&self.config.base.to_string_lossy());
+        let entries: Vec<EntryRef<'_>> = inner
+            .entries
+            .iter()
+            .map(|(name, e)| EntryRef {
+                file: name,
+                id: &e.id,
+                meta: &e.meta,
+                vouch: e.stamp.map(|s| (s, e.generation)),
+            })
+            .collect();
+        let bytes = write_index(
+            &self.config.base.to_string_lossy(),
+            &inner.index_extra,
+            &entries,
+        );
+        drop(entries);
         let stamp = durable::atomic_write(&self.meta_dir, INDEX_FILE, &bytes, self.faults())
             .map_err(|e| self.io_failed(e))?;
         inner.index_stamp = Some(stamp);
         inner.dirty = false;
         Ok(())
+    }
+
+    /// Whether the index has changes not yet written (the daemon's flusher polls this).
+    pub fn is_dirty(&self) -> bool {
+        lock_guard(&self.inner).dirty
     }
 
     /// Bring the in-memory entries up to date with the directory: stat every file, decrypt
@@ -1175,6 +1263,8 @@ impl CredentialStore {
     /// Scan the store and report (fsck). With `repair`, fix what is found: remove temp
     /// files, rebuild or correct the index, quarantine damaged files. Every file is decrypted.
     pub fn fsck(&self, repair: bool) -> Result<Report> {
+        // Pending index changes are not problems: write them first (no-op when read-only).
+        self.flush()?;
         if repair {
             self.check_writable()?;
         } else if let Some(reason) = self.sealed_reason() {

@@ -114,36 +114,92 @@ impl Index {
 
     /// Serialize, stamped now, for the store at `store_path`.
     pub fn to_bytes(&self, store_path: &str) -> Vec<u8> {
-        let mut files = Map::new();
-        for (name, v) in &self.vouches {
-            let mut o = Map::new();
-            o.insert("id".into(), v.id.clone().into());
-            o.insert("size".into(), v.stamp.size.into());
-            o.insert("mtime_ns".into(), v.stamp.mtime_ns.into());
-            o.insert("ino".into(), v.stamp.ino.into());
-            o.insert("generation".into(), v.generation.into());
-            files.insert(name.clone(), Value::Object(o));
-        }
-        let mut hf = Map::new();
-        hf.insert("format".into(), 1.into());
-        hf.insert("files".into(), Value::Object(files));
-        let mut top = Map::new();
-        top.insert(
-            "credentials".into(),
-            Value::Object(self.credentials.clone()),
-        );
-        top.insert("version".into(), INDEX_VERSION.into());
-        top.insert("store_path".into(), store_path.into());
-        top.insert(
-            "generated_at".into(),
-            timefmt::format_offset(timefmt::now_micros()).into(),
-        );
-        for (k, v) in &self.extra {
-            top.insert(k.clone(), v.clone());
-        }
-        top.insert(HOLDFAST_FIELD.into(), Value::Object(hf));
-        serde_json::to_vec(&Value::Object(top)).unwrap_or_default()
+        let entries: Vec<EntryRef<'_>> = self
+            .credentials
+            .iter()
+            .map(|(id, meta)| {
+                let file = self.vouches.iter().find(|(_, v)| v.id == *id);
+                EntryRef {
+                    file: file.map_or("", |(f, _)| f.as_str()),
+                    id,
+                    meta,
+                    vouch: file.map(|(_, v)| (v.stamp, v.generation)),
+                }
+            })
+            .collect();
+        write_index(store_path, &self.extra, &entries)
     }
+}
+
+/// One credential's part of the index, borrowed: the index is written straight from the
+/// store's entries, with no copy of them (at 10,000 credentials a copy is most of the cost).
+pub struct EntryRef<'a> {
+    /// File name in `credentials/`.
+    pub file: &'a str,
+    /// Credential id.
+    pub id: &'a str,
+    /// hive's entry.
+    pub meta: &'a Value,
+    /// The file's stamp and generation, if vouched for.
+    pub vouch: Option<(FileStamp, u64)>,
+}
+
+fn put<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, v: &T) {
+    // Serializing strings, numbers and JSON values into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *out, v);
+}
+
+/// Serialize an index (compact JSON, stamped now) from borrowed entries and the preserved
+/// unknown top-level fields.
+pub fn write_index(
+    store_path: &str,
+    extra: &Map<String, Value>,
+    entries: &[EntryRef<'_>],
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(256 + entries.len() * 512);
+    out.extend_from_slice(b"{\"credentials\":{");
+    for (i, e) in entries.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        put(&mut out, e.id);
+        out.push(b':');
+        put(&mut out, e.meta);
+    }
+    out.extend_from_slice(b"},\"version\":");
+    put(&mut out, INDEX_VERSION);
+    out.extend_from_slice(b",\"store_path\":");
+    put(&mut out, store_path);
+    out.extend_from_slice(b",\"generated_at\":");
+    put(&mut out, &timefmt::format_offset(timefmt::now_micros()));
+    for (k, v) in extra {
+        out.push(b',');
+        put(&mut out, k);
+        out.push(b':');
+        put(&mut out, v);
+    }
+    out.extend_from_slice(b",\"holdfast\":{\"format\":1,\"files\":{");
+    let mut first = true;
+    for e in entries {
+        let Some((stamp, generation)) = e.vouch else {
+            continue;
+        };
+        if !std::mem::take(&mut first) {
+            out.push(b',');
+        }
+        put(&mut out, e.file);
+        out.extend_from_slice(b":{\"id\":");
+        put(&mut out, e.id);
+        out.extend_from_slice(
+            format!(
+                ",\"size\":{},\"mtime_ns\":{},\"ino\":{},\"generation\":{generation}}}",
+                stamp.size, stamp.mtime_ns, stamp.ino
+            )
+            .as_bytes(),
+        );
+    }
+    out.extend_from_slice(b"}}}");
+    out
 }
 
 fn parse_vouch(v: &Value) -> Option<Vouch> {

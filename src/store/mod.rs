@@ -16,8 +16,8 @@ mod rotate;
 
 pub use credential::Credential;
 pub use credentials::{
-    init_store, Change, CredentialInfo, CredentialStore, Listing, OpenMode, StoreConfig,
-    StoreOptions,
+    init_store, Change, CredentialInfo, CredentialStore, IndexFlush, Listing, OpenMode,
+    StoreConfig, StoreOptions,
 };
 pub use fsck::Report;
 pub use rotate::RotateReport;
