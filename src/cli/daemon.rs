@@ -23,6 +23,9 @@ pub fn run(g: &Global, _args: &DaemonArgs) -> CliResult {
     }
     let data_dir = g.data_dir()?;
     let socket = g.socket_path()?;
+    // Singleton first: a second daemon is refused before it opens (and repairs) any store.
+    let claim =
+        server::claim(&socket, &data_dir).map_err(|e| CliError::with_code(e.to_string(), 1))?;
     let daemon = Daemon::open(socket.clone(), data_dir.clone(), config)
         .map_err(|e| CliError::with_code(e, 1))?;
     let daemon = Arc::new(daemon);
@@ -33,8 +36,9 @@ pub fn run(g: &Global, _args: &DaemonArgs) -> CliResult {
         .build()
         .map_err(|e| CliError::with_code(format!("cannot start the async runtime: {e}"), 1))?;
     runtime.block_on(async move {
-        let bound =
-            server::bind(&socket, &data_dir).map_err(|e| CliError::with_code(e.to_string(), 1))?;
+        let bound = claim
+            .bind()
+            .map_err(|e| CliError::with_code(e.to_string(), 1))?;
         match watch::start(Arc::clone(&daemon)) {
             Ok(w) => {
                 *daemon
@@ -70,14 +74,24 @@ pub fn run(g: &Global, _args: &DaemonArgs) -> CliResult {
             stores = daemon.stores().len(),
             "holdfast daemon listening"
         );
-        server::run(bound, Arc::clone(&daemon), limits, rx, true).await;
+        let stopped = server::run(bound, Arc::clone(&daemon), limits, rx, true).await;
         daemon
             .watcher
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take();
         tracing::info!("holdfast daemon stopped");
-        Ok::<(), CliError>(())
+        match stopped {
+            server::Stopped::Shutdown => Ok(()),
+            // Non-zero, so that a supervisor (systemd Restart=on-failure) starts a new one.
+            server::Stopped::SocketLost => Err(CliError::with_code(
+                format!(
+                    "socket {} was deleted or replaced; stopped",
+                    socket.display()
+                ),
+                1,
+            )),
+        }
     })
 }
 

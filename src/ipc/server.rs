@@ -69,10 +69,17 @@ fn take_singleton(path: &Path, what: &str) -> Result<LockGuard, ServeError> {
     }
 }
 
+/// The singleton locks, held, and the socket path cleared for binding.
+pub struct Claim {
+    path: PathBuf,
+    locks: Vec<LockGuard>,
+}
+
 /// Prepare the socket directory, take the singleton locks (one beside the socket, one in the
-/// data directory), clear a stale socket (only under the lock, only after a refused connect),
-/// and bind a pathname socket with mode 0600.
-pub fn bind(socket: &Path, data_dir: &Path) -> Result<Bound, ServeError> {
+/// data directory) and clear a stale socket (only under the lock, only after a refused
+/// connect). Done before the stores are opened, so a second daemon is refused before it reads
+/// (or repairs) anything.
+pub fn claim(socket: &Path, data_dir: &Path) -> Result<Claim, ServeError> {
     let setup = |e: String| ServeError::Setup(e);
     let dir = socket
         .parent()
@@ -117,22 +124,36 @@ pub fn bind(socket: &Path, data_dir: &Path) -> Result<Bound, ServeError> {
             }
         }
     }
-    let name = socket
-        .to_fs_name::<GenericFilePath>()
-        .map_err(|e| setup(format!("socket path {}: {e}", socket.display())))?;
-    let listener = ListenerOptions::new()
-        .name(name)
-        .mode(0o600)
-        .reclaim_name(false)
-        .create_tokio()
-        .map_err(|e| setup(format!("cannot bind {}: {e}", socket.display())))?;
-    let ino = socket_ino(socket).ok_or_else(|| setup("socket vanished right after bind".into()))?;
-    Ok(Bound {
-        listener,
+    Ok(Claim {
         path: socket.to_path_buf(),
-        ino,
-        _locks: locks,
+        locks,
     })
+}
+
+impl Claim {
+    /// Bind a pathname socket with mode 0600 (set with `fchmod` before `bind`: no umask race).
+    /// Needs a tokio runtime.
+    pub fn bind(self) -> Result<Bound, ServeError> {
+        let setup = ServeError::Setup;
+        let socket = self.path.as_path();
+        let name = socket
+            .to_fs_name::<GenericFilePath>()
+            .map_err(|e| setup(format!("socket path {}: {e}", socket.display())))?;
+        let listener = ListenerOptions::new()
+            .name(name)
+            .mode(0o600)
+            .reclaim_name(false)
+            .create_tokio()
+            .map_err(|e| setup(format!("cannot bind {}: {e}", socket.display())))?;
+        let ino =
+            socket_ino(socket).ok_or_else(|| setup("socket vanished right after bind".into()))?;
+        Ok(Bound {
+            listener,
+            path: self.path,
+            ino,
+            _locks: self.locks,
+        })
+    }
 }
 
 fn file_name(p: &Path) -> Result<String, ServeError> {
@@ -225,6 +246,15 @@ impl Outbox {
     }
 }
 
+/// Why serving stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stopped {
+    /// `shutdown` was signalled (SIGTERM/SIGINT).
+    Shutdown,
+    /// The socket file was deleted or replaced: the daemon can no longer be reached.
+    SocketLost,
+}
+
 /// Serve until `shutdown` turns true, then stop accepting, let in-flight requests finish
 /// (up to a grace period) and return. The socket file is removed only if it is still ours.
 pub async fn run(
@@ -233,7 +263,7 @@ pub async fn run(
     limits: Limits,
     mut shutdown: watch::Receiver<bool>,
     unlink_on_exit: bool,
-) {
+) -> Stopped {
     let permits = Arc::new(Semaphore::new(limits.max_connections));
     let (done_tx, mut done_rx) = mpsc::channel::<()>(1);
     let me = perms::euid();
@@ -307,6 +337,11 @@ pub async fn run(
         if let (Some(dir), Ok(name)) = (bound.path.parent(), file_name(&bound.path)) {
             let _ = durable::remove_durably(dir, &name, &Faults::none());
         }
+    }
+    if socket_lost {
+        Stopped::SocketLost
+    } else {
+        Stopped::Shutdown
     }
 }
 

@@ -280,3 +280,557 @@ pub fn index_json(base: &Path) -> Value {
     let bytes = fs::read(base.join("metadata/index.json")).expect("read index.json");
     serde_json::from_slice(&bytes).expect("index.json is JSON")
 }
+
+// =============================================================================================
+// Daemon harness (used by tests/daemon.rs)
+//
+// [`DaemonEnv`]: a private HOME with an initialized `default` store, a config file and a 0700
+// runtime dir, optionally owned by uid 65534 ([`NOBODY`]). [`DaemonEnv::start`] spawns the real
+// `holdfast daemon` (stderr to a log file per start) and waits until the socket answers
+// `hello`; [`RunningDaemon::stop`] sends SIGTERM and checks exit code 0. A daemon still running
+// when its [`RunningDaemon`] is dropped (a failed test) is SIGKILLed by pid. [`Conn`] speaks
+// raw NDJSON JSON-RPC over a `UnixStream`.
+
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader, Read};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::process::{Child, ExitStatus};
+use std::time::{Duration, Instant};
+
+/// The unprivileged uid/gid "another uid" tests drop to (`nobody`).
+pub const NOBODY: u32 = 65534;
+
+/// The setpriv arguments that run a command as [`NOBODY`].
+pub const SETPRIV_NOBODY: [&str; 4] = [
+    "setpriv",
+    "--reuid=65534",
+    "--regid=65534",
+    "--clear-groups",
+];
+
+/// A python3 that any uid can run (`python3` on PATH may be a shim under /root).
+pub const PYTHON: &str = "/usr/bin/python3";
+
+/// Whether the tests run as root (CI does; "another uid" tests need it).
+pub fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+/// One JSON-RPC request line (with its newline).
+pub fn req_line(id: impl Into<Value>, method: &str, params: Value) -> Vec<u8> {
+    let mut v = serde_json::to_vec(&serde_json::json!({
+        "jsonrpc": "2.0", "id": id.into(), "method": method, "params": params,
+    }))
+    .expect("serialize request");
+    v.push(b'\n');
+    v
+}
+
+/// A field of `/proc/<pid>/status` (e.g. `VmRSS` in kB, `Threads`), first number only.
+pub fn proc_status(pid: u32, field: &str) -> Option<u64> {
+    let text = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+}
+
+/// Open file descriptors of `pid`.
+pub fn fd_count(pid: u32) -> usize {
+    fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|rd| rd.count())
+        .unwrap_or(0)
+}
+
+/// `text` without ANSI colour escapes (the human log format colours field names).
+pub fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' && chars.peek() == Some(&'[') {
+            for d in chars.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// A temp HOME for a daemon: `<root>/home` with XDG dirs under it (see [`clean_env`]),
+/// `<root>/home/run` (0700, the runtime dir, so the socket is `home/run/holdfast/holdfast.sock`),
+/// `<root>/config.toml` (passed with `--config`), and a `default` store made by `holdfast init`.
+pub struct DaemonEnv {
+    _dir: tempfile::TempDir,
+    pub root: PathBuf,
+    pub home: PathBuf,
+    pub socket: PathBuf,
+    pub config: PathBuf,
+    pub data_dir: PathBuf,
+    /// Whether the daemon (and `init`) run as [`NOBODY`].
+    pub as_nobody: bool,
+    starts: usize,
+}
+
+/// How to spawn one daemon: extra arguments and environment, and an optional shell prefix run
+/// before `exec` (e.g. `umask 000` or `ulimit -c unlimited`).
+#[derive(Default, Clone)]
+pub struct DaemonOpts {
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub shell_prefix: Option<String>,
+    pub cwd: Option<PathBuf>,
+}
+
+impl DaemonEnv {
+    /// A root-owned (test uid) environment with `config_toml` as the config file.
+    pub fn new(config_toml: &str) -> Self {
+        Self::make(config_toml, false)
+    }
+
+    /// The same, owned by uid/gid 65534; `init` and the daemon run under setpriv as 65534.
+    pub fn new_as_nobody(config_toml: &str) -> Self {
+        Self::make(config_toml, true)
+    }
+
+    fn make(config_toml: &str, as_nobody: bool) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().to_path_buf();
+        let home = root.join("home");
+        fs::create_dir(&home).expect("mkdir home");
+        let run_dir = home.join("run");
+        fs::create_dir(&run_dir).expect("mkdir run");
+        fs::set_permissions(&run_dir, fs::Permissions::from_mode(0o700)).expect("chmod run");
+        let config = root.join("config.toml");
+        fs::write(&config, config_toml).expect("write config");
+        if as_nobody {
+            for p in [&root, &home, &run_dir, &config] {
+                std::os::unix::fs::chown(p, Some(NOBODY), Some(NOBODY)).expect("chown");
+            }
+        }
+        let env = DaemonEnv {
+            _dir: dir,
+            socket: run_dir.join("holdfast/holdfast.sock"),
+            data_dir: home.join("state/holdfast"),
+            root,
+            home,
+            config,
+            as_nobody,
+            starts: 0,
+        };
+        let out = run(env.cli(), b"");
+        assert_eq!(out.code, 0, "holdfast init:\n{out}");
+        env
+    }
+
+    /// Rewrite the config file (takes effect at the next start).
+    pub fn write_config(&self, config_toml: &str) {
+        fs::write(&self.config, config_toml).expect("write config");
+    }
+
+    /// The `default` store's base directory.
+    pub fn store_base(&self) -> PathBuf {
+        self.data_dir.join("stores/default")
+    }
+
+    /// The `default` store's key file.
+    pub fn key_file(&self) -> PathBuf {
+        self.home.join("config/holdfast/keys/default.key")
+    }
+
+    /// A `holdfast` command with a clean env around this HOME (as 65534 if the env is), with
+    /// `--config`. Without arguments it runs `init`.
+    fn cli(&self) -> Command {
+        let mut c = self.holdfast(&["init"]);
+        c.stdin(Stdio::null());
+        c
+    }
+
+    /// `holdfast <args…> --config <config>` with a clean env (as 65534 if the env is).
+    pub fn holdfast(&self, args: &[&str]) -> Command {
+        let bin = env!("CARGO_BIN_EXE_holdfast");
+        let mut c = if self.as_nobody {
+            let mut c = Command::new(SETPRIV_NOBODY[0]);
+            c.args(&SETPRIV_NOBODY[1..]).arg(bin);
+            c
+        } else {
+            Command::new(bin)
+        };
+        clean_env(&mut c, &self.home);
+        c.args(args).arg("--config").arg(&self.config);
+        c
+    }
+
+    /// Spawn `holdfast daemon` without waiting for it (see [`DaemonEnv::start_with`]).
+    pub fn spawn(&mut self, opts: &DaemonOpts) -> RunningDaemon {
+        self.starts += 1;
+        let log = self.root.join(format!("daemon-{}.log", self.starts));
+        let log_file = fs::File::create(&log).expect("create daemon log");
+        let mut c = self.holdfast(&["daemon"]);
+        c.args(&opts.args);
+        for (k, v) in &opts.env {
+            c.env(k, v);
+        }
+        if let Some(prefix) = &opts.shell_prefix {
+            let mut sh = Command::new("sh");
+            sh.arg("-c")
+                .arg(format!("{prefix}; exec \"$0\" \"$@\""))
+                .arg(c.get_program())
+                .args(c.get_args());
+            for (k, v) in c.get_envs() {
+                match v {
+                    Some(v) => sh.env(k, v),
+                    None => sh.env_remove(k),
+                };
+            }
+            c = sh;
+        }
+        if let Some(cwd) = &opts.cwd {
+            c.current_dir(cwd);
+        }
+        c.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log_file);
+        let child = c.spawn().expect("spawn holdfast daemon");
+        let pid = child.id();
+        let socket = opts
+            .args
+            .iter()
+            .position(|a| a == "--socket")
+            .and_then(|i| opts.args.get(i + 1))
+            .map_or_else(|| self.socket.clone(), PathBuf::from);
+        RunningDaemon {
+            child,
+            pid,
+            socket,
+            log,
+            exited: None,
+        }
+    }
+
+    /// Spawn with `opts` and wait (≤ 15 s) until the socket answers `hello`.
+    pub fn start_with(&mut self, opts: &DaemonOpts) -> RunningDaemon {
+        let mut d = self.spawn(opts);
+        d.wait_ready(Duration::from_secs(15));
+        d
+    }
+
+    /// Spawn with default options and wait until it serves.
+    pub fn start(&mut self) -> RunningDaemon {
+        self.start_with(&DaemonOpts::default())
+    }
+
+    /// Every daemon log of this env so far, raw (with any ANSI escapes).
+    pub fn all_logs_raw(&self) -> String {
+        (1..=self.starts)
+            .map(|n| {
+                String::from_utf8_lossy(
+                    &fs::read(self.root.join(format!("daemon-{n}.log"))).unwrap_or_default(),
+                )
+                .into_owned()
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// The text of every daemon log of this env so far (ANSI escapes stripped).
+    pub fn all_logs(&self) -> String {
+        (1..=self.starts)
+            .map(|n| {
+                strip_ansi(
+                    &fs::read_to_string(self.root.join(format!("daemon-{n}.log")))
+                        .unwrap_or_default(),
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+/// A spawned daemon process.
+pub struct RunningDaemon {
+    pub child: Child,
+    pub pid: u32,
+    pub socket: PathBuf,
+    pub log: PathBuf,
+    exited: Option<ExitStatus>,
+}
+
+impl RunningDaemon {
+    /// Its stderr so far, raw (with any ANSI escapes).
+    pub fn log_raw(&self) -> String {
+        String::from_utf8_lossy(&fs::read(&self.log).unwrap_or_default()).into_owned()
+    }
+
+    /// Its stderr so far, ANSI escapes stripped.
+    pub fn log_text(&self) -> String {
+        strip_ansi(&self.log_raw())
+    }
+
+    /// Wait until `hello` is answered (result or error) on the socket; returns how long that
+    /// took. Panics (with the log) if the daemon exits or `timeout` passes.
+    pub fn wait_ready(&mut self, timeout: Duration) -> Duration {
+        let start = Instant::now();
+        loop {
+            if let Some(st) = self.try_exit() {
+                panic!(
+                    "daemon exited before serving ({st}); log:\n{}",
+                    self.log_text()
+                );
+            }
+            if let Ok(s) = UnixStream::connect(&self.socket) {
+                let mut c = Conn::from_stream(s);
+                c.set_timeout(Duration::from_secs(2));
+                if let Ok(Some(v)) =
+                    c.try_call("hello", serde_json::json!({"client": "ready-probe"}))
+                {
+                    // Any JSON-RPC answer counts (a daemon with require_plugin=true
+                    // answers a plugin-less hello with `forbidden`).
+                    if v.get("result").is_some() || v.get("error").is_some() {
+                        return start.elapsed();
+                    }
+                }
+            }
+            assert!(
+                start.elapsed() < timeout,
+                "daemon did not answer on {} within {timeout:?}; log:\n{}",
+                self.socket.display(),
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Send `sig` to the daemon (by its pid).
+    pub fn signal(&self, sig: rustix::process::Signal) {
+        if self.exited.is_some() {
+            return;
+        }
+        let pid = rustix::process::Pid::from_raw(self.pid as i32).expect("pid");
+        let _ = rustix::process::kill_process(pid, sig);
+    }
+
+    /// Its exit status, if it has exited.
+    pub fn try_exit(&mut self) -> Option<ExitStatus> {
+        if self.exited.is_none() {
+            self.exited = self.child.try_wait().expect("try_wait");
+        }
+        self.exited
+    }
+
+    /// Wait up to `timeout` for it to exit.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let start = Instant::now();
+        loop {
+            if let Some(st) = self.try_exit() {
+                return Some(st);
+            }
+            if start.elapsed() >= timeout {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// SIGTERM, wait (≤ 30 s: the shutdown grace is 20 s) and check exit code 0. Returns the
+    /// log text.
+    pub fn stop(mut self) -> String {
+        self.signal(rustix::process::Signal::TERM);
+        let st = self.wait_exit(Duration::from_secs(30));
+        let log = self.log_text();
+        let st = st.unwrap_or_else(|| panic!("daemon ignored SIGTERM for 30 s; log:\n{log}"));
+        assert_eq!(
+            st.code(),
+            Some(0),
+            "daemon exit after SIGTERM: {st}; log:\n{log}"
+        );
+        log
+    }
+
+    /// Resident memory in KiB.
+    pub fn rss_kib(&self) -> u64 {
+        proc_status(self.pid, "VmRSS").expect("VmRSS")
+    }
+
+    /// Thread count.
+    pub fn threads(&self) -> u64 {
+        proc_status(self.pid, "Threads").expect("Threads")
+    }
+}
+
+impl Drop for RunningDaemon {
+    fn drop(&mut self) {
+        if self.try_exit().is_none() {
+            self.signal(rustix::process::Signal::KILL);
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A raw protocol connection: NDJSON lines over a `UnixStream`. Event notifications read
+/// while waiting for a response are kept for [`Conn::next_event`].
+pub struct Conn {
+    pub stream: UnixStream,
+    reader: BufReader<UnixStream>,
+    next_id: u64,
+    events: VecDeque<Value>,
+}
+
+impl Conn {
+    /// Connect (read timeout 10 s), no hello.
+    pub fn connect(path: &Path) -> Self {
+        let s =
+            UnixStream::connect(path).unwrap_or_else(|e| panic!("connect {}: {e}", path.display()));
+        Self::from_stream(s)
+    }
+
+    /// Connect and say hello (asserting it succeeds).
+    pub fn open(path: &Path) -> Self {
+        let mut c = Self::connect(path);
+        c.ok(
+            "hello",
+            serde_json::json!({"client": "daemon-test", "protocol": 1}),
+        );
+        c
+    }
+
+    pub fn from_stream(s: UnixStream) -> Self {
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("read timeout");
+        let reader = BufReader::new(s.try_clone().expect("clone stream"));
+        Conn {
+            stream: s,
+            reader,
+            next_id: 1000,
+            events: VecDeque::new(),
+        }
+    }
+
+    pub fn set_timeout(&mut self, t: Duration) {
+        self.stream.set_read_timeout(Some(t)).expect("read timeout");
+    }
+
+    /// Write raw bytes.
+    pub fn send_raw(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).expect("write to daemon");
+    }
+
+    /// Read one line: `Ok(None)` at EOF, `Err` on timeout or a reset.
+    pub fn read_line_raw(&mut self) -> std::io::Result<Option<String>> {
+        let mut line = String::new();
+        match self.reader.read_line(&mut line)? {
+            0 => Ok(None),
+            _ => Ok(Some(line)),
+        }
+    }
+
+    /// Read one message: `Ok(None)` at EOF.
+    pub fn read_msg(&mut self) -> std::io::Result<Option<Value>> {
+        Ok(self.read_line_raw()?.map(|l| {
+            serde_json::from_str(&l).unwrap_or_else(|e| panic!("daemon sent non-JSON {l:?}: {e}"))
+        }))
+    }
+
+    /// Read messages until EOF (or a reset/timeout): the messages and whether a clean EOF
+    /// ended them.
+    pub fn read_until_eof(&mut self) -> (Vec<Value>, bool) {
+        let mut msgs = Vec::new();
+        loop {
+            match self.read_msg() {
+                Ok(Some(m)) => msgs.push(m),
+                Ok(None) => return (msgs, true),
+                Err(e) if e.kind() == IoErrorKind::ConnectionReset => return (msgs, true),
+                Err(_) => return (msgs, false),
+            }
+        }
+    }
+
+    /// Send a request and wait for the response with its id (events are queued). `Ok(None)`:
+    /// the daemon closed the connection first.
+    pub fn try_call(&mut self, method: &str, params: Value) -> std::io::Result<Option<Value>> {
+        self.next_id += 1;
+        let id = self.next_id;
+        self.stream.write_all(&req_line(id, method, params))?;
+        loop {
+            let Some(msg) = self.read_msg()? else {
+                return Ok(None);
+            };
+            if msg.get("method").and_then(Value::as_str) == Some("event") {
+                self.events.push_back(msg["params"].clone());
+                continue;
+            }
+            if msg.get("id") == Some(&Value::from(id)) {
+                return Ok(Some(msg));
+            }
+            panic!("response to an unknown request while waiting for {id}: {msg}");
+        }
+    }
+
+    /// The whole response to `method`.
+    pub fn call(&mut self, method: &str, params: Value) -> Value {
+        self.try_call(method, params.clone())
+            .unwrap_or_else(|e| panic!("{method} {params}: {e}"))
+            .unwrap_or_else(|| panic!("{method} {params}: the daemon closed the connection"))
+    }
+
+    /// The `result` of `method`; panics on an error response.
+    pub fn ok(&mut self, method: &str, params: Value) -> Value {
+        let r = self.call(method, params.clone());
+        match r.get("result") {
+            Some(v) => v.clone(),
+            None => panic!("{method} {params} failed: {r}"),
+        }
+    }
+
+    /// The `error` of `method`; panics on success.
+    pub fn err(&mut self, method: &str, params: Value) -> Value {
+        let r = self.call(method, params.clone());
+        match r.get("error") {
+            Some(v) => v.clone(),
+            None => panic!("{method} {params} succeeded, expected an error: {r}"),
+        }
+    }
+
+    /// The next event's params, waiting at most `timeout`.
+    pub fn next_event(&mut self, timeout: Duration) -> Option<Value> {
+        if let Some(ev) = self.events.pop_front() {
+            return Some(ev);
+        }
+        if timeout.is_zero() {
+            return None;
+        }
+        self.set_timeout(timeout);
+        let got = self.read_msg();
+        self.set_timeout(Duration::from_secs(10));
+        match got {
+            Ok(Some(msg)) if msg.get("method").and_then(Value::as_str) == Some("event") => {
+                Some(msg["params"].clone())
+            }
+            Ok(Some(msg)) => panic!("unexpected message while waiting for an event: {msg}"),
+            Ok(None) | Err(_) => None,
+        }
+    }
+}
+
+/// Run a python3 snippet (as [`NOBODY`] if `nobody`) with `args`; its stdout, stderr, code.
+pub fn python(nobody: bool, script: &str, args: &[&str]) -> Out {
+    let mut c = if nobody {
+        let mut c = Command::new(SETPRIV_NOBODY[0]);
+        c.args(&SETPRIV_NOBODY[1..]).arg(PYTHON);
+        c
+    } else {
+        Command::new(PYTHON)
+    };
+    c.arg("-c").arg(script).args(args);
+    run(c, b"")
+}
+
+/// Read the rest of `r` into a string, ignoring errors (for children's pipes).
+pub fn read_all(mut r: impl Read) -> String {
+    let mut s = String::new();
+    let _ = r.read_to_string(&mut s);
+    s
+}
