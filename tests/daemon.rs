@@ -1254,7 +1254,10 @@ fn second_daemon_is_refused() {
     assert_ne!(st.code(), Some(0), "second daemon: {st}\n{log2}");
     assert!(log2.contains(&want), "want {want:?} in:\n{log2}");
     // Refused before it opened (let alone repaired) any store.
-    assert!(!log2.contains("store open"), "second daemon opened stores:\n{log2}");
+    assert!(
+        !log2.contains("store open"),
+        "second daemon opened stores:\n{log2}"
+    );
     assert_eq!(
         ino(&d.socket),
         Some(ino_before),
