@@ -117,6 +117,15 @@ enum LogFormat {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the daemon: serve the stores over the Unix socket until SIGTERM/SIGINT.
+    ///
+    /// Serves every store under the data directory (stores created later are picked up on first
+    /// use) and the config file's [stores.*], on --socket (default
+    /// $XDG_RUNTIME_DIR/holdfast/holdfast.sock, else /tmp/holdfast-$UID/holdfast.sock; the
+    /// socket is 0600 in a 0700 directory). One daemon per socket and per data directory: a
+    /// second exits 1 with "already running (pid N)". SIGTERM/SIGINT: stop accepting, finish the
+    /// requests in flight, flush, exit 0. The protocol is in docs/protocol.md; limits and
+    /// plugin grants come from the config file (see --config). Logs go to stderr (info by
+    /// default; --log-format json; RUST_LOG) and never contain secrets.
     Daemon(daemon::DaemonArgs),
     /// Show the daemon's state (or, with no daemon, the store's).
     Status,
