@@ -60,29 +60,66 @@ impl ClientError {
     }
 }
 
+/// How long a call waits for the daemon by default (a key rotation of a large store is the
+/// slowest legitimate call). `set_read_timeout` changes it.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
+
 /// A connection that has said hello.
 pub struct Client {
     reader: BufReader<UnixStream>,
     writer: UnixStream,
     next_id: u64,
     events: VecDeque<Value>,
+    /// A line being read when a timeout struck: kept so the next read continues it.
+    partial: Vec<u8>,
+    timeout: Option<Duration>,
     /// The daemon's answer to `hello`.
     pub hello: Value,
 }
 
 impl Client {
-    /// Connect, and say hello as `client` (bound to `plugin`'s grant, if given).
+    /// Connect, check that the server runs as us (or root), and say hello as `client` (bound
+    /// to `plugin`'s grant, if given). Reads time out after [`DEFAULT_TIMEOUT`].
     pub fn connect(path: &Path, client: &str, plugin: Option<&str>) -> Result<Self, ClientError> {
         let stream = UnixStream::connect(path).map_err(|source| ClientError::Connect {
             path: path.display().to_string(),
             source,
         })?;
+        // Whoever answers gets our secrets: it must be our own uid (or root, who could read
+        // the key file anyway). Without XDG_RUNTIME_DIR the socket lives under /tmp, where
+        // another user could have planted a listener.
+        let me = crate::durable::perms::euid();
+        match rustix::net::sockopt::socket_peercred(&stream) {
+            Ok(cred) if cred.uid.as_raw() == me || cred.uid.is_root() => {}
+            Ok(cred) => {
+                return Err(ClientError::Connect {
+                    path: path.display().to_string(),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::PermissionDenied,
+                        format!(
+                            "the server on this socket runs as uid {}, not as you (uid {me}); refusing to talk to it",
+                            cred.uid.as_raw()
+                        ),
+                    ),
+                })
+            }
+            Err(e) => {
+                return Err(ClientError::Connect {
+                    path: path.display().to_string(),
+                    source: e.into(),
+                })
+            }
+        }
+        stream.set_read_timeout(Some(DEFAULT_TIMEOUT))?;
+        stream.set_write_timeout(Some(DEFAULT_TIMEOUT))?;
         let writer = stream.try_clone()?;
         let mut c = Client {
             reader: BufReader::new(stream),
             writer,
             next_id: 1,
             events: VecDeque::new(),
+            partial: Vec::new(),
+            timeout: Some(DEFAULT_TIMEOUT),
             hello: Value::Null,
         };
         let mut params = json!({"client": client, "protocol": PROTOCOL_VERSION});
@@ -94,7 +131,8 @@ impl Client {
     }
 
     /// Set a timeout for each read from the daemon (`None`: wait forever).
-    pub fn set_read_timeout(&self, t: Option<Duration>) -> Result<(), ClientError> {
+    pub fn set_read_timeout(&mut self, t: Option<Duration>) -> Result<(), ClientError> {
+        self.timeout = t;
         Ok(self.reader.get_ref().set_read_timeout(t)?)
     }
 
@@ -137,7 +175,8 @@ impl Client {
         if let Some(ev) = self.events.pop_front() {
             return Ok(Some(ev));
         }
-        self.set_read_timeout(Some(timeout))?;
+        let saved = self.timeout;
+        self.reader.get_ref().set_read_timeout(Some(timeout))?;
         let got = match self.read_message() {
             Ok(msg) if msg.get("method").and_then(Value::as_str) == Some("event") => {
                 Some(msg["params"].clone())
@@ -151,21 +190,34 @@ impl Client {
             {
                 None
             }
-            Err(e) => return Err(e),
+            Err(e) => {
+                self.reader.get_ref().set_read_timeout(saved)?;
+                return Err(e);
+            }
         };
-        self.set_read_timeout(None)?;
+        self.reader.get_ref().set_read_timeout(saved)?;
         Ok(got)
     }
 
+    /// Read one line. Bytes read before a timeout stay in `partial`, so a later read picks the
+    /// line up where it stopped instead of parsing half of it.
     fn read_message(&mut self) -> Result<Value, ClientError> {
-        let mut line = String::new();
-        if self.reader.read_line(&mut line)? == 0 {
+        let n = self.reader.read_until(b'\n', &mut self.partial)?;
+        if n == 0 && self.partial.is_empty() {
             return Err(ClientError::Io(std::io::Error::new(
                 std::io::ErrorKind::UnexpectedEof,
                 "the daemon closed the connection",
             )));
         }
-        serde_json::from_str(&line).map_err(|e| ClientError::Protocol(format!("bad line: {e}")))
+        if self.partial.last() != Some(&b'\n') {
+            return Err(ClientError::Io(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the daemon closed the connection mid-line",
+            )));
+        }
+        let line = std::mem::take(&mut self.partial);
+        let line = zeroize::Zeroizing::new(line);
+        serde_json::from_slice(&line).map_err(|e| ClientError::Protocol(format!("bad line: {e}")))
     }
 }
 

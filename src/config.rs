@@ -206,7 +206,68 @@ pub fn load(explicit: Option<&Path>) -> Result<Config, String> {
     for name in config.stores.keys() {
         crate::paths::validate_store_name(name).map_err(|e| format!("[stores.{name}]: {e}"))?;
     }
+    config
+        .validate()
+        .map_err(|e| format!("config {}: {e}", path.display()))?;
     Ok(config)
+}
+
+impl Config {
+    /// Refuse values that would break the daemon rather than tune it (a zero timeout spins, a
+    /// huge cap overflows), and plugin grants that name methods or stores that cannot exist (a
+    /// typo would silently grant nothing).
+    pub fn validate(&self) -> Result<(), String> {
+        let l = &self.limits;
+        let range = |name: &str, v: Option<u64>, lo: u64, hi: u64| match v {
+            Some(v) if v < lo || v > hi => {
+                Err(format!("[limits] {name} = {v} is outside {lo}..={hi}"))
+            }
+            _ => Ok(()),
+        };
+        range(
+            "max_frame_bytes",
+            l.max_frame_bytes.map(|v| v as u64),
+            1024,
+            64 << 20,
+        )?;
+        range(
+            "max_connections",
+            l.max_connections.map(|v| v as u64),
+            1,
+            65_536,
+        )?;
+        range("idle_timeout_ms", l.idle_timeout_ms, 100, 86_400_000)?;
+        range("read_timeout_ms", l.read_timeout_ms, 100, 3_600_000)?;
+        range(
+            "max_output_queue_bytes",
+            l.max_output_queue_bytes.map(|v| v as u64),
+            64 << 10,
+            1 << 30,
+        )?;
+        for (name, grant) in &self.plugins {
+            for m in &grant.methods {
+                let known = m == "*"
+                    || crate::ipc::handlers::METHODS.contains(&m.as_str())
+                    || m.strip_suffix(".*").is_some_and(|fam| {
+                        crate::ipc::handlers::METHODS
+                            .iter()
+                            .any(|k| k.split_once('.').is_some_and(|(f, _)| f == fam))
+                    });
+                if !known {
+                    return Err(format!(
+                        "[plugins.{name}] methods: {m:?} is not a method (see docs/protocol.md), a family like \"cred.*\", or \"*\""
+                    ));
+                }
+            }
+            for st in &grant.stores {
+                if st != "*" {
+                    crate::paths::validate_store_name(st)
+                        .map_err(|e| format!("[plugins.{name}] stores: {st:?}: {e}"))?;
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -239,5 +300,20 @@ mod tests {
         assert!(p.allows_store("default"));
         assert!(!p.allows_store("hive"));
         assert!(toml::from_str::<Config>("nonsense = 1").is_err());
+        assert!(c.validate().is_ok());
+    }
+
+    #[test]
+    fn validation_refuses_values_that_break_the_daemon() {
+        for bad in [
+            "[limits]\nidle_timeout_ms = 0",
+            "[limits]\nmax_connections = 100000000",
+            "[limits]\nmax_frame_bytes = 10",
+            "[plugins.p]\nstores = [\"default\"]\nmethods = [\"cred.gett\"]",
+            "[plugins.p]\nstores = [\"../x\"]\nmethods = [\"cred.*\"]",
+        ] {
+            let c: Config = toml::from_str(bad).unwrap();
+            assert!(c.validate().is_err(), "{bad}");
+        }
     }
 }

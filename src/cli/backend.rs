@@ -18,7 +18,7 @@ pub enum Backend {
     /// Through the socket.
     Daemon {
         /// The connection.
-        client: Client,
+        client: Box<Client>,
         /// Store name.
         store: String,
     },
@@ -36,7 +36,7 @@ impl Backend {
     pub fn open(g: &Global, mode: OpenMode) -> CliResult<Self> {
         match g.daemon()? {
             Some(client) => Ok(Backend::Daemon {
-                client,
+                client: Box::new(client),
                 store: g.store.clone(),
             }),
             None => Ok(Backend::Local(Box::new(g.open(mode)?))),

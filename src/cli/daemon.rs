@@ -48,14 +48,32 @@ pub fn run(g: &Global, _args: &DaemonArgs) -> CliResult {
             }
             Err(e) => tracing::warn!(error = %e, "not watching the stores for outside changes"),
         }
-        // The background index flusher: stores open with deferred index rewrites.
+        // Changes made between opening the stores and watching them would otherwise go unseen.
+        let d = Arc::clone(&daemon);
+        let _ = tokio::task::spawn_blocking(move || watch::sync_stores(&d, None)).await;
+        // The background index flusher (stores open with deferred index rewrites), and the
+        // safety net under the watcher: every RESCAN_INTERVAL, watch every store directory
+        // again (a directory that was replaced lost its inotify watch) and rescan in full.
         let flusher = Arc::clone(&daemon);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(crate::limits::INDEX_FLUSH_INTERVAL);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut last_rescan = tokio::time::Instant::now();
             loop {
                 tick.tick().await;
                 let d = Arc::clone(&flusher);
-                let _ = tokio::task::spawn_blocking(move || d.flush_dirty()).await;
+                let rescan = last_rescan.elapsed() >= crate::limits::RESCAN_INTERVAL;
+                if rescan {
+                    last_rescan = tokio::time::Instant::now();
+                }
+                let _ = tokio::task::spawn_blocking(move || {
+                    if rescan {
+                        d.rewatch();
+                        watch::sync_stores(&d, None);
+                    }
+                    d.flush_dirty();
+                })
+                .await;
             }
         });
         let (tx, rx) = tokio::sync::watch::channel(false);
@@ -63,9 +81,14 @@ pub fn run(g: &Global, _args: &DaemonArgs) -> CliResult {
             let reason = wait_for_signal().await;
             tracing::info!(
                 signal = reason,
-                "shutting down: no new connections; finishing requests in flight"
+                "shutting down: no new connections; finishing requests in flight (signal again to exit at once)"
             );
             let _ = tx.send(true);
+            // A second signal: exit now. Every acknowledged write is already durable; requests
+            // still in flight were never acknowledged.
+            let again = wait_for_signal().await;
+            tracing::warn!(signal = again, "second signal: exiting now without waiting for requests in flight");
+            std::process::exit(1);
         });
         tracing::info!(
             socket = %socket.display(),

@@ -275,9 +275,36 @@ impl Global {
         let socket = self.socket_path()?;
         let client = match crate::client::Client::connect(&socket, "holdfast-cli", None) {
             Ok(c) => c,
-            Err(_) => {
+            // Nothing there (no socket, or a stale one), or a socket this user may not use
+            // (another user's): work on the store directly.
+            Err(crate::client::ClientError::Connect { source, .. })
+                if matches!(
+                    source.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+                ) =>
+            {
                 offline_note(&format!("no daemon answers on {}", socket.display()));
                 return Ok(None);
+            }
+            Err(crate::client::ClientError::Connect { source, .. })
+                if source.raw_os_error() == Some(rustix::io::Errno::ACCESS.raw_os_error()) =>
+            {
+                offline_note(&format!(
+                    "no daemon answers on {} for this user (permission denied: it is not yours)",
+                    socket.display()
+                ));
+                return Ok(None);
+            }
+            // Something answered and said no (busy, a plugin required, another uid, another
+            // protocol): say so rather than quietly going around the daemon.
+            Err(e) => {
+                return Err(CliError {
+                    message: format!(
+                        "the daemon on {} refused this client: {e} (use --offline to open the store directly)",
+                        socket.display()
+                    ),
+                    code: e.kind().exit_code(),
+                })
             }
         };
         let ours = self.data_dir()?;

@@ -86,7 +86,14 @@ impl<R: AsyncBufRead + Unpin> FrameReader<R> {
                 Some(i) => (i, true),
                 None => (available.len(), false),
             };
-            if self.buf.len() + take > self.max {
+            // The cap is on the line without its terminator, `\n` or `\r\n`: a trailing `\r`
+            // may be the first half of one, so it does not count (at most `max + 1` bytes are
+            // ever buffered).
+            let ends_cr = match take {
+                0 => self.buf.last() == Some(&b'\r'),
+                _ => available[take - 1] == b'\r',
+            };
+            if self.buf.len() + take - usize::from(ends_cr) > self.max {
                 return Err(FrameError::TooLong { max: self.max });
             }
             self.buf.extend_from_slice(&available[..take]);

@@ -38,6 +38,10 @@ pub const METHODS: &[&str] = &[
 
 const DEFAULT_STORE: &str = "default";
 
+/// Most `cred.watch` subscriptions one connection may hold (each is a task and a receiver that
+/// every event fans out to; one per store, or one for all, is all a client needs).
+pub const MAX_SUBSCRIPTIONS_PER_CONNECTION: usize = 16;
+
 /// Handle one request line and produce the response line.
 pub async fn handle_line(
     daemon: &Arc<Daemon>,
@@ -96,6 +100,14 @@ fn params<T: DeserializeOwned>(p: Map<String, Value>) -> Result<T, RpcError> {
 
 fn store_error(e: &crate::store::Error) -> RpcError {
     RpcError::from_store(e)
+}
+
+/// A permit to send a write for store `name` to the blocking pool (at most
+/// `MAX_WRITERS_PER_STORE` at once: writes serialize on the store lock anyway, and parked
+/// writers would take blocking-pool threads that reads need). Waits asynchronously.
+async fn writer_permit(daemon: &Daemon, name: &str) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    let slot = daemon.open_store(name)?;
+    Arc::clone(&slot.writers).acquire_owned().await.ok()
 }
 
 /// Run a blocking store call on tokio's blocking pool.
@@ -243,10 +255,10 @@ pub async fn dispatch(
         "cred.get" => {
             let p: ById = params(req.params)?;
             let (_, store) = store_of(daemon, &grant, p.store.as_deref()).await?;
-            // A get is one small read (from the page cache, normally) and a decryption: ~5 µs
-            // measured (`holdfast bench`), less than a trip through the blocking pool (~13 µs).
-            // It runs on the worker; writes, which fsync, always go to the blocking pool.
-            let cred = store.get(&p.id).map_err(|e| store_error(&e))?;
+            // On the blocking pool: a read is usually ~5 µs from the page cache, but a cold
+            // cache, a 1 MiB credential or a key reload must never stall an async worker (there
+            // are two). The pool's round trip (~13 µs) is the price; see docs/benchmarks.md.
+            let cred = blocking(move || store.get(&p.id)).await?;
             Ok(json!({"credential": cred.expose_json(), "generation": cred.generation()}))
         }
         "cred.exists" => {
@@ -260,6 +272,7 @@ pub async fn dispatch(
             let p: ById = params(req.params)?;
             let (name, store) = store_of(daemon, &grant, p.store.as_deref()).await?;
             let id = p.id.clone();
+            let _permit = writer_permit(daemon, &name).await;
             let deleted = blocking(move || store.delete(&p.id)).await?;
             if deleted {
                 let change = Change {
@@ -267,7 +280,7 @@ pub async fn dispatch(
                     generation: None,
                 };
                 daemon.publish(&name, &change, "daemon");
-                daemon.release_lease(&name, &id, session.id);
+                daemon.release_lease(&name, &id, session.id, true);
             }
             Ok(json!({"deleted": deleted}))
         }
@@ -304,23 +317,32 @@ pub async fn dispatch(
                     MAX_LEASE.as_millis()
                 )));
             }
-            let answer =
-                daemon.refresh_lease(&name, &p.id, session.id, Duration::from_millis(p.ttl_ms));
+            let Some(answer) =
+                daemon.refresh_lease(&name, &p.id, session.id, Duration::from_millis(p.ttl_ms))
+            else {
+                return Err(RpcError::new(
+                    ErrorKind::Busy,
+                    format!(
+                        "this connection already holds {} refresh leases; release some first",
+                        crate::service::MAX_LEASES_PER_CONNECTION
+                    ),
+                ));
+            };
             let mut v = serde_json::to_value(&answer).unwrap_or_default();
             if !answer.granted {
-                v["hint"] = "another client is refreshing this credential: watch it (cred.watch) and read it again on its cred.changed event".into();
+                v["hint"] = "another client is refreshing this credential: watch it (cred.watch) and read it again on its cred.changed event, or ask again on lease.released or after expires_in_ms".into();
             }
             Ok(v)
         }
         "cred.release_lease" => {
             let p: ById = params(req.params)?;
             let (name, _) = store_of(daemon, &grant, p.store.as_deref()).await?;
-            Ok(json!({"released": daemon.release_lease(&name, &p.id, session.id)}))
+            Ok(json!({"released": daemon.release_lease(&name, &p.id, session.id, false)}))
         }
         "admin.status" => {
             let _: StoreOnly = params(req.params)?;
             let d = Arc::clone(daemon);
-            blocking(move || Ok(status(&d))).await
+            blocking(move || Ok(status(&d, &grant))).await
         }
         "admin.fsck" | "admin.reindex" => {
             let (store_name, repair) = if req.method == "admin.reindex" {
@@ -331,6 +353,7 @@ pub async fn dispatch(
                 (p.store, p.repair)
             };
             let (name, store) = store_of(daemon, &grant, store_name.as_deref()).await?;
+            let _permit = writer_permit(daemon, &name).await;
             let report = blocking(move || store.fsck(repair)).await?;
             let mut v = serde_json::to_value(&report).unwrap_or_default();
             v["store"] = name.into();
@@ -339,6 +362,7 @@ pub async fn dispatch(
         "admin.rotate_key" => {
             let p: StoreOnly = params(req.params)?;
             let (name, store) = store_of(daemon, &grant, p.store.as_deref()).await?;
+            let _permit = writer_permit(daemon, &name).await;
             let report = blocking(move || store.rotate_key(|_, _| {})).await?;
             let mut v = serde_json::to_value(&report).unwrap_or_default();
             v["store"] = name.into();
@@ -350,6 +374,12 @@ pub async fn dispatch(
 
 fn hello(daemon: &Daemon, session: &Session, p: Map<String, Value>) -> Result<Value, RpcError> {
     let p: Hello = params(p)?;
+    if session.grant().is_some() {
+        // A connection bound to a plugin's grant must not rebind itself to a wider one.
+        return Err(RpcError::invalid_request(
+            "hello was already sent on this connection; open a new connection to bind another plugin",
+        ));
+    }
     if let Some(v) = p.protocol {
         if v != PROTOCOL_VERSION {
             return Err(RpcError::new(
@@ -388,7 +418,8 @@ fn hello(daemon: &Daemon, session: &Session, p: Map<String, Value>) -> Result<Va
         .grant
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(grant);
-    tracing::info!(conn = session.id, client = ?p.client, plugin = ?p.plugin, "hello");
+    let shown = |s: &Option<String>| s.as_deref().map(|s| s.chars().take(64).collect::<String>());
+    tracing::info!(conn = session.id, client = ?shown(&p.client), plugin = ?shown(&p.plugin), "hello");
     Ok(json!({
         "server": "holdfast",
         "version": env!("CARGO_PKG_VERSION"),
@@ -443,7 +474,11 @@ async fn cred_set(
     let (name, store) = store_of(daemon, grant, p.store.as_deref()).await?;
     let id = cred.id().to_owned();
     let if_generation = p.if_generation;
+    let permit = writer_permit(daemon, &name).await;
     let generation = blocking(move || store.set(cred, if_generation)).await?;
+    drop(permit);
+    // Release first: a waiter woken by the event may ask for the lease at once.
+    daemon.release_lease(&name, &id, session.id, true);
     daemon.publish(
         &name,
         &Change {
@@ -452,7 +487,6 @@ async fn cred_set(
         },
         "daemon",
     );
-    daemon.release_lease(&name, &id, session.id);
     Ok(json!({"id": id, "generation": generation}))
 }
 
@@ -468,17 +502,30 @@ async fn cred_watch(
         Some(s) => Some(store_of(daemon, grant, Some(s)).await?.0),
         None => None,
     };
+    if session.watching.fetch_add(1, Ordering::SeqCst) >= MAX_SUBSCRIPTIONS_PER_CONNECTION {
+        session.watching.fetch_sub(1, Ordering::SeqCst);
+        return Err(RpcError::new(
+            ErrorKind::Busy,
+            format!(
+                "this connection already has {MAX_SUBSCRIPTIONS_PER_CONNECTION} subscriptions; one per store (or one for all) is enough"
+            ),
+        ));
+    }
     let sub = session.subscription_id();
     let mut rx = daemon.events.subscribe();
-    session.watching.fetch_add(1, Ordering::SeqCst);
     let (session_f, grant_f) = (Arc::clone(session), grant.clone());
     tokio::spawn(async move {
         loop {
+            // Arm the end notification before checking the flag, so an end between the check
+            // and the wait is not missed.
+            let ended = session_f.ended_notify.notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
             if session_f.has_ended() || session_f.outbox.is_closed() {
                 break;
             }
             let ev: CredEvent = tokio::select! {
-                _ = session_f.ended_notify.notified() => break,
+                _ = &mut ended => break,
                 r = rx.recv() => match r {
                     Ok(ev) => ev,
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
@@ -495,15 +542,26 @@ async fn cred_watch(
             if only.as_ref().is_some_and(|s| *s != ev.store) || !grant_f.allows_store(&ev.store) {
                 continue;
             }
-            let line = protocol::notification(json!({
-                "subscription": sub,
-                "type": "cred.changed",
-                "store": ev.store,
-                "id": ev.id,
-                "generation": ev.generation,
-                "deleted": ev.generation.is_none(),
-                "source": ev.source,
-            }));
+            let params = if ev.kind == "cred.changed" {
+                json!({
+                    "subscription": sub,
+                    "type": ev.kind,
+                    "store": ev.store,
+                    "id": ev.id,
+                    "generation": ev.generation,
+                    "deleted": ev.generation.is_none(),
+                    "source": ev.source,
+                })
+            } else {
+                json!({
+                    "subscription": sub,
+                    "type": ev.kind,
+                    "store": ev.store,
+                    "id": ev.id,
+                    "reason": ev.source,
+                })
+            };
+            let line = protocol::notification(params);
             if !session_f.outbox.send(line) {
                 break;
             }
@@ -513,11 +571,12 @@ async fn cred_watch(
     Ok(json!({"subscription": sub}))
 }
 
-/// `admin.status`.
-pub fn status(daemon: &Daemon) -> Value {
+/// `admin.status`: only the stores `grant` covers.
+pub fn status(daemon: &Daemon, grant: &PluginGrant) -> Value {
     let stores: Vec<Value> = daemon
         .stores()
         .iter()
+        .filter(|(name, _)| grant.allows_store(name))
         .map(|(name, slot)| match &slot.store {
             Ok(s) => {
                 let sealed = s.sealed_reason();

@@ -50,8 +50,8 @@ pub struct Bound {
     pub listener: Listener,
     /// Its path.
     pub path: PathBuf,
-    /// The socket file's inode, to tell our socket from a replacement.
-    pub ino: u64,
+    /// The socket file's device and inode, to tell our socket from a replacement.
+    pub ino: (u64, u64),
     _locks: Vec<LockGuard>,
 }
 
@@ -163,9 +163,11 @@ fn file_name(p: &Path) -> Result<String, ServeError> {
         .ok_or_else(|| ServeError::Setup(format!("bad socket path {}", p.display())))
 }
 
-fn socket_ino(p: &Path) -> Option<u64> {
+fn socket_ino(p: &Path) -> Option<(u64, u64)> {
     use std::os::unix::fs::MetadataExt;
-    std::fs::symlink_metadata(p).ok().map(|m| m.ino())
+    std::fs::symlink_metadata(p)
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
 }
 
 /// What a connection's handlers share.
@@ -225,7 +227,12 @@ impl Outbox {
     /// then being closed).
     pub fn send(&self, line: Zeroizing<Vec<u8>>) -> bool {
         let n = line.len();
-        if self.queued.load(Ordering::SeqCst) + n > self.max {
+        // Reserve first, then check: two senders cannot both slip under the cap. A line is
+        // always admitted into an empty queue, so one response larger than the cap (a list of
+        // a very large store) is delivered rather than closing the connection.
+        let before = self.queued.fetch_add(n, Ordering::SeqCst);
+        if before > 0 && before + n > self.max {
+            self.queued.fetch_sub(n, Ordering::SeqCst);
             if !self.overflowed.swap(true, Ordering::SeqCst) {
                 tracing::warn!(
                     queued = self.queued.load(Ordering::SeqCst),
@@ -236,8 +243,11 @@ impl Outbox {
             self.closed.notify_one();
             return false;
         }
-        self.queued.fetch_add(n, Ordering::SeqCst);
-        self.tx.send(line).is_ok()
+        if self.tx.send(line).is_err() {
+            self.queued.fetch_sub(n, Ordering::SeqCst);
+            return false;
+        }
+        true
     }
 
     /// Whether the connection is closing (overflow or writer gone).
@@ -321,6 +331,21 @@ pub async fn run(
             }
         }
     }
+    // Stop listening at once: new clients get "connection refused" (and the CLI goes offline)
+    // instead of waiting in the backlog for the grace period. The singleton locks stay held
+    // until the end, so no second daemon starts while requests are still finishing.
+    let Bound {
+        listener,
+        path,
+        ino,
+        _locks,
+    } = bound;
+    drop(listener);
+    if unlink_on_exit && !socket_lost && socket_ino(&path) == Some(ino) {
+        if let (Some(dir), Ok(name)) = (path.parent(), file_name(&path)) {
+            let _ = durable::remove_durably(dir, &name, &Faults::none());
+        }
+    }
     drop(done_tx);
     if tokio::time::timeout(SHUTDOWN_GRACE, done_rx.recv())
         .await
@@ -333,11 +358,7 @@ pub async fn run(
     }
     let flush_daemon = Arc::clone(&daemon);
     let _ = tokio::task::spawn_blocking(move || flush_daemon.flush_all()).await;
-    if unlink_on_exit && !socket_lost && socket_ino(&bound.path) == Some(bound.ino) {
-        if let (Some(dir), Ok(name)) = (bound.path.parent(), file_name(&bound.path)) {
-            let _ = durable::remove_durably(dir, &name, &Faults::none());
-        }
-    }
+    drop(_locks);
     if socket_lost {
         Stopped::SocketLost
     } else {

@@ -19,18 +19,31 @@ pub mod watch;
 /// How many change events a slow watcher may fall behind before it is told to re-list.
 const EVENT_BACKLOG: usize = 1024;
 
-/// A credential changed: written or deleted through the daemon, or by another process.
+/// Something a `cred.watch` subscriber hears about.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct CredEvent {
+    /// `cred.changed` (written or deleted), or `lease.released` (a refresh lease ended without
+    /// a write: released, or its holder disconnected — waiters may ask for it now).
+    #[serde(rename = "type")]
+    pub kind: &'static str,
     /// Store name.
     pub store: String,
     /// Credential id.
     pub id: String,
-    /// Generation now; `None`: deleted.
+    /// Generation now; `None`: deleted (`cred.changed` only).
     pub generation: Option<u64>,
-    /// `daemon` (a client wrote through the socket) or `external` (another process).
+    /// `daemon` (a client wrote through the socket), `external` (another process), or for
+    /// `lease.released`: `released` or `holder_disconnected`.
     pub source: &'static str,
 }
+
+/// Most refresh leases one connection may hold at once (each is a (store, id) it is
+/// refreshing; an agent refreshes a handful). Bounds the lease table under a hostile client.
+pub const MAX_LEASES_PER_CONNECTION: usize = 64;
+
+/// Writes one store may have on the blocking pool at once. They serialize on the store's lock
+/// anyway; more would only park blocking-pool threads that reads need.
+pub const MAX_WRITERS_PER_STORE: usize = 4;
 
 /// One store the daemon serves.
 pub struct StoreSlot {
@@ -38,6 +51,8 @@ pub struct StoreSlot {
     pub config: StoreConfig,
     /// The open store, or why it could not be opened (unsafe permissions, I/O).
     pub store: Result<Arc<CredentialStore>, String>,
+    /// Taken (asynchronously) before a write goes to the blocking pool.
+    pub writers: Arc<tokio::sync::Semaphore>,
 }
 
 /// A refresh lease: one client may refresh a credential; others wait for its write.
@@ -75,6 +90,8 @@ pub struct Daemon {
     stores: RwLock<BTreeMap<String, Arc<StoreSlot>>>,
     /// The file watcher (stores opened later are added to it).
     pub watcher: Mutex<Option<watch::Watcher>>,
+    /// Serializes opening stores created after start (never held with `stores`).
+    opening: Mutex<()>,
     /// Change events for `cred.watch` subscribers.
     pub events: broadcast::Sender<CredEvent>,
     /// Open connections.
@@ -136,6 +153,7 @@ impl Daemon {
             config,
             stores: RwLock::new(stores),
             watcher: Mutex::new(None),
+            opening: Mutex::new(()),
             events,
             connections: AtomicUsize::new(0),
             leases: Mutex::new(HashMap::new()),
@@ -162,6 +180,19 @@ impl Daemon {
             .cloned()
     }
 
+    /// Watch every open store's directories again (idempotent for a directory still watched;
+    /// re-arms one that was replaced).
+    pub fn rewatch(&self) {
+        let mut w = self.watcher.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(w) = w.as_mut() {
+            for (_, slot) in self.stores() {
+                if slot.store.is_ok() {
+                    w.rewatch(&slot.config.base);
+                }
+            }
+        }
+    }
+
     /// Rewrite the index of every store with pending changes (the background flusher).
     pub fn flush_dirty(&self) {
         for (name, slot) in self.stores() {
@@ -170,6 +201,10 @@ impl Daemon {
                     if let Err(e) = s.flush() {
                         tracing::warn!(store = %name, error = %e, "index rewrite failed; retrying on the next flush");
                     }
+                }
+                // The rewrite re-read the directory: report what other processes changed.
+                for c in s.take_changes() {
+                    self.publish(&name, &c, "external");
                 }
             }
         }
@@ -192,17 +227,21 @@ impl Daemon {
             return None;
         }
         let key_sources = crate::paths::store_key_sources(name).ok()?;
-        let mut stores = self.stores.write().unwrap_or_else(PoisonError::into_inner);
-        if let Some(s) = stores.get(name) {
-            return Some(Arc::clone(s));
+        // One opening at a time, and outside the map's lock: opening reconciles the store and
+        // may wait for its file lock, and every request looks the map up.
+        let _opening = self.opening.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(s) = self.open_store(name) {
+            return Some(s);
         }
         let slot = Arc::new(open_slot(StoreConfig {
             name: name.to_owned(),
             base,
             key_sources,
         }));
-        stores.insert(name.to_owned(), Arc::clone(&slot));
-        drop(stores);
+        self.stores
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(name.to_owned(), Arc::clone(&slot));
         if slot.store.is_ok() {
             if let Some(w) = self
                 .watcher
@@ -212,6 +251,17 @@ impl Daemon {
             {
                 w.add(&slot.config.base);
             }
+            // Changes made between opening and watching would otherwise go unseen.
+            if let Ok(store) = &slot.store {
+                match store.sync() {
+                    Ok(changes) => changes
+                        .iter()
+                        .for_each(|c| self.publish(name, c, "external")),
+                    Err(e) => {
+                        tracing::warn!(store = %name, error = %e, "sync after opening failed")
+                    }
+                }
+            }
         }
         Some(slot)
     }
@@ -219,6 +269,7 @@ impl Daemon {
     /// Publish a change to watchers (no receivers is fine).
     pub fn publish(&self, store: &str, change: &Change, source: &'static str) {
         let _ = self.events.send(CredEvent {
+            kind: "cred.changed",
             store: store.to_owned(),
             id: change.id.clone(),
             generation: change.generation,
@@ -226,20 +277,29 @@ impl Daemon {
         });
     }
 
-    /// Ask for the refresh lease on `(store, id)` for connection `conn`.
-    pub fn refresh_lease(&self, store: &str, id: &str, conn: u64, ttl: Duration) -> LeaseAnswer {
+    /// Ask for the refresh lease on `(store, id)` for connection `conn`. `None`: the connection
+    /// already holds [`MAX_LEASES_PER_CONNECTION`] leases.
+    pub fn refresh_lease(
+        &self,
+        store: &str,
+        id: &str,
+        conn: u64,
+        ttl: Duration,
+    ) -> Option<LeaseAnswer> {
         let now = Instant::now();
         let mut leases = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
         leases.retain(|_, l| l.expires > now);
         let key = (store.to_owned(), id.to_owned());
         if let Some(l) = leases.get(&key) {
             if l.conn != conn {
-                return LeaseAnswer {
+                return Some(LeaseAnswer {
                     granted: false,
                     lease_id: None,
                     expires_in_ms: millis(l.expires - now),
-                };
+                });
             }
+        } else if leases.values().filter(|l| l.conn == conn).count() >= MAX_LEASES_PER_CONNECTION {
+            return None;
         }
         let lease = Lease {
             id: self.next_lease.fetch_add(1, Ordering::Relaxed),
@@ -252,27 +312,51 @@ impl Daemon {
             expires_in_ms: millis(ttl),
         };
         leases.insert(key, lease);
-        answer
+        Some(answer)
     }
 
-    /// Release the lease on `(store, id)` if `conn` holds it (it wrote the credential, or
-    /// released explicitly). Returns whether a lease was released.
-    pub fn release_lease(&self, store: &str, id: &str, conn: u64) -> bool {
+    /// Release the lease on `(store, id)` if `conn` holds it. `wrote`: the holder wrote the
+    /// credential (watchers hear `cred.changed` instead); otherwise waiters hear
+    /// `lease.released`. Returns whether a lease was released.
+    pub fn release_lease(&self, store: &str, id: &str, conn: u64, wrote: bool) -> bool {
         let mut leases = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
         let key = (store.to_owned(), id.to_owned());
-        if leases.get(&key).is_some_and(|l| l.conn == conn) {
-            leases.remove(&key);
-            return true;
+        if leases.get(&key).is_none_or(|l| l.conn != conn) {
+            return false;
         }
-        false
+        leases.remove(&key);
+        drop(leases);
+        if !wrote {
+            self.lease_event(store, id, "released");
+        }
+        true
     }
 
-    /// Drop every lease a closing connection holds.
+    /// Drop every lease a closing connection holds, telling waiters.
     pub fn release_connection(&self, conn: u64) {
-        self.leases
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .retain(|_, l| l.conn != conn);
+        let mut leases = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
+        let mine: Vec<(String, String)> = leases
+            .iter()
+            .filter(|(_, l)| l.conn == conn)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in &mine {
+            leases.remove(k);
+        }
+        drop(leases);
+        for (store, id) in mine {
+            self.lease_event(&store, &id, "holder_disconnected");
+        }
+    }
+
+    fn lease_event(&self, store: &str, id: &str, source: &'static str) {
+        let _ = self.events.send(CredEvent {
+            kind: "lease.released",
+            store: store.to_owned(),
+            id: id.to_owned(),
+            generation: None,
+            source,
+        });
     }
 
     /// Flush every store's index (shutdown).
@@ -309,7 +393,11 @@ fn open_slot(cfg: StoreConfig) -> StoreSlot {
         },
         Err(e) => tracing::error!(store = %name, error = %e, "store failed to open"),
     }
-    StoreSlot { config: cfg, store }
+    StoreSlot {
+        config: cfg,
+        store,
+        writers: Arc::new(tokio::sync::Semaphore::new(MAX_WRITERS_PER_STORE)),
+    }
 }
 
 fn millis(d: Duration) -> u64 {

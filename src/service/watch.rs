@@ -24,6 +24,23 @@ pub struct Watcher {
 }
 
 impl Watcher {
+    /// Watch a store's directories again even if they are listed as watched: `inotify_add_watch`
+    /// on a directory still watched changes nothing, and one that was replaced gets a watch on
+    /// its new inode.
+    pub fn rewatch(&mut self, base: &std::path::Path) {
+        for sub in ["credentials", "metadata"] {
+            let dir = base.join(sub);
+            if !dir.is_dir() {
+                continue;
+            }
+            if let Err(e) = self.debouncer.watch(&dir, RecursiveMode::NonRecursive) {
+                tracing::warn!(dir = %dir.display(), error = %e, "cannot watch for outside changes");
+            } else if !self.watched.contains(&dir) {
+                self.watched.push(dir);
+            }
+        }
+    }
+
     /// Watch a store's `credentials/` and `metadata/` directories (a store opened after
     /// start). Failures are logged: the store still works, only outside changes go unseen
     /// until the next write through the daemon.

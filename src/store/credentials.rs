@@ -65,10 +65,9 @@ pub enum IndexFlush {
     /// For short-lived processes (the CLI): the index is current when they exit.
     Immediate,
     /// Never by the writer: a background flusher calls [`CredentialStore::flush`] (the daemon,
-    /// every few hundred milliseconds while dirty), and the directory is not re-read before
-    /// each rewrite because the daemon's file watcher keeps the store's view current (`sync`).
-    /// Writes then cost no O(n) work at all; hive sees a new credential in its index within
-    /// the flush interval.
+    /// every few hundred milliseconds while dirty). Writes then cost no O(n) work at all (the
+    /// rewrite, O(n), happens at most a few times a second whatever the write rate); hive sees
+    /// a new credential in its index within the flush interval.
     Deferred,
 }
 
@@ -165,6 +164,39 @@ struct Inner {
     /// The file a `delete` is removing: its index entry is dropped before the unlink, so the
     /// directory scan in `refresh` must not put it back while the file still exists.
     deleting: Option<String>,
+    /// Changes other processes made, found by a directory scan and not yet reported (kept only
+    /// with `IndexFlush::Deferred`, i.e. in the daemon, which drains them into events).
+    pending: Vec<Change>,
+}
+
+/// Most unreported changes kept (a daemon drains them within a flush interval; this only
+/// bounds memory if nothing drains). Past it, the oldest are dropped.
+const MAX_PENDING_CHANGES: usize = 100_000;
+
+/// What changed between two views of the entries, by id.
+fn diff_entries(before: &BTreeMap<String, Entry>, after: &BTreeMap<String, Entry>) -> Vec<Change> {
+    let old: std::collections::HashMap<&str, (u64, Option<FileStamp>)> = before
+        .values()
+        .map(|e| (e.id.as_str(), (e.generation, e.stamp)))
+        .collect();
+    let mut seen = std::collections::HashSet::new();
+    let mut changes = Vec::new();
+    for e in after.values() {
+        seen.insert(e.id.as_str());
+        if old.get(e.id.as_str()) != Some(&(e.generation, e.stamp)) {
+            changes.push(Change {
+                id: e.id.clone(),
+                generation: Some(e.generation),
+            });
+        }
+    }
+    for id in old.keys().filter(|id| !seen.contains(*id)) {
+        changes.push(Change {
+            id: (*id).to_owned(),
+            generation: None,
+        });
+    }
+    changes
 }
 
 /// A hive-layout credential store. Safe to share between threads (`&self` everywhere) and to
@@ -483,6 +515,14 @@ impl CredentialStore {
         }
     }
 
+    /// A sealed store looks at its key files again (a stat each) before answering `sealed`:
+    /// a person who restores the key should not have to restart the daemon.
+    fn unseal_if_key_restored(&self) {
+        if matches!(self.keys_now().state, KeyState::Sealed(_)) {
+            self.reload_keys_if_changed();
+        }
+    }
+
     pub(super) fn reload_keys(&self) {
         let snapshot = self.load_keys().unwrap_or_else(|e| KeySnapshot {
             state: KeyState::Sealed(SealedReason::BadKey(e.to_string())),
@@ -508,6 +548,7 @@ impl CredentialStore {
 
     /// Run `f` with the keyring, or fail with `sealed`. No lock is held while `f` runs.
     pub(super) fn with_ring<T>(&self, f: impl FnOnce(&Keyring) -> Result<T>) -> Result<T> {
+        self.unseal_if_key_restored();
         let keys = self.keys_now();
         match &keys.state {
             KeyState::Unsealed { ring, .. } => f(ring),
@@ -535,6 +576,7 @@ impl CredentialStore {
     }
 
     fn check_writable(&self) -> Result<()> {
+        self.unseal_if_key_restored();
         if let Some(reason) = self.sealed_reason() {
             return Err(self.sealed_error(reason));
         }
@@ -785,37 +827,24 @@ impl CredentialStore {
         self.reload_keys_if_changed();
         let changes = self.with_ring(|ring| {
             let mut inner = lock_guard(&self.inner);
-            let before: BTreeMap<String, (u64, Option<FileStamp>)> = inner
-                .entries
-                .values()
-                .map(|e| (e.id.clone(), (e.generation, e.stamp)))
-                .collect();
             let was_seeded = inner.seeded;
+            let before = std::mem::take(&mut inner.entries);
+            inner.entries = before.clone();
             self.refresh(&mut inner, ring)?;
-            if !was_seeded {
-                return Ok(Vec::new());
-            }
-            let mut changes = Vec::new();
-            let mut after_ids = std::collections::HashSet::new();
-            for e in inner.entries.values() {
-                after_ids.insert(e.id.clone());
-                if before.get(&e.id) != Some(&(e.generation, e.stamp)) {
-                    changes.push(Change {
-                        id: e.id.clone(),
-                        generation: Some(e.generation),
-                    });
-                }
-            }
-            for id in before.keys().filter(|id| !after_ids.contains(*id)) {
-                changes.push(Change {
-                    id: id.clone(),
-                    generation: None,
-                });
+            let mut changes = std::mem::take(&mut inner.pending);
+            if was_seeded && self.opts.index_flush == IndexFlush::Immediate {
+                changes = diff_entries(&before, &inner.entries);
             }
             Ok(changes)
         })?;
         self.flush()?;
         Ok(changes)
+    }
+
+    /// Changes other processes made that a directory scan (an index rewrite's) found and
+    /// nobody has reported yet. The daemon drains them after each background flush.
+    pub fn take_changes(&self) -> Vec<Change> {
+        std::mem::take(&mut lock_guard(&self.inner).pending)
     }
 
     /// Like [`CredentialStore::sync`], but look only at the files named (the file watcher knows
@@ -878,7 +907,9 @@ impl CredentialStore {
                     _ => {}
                 }
             }
-            Ok(changes)
+            let mut all = std::mem::take(&mut inner.pending);
+            all.extend(changes);
+            Ok(all)
         })
     }
 
@@ -952,9 +983,10 @@ impl CredentialStore {
     /// directory first (another process may have written files since our last look) and picks
     /// up unknown top-level fields if another writer rewrote the index meanwhile.
     fn flush_index(&self, inner: &mut Inner, ring: &Keyring) -> Result<()> {
-        if self.opts.index_flush == IndexFlush::Immediate {
-            self.refresh(inner, ring)?;
-        }
+        // Always from the directory as it is now (a stat per file), never from a view a missed
+        // watcher event could have left stale: an index written by one process must never
+        // drop a credential another process added, nor list one it deleted.
+        self.refresh(inner, ring)?;
         let index_path = self.meta_dir.join(INDEX_FILE);
         if stamp_of(&index_path) != inner.index_stamp {
             if let (on_disk, IndexState::Ok, _) = self.read_index() {
@@ -1026,6 +1058,14 @@ impl CredentialStore {
                 .any(|(a, b)| a.0 != b.0 || a.1.stamp != b.1.stamp);
         if changed && inner.seeded {
             inner.dirty = true;
+            if self.opts.index_flush == IndexFlush::Deferred {
+                // Whoever scans first (the flusher, a list, the watcher) must not swallow a
+                // change that watchers should hear about: keep it for `take_changes`.
+                let found = diff_entries(&inner.entries, &fresh);
+                inner.pending.extend(found);
+                let excess = inner.pending.len().saturating_sub(MAX_PENDING_CHANGES);
+                inner.pending.drain(..excess);
+            }
         }
         inner.entries = fresh;
         inner.seeded = true;
