@@ -1918,3 +1918,150 @@ fn plugin_grants_limit_methods_and_stores() {
     drop((n, r));
     d.stop();
 }
+
+// ---------------------------------------------------------------------------------------------
+// Bounds and behaviours added after review
+
+#[test]
+fn second_hello_subscription_cap_and_lease_release_events() {
+    let mut env = DaemonEnv::new("");
+    let d = env.start();
+    let mut a = Conn::open(&d.socket);
+    // A second hello cannot rebind the connection.
+    let e = a.err("hello", json!({"client": "again"}));
+    assert_eq!(e["code"], json!(-32600), "{e}");
+    assert!(e["message"].as_str().unwrap().contains("already"), "{e}");
+    // At most 16 subscriptions per connection.
+    let mut w = Conn::open(&d.socket);
+    for i in 0..16 {
+        let r = w.ok("cred.watch", json!({}));
+        assert!(r["subscription"].is_number(), "subscription {i}: {r}");
+    }
+    let e = w.err("cred.watch", json!({}));
+    assert_eq!(kind(&e), "busy", "{e}");
+    drop(w);
+    // lease.released reaches a watcher when the holder releases, and when it disconnects.
+    let mut watcher = Conn::open(&d.socket);
+    watcher.ok("cred.watch", json!({}));
+    a.ok("cred.set", json!({"id": "tok", "value": secret("lease")}));
+    let granted = a.ok("cred.refresh_lease", json!({"id": "tok", "ttl_ms": 60000}));
+    assert_eq!(granted["granted"], json!(true), "{granted}");
+    assert_eq!(
+        a.ok("cred.release_lease", json!({"id": "tok"}))["released"],
+        json!(true)
+    );
+    let ev = wait_event(&mut watcher, Duration::from_secs(2), |e| {
+        e["type"] == "lease.released"
+    })
+    .expect("no lease.released after release_lease");
+    assert_eq!(ev["reason"], json!("released"), "{ev}");
+    assert_eq!(ev["id"], json!("tok"), "{ev}");
+    let mut b = Conn::open(&d.socket);
+    assert_eq!(
+        b.ok("cred.refresh_lease", json!({"id": "tok", "ttl_ms": 60000}))["granted"],
+        json!(true)
+    );
+    drop(b);
+    let ev = wait_event(&mut watcher, Duration::from_secs(2), |e| {
+        e["type"] == "lease.released"
+    })
+    .expect("no lease.released after the holder disconnected");
+    assert_eq!(ev["reason"], json!("holder_disconnected"), "{ev}");
+    // The lease is free again at once (no waiting out the 60 s TTL).
+    assert_eq!(
+        a.ok("cred.refresh_lease", json!({"id": "tok", "ttl_ms": 60000}))["granted"],
+        json!(true)
+    );
+    // At most 64 leases per connection.
+    for i in 1..64 {
+        let r = a.ok(
+            "cred.refresh_lease",
+            json!({"id": format!("l{i}"), "ttl_ms": 60000}),
+        );
+        assert_eq!(r["granted"], json!(true), "lease {i}: {r}");
+    }
+    let e = a.err(
+        "cred.refresh_lease",
+        json!({"id": "one-too-many", "ttl_ms": 60000}),
+    );
+    assert_eq!(kind(&e), "busy", "{e}");
+    println!("second hello refused; 16 subscriptions then busy; lease.released on release and on disconnect; 64 leases then busy");
+    d.stop();
+}
+
+#[test]
+fn a_sealed_store_unseals_when_its_key_is_restored() {
+    let mut env = DaemonEnv::new("");
+    {
+        let d = env.start();
+        Conn::open(&d.socket).ok("cred.set", json!({"id": "kept", "value": secret("kept")}));
+        d.stop();
+    }
+    // The key goes missing; the daemon starts sealed.
+    let key = env.key_file();
+    let aside = key.with_extension("aside");
+    fs::rename(&key, &aside).unwrap();
+    let d = env.start();
+    let mut c = Conn::open(&d.socket);
+    let e = c.err("cred.get", json!({"id": "kept"}));
+    assert_eq!(kind(&e), "sealed", "{e}");
+    // Restored: served without a restart.
+    fs::rename(&aside, &key).unwrap();
+    let g = c.ok("cred.get", json!({"id": "kept"}));
+    assert_eq!(g["generation"], json!(1), "{g}");
+    println!("sealed store (key missing) answered sealed, then served once the key file was put back, no restart");
+    d.stop();
+}
+
+#[test]
+fn the_client_refuses_a_server_of_another_uid() {
+    if !rustix::process::geteuid().is_root() {
+        println!("SKIPPED: needs root to run a listener as uid 65534");
+        return;
+    }
+    // A listener planted by uid 65534 (as under /tmp without XDG_RUNTIME_DIR).
+    let dir = tempfile::tempdir().unwrap();
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o777)).unwrap();
+    let sock = dir.path().join("holdfast.sock");
+    let script = r#"
+import os, socket, sys, time
+s = socket.socket(socket.AF_UNIX)
+s.bind(sys.argv[1]); os.chmod(sys.argv[1], 0o777); s.listen(4)
+print("READY", flush=True)
+c, _ = s.accept()
+data = c.recv(65536)
+print("GOT", len(data), flush=True)
+time.sleep(1)
+"#;
+    let mut child = Command::new(SETPRIV_NOBODY[0])
+        .args(&SETPRIV_NOBODY[1..])
+        .args([PYTHON, "-c", script])
+        .arg(&sock)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python listener as 65534");
+    let start = Instant::now();
+    while !sock.exists() && start.elapsed() < Duration::from_secs(10) {
+        thread::sleep(Duration::from_millis(20));
+    }
+    if !sock.exists() {
+        let _ = child.kill();
+        let out = child.wait_with_output().unwrap();
+        panic!(
+            "the uid-65534 listener did not start: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let err = holdfast::client::Client::connect(&sock, "test", None)
+        .err()
+        .expect("the client talked to a uid-65534 server");
+    assert!(err.to_string().contains("uid 65534"), "{err}");
+    let out = child.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("GOT 0"),
+        "the client sent bytes to a foreign server: {said}"
+    );
+    println!("client refused a uid-65534 server before sending a byte ({said:?})");
+}
