@@ -126,6 +126,8 @@ async fn store_of(
     name: Option<&str>,
 ) -> Result<(String, Arc<CredentialStore>), RpcError> {
     let name = name.unwrap_or(DEFAULT_STORE).to_owned();
+    // The name is the client's text: refuse a malformed one without echoing it.
+    crate::paths::validate_store_name(&name).map_err(RpcError::invalid_params)?;
     if !grant.allows_store(&name) {
         return Err(RpcError::new(
             ErrorKind::Forbidden,
@@ -389,10 +391,11 @@ fn hello(daemon: &Daemon, session: &Session, p: Map<String, Value>) -> Result<Va
         }
     }
     let grant = match &p.plugin {
-        Some(name) => daemon.config.plugins.get(name).cloned().ok_or_else(|| {
+Some(name) => daemon.config.plugins.get(name).cloned().ok_or_else(|| {
+            // Not echoed: the name is the client's text.
             RpcError::new(
                 ErrorKind::Forbidden,
-                format!("no plugin {name:?} in the config file; ask the user to declare it under [plugins.{name}]"),
+                "no such plugin in the config file; ask the user to declare it under [plugins.NAME]",
             )
         })?,
         None if daemon.config.require_plugin => {
