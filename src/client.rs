@@ -227,7 +227,7 @@ fn rpc_error(err: &Value) -> ClientError {
     let kind = data
         .get("kind")
         .and_then(Value::as_str)
-        .and_then(kind_from_str)
+        .and_then(ErrorKind::from_wire)
         .or_else(|| kind_for(code))
         .unwrap_or(ErrorKind::Storage);
     ClientError::Rpc {
@@ -240,21 +240,4 @@ fn rpc_error(err: &Value) -> ClientError {
             .to_owned(),
         data,
     }
-}
-
-fn kind_from_str(s: &str) -> Option<ErrorKind> {
-    use ErrorKind::*;
-    [
-        InvalidParams,
-        NotFound,
-        Conflict,
-        Forbidden,
-        Sealed,
-        Integrity,
-        Storage,
-        Busy,
-        Unsupported,
-    ]
-    .into_iter()
-    .find(|k| k.as_str() == s)
 }

@@ -28,6 +28,24 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
+    /// Every kind, in the order of the table in docs/protocol.md.
+    pub const ALL: [ErrorKind; 9] = [
+        ErrorKind::InvalidParams,
+        ErrorKind::NotFound,
+        ErrorKind::Conflict,
+        ErrorKind::Forbidden,
+        ErrorKind::Sealed,
+        ErrorKind::Integrity,
+        ErrorKind::Storage,
+        ErrorKind::Busy,
+        ErrorKind::Unsupported,
+    ];
+
+    /// The kind named by a wire string (`data.kind`).
+    pub fn from_wire(s: &str) -> Option<ErrorKind> {
+        ErrorKind::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+
     /// The wire string.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -319,21 +319,10 @@ mod tests {
 
     #[test]
     fn every_kind_roundtrips_through_its_code() {
-        use ErrorKind::*;
-        for k in [
-            InvalidParams,
-            NotFound,
-            Conflict,
-            Forbidden,
-            Sealed,
-            Integrity,
-            Storage,
-            Busy,
-            Unsupported,
-        ] {
+        for k in ErrorKind::ALL {
             assert_eq!(kind_for(code_for(k)), Some(k));
         }
-        let line = response_err(&json!(1), &RpcError::new(Sealed, "x"));
+        let line = response_err(&json!(1), &RpcError::new(ErrorKind::Sealed, "x"));
         let v: Value = serde_json::from_slice(&line).unwrap();
         assert_eq!(v["error"]["data"]["kind"], json!("sealed"));
         assert_eq!(v["error"]["code"], json!(codes::SEALED));
