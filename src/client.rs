@@ -138,13 +138,18 @@ impl Client {
 
     /// Call `method` and wait for its response. Event notifications that arrive meanwhile are
     /// kept for [`Client::next_event`].
+    ///
+    /// `params` may hold secrets (`cred.set`): it and the request line are zeroized once sent.
     pub fn call(&mut self, method: &str, params: Value) -> Result<Value, ClientError> {
         let id = self.next_id;
         self.next_id += 1;
-        let mut line = serde_json::to_vec(&json!({
+        let mut request = json!({
             "jsonrpc": "2.0", "id": id, "method": method, "params": params,
-        }))
-        .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        });
+        let mut line = zeroize::Zeroizing::new(Vec::with_capacity(256));
+        let written = serde_json::to_writer(&mut *line, &request);
+        crate::store::credential::zeroize_json(&mut request);
+        written.map_err(|e| ClientError::Protocol(e.to_string()))?;
         line.push(b'\n');
         self.writer.write_all(&line)?;
         loop {

@@ -169,8 +169,17 @@ fn distinct_value(worker: usize, i: usize) -> String {
 #[test]
 #[ignore = "child process entry point of four_processes_distinct_ids"]
 fn child_distinct_ids() {
+    run_child("child_distinct_ids", |w, i| {
+        (distinct_id(w, i), distinct_value(w, i))
+    });
+}
+
+/// The body of every child entry point: open the store, wait for the start barrier, set
+/// `count` credentials named and valued by `cred(worker, i)`, and write the generations each
+/// set returned to the parent's output file.
+fn run_child(name: &str, cred: impl Fn(usize, usize) -> (String, String)) {
     let Some(env) = ChildEnv::from_env() else {
-        eprintln!("child_distinct_ids: not started as a child (no HF_CHILD_* env); nothing to do");
+        eprintln!("{name}: not started as a child (no HF_CHILD_* env); nothing to do");
         return;
     };
     let store = CredentialStore::open(
@@ -181,13 +190,10 @@ fn child_distinct_ids() {
     env.wait_for_start();
     let mut gens = Vec::new();
     for i in 0..env.count {
-        let id = distinct_id(env.worker, i);
+        let (id, value) = cred(env.worker, i);
         let g = store
-            .set(
-                Credential::api_key(&id, Secret::new(distinct_value(env.worker, i))),
-                None,
-            )
-            .unwrap_or_else(|e| panic!("child {} set {id}: {e}", env.worker));
+            .set(Credential::api_key(&id, Secret::new(value)), None)
+            .unwrap_or_else(|e| panic!("child {} set {id} #{i}: {e}", env.worker));
         gens.push(g.to_string());
     }
     drop(store);
@@ -216,28 +222,9 @@ fn parse_same_value(v: &str) -> Option<(usize, usize)> {
 #[test]
 #[ignore = "child process entry point of same_id_processes"]
 fn child_same_id() {
-    let Some(env) = ChildEnv::from_env() else {
-        eprintln!("child_same_id: not started as a child (no HF_CHILD_* env); nothing to do");
-        return;
-    };
-    let store = CredentialStore::open(
-        store_config(STORE_NAME, &env.base, &env.key),
-        StoreOptions::default(),
-    )
-    .expect("child open");
-    env.wait_for_start();
-    let mut gens = Vec::new();
-    for i in 0..env.count {
-        let g = store
-            .set(
-                Credential::api_key("shared", Secret::new(same_value(env.worker, i))),
-                None,
-            )
-            .unwrap_or_else(|e| panic!("child {} set #{i}: {e}", env.worker));
-        gens.push(g.to_string());
-    }
-    drop(store);
-    fs::write(&env.out, gens.join("\n")).expect("write out");
+    run_child("child_same_id", |w, i| {
+        ("shared".to_owned(), same_value(w, i))
+    });
 }
 
 // ---------------------------------------------------------------------------------------------

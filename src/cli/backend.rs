@@ -78,12 +78,13 @@ impl Backend {
             return Ok(s.set(cred, if_generation)?);
         }
         let mut params = json!({"credential": cred.expose_json()});
+        // `Client::call` zeroizes the params it is given and its own buffers.
         if let Some(g) = if_generation {
             params["if_generation"] = g.into();
         }
-        let result = self.call("cred.set", params.clone());
-        crate::store::credential::zeroize_json(&mut params);
-        Ok(result?["generation"].as_u64().unwrap_or(0))
+        Ok(self.call("cred.set", params)?["generation"]
+            .as_u64()
+            .unwrap_or(0))
     }
 
     /// Read-modify-write. Locally under the store lock; through the daemon as a

@@ -446,10 +446,8 @@ fn credential_from_params(doc: Value) -> Result<Credential, RpcError> {
             }
         }
     }
-    let result = Credential::from_value(doc.clone())
-        .map_err(|e| RpcError::invalid_params(format!("invalid credential: {e}")));
-    crate::store::credential::zeroize_json(&mut doc);
-    result
+    Credential::from_value(doc)
+        .map_err(|e| RpcError::invalid_params(format!("invalid credential: {e}")))
 }
 
 async fn cred_set(

@@ -124,9 +124,15 @@ impl Credential {
     }
 
     /// Check a JSON value against the schema and wrap it.
+    /// Takes ownership: on every error path the document is zeroized too (a non-object here;
+    /// a failed check through `Credential`'s own drop), so callers need no copy to scrub.
     pub fn from_value(value: Value) -> Result<Self, SchemaError> {
-        let Value::Object(doc) = value else {
-            return Err(SchemaError::NotObject);
+        let doc = match value {
+            Value::Object(doc) => doc,
+            mut other => {
+                zeroize_json(&mut other);
+                return Err(SchemaError::NotObject);
+            }
         };
         let c = Credential { doc };
         c.check()?;
