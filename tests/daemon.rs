@@ -1575,6 +1575,174 @@ fn external_writes_reach_watchers() {
     d.stop();
 }
 
+/// The daemon recycles replaced credential files (durable::Spares): after the minimum age a
+/// set writes into an inode an earlier set retired. Meanwhile lockless readers (a daemon
+/// connection, and the library reading the files directly as hive does) always read a whole,
+/// correct value of the id they asked for, and nothing is left behind at shutdown.
+#[test]
+fn overwrites_recycle_replaced_files_and_readers_stay_exact() {
+    let mut env = DaemonEnv::new("");
+    let d = env.start();
+    let cred_dir = env.store_base().join("credentials");
+    let ids = ["rot-a", "rot-b", "rot-c"];
+    let value = |id: &str, n: usize| format!("{id}-value-{n:06}-{}", "x".repeat(n % 97));
+    let mut w = Conn::open(&d.socket);
+    for id in ids {
+        w.ok("cred.set", json!({"id": id, "value": value(id, 0)}));
+    }
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let bad = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    // Reader 1: through the daemon.
+    let daemon_reads = {
+        let (socket, stop, bad) = (d.socket.clone(), Arc::clone(&stop), Arc::clone(&bad));
+        thread::spawn(move || {
+            let mut r = Conn::open(&socket);
+            let mut n = 0usize;
+            while !stop.load(Ordering::SeqCst) {
+                let id = ["rot-a", "rot-b", "rot-c"][n % 3];
+                let res = r.call("cred.get", json!({"id": id}));
+                let v = res["result"]["credential"]["keys"]["api_key"]["value"].as_str();
+                if !v.is_some_and(|v| v.starts_with(&format!("{id}-value-"))) {
+                    bad.lock().unwrap().push(format!("daemon get {id}: {res}"));
+                }
+                n += 1;
+            }
+            n
+        })
+    };
+    // Reader 2: the library on the same files, no daemon, no lock (as hive reads).
+    let file_reads = {
+        let (cfg, stop, bad) = (
+            store_config("default", &env.store_base(), &env.key_file()),
+            Arc::clone(&stop),
+            Arc::clone(&bad),
+        );
+        thread::spawn(move || {
+            let store = holdfast::store::CredentialStore::open(
+                cfg,
+                holdfast::store::StoreOptions {
+                    mode: holdfast::store::OpenMode::ReadOnly,
+                    ..Default::default()
+                },
+            )
+            .expect("open read-only");
+            let mut n = 0usize;
+            while !stop.load(Ordering::SeqCst) {
+                let id = ["rot-a", "rot-b", "rot-c"][n % 3];
+                match store.get(id) {
+                    Ok(c) if value_of(&c).starts_with(&format!("{id}-value-")) => {}
+                    Ok(c) => bad
+                        .lock()
+                        .unwrap()
+                        .push(format!("file get {id}: {}", value_of(&c))),
+                    Err(e) => bad.lock().unwrap().push(format!("file get {id}: {e}")),
+                }
+                n += 1;
+            }
+            n
+        })
+    };
+    // Writer: overwrite the three ids for 2.5 s (spares become reusable after 1 s).
+    let mut seen_inodes: BTreeMap<u64, usize> = BTreeMap::new();
+    let mut reused = 0usize;
+    let mut sets = 0usize;
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_millis(2500) {
+        let id = ids[sets % 3];
+        sets += 1;
+        let r = w.ok("cred.set", json!({"id": id, "value": value(id, sets)}));
+        assert!(r["generation"].as_u64().is_some(), "{r}");
+        let i = ino(&cred_dir.join(format!("{id}.enc"))).expect("file exists");
+        if let Some(prev) = seen_inodes.insert(i, sets) {
+            if prev != sets {
+                reused += 1;
+            }
+        }
+        // The spares never show up as credentials.
+        if sets % 50 == 0 {
+            assert_eq!(enc_files(&cred_dir).len(), 3, "{:?}", names_in(&cred_dir));
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    let (dn, fnn) = (daemon_reads.join().unwrap(), file_reads.join().unwrap());
+    for id in ids {
+        let g = w.ok("cred.get", json!({"id": id}));
+        let n = (0..=sets)
+            .rev()
+            .find(|n| ids[(n + 2) % 3] == id && *n > 0)
+            .unwrap();
+        assert_eq!(
+            g["credential"]["keys"]["api_key"]["value"],
+            json!(value(id, n)),
+            "{id}: the last acknowledged set is what is read"
+        );
+    }
+    let bad = bad.lock().unwrap().clone();
+    println!(
+        "recycling: {sets} sets in 2.5 s, {reused} into a reused inode; {dn} daemon gets and {fnn} \
+         lockless file gets, {} wrong or failed",
+        bad.len()
+    );
+    assert!(bad.is_empty(), "{bad:#?}");
+    assert!(
+        reused > 0,
+        "no set reused a retired file in 2.5 s ({sets} sets)"
+    );
+    drop(w);
+    d.stop();
+    // Spares are removed at shutdown.
+    assert_eq!(temps_in(&cred_dir), Vec::<String>::new());
+    let spares: Vec<String> = names_in(&cred_dir)
+        .into_iter()
+        .filter(|n| holdfast::durable::is_spare_name(n))
+        .collect();
+    assert_eq!(spares, Vec::<String>::new(), "spares left after shutdown");
+    assert_eq!(enc_files(&cred_dir).len(), 3);
+}
+
+/// The daemon answers gets from a cache of credential files vouched for by lstat. A file
+/// rewritten in place with the same size and its old mtime put back (hive writes in place;
+/// `rsync -t` restores mtimes) is still read fresh: the ctime moved.
+#[test]
+fn cached_reads_see_in_place_rewrites_with_a_restored_mtime() {
+    let mut env = DaemonEnv::new("");
+    let d = env.start();
+    let file = env.store_base().join("credentials/inplace.enc");
+    let mut c = Conn::open(&d.socket);
+    let (a, b) = (secret("aaaa"), secret("bbbb"));
+    assert_eq!(a.len(), b.len());
+    c.ok("cred.set", json!({"id": "inplace", "value": a}));
+    let token_a = fs::read(&file).unwrap();
+    c.ok("cred.set", json!({"id": "inplace", "value": b}));
+    let value = |c: &mut Conn| {
+        c.ok("cred.get", json!({"id": "inplace"}))["credential"]["keys"]["api_key"]["value"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    // Past the racy margin, so the next gets are cache hits.
+    thread::sleep(Duration::from_millis(200));
+    for _ in 0..3 {
+        assert_eq!(value(&mut c), b);
+    }
+    let mtime = fs::metadata(&file).unwrap().modified().unwrap();
+    let before = fs::metadata(&file).unwrap();
+    assert_eq!(before.len() as usize, token_a.len(), "premise: same size");
+    {
+        let mut f = fs::OpenOptions::new().write(true).open(&file).unwrap();
+        f.write_all(&token_a).unwrap();
+        f.set_times(fs::FileTimes::new().set_modified(mtime))
+            .unwrap();
+    }
+    let after = fs::metadata(&file).unwrap();
+    assert_eq!((after.ino(), after.len()), (before.ino(), before.len()));
+    assert_eq!(after.modified().unwrap(), mtime, "premise: mtime restored");
+    assert_eq!(value(&mut c), a, "a stale cached value was served");
+    println!("in-place rewrite with restored mtime: read fresh through the daemon's cache");
+    drop(c);
+    d.stop();
+}
+
 // ---------------------------------------------------------------------------------------------
 // Secrets and the process (checklist 31-33)
 

@@ -31,6 +31,8 @@ pub enum Op {
     RemoveTemp,
     /// Creating a directory.
     CreateDir,
+    /// `link` of a file about to be replaced to a spare name (recycling, see `Spares`).
+    LinkSpare,
 }
 
 impl fmt::Display for Op {
@@ -44,6 +46,7 @@ impl fmt::Display for Op {
             Op::Unlink => "unlink",
             Op::RemoveTemp => "remove temp file",
             Op::CreateDir => "create directory",
+            Op::LinkSpare => "keep replaced file as a spare",
         })
     }
 }

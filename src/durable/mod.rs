@@ -4,14 +4,17 @@
 //! `docs/design.md`.
 
 mod atomic;
+mod cache;
 pub mod fault;
 pub mod lock;
 pub mod perms;
 
 pub use atomic::{
-    atomic_write, create_exclusive, create_private_dir, fsync_dir, is_temp_name, move_aside,
-    read_capped, remove_durably, sweep_temp_files, FileStamp, TEMP_MARKER,
+    atomic_write, atomic_write_recycling, create_exclusive, create_private_dir, fsync_dir,
+    is_spare_name, is_temp_name, leftover_names, move_aside, read_capped, read_capped_stamped,
+    remove_durably, sweep_temp_files, FileStamp, Spares, SPARE_MARKER, TEMP_MARKER,
 };
+pub use cache::FileCache;
 pub use fault::{FaultMode, Faults, Op};
 pub use lock::{LockError, LockGuard, LockMode};
 pub use perms::PermError;

@@ -19,6 +19,9 @@ pub mod watch;
 /// How many change events a slow watcher may fall behind before it is told to re-list.
 const EVENT_BACKLOG: usize = 1024;
 
+/// Spare files (recycled credential files) unused this long are unlinked by the flusher.
+const SPARE_IDLE: Duration = Duration::from_secs(60);
+
 /// Something a `cred.watch` subscriber hears about.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct CredEvent {
@@ -206,6 +209,11 @@ impl Daemon {
                 for c in s.take_changes() {
                     self.publish(&name, &c, "external");
                 }
+                // A pool of spare files nobody reuses should not keep old ciphertexts on disk
+                // (a few at a time: each unlink frees blocks, which costs a discard).
+                if let Some(spares) = s.spares() {
+                    spares.trim(SPARE_IDLE, 64);
+                }
             }
         }
     }
@@ -366,6 +374,9 @@ impl Daemon {
                 if let Err(e) = s.flush() {
                     tracing::warn!(store = %name, error = %e, "index flush at shutdown failed; it will be repaired on the next open");
                 }
+                if let Some(spares) = s.spares() {
+                    spares.purge();
+                }
             }
         }
     }
@@ -381,6 +392,10 @@ fn open_slot(cfg: StoreConfig) -> StoreSlot {
             // The daemon's flusher rewrites indexes in the background; its watcher keeps
             // every store's view current (see `IndexFlush::Deferred`).
             index_flush: IndexFlush::Deferred,
+            // Long-lived: replaced files are recycled (no blocks freed per write).
+            recycle_files: true,
+            // Gets then cost an lstat, not an open (which also wakes the file watcher).
+            cache_files: true,
             ..StoreOptions::default()
         },
     )

@@ -51,22 +51,32 @@ pub struct Credential {
 
 /// An upper bound on the compact JSON size of `doc`: every string may need escaping to
 /// `\uXXXX` (6 bytes per input byte) plus quotes; numbers and literals are short.
+/// Buffers that will hold secrets are allocated at this size up front: a `Vec` that grows
+/// leaves the bytes it had in freed memory, where no zeroizing can reach them.
 fn json_size_bound(doc: &Map<String, Value>) -> usize {
-    fn value(v: &Value) -> usize {
-        match v {
-            Value::String(s) => s.len() * 6 + 2,
-            Value::Array(a) => 2 + a.iter().map(|x| value(x) + 1).sum::<usize>(),
-            Value::Object(o) => map(o),
-            _ => 24,
+    json_map_size_bound(doc)
+}
+
+/// [`json_size_bound`] for any JSON value.
+pub fn json_value_size_bound(v: &Value) -> usize {
+    match v {
+        Value::String(s) => s.len() * 6 + 2,
+        Value::Array(a) => {
+            2 + a
+                .iter()
+                .map(|x| json_value_size_bound(x) + 1)
+                .sum::<usize>()
         }
+        Value::Object(o) => json_map_size_bound(o),
+        _ => 24,
     }
-    fn map(o: &Map<String, Value>) -> usize {
-        2 + o
-            .iter()
-            .map(|(k, v)| k.len() * 6 + 4 + value(v))
-            .sum::<usize>()
-    }
-    map(doc)
+}
+
+fn json_map_size_bound(o: &Map<String, Value>) -> usize {
+    2 + o
+        .iter()
+        .map(|(k, v)| k.len() * 6 + 4 + json_value_size_bound(v))
+        .sum::<usize>()
 }
 
 /// Zeroize every string in a JSON value (documents that held secrets, before they are dropped).
@@ -184,6 +194,18 @@ impl Credential {
         // Serializing a map of JSON values into a Vec cannot fail.
         let _ = serde_json::to_writer(&mut *buf, &self.doc);
         buf
+    }
+
+    /// Append the whole document, secrets included, as compact JSON to `out` (which the caller
+    /// sized with [`Credential::json_size_bound`], so it does not reallocate).
+    pub fn write_json(&self, out: &mut Vec<u8>) {
+        // Serializing a map of JSON values into a Vec cannot fail.
+        let _ = serde_json::to_writer(out, &self.doc);
+    }
+
+    /// An upper bound on the size of [`Credential::write_json`]'s output.
+    pub fn json_size_bound(&self) -> usize {
+        json_size_bound(&self.doc)
     }
 
     /// The whole document, secrets included, as JSON (for `cred get --json`).

@@ -82,6 +82,13 @@ pub struct StoreOptions {
     pub faults: Faults,
     /// How long writers wait for the store lock.
     pub lock_timeout: Duration,
+    /// Keep replaced credential files as spares and rewrite them in place for later writes
+    /// ([`durable::Spares`]): no blocks freed or allocated per write. For the long-lived
+    /// daemon; a short-lived process would leave its spares for the next open to sweep.
+    pub recycle_files: bool,
+    /// Cache credential files' bytes (ciphertext), vouched for by a `stat` on every read
+    /// ([`durable::FileCache`]). For the daemon, which reads the same files over and over.
+    pub cache_files: bool,
 }
 
 impl Default for StoreOptions {
@@ -91,6 +98,8 @@ impl Default for StoreOptions {
             index_flush: IndexFlush::Immediate,
             faults: Faults::none(),
             lock_timeout: LOCK_TIMEOUT,
+            recycle_files: false,
+            cache_files: false,
         }
     }
 }
@@ -169,6 +178,9 @@ struct Inner {
     pending: Vec<Change>,
 }
 
+/// Ciphertext the daemon's file cache may hold per store.
+const FILE_CACHE_BYTES: usize = 16 * 1024 * 1024;
+
 /// Most unreported changes kept (a daemon drains them within a flush interval; this only
 /// bounds memory if nothing drains). Past it, the oldest are dropped.
 const MAX_PENDING_CHANGES: usize = 100_000;
@@ -215,6 +227,10 @@ pub struct CredentialStore {
     waiting_writers: AtomicUsize,
     batch_depth: AtomicUsize,
     open_report: Report,
+    /// Replaced credential files kept for reuse (`StoreOptions::recycle_files`).
+    spares: Option<durable::Spares>,
+    /// Cached credential files (`StoreOptions::cache_files`).
+    file_cache: Option<durable::FileCache>,
 }
 
 impl std::fmt::Debug for CredentialStore {
@@ -317,6 +333,12 @@ impl CredentialStore {
             waiting_writers: AtomicUsize::new(0),
             batch_depth: AtomicUsize::new(0),
             open_report: Report::default(),
+            spares: opts
+                .recycle_files
+                .then(|| durable::Spares::new(&base.join("credentials"))),
+            file_cache: opts
+                .cache_files
+                .then(|| durable::FileCache::new(FILE_CACHE_BYTES)),
             config,
             opts,
         };
@@ -593,8 +615,18 @@ impl CredentialStore {
 
     /// Read and decrypt one credential file, classifying the outcome.
     fn read_file(&self, name: &str, ring: &Keyring) -> FileRead {
-        let path = self.cred_dir.join(name);
-        let bytes = match durable::read_capped(&path, MAX_CREDENTIAL_FILE_BYTES) {
+        self.read_file_via(name, ring, false)
+    }
+
+    /// [`Self::read_file`], through the file cache if `cached` and the store has one. Only
+    /// plain reads use the cache; read-modify-write (under the lock) reads the file itself.
+    fn read_file_via(&self, name: &str, ring: &Keyring, cached: bool) -> FileRead {
+        let read = match &self.file_cache {
+            Some(cache) if cached => cache.read(&self.cred_dir, name, MAX_CREDENTIAL_FILE_BYTES),
+            _ => durable::read_capped(&self.cred_dir.join(name), MAX_CREDENTIAL_FILE_BYTES)
+                .map(|b| b.map(Arc::from)),
+        };
+        let bytes: Arc<[u8]> = match read {
             Ok(Some(b)) => b,
             Ok(None) => return FileRead::Missing,
             Err(e) if is_eloop(&e) => {
@@ -605,32 +637,23 @@ impl CredentialStore {
             }
             Err(e) => return FileRead::Io(e),
         };
-        let Ok(token) = std::str::from_utf8(&bytes) else {
-            return FileRead::Damaged("is not a Fernet token (not text)".into());
-        };
-        if token.trim().is_empty() {
-            return FileRead::Damaged("is empty".into());
-        }
-        match ring.decrypt(token) {
-            Ok((plain, key_idx)) => match Credential::parse(plain.expose()) {
-                Ok(c) => FileRead::Ok(c, key_idx),
-                Err(e) => FileRead::Damaged(format!("decrypts, but is not a credential: {e}")),
-            },
-            Err(e @ DecryptError::ClockSkew { .. }) => FileRead::Skew(e),
-            Err(DecryptError::Invalid) => FileRead::WrongKey,
-            Err(e @ DecryptError::Malformed) => FileRead::Damaged(e.to_string()),
-        }
+        decode(&bytes, ring)
     }
 
     /// Read the credential stored under `id`'s file name: `Ok(None)` if there is no file.
     /// Files that fail are errors (integrity, clock skew, I/O), never silently "missing".
     fn read_for(&self, id: &str, ring: &Keyring) -> Result<Option<Credential>> {
+        self.read_for_via(id, ring, false)
+    }
+
+    /// [`Self::read_for`], through the file cache if `cached`.
+    fn read_for_via(&self, id: &str, ring: &Keyring, cached: bool) -> Result<Option<Credential>> {
         let name = id::file_name(id);
         let integrity = |reason: String| Error::Integrity {
             what: format!("credential {id:?} (file {name})"),
             reason,
         };
-        match self.read_file(&name, ring) {
+        match self.read_file_via(&name, ring, cached) {
             FileRead::Missing => Ok(None),
             FileRead::Ok(c, _) => Ok(Some(c)),
             FileRead::Skew(source) => Err(Error::ClockSkew {
@@ -663,12 +686,15 @@ impl CredentialStore {
     /// Read credential `id`. The id inside the file must equal `id`.
     pub fn get(&self, id: &str) -> Result<Credential> {
         id::validate(id)?;
-        let found = match self.with_ring(|ring| self.read_for(id, ring)) {
+        let found = match self.with_ring(|ring| self.read_for_via(id, ring, true)) {
             // A rotation by another process re-encrypts files under a key we have not loaded.
             Err(Error::Integrity { .. }) => {
                 self.reload_keys_if_changed();
                 self.with_ring(|ring| self.read_for(id, ring))?
             }
+            // Another id's content: a read that raced a replacement sees a whole but foreign
+            // value. Read once more before calling it a swapped file.
+            Ok(Some(c)) if c.id() != id => self.with_ring(|ring| self.read_for(id, ring))?,
             other => other?,
         };
         match found {
@@ -677,6 +703,25 @@ impl CredentialStore {
             Some(c) => Err(self
                 .binding_error(id, &c)
                 .unwrap_or_else(|| Error::NotFound { id: id.to_owned() })),
+        }
+    }
+
+    /// [`Self::get`] answered from the file cache alone (one `lstat`, no file opened, no key
+    /// reload): `Some` only for a clean success; `None` when anything else would need the full
+    /// path (not cached, changed, racy, missing, sealed, an error).
+    /// The daemon answers these on the connection's task instead of the blocking pool.
+    pub fn get_cached(&self, id: &str) -> Option<Result<Credential>> {
+        let cache = self.file_cache.as_ref()?;
+        id::validate(id).ok()?;
+        let name = id::file_name(id);
+        let keys = self.keys_now();
+        let KeyState::Unsealed { ring, .. } = &keys.state else {
+            return None;
+        };
+        let bytes = cache.peek(&self.cred_dir, &name)?;
+        match decode(&bytes, ring) {
+            FileRead::Ok(c, _) if c.id() == id => Some(Ok(c)),
+            _ => None,
         }
     }
 
@@ -745,9 +790,19 @@ impl CredentialStore {
             new.stamp_write(created.as_ref());
             new.set_generation(generation);
             let token = ring.encrypt(&new.to_bytes());
-            let stamp =
-                durable::atomic_write(&self.cred_dir, &name, token.as_bytes(), self.faults())
-                    .map_err(|e| self.io_failed(e))?;
+            let stamp = match &self.spares {
+                Some(spares) => durable::atomic_write_recycling(
+                    &self.cred_dir,
+                    &name,
+                    token.as_bytes(),
+                    self.faults(),
+                    spares,
+                ),
+                None => {
+                    durable::atomic_write(&self.cred_dir, &name, token.as_bytes(), self.faults())
+                }
+            }
+            .map_err(|e| self.io_failed(e))?;
             inner.entries.insert(
                 name,
                 Entry {
@@ -788,9 +843,19 @@ impl CredentialStore {
                 }
                 return Err(e);
             }
-            durable::remove_durably(&self.cred_dir, &name, self.faults())
-                .map_err(|e| self.io_failed(e))
+            let existed = durable::remove_durably(&self.cred_dir, &name, self.faults())
+                .map_err(|e| self.io_failed(e))?;
+            // Its earlier versions, kept as spares, go with it.
+            if let Some(spares) = &self.spares {
+                spares.purge_from(&name);
+            }
+            Ok(existed)
         })
+    }
+
+    /// Replaced files kept for reuse, if this store recycles them (`recycle_files`).
+    pub fn spares(&self) -> Option<&durable::Spares> {
+        self.spares.as_ref()
     }
 
     /// Metadata of every credential (never secret values), fresh from the directory.
@@ -1203,11 +1268,8 @@ impl CredentialStore {
                 let swept =
                     durable::sweep_temp_files(dir, faults).map_err(|e| self.io_failed(e))?;
                 report.temp_files.extend(swept);
-            } else if let Ok(rd) = fs::read_dir(dir) {
-                report.temp_files.extend(rd.filter_map(|e| {
-                    let n = e.ok()?.file_name().to_string_lossy().into_owned();
-                    durable::is_temp_name(&n).then_some(n)
-                }));
+            } else {
+                report.temp_files.extend(durable::leftover_names(dir));
             }
         }
         let (index, state, index_stamp) = self.read_index();
@@ -1216,7 +1278,9 @@ impl CredentialStore {
             report.stray = rd
                 .flatten()
                 .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| !n.ends_with(".enc") && !durable::is_temp_name(n))
+                .filter(|n| {
+                    !n.ends_with(".enc") && !durable::is_temp_name(n) && !durable::is_spare_name(n)
+                })
                 .collect();
             report.stray.sort();
         }
@@ -1395,6 +1459,25 @@ impl CredentialStore {
     pub(super) fn flush_locked(&self) -> Result<()> {
         let mut inner = lock_guard(&self.inner);
         self.with_ring(|ring| self.flush_index(&mut inner, ring))
+    }
+}
+
+/// Decrypt and parse the bytes of a credential file.
+fn decode(bytes: &[u8], ring: &Keyring) -> FileRead {
+    let Ok(token) = std::str::from_utf8(bytes) else {
+        return FileRead::Damaged("is not a Fernet token (not text)".into());
+    };
+    if token.trim().is_empty() {
+        return FileRead::Damaged("is empty".into());
+    }
+    match ring.decrypt(token) {
+        Ok((plain, key_idx)) => match Credential::parse(plain.expose()) {
+            Ok(c) => FileRead::Ok(c, key_idx),
+            Err(e) => FileRead::Damaged(format!("decrypts, but is not a credential: {e}")),
+        },
+        Err(e @ DecryptError::ClockSkew { .. }) => FileRead::Skew(e),
+        Err(DecryptError::Invalid) => FileRead::WrongKey,
+        Err(e @ DecryptError::Malformed) => FileRead::Damaged(e.to_string()),
     }
 }
 

@@ -143,6 +143,10 @@ impl CredentialStore {
             keys::write_previous(&key_file, &[], &faults).map_err(|e| self.key_write_failed(e))?;
             self.reload_keys();
             self.flush_locked()?;
+            // Spares retired during the rotation may hold ciphertexts under the retired key.
+            if let Some(spares) = self.spares() {
+                spares.purge();
+            }
         }
         tracing::info!(store = %self.config().name, new_key = %report.new_key, reencrypted = report.reencrypted, "key rotated");
         Ok(report)
