@@ -151,7 +151,16 @@ impl Client {
         crate::store::credential::zeroize_json(&mut request);
         written.map_err(|e| ClientError::Protocol(e.to_string()))?;
         line.push(b'\n');
-        self.writer.write_all(&line)?;
+        if let Err(e) = self.writer.write_all(&line) {
+            // A server that refused us (the connection cap) wrote why and closed; the write can
+            // lose the race with that close. Its last line is the better error.
+            if let Ok(msg) = self.read_message() {
+                if let Some(err) = msg.get("error") {
+                    return Err(rpc_error(err));
+                }
+            }
+            return Err(e.into());
+        }
         loop {
             let msg = self.read_message()?;
             if msg.get("method").and_then(Value::as_str) == Some("event") {

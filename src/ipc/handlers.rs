@@ -42,21 +42,129 @@ const DEFAULT_STORE: &str = "default";
 /// every event fans out to; one per store, or one for all, is all a client needs).
 pub const MAX_SUBSCRIPTIONS_PER_CONNECTION: usize = 16;
 
-/// Handle one request line and produce the response line.
+/// What a connection's reader does with one request line.
+pub enum Routed {
+    /// Already answered: a parse error, `hello`, a refusal, or a read served right here.
+    Done(Zeroizing<Vec<u8>>),
+    /// Needs the async path (a write, a subscription, a store to open): run [`dispatch`].
+    Async(Request, PluginGrant),
+}
+
+/// Parse a request line, admit it (hello first, method known, grant), and answer it at once
+/// when that costs no waiting: everything before `hello`, refusals, and `cred.get` /
+/// `cred.exists` of a credential whose file is in the store's file cache and unchanged (an
+/// `lstat` and a decryption, ~4 µs, less than a trip to the blocking pool and back, ~13 µs).
+/// Anything that could wait on the disk goes to the blocking pool; see docs/design.md.
+pub fn route(daemon: &Daemon, session: &Session, line: &[u8]) -> Routed {
+    let mut req = match protocol::parse_request(line) {
+        Ok(r) => r,
+        Err(bad) => return Routed::Done(protocol::response_err(&bad.0, &bad.1)),
+    };
+    let answer = |id: &protocol::Id, r: Result<Value, RpcError>| {
+        Routed::Done(match r {
+            Ok(v) => protocol::response_ok(id, v),
+            Err(e) => protocol::response_err(id, &e),
+        })
+    };
+    if req.method == "hello" {
+        let params = std::mem::take(&mut req.params);
+        return answer(&req.id, hello(daemon, session, params));
+    }
+    let grant = match admit(session, &req.method) {
+        Ok(g) => g,
+        Err(e) => return answer(&req.id, Err(e)),
+    };
+    if matches!(req.method.as_str(), "cred.get" | "cred.exists") {
+        let params = Value::Object(std::mem::take(&mut req.params));
+        match read_inline(daemon, &grant, &req.method, &params, &req.id) {
+            Some(reply) => return Routed::Done(reply),
+            None => {
+                if let Value::Object(m) = params {
+                    req.params = m;
+                }
+            }
+        }
+    }
+    Routed::Async(req, grant)
+}
+
+/// Handle one request line and produce the response line (the whole path, inline or not).
 pub async fn handle_line(
     daemon: &Arc<Daemon>,
     session: &Arc<Session>,
     line: &[u8],
 ) -> Zeroizing<Vec<u8>> {
-    let req = match protocol::parse_request(line) {
-        Ok(r) => r,
-        Err(bad) => return protocol::response_err(&bad.0, &bad.1),
-    };
+    match route(daemon, session, line) {
+        Routed::Done(reply) => reply,
+        Routed::Async(req, grant) => respond(daemon, session, req, grant).await,
+    }
+}
+
+/// Run an admitted request on the async path and produce its response line.
+pub async fn respond(
+    daemon: &Arc<Daemon>,
+    session: &Arc<Session>,
+    req: Request,
+    grant: PluginGrant,
+) -> Zeroizing<Vec<u8>> {
     let id = req.id.clone();
-    match dispatch(daemon, session, req).await {
+    match dispatch(daemon, session, req, grant).await {
         Ok(result) => protocol::response_ok(&id, result),
         Err(e) => protocol::response_err(&id, &e),
     }
+}
+
+/// May this connection call `method`? Its grant if so.
+fn admit(session: &Session, method: &str) -> Result<PluginGrant, RpcError> {
+    if !METHODS.contains(&method) || method == "hello" {
+        return Err(RpcError::method_not_found(method));
+    }
+    let Some(grant) = session.grant() else {
+        return Err(RpcError::invalid_request(
+            "send `hello` first (it says which protocol you speak and binds a plugin grant)",
+        ));
+    };
+    if !grant.allows_method(method) {
+        return Err(RpcError::new(
+            ErrorKind::Forbidden,
+            format!("this connection's plugin grant does not include {method}"),
+        ));
+    }
+    Ok(grant)
+}
+
+/// `cred.get` / `cred.exists` on the connection's task, if the store is open and the file
+/// cache has the credential (`None`: take the async path). Bad params and refusals are
+/// answered here too.
+fn read_inline(
+    daemon: &Daemon,
+    grant: &PluginGrant,
+    method: &str,
+    params: &Value,
+    id: &protocol::Id,
+) -> Option<Zeroizing<Vec<u8>>> {
+    let err = |e: RpcError| Some(protocol::response_err(id, &e));
+    let p: ById = match params_ref(params) {
+        Ok(p) => p,
+        Err(e) => return err(e),
+    };
+    let name = p.store.as_deref().unwrap_or(DEFAULT_STORE);
+    if let Err(e) = check_store_name(grant, name) {
+        return err(e);
+    }
+    let slot = daemon.open_store(name)?;
+    let store = match &slot.store {
+        Ok(s) => s,
+        Err(_) => return None,
+    };
+    // Only a clean hit of the file cache (an lstat and a decryption, no file opened): anything
+    // that could wait on the disk (a miss, a key reload, an error path) goes to the pool.
+    let cred = store.get_cached(&p.id)?.ok()?;
+    Some(if method == "cred.exists" {
+        protocol::response_ok(id, json!({"exists": true}))
+    } else {
+        protocol::response_credential(id, &cred, cred.generation())
+    })
 }
 
 /// serde's messages quote the offending value (`invalid type: string "sk-…"`) and the offending
@@ -98,6 +206,25 @@ fn params<T: DeserializeOwned>(p: Map<String, Value>) -> Result<T, RpcError> {
     })
 }
 
+fn params_ref<'a, T: Deserialize<'a>>(p: &'a Value) -> Result<T, RpcError> {
+    T::deserialize(p).map_err(|e| {
+        RpcError::invalid_params(format!("bad params: {}", redact_quoted(&e.to_string())))
+    })
+}
+
+/// A well-formed store name this connection's grant includes.
+fn check_store_name(grant: &PluginGrant, name: &str) -> Result<(), RpcError> {
+    // The name is the client's text: refuse a malformed one without echoing it.
+    crate::paths::validate_store_name(name).map_err(RpcError::invalid_params)?;
+    if !grant.allows_store(name) {
+        return Err(RpcError::new(
+            ErrorKind::Forbidden,
+            format!("this connection's plugin grant does not include store {name:?}"),
+        ));
+    }
+    Ok(())
+}
+
 fn store_error(e: &crate::store::Error) -> RpcError {
     RpcError::from_store(e)
 }
@@ -126,14 +253,7 @@ async fn store_of(
     name: Option<&str>,
 ) -> Result<(String, Arc<CredentialStore>), RpcError> {
     let name = name.unwrap_or(DEFAULT_STORE).to_owned();
-    // The name is the client's text: refuse a malformed one without echoing it.
-    crate::paths::validate_store_name(&name).map_err(RpcError::invalid_params)?;
-    if !grant.allows_store(&name) {
-        return Err(RpcError::new(
-            ErrorKind::Forbidden,
-            format!("this connection's plugin grant does not include store {name:?}"),
-        ));
-    }
+    check_store_name(grant, &name)?;
     // An open store is a map lookup. Opening one created after start reads its files: that
     // goes to the blocking pool.
     let slot = match daemon.open_store(&name) {
@@ -227,39 +347,19 @@ struct LeaseParams {
     ttl_ms: u64,
 }
 
-/// Route one request.
+/// Run one admitted request (see [`route`]).
 pub async fn dispatch(
     daemon: &Arc<Daemon>,
     session: &Arc<Session>,
     req: Request,
+    grant: PluginGrant,
 ) -> Result<Value, RpcError> {
-    if req.method == "hello" {
-        return hello(daemon, session, req.params);
-    }
-    if !METHODS.contains(&req.method.as_str()) {
-        return Err(RpcError::method_not_found(&req.method));
-    }
-    let Some(grant) = session.grant() else {
-        return Err(RpcError::invalid_request(
-            "send `hello` first (it says which protocol you speak and binds a plugin grant)",
-        ));
-    };
-    if !grant.allows_method(&req.method) {
-        return Err(RpcError::new(
-            ErrorKind::Forbidden,
-            format!(
-                "this connection's plugin grant does not include {}",
-                req.method
-            ),
-        ));
-    }
     match req.method.as_str() {
         "cred.get" => {
             let p: ById = params(req.params)?;
             let (_, store) = store_of(daemon, &grant, p.store.as_deref()).await?;
-            // On the blocking pool: a read is usually ~5 µs from the page cache, but a cold
-            // cache, a 1 MiB credential or a key reload must never stall an async worker (there
-            // are two). The pool's round trip (~13 µs) is the price; see docs/benchmarks.md.
+            // Here when route() could not answer from the file cache (a miss, a changed or
+            // racy file, an error, a store not open yet): the read may wait on the disk.
             let cred = blocking(move || store.get(&p.id)).await?;
             Ok(json!({"credential": cred.expose_json(), "generation": cred.generation()}))
         }

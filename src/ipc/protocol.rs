@@ -242,7 +242,10 @@ fn parse_inner(line: &[u8]) -> Result<Request, (Id, RpcError)> {
 
 /// Serialize `v` plus a newline into a zeroizing buffer (responses may carry secrets).
 fn line(v: &Value) -> Zeroizing<Vec<u8>> {
-    let mut buf = Zeroizing::new(Vec::with_capacity(256));
+    // Sized up front: a response may carry secrets, and a growing Vec would leave copies of
+    // them in the memory it frees.
+    let bound = crate::store::credential::json_value_size_bound(v) + 1;
+    let mut buf = Zeroizing::new(Vec::with_capacity(bound));
     // Serializing a `Value` into a Vec cannot fail.
     let _ = serde_json::to_writer(&mut *buf, v);
     buf.push(b'\n');
@@ -255,6 +258,26 @@ pub fn response_ok(id: &Id, result: Value) -> Zeroizing<Vec<u8>> {
     let out = line(&v);
     crate::store::credential::zeroize_json(&mut v);
     out
+}
+
+/// The success response of `cred.get`, serialized straight from the credential (no copy of
+/// the document is made) into a buffer sized in advance.
+pub fn response_credential(
+    id: &Id,
+    cred: &crate::store::Credential,
+    generation: u64,
+) -> Zeroizing<Vec<u8>> {
+    let id_json = serde_json::to_string(id).unwrap_or_else(|_| "null".into());
+    let mut buf = Zeroizing::new(Vec::with_capacity(
+        cred.json_size_bound() + id_json.len() + 96,
+    ));
+    buf.extend_from_slice(br#"{"jsonrpc":"2.0","id":"#);
+    buf.extend_from_slice(id_json.as_bytes());
+    buf.extend_from_slice(br#","result":{"credential":"#);
+    cred.write_json(&mut buf);
+    buf.extend_from_slice(format!(r#","generation":{generation}}}}}"#).as_bytes());
+    buf.push(b'\n');
+    buf
 }
 
 /// An error response line.

@@ -3,6 +3,8 @@
 //! refusal), one task per connection (bounded frames, timeouts, a capped output queue,
 //! pipelined requests), and graceful shutdown.
 
+use std::collections::VecDeque;
+use std::future::Future;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -213,29 +215,57 @@ impl Session {
 
 /// The output queue of one connection, capped in bytes: a client that stops reading is
 /// disconnected instead of making the daemon buffer without bound.
+///
+/// One line is written at a time, either by the connection's writer task (from the queue) or,
+/// when the queue is empty and nothing is being written, directly by the task that produced it
+/// ([`Outbox::send_now`]): a response to a request answered inline then costs no task switch.
 pub struct Outbox {
-    tx: mpsc::UnboundedSender<Zeroizing<Vec<u8>>>,
-    queued: Arc<AtomicUsize>,
+    state: Mutex<OutState>,
     max: usize,
     overflowed: AtomicBool,
-    /// Notified when the connection must close (overflow).
+    /// Wakes the writer task (a line was queued, or the connection is ending).
+    wake: Notify,
+    /// Notified when the connection must close (overflow, or the peer went away).
     pub closed: Arc<Notify>,
 }
 
+#[derive(Default)]
+struct OutState {
+    lines: VecDeque<Zeroizing<Vec<u8>>>,
+    /// Bytes queued plus the bytes of the line being written.
+    bytes: usize,
+    /// A line is being written (by the writer task or `send_now`).
+    writing: bool,
+    /// No more lines are accepted; the writer drains what is queued and stops.
+    finished: bool,
+}
+
 impl Outbox {
-    /// Queue a line. `false` if the connection is gone or its queue is over the cap (it is
-    /// then being closed).
-    pub fn send(&self, line: Zeroizing<Vec<u8>>) -> bool {
-        let n = line.len();
-        // Reserve first, then check: two senders cannot both slip under the cap. A line is
-        // always admitted into an empty queue, so one response larger than the cap (a list of
-        // a very large store) is delivered rather than closing the connection.
-        let before = self.queued.fetch_add(n, Ordering::SeqCst);
-        if before > 0 && before + n > self.max {
-            self.queued.fetch_sub(n, Ordering::SeqCst);
+    fn new(max: usize, closed: Arc<Notify>) -> Self {
+        Outbox {
+            state: Mutex::new(OutState::default()),
+            max,
+            overflowed: AtomicBool::new(false),
+            wake: Notify::new(),
+            closed,
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, OutState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Admit `n` more bytes, or refuse (and start closing the connection). A line is always
+    /// admitted when nothing else is pending, so one response larger than the cap (a list of
+    /// a very large store) is delivered rather than closing the connection.
+    fn admit(&self, st: &mut OutState, n: usize) -> bool {
+        if st.finished {
+            return false;
+        }
+        if st.bytes > 0 && st.bytes + n > self.max {
             if !self.overflowed.swap(true, Ordering::SeqCst) {
                 tracing::warn!(
-                    queued = self.queued.load(Ordering::SeqCst),
+                    queued = st.bytes,
                     cap = self.max,
                     "client is not reading its responses; closing the connection"
                 );
@@ -243,16 +273,113 @@ impl Outbox {
             self.closed.notify_one();
             return false;
         }
-        if self.tx.send(line).is_err() {
-            self.queued.fetch_sub(n, Ordering::SeqCst);
+        st.bytes += n;
+        true
+    }
+
+    /// Queue a line for the writer task. `false` if the connection is gone or its queue is
+    /// over the cap (it is then being closed).
+    pub fn send(&self, line: Zeroizing<Vec<u8>>) -> bool {
+        let mut st = self.state();
+        if !self.admit(&mut st, line.len()) {
             return false;
+        }
+        st.lines.push_back(line);
+        drop(st);
+        self.wake.notify_one();
+        true
+    }
+
+    /// Send a line, writing it to `stream` right here if the queue is empty and the socket
+    /// takes it without waiting; otherwise (or for what it did not take) queue it.
+    pub fn send_now(&self, stream: &Stream, line: Zeroizing<Vec<u8>>) -> bool {
+        {
+            let mut st = self.state();
+            if !st.lines.is_empty() || st.writing {
+                drop(st);
+                return self.send(line);
+            }
+            if !self.admit(&mut st, line.len()) {
+                return false;
+            }
+            st.writing = true;
+        }
+        // One non-blocking attempt: poll the write once with a waker that does nothing. If the
+        // socket is not writable, the writer task (which registers a real waker) takes over.
+        let written = {
+            let mut send = stream;
+            let mut fut = std::pin::pin!(send.write(&line));
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            match fut.as_mut().poll(&mut cx) {
+                std::task::Poll::Ready(Ok(n)) => n,
+                std::task::Poll::Ready(Err(_)) => {
+                    let mut st = self.state();
+                    st.writing = false;
+                    st.bytes -= line.len();
+                    drop(st);
+                    self.closed.notify_one();
+                    return false;
+                }
+                std::task::Poll::Pending => 0,
+            }
+        };
+        let mut st = self.state();
+        st.writing = false;
+        st.bytes -= written;
+        if written < line.len() {
+            // Ahead of anything queued while this line was being written.
+            st.lines
+                .push_front(Zeroizing::new(line[written..].to_vec()));
+        }
+        let pending = !st.lines.is_empty();
+        drop(st);
+        if pending {
+            self.wake.notify_one();
         }
         true
     }
 
-    /// Whether the connection is closing (overflow or writer gone).
+    /// The next line for the writer task (marked as being written), `None` when the
+    /// connection has finished and everything queued was written.
+    async fn next(&self) -> Option<Zeroizing<Vec<u8>>> {
+        loop {
+            {
+                let mut st = self.state();
+                if !st.writing {
+                    if let Some(line) = st.lines.pop_front() {
+                        st.writing = true;
+                        return Some(line);
+                    }
+                    if st.finished {
+                        return None;
+                    }
+                }
+            }
+            self.wake.notified().await;
+        }
+    }
+
+    /// The writer task finished writing a line of `n` bytes.
+    fn written(&self, n: usize) {
+        let mut st = self.state();
+        st.writing = false;
+        st.bytes -= n;
+        let pending = !st.lines.is_empty();
+        drop(st);
+        if pending {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Accept no more lines; the writer drains the queue and stops.
+    fn finish(&self) {
+        self.state().finished = true;
+        self.wake.notify_one();
+    }
+
+    /// Whether the connection is closing (overflow, or no more lines accepted).
     pub fn is_closed(&self) -> bool {
-        self.overflowed.load(Ordering::SeqCst) || self.tx.is_closed()
+        self.overflowed.load(Ordering::SeqCst) || self.state().finished
     }
 }
 
@@ -387,33 +514,26 @@ async fn connection(
     // `&Stream` reads and writes; the writer task holds its own reference.
     let stream = Arc::new(stream);
     let send_stream = Arc::clone(&stream);
-    let (tx, mut rx) = mpsc::unbounded_channel::<Zeroizing<Vec<u8>>>();
-    let queued = Arc::new(AtomicUsize::new(0));
     let closed = Arc::new(Notify::new());
     let session = Arc::new(Session {
         id: conn,
         grant: Mutex::new(None),
         watching: AtomicUsize::new(0),
-        outbox: Outbox {
-            tx,
-            queued: Arc::clone(&queued),
-            max: limits.max_output,
-            overflowed: AtomicBool::new(false),
-            closed: Arc::clone(&closed),
-        },
+        outbox: Outbox::new(limits.max_output, Arc::clone(&closed)),
         next_subscription: AtomicU64::new(0),
         ended: AtomicBool::new(false),
         ended_notify: Notify::new(),
     });
-    let writer_closed = Arc::clone(&closed);
+    let writer_session = Arc::clone(&session);
     let writer = tokio::spawn(async move {
+        let outbox = &writer_session.outbox;
         let mut send = &*send_stream;
-        while let Some(line) = rx.recv().await {
+        while let Some(line) = outbox.next().await {
             if send.write_all(&line).await.is_err() {
-                writer_closed.notify_one();
+                outbox.closed.notify_one();
                 break;
             }
-            queued.fetch_sub(line.len(), Ordering::SeqCst);
+            outbox.written(line.len());
         }
         let _ = send.flush().await;
     });
@@ -454,23 +574,21 @@ async fn connection(
                 break;
             }
         };
+        let (req, grant) = match handlers::route(&daemon, &session, &line) {
+            handlers::Routed::Done(reply) => {
+                session.outbox.send_now(&stream, reply);
+                continue;
+            }
+            handlers::Routed::Async(req, grant) => (req, grant),
+        };
         // Backpressure: at the in-flight cap, stop reading until a request finishes.
         let permit = tokio::select! {
             _ = shutdown.changed() => break,
             p = Arc::clone(&inflight).acquire_owned() => match p { Ok(p) => p, Err(_) => break },
         };
         let (daemon, session) = (Arc::clone(&daemon), Arc::clone(&session));
-        if session.grant().is_none() {
-            // Until `hello` has bound a grant, requests are handled in order, here: a client
-            // may pipeline `hello` and its first requests, and those must see that grant.
-            // (Before hello nothing touches a store, so this never waits on the disk.)
-            let reply = handlers::handle_line(&daemon, &session, &line).await;
-            session.outbox.send(reply);
-            drop(permit);
-            continue;
-        }
         tokio::spawn(async move {
-            let reply = handlers::handle_line(&daemon, &session, &line).await;
+            let reply = handlers::respond(&daemon, &session, req, grant).await;
             session.outbox.send(reply);
             drop(permit);
         });
@@ -484,6 +602,7 @@ async fn connection(
     .await;
     daemon.release_connection(conn);
     session.end();
+    session.outbox.finish();
     drop(session);
     // A client that does not read would keep the writer blocked (and its socket open)
     // forever: after the drain time, abort it.
