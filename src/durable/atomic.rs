@@ -34,11 +34,12 @@ pub fn is_temp_name(name: &str) -> bool {
     name.starts_with('.') && name.contains(TEMP_MARKER)
 }
 
-/// Spare files (see [`Spares`]) are named `.hf-spare-<16 hex>`.
+/// Spare files (see [`Spares`]) are named `.hf-spare-<owner pid>-<16 hex>`.
 pub const SPARE_MARKER: &str = ".hf-spare-";
 
 /// A spare whose inode has not changed for this long belongs to no live pool (a pool unlinks
-/// its spares after a minute unused, and reuse rewrites them): it is a crash leftover.
+/// its spares after a minute unused, and reuse rewrites them): it is a crash leftover, even if
+/// its owner's pid has been reused by another process.
 pub const SPARE_ORPHAN_AGE: Duration = Duration::from_secs(600);
 
 /// Whether a directory entry is a spare file.
@@ -46,9 +47,28 @@ pub fn is_spare_name(name: &str) -> bool {
     name.starts_with(SPARE_MARKER)
 }
 
-/// Whether `path` (a spare) is an orphan: unchanged (ctime) for [`SPARE_ORPHAN_AGE`].
-fn is_orphan_spare(path: &Path) -> bool {
-    let Ok(meta) = fs::symlink_metadata(path) else {
+/// The pid of the process whose pool a spare belongs to.
+fn spare_owner(name: &str) -> Option<i32> {
+    name.strip_prefix(SPARE_MARKER)?
+        .split('-')
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Whether spare `dir/name` is an orphan: its owner is gone (no such process), or its inode
+/// has not changed for [`SPARE_ORPHAN_AGE`].
+fn is_orphan_spare(dir: &Path, name: &str) -> bool {
+    let owner_gone = spare_owner(name)
+        .and_then(rustix::process::Pid::from_raw)
+        .is_none_or(|pid| {
+            // Signal 0 checks existence; EPERM means it exists under another uid.
+            rustix::process::test_kill_process(pid) == Err(rustix::io::Errno::SRCH)
+        });
+    if owner_gone {
+        return true;
+    }
+    let Ok(meta) = fs::symlink_metadata(dir.join(name)) else {
         return false;
     };
     let ctime = std::time::UNIX_EPOCH
@@ -66,7 +86,7 @@ pub fn leftover_names(dir: &Path) -> Vec<String> {
     };
     rd.flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| is_temp_name(n) || (is_spare_name(n) && is_orphan_spare(&dir.join(n))))
+        .filter(|n| is_temp_name(n) || (is_spare_name(n) && is_orphan_spare(dir, n)))
         .collect()
 }
 
@@ -256,7 +276,7 @@ fn publish_with(
             faults
                 .check(Op::LinkSpare)
                 .map_err(|e| IoError::new(Op::LinkSpare, &target, e))?;
-            let spare = format!("{SPARE_MARKER}{}", random_hex());
+            let spare = format!("{SPARE_MARKER}{}-{}", std::process::id(), random_hex());
             if fs::hard_link(&target, dir.join(&spare)).is_ok() {
                 retired = Some(spare);
             }
@@ -327,9 +347,9 @@ const SPARE_CAP: usize = 16_384;
 /// a reader that opened the file before it was replaced must not see it rewritten under its
 /// feet, and if one stalls that long anyway it sees a newer version of the same credential or
 /// a torn token that fails Fernet's HMAC — never another credential's value. (holdfast's own
-/// reads also check the id and read once more.) Spares are named `.hf-spare-<hex>`: not temp
-/// files, so another process's open does not sweep a live pool; one left by a dead daemon is
-/// removed by the sweep once its inode has not changed for [`SPARE_ORPHAN_AGE`]. The pool lives
+/// reads also check the id and read once more.) Spares are named `.hf-spare-<pid>-<hex>`: not
+/// temp files, so another process's open does not sweep a live pool; one whose owner is gone,
+/// or whose inode has not changed for [`SPARE_ORPHAN_AGE`], is an orphan the sweep removes. The pool lives
 /// in memory; spares unused for a minute are unlinked by [`Spares::trim`],
 /// [`Spares::purge_from`] drops those of a deleted credential's file, [`Spares::purge`] all.
 #[derive(Debug)]
@@ -592,7 +612,7 @@ pub fn sweep_temp_files(dir: &Path, faults: &Faults) -> Result<Vec<String>, IoEr
         let entry = entry.map_err(|e| IoError::new(Op::RemoveTemp, dir, e))?;
         let name = entry.file_name().to_string_lossy().into_owned();
         // A live daemon's spares are young; only orphans (a daemon that died) are removed.
-        if is_temp_name(&name) || (is_spare_name(&name) && is_orphan_spare(&entry.path())) {
+        if is_temp_name(&name) || (is_spare_name(&name) && is_orphan_spare(dir, &name)) {
             remove_temp(&entry.path(), faults)?;
             removed.push(name);
         }
@@ -889,18 +909,38 @@ mod tests {
     }
 
     #[test]
-    fn orphaned_spares_are_swept_young_ones_are_not() {
+    fn orphaned_spares_are_swept_live_ones_are_not() {
         let d = tempfile::tempdir().unwrap();
-        let young = d.path().join(format!("{SPARE_MARKER}0000000000000001"));
-        fs::write(&young, b"x").unwrap();
-        assert!(leftover_names(d.path()).is_empty());
+        let me = std::process::id();
+        let live = format!("{SPARE_MARKER}{me}-0000000000000001");
+        fs::write(d.path().join(&live), b"x").unwrap();
+        assert!(
+            leftover_names(d.path()).is_empty(),
+            "a live pool's spare is no leftover"
+        );
         assert!(sweep_temp_files(d.path(), &Faults::none())
             .unwrap()
             .is_empty());
-        // ctime cannot be set back; an orphan age of zero stands in for "old".
-        assert!(!is_orphan_spare(&d.path().join("missing")));
-        let old = d.path().join(format!(".x{TEMP_MARKER}0000000000000002"));
-        fs::write(&old, b"y").unwrap();
+        // A spare of a process that is gone (a reaped child's pid), and a malformed name.
+        let child = std::process::Command::new("true").spawn().unwrap();
+        let gone_pid = child.id();
+        let mut child = child;
+        child.wait().unwrap();
+        let dead = format!("{SPARE_MARKER}{gone_pid}-0000000000000002");
+        fs::write(d.path().join(&dead), b"y").unwrap();
+        let odd = format!("{SPARE_MARKER}garbage");
+        fs::write(d.path().join(&odd), b"z").unwrap();
+        let mut left = leftover_names(d.path());
+        left.sort();
+        let mut want = vec![dead.clone(), odd.clone()];
+        want.sort();
+        assert_eq!(left, want);
+        let mut swept = sweep_temp_files(d.path(), &Faults::none()).unwrap();
+        swept.sort();
+        assert_eq!(swept, want);
+        assert_eq!(names(d.path()), vec![live]);
+        let tmp = d.path().join(format!(".x{TEMP_MARKER}0000000000000003"));
+        fs::write(tmp, b"t").unwrap();
         assert_eq!(
             leftover_names(d.path()).len(),
             1,
