@@ -3,6 +3,7 @@
 //! Layers, data flowing down only (see `docs/design.md`):
 //! - [`cli`]: the admin command line, one file per subcommand; [`client`]: a blocking client.
 //! - [`ipc`]: the socket server and protocol; [`service`]: the daemon's state.
+//! - [`recovery`]: the streaming recovery planner (R1–R4), a pure function.
 //! - [`store`]: the hive-compatible credential store (files, index, reconciliation, fsck).
 //! - [`crypto`]: keys, their sources and rotation, Fernet, and the [`crypto::Secret`] type.
 //! - [`durable`]: the only code that writes, renames, fsyncs or locks files.
@@ -19,6 +20,7 @@ pub mod ipc;
 pub mod limits;
 pub mod paths;
 pub mod process;
+pub mod recovery;
 pub mod service;
 pub mod store;
 pub mod timefmt;

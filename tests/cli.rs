@@ -766,3 +766,59 @@ fn set_document_keeps_unknown_fields() {
     .code(2);
     check(2, "at-2");
 }
+
+/// `holdfast recovery plan`: a snapshot on stdin, the plan on stdout, no daemon and no store
+/// touched; bad snapshots exit 2 with the reason.
+#[test]
+fn recovery_plan_offline() {
+    let home = TempHome::new();
+    let plan = |snapshot: &str, extra: &[&str]| {
+        let mut c = home.cmd();
+        c.args(["recovery", "plan"]).args(extra);
+        run(c, snapshot.as_bytes())
+    };
+    let o = plan(
+        r#"{"cause": "connection_reset", "partial_text": "Hello, wor", "tool_calls": [], "attempt": 0, "retry_after": null, "stall_history": []}"#,
+        &[],
+    );
+    assert_eq!(o.code, 0, "{o}");
+    let v: Value = serde_json::from_str(&o.stdout).expect("JSON plan");
+    assert_eq!(v["plan"], "R1");
+    assert_eq!(v["assistant_prefix"], "Hello, wor");
+    assert_eq!(v["wait_ms"], 500);
+    assert_eq!(v["hint"], Value::Null);
+    // A mid-stream 429 with Retry-After, compact output, jitter never below the hint.
+    let o = plan(
+        r#"{"error": {"status": 429, "message": "rate limited", "retry_after": "7"}, "partial_text": "x"}"#,
+        &["--compact", "--jitter"],
+    );
+    assert_eq!(o.code, 0, "{o}");
+    assert_eq!(o.stdout.lines().count(), 1, "{o}");
+    let v: Value = serde_json::from_str(&o.stdout).unwrap();
+    assert_eq!(
+        (v["cause"].as_str(), v["status"].as_u64()),
+        (Some("rate_limited"), Some(429))
+    );
+    assert!(v["wait_ms"].as_u64().unwrap() >= 7000, "{v}");
+    // A permanent cause is a plan too (fail), exit 0.
+    let o = plan(r#"{"cause": "context_overflow", "partial_text": "x"}"#, &[]);
+    assert_eq!(o.code, 0, "{o}");
+    assert!(o.stdout.contains(r#""plan": "fail""#), "{o}");
+    // Bad input: exit 2, a reason, nothing on stdout.
+    for (snapshot, says) in [
+        ("", "no snapshot on stdin"),
+        ("{", "not JSON"),
+        (r#"{"cause": "clean_end"}"#, "stream.commit"),
+        (r#"{"cause": "reset"}"#, "unknown cause"),
+        (r#"{"cause": "goaway", "tool_calls": "x"}"#, "tool_calls"),
+    ] {
+        let o = plan(snapshot, &[]);
+        assert_eq!(o.code, 2, "{snapshot:?}: {o}");
+        assert!(o.stderr.contains(says), "{snapshot:?}: {o}");
+        assert!(o.stdout.is_empty(), "{o}");
+    }
+    assert!(
+        !home.root.join("home/state/holdfast").exists(),
+        "the planner touched the data dir"
+    );
+}

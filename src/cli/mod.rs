@@ -7,6 +7,7 @@ mod cred;
 mod daemon;
 mod init;
 mod key;
+mod recovery;
 mod status;
 mod store;
 
@@ -144,6 +145,9 @@ enum Command {
     /// Measure this machine: the floors (socket round trip, fsync, atomic replace), then
     /// cred.get and cred.set through a real daemon on a temporary store, against the targets.
     Bench(bench::BenchArgs),
+    /// The stream recovery planner: what holdfast would do with an interrupted stream.
+    #[command(subcommand)]
+    Recovery(recovery::RecoveryCommand),
 }
 
 /// An error on its way to the user: message plus exit code.
@@ -411,6 +415,7 @@ pub fn main() -> ExitCode {
         Command::Store(c) => store::run(g, c),
         Command::Key(c) => key::run(g, c),
         Command::Bench(a) => bench::run(g, a),
+        Command::Recovery(c) => recovery::run(g, c),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
