@@ -6,6 +6,7 @@
 mod atomic;
 mod cache;
 pub mod fault;
+pub mod journal;
 pub mod lock;
 pub mod perms;
 

@@ -1,0 +1,670 @@
+//! The stream journal: one framed append-only log shared by every stream, with group commit.
+//!
+//! **Why one log and not a file per run.** An acknowledged delta must be on disk, so every
+//! acknowledgement waits for an fsync. With a file per run, N streams appending at once need N
+//! fsyncs (each file its own); with one log, every append that arrived while the previous
+//! fsync ran is written with one `write` and covered by one `fdatasync` (group commit), however
+//! many streams they came from — the design of every database WAL and of Redis's AOF. Readers
+//! do not need per-run files: the daemon keeps each active run's events in memory, rebuilt from
+//! the journal at start-up, and deletes a segment once no active run has records in it.
+//!
+//! **Segments.** `journal-<16 hex>.log`, 16 MiB each, zero-filled and fsynced before first use
+//! (prepared ahead on a helper thread), so that an append rewrites allocated blocks in place and
+//! its `fdatasync` flushes data only — no block allocation, no size change, no journal commit of
+//! the file system. A segment starts with a 16-byte header (`HFJ1`, the segment number, a
+//! CRC32C of both).
+//!
+//! **Frames.** `u32 length · u32 crc32c · payload` (little-endian), the CRC over the segment
+//! number and the payload (a frame copied from another segment does not validate). A length of
+//! zero with a zero CRC is the end of the written part (zero fill).
+//!
+//! **Start-up.** Every segment is scanned in order. The last one may end in a torn frame (a crash
+//! mid-write): its bytes are zeroed and fsynced before appending resumes there ("cut at the last
+//! good frame"). A bad frame followed by data further than one write batch away — or a bad frame
+//! in any segment but the last — is corruption: the segment is copied to `quarantine/`, replay
+//! of that segment stops there, and the report says so (nothing is silently dropped).
+//!
+//! **Failures.** A failed write or fsync fails every append of that batch and poisons the
+//! journal (every later append fails) until it is reopened: after a failed fsync the kernel may
+//! have dropped the dirty pages (fsyncgate), so nothing written since can be vouched for.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+
+use super::fault::{Faults, Op};
+use super::{create_private_dir, fsync_dir, IoError};
+
+/// Bytes per segment.
+pub const SEGMENT_BYTES: u64 = 16 * 1024 * 1024;
+/// The segment header: `HFJ1` · u64 segment number · u32 crc32c.
+const HEADER_BYTES: u64 = 16;
+const MAGIC: &[u8; 4] = b"HFJ1";
+/// Largest payload of one frame.
+pub const MAX_PAYLOAD: usize = 4 * 1024 * 1024;
+/// Most bytes written by one batch: a torn write can only damage this much past the last
+/// good frame, so non-zero bytes further away are corruption, not a torn tail.
+const MAX_BATCH_BYTES: usize = 8 * 1024 * 1024;
+const FRAME_HEADER: usize = 8;
+
+/// When appends are acknowledged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// After the `fdatasync` that covers them (default).
+    Always,
+    /// After the `write`; an `fdatasync` at most this often (a crash loses at most that much).
+    Batch(Duration),
+    /// After the `write`, never synced (tests, benchmarks of everything but the disk).
+    None,
+}
+
+/// Where a frame landed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Position {
+    /// Segment number.
+    pub segment: u64,
+    /// Byte offset of the frame in the segment.
+    pub offset: u64,
+}
+
+/// A frame found at start-up.
+#[derive(Debug)]
+pub struct Replayed {
+    /// Where it is.
+    pub pos: Position,
+    /// Its payload.
+    pub payload: Vec<u8>,
+}
+
+/// What start-up found.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct ReplayReport {
+    /// Segments scanned.
+    pub segments: usize,
+    /// Good frames.
+    pub frames: usize,
+    /// A torn tail cut off: (segment, offset, bytes zeroed).
+    pub torn_tail: Option<(u64, u64, u64)>,
+    /// Corrupt segments, each copied to quarantine: (segment, offset of the bad frame, copy).
+    pub corrupt: Vec<(u64, u64, PathBuf)>,
+}
+
+/// Why an append or the journal failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum JournalError {
+    /// A write or fsync failed; the journal refuses appends until reopened.
+    #[error("stream journal refuses writes until the daemon restarts: {0}")]
+    Poisoned(String),
+    /// The journal is shutting down.
+    #[error("stream journal is closed")]
+    Closed,
+    /// A payload over [`MAX_PAYLOAD`].
+    #[error("record of {0} bytes is over the {MAX_PAYLOAD}-byte limit")]
+    TooLarge(usize),
+    /// Opening or replaying failed.
+    #[error("{0}")]
+    Open(String),
+}
+
+/// Counters (for status and benchmarks).
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Frames appended.
+    pub appends: AtomicU64,
+    /// Batches written (each one `write`).
+    pub batches: AtomicU64,
+    /// `fdatasync`s.
+    pub syncs: AtomicU64,
+}
+
+type Ack = oneshot::Sender<Result<Position, JournalError>>;
+
+struct Pending {
+    payload: Vec<u8>,
+    ack: Ack,
+}
+
+#[derive(Default)]
+struct Queue {
+    pending: Vec<Pending>,
+    closing: bool,
+    poisoned: Option<String>,
+}
+
+struct Shared {
+    dir: PathBuf,
+    queue: Mutex<Queue>,
+    wake: Condvar,
+    durability: Durability,
+    faults: Faults,
+    stats: Stats,
+}
+
+/// The journal: append from any thread; a committer thread writes and syncs.
+pub struct Journal {
+    shared: Arc<Shared>,
+    committer: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Journal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Journal")
+            .field("dir", &self.shared.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+fn segment_name(n: u64) -> String {
+    format!("journal-{n:016x}.log")
+}
+
+fn segment_number(name: &str) -> Option<u64> {
+    let hex = name.strip_prefix("journal-")?.strip_suffix(".log")?;
+    (hex.len() == 16)
+        .then(|| u64::from_str_radix(hex, 16).ok())
+        .flatten()
+}
+
+fn frame_crc(segment: u64, payload: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc32c::crc32c(&segment.to_le_bytes()), payload)
+}
+
+fn header(segment: u64) -> [u8; HEADER_BYTES as usize] {
+    let mut h = [0u8; HEADER_BYTES as usize];
+    h[..4].copy_from_slice(MAGIC);
+    h[4..12].copy_from_slice(&segment.to_le_bytes());
+    let crc = crc32c::crc32c(&h[..12]);
+    h[12..].copy_from_slice(&crc.to_le_bytes());
+    h
+}
+
+/// Create segment `n` (zero-filled, header written, fsynced) under a temp name, then publish it.
+fn prepare_segment(dir: &Path, n: u64, faults: &Faults) -> Result<(), IoError> {
+    let name = segment_name(n);
+    let tmp = dir.join(format!(".{name}{}prep", super::TEMP_MARKER));
+    let _ = fs::remove_file(&tmp);
+    faults
+        .check(Op::CreateTemp)
+        .map_err(|e| IoError::new(Op::CreateTemp, &tmp, e))?;
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(&tmp)
+        .map_err(|e| IoError::new(Op::CreateTemp, &tmp, e))?;
+    let zeros = vec![0u8; 1 << 20];
+    let mut written = 0u64;
+    let res = (|| {
+        faults.check(Op::WriteTemp)?;
+        f.write_all(&header(n))?;
+        written += HEADER_BYTES;
+        while written < SEGMENT_BYTES {
+            let chunk = ((SEGMENT_BYTES - written) as usize).min(zeros.len());
+            f.write_all(&zeros[..chunk])?;
+            written += chunk as u64;
+        }
+        Ok(())
+    })();
+    if let Err(e) = res {
+        let _ = fs::remove_file(&tmp);
+        return Err(IoError::new(Op::WriteTemp, &tmp, e));
+    }
+    faults
+        .check(Op::FsyncFile)
+        .and_then(|()| f.sync_all())
+        .map_err(|e| IoError::new(Op::FsyncFile, &tmp, e))?;
+    drop(f);
+    faults
+        .check(Op::Rename)
+        .and_then(|()| fs::rename(&tmp, dir.join(&name)))
+        .map_err(|e| IoError::new(Op::Rename, dir.join(&name), e))?;
+    fsync_dir(dir, faults)
+}
+
+fn open_segment(dir: &Path, n: u64) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(dir.join(segment_name(n)))
+}
+
+/// Scan one segment's bytes: good frames, and where (and how) the good part ends.
+enum Tail {
+    /// Zero fill from here (or the segment is full).
+    Clean(u64),
+    /// A bad frame at this offset, with only zeros past the torn-write window.
+    Torn(u64),
+    /// A bad frame at this offset, with data past the window (or in a sealed segment).
+    Corrupt(u64),
+}
+
+fn scan(n: u64, bytes: &[u8], out: &mut Vec<Replayed>) -> Result<Tail, String> {
+    if bytes.len() < HEADER_BYTES as usize || bytes[..HEADER_BYTES as usize] != header(n) {
+        return Err(format!("segment {} has no valid header", segment_name(n)));
+    }
+    let mut off = HEADER_BYTES as usize;
+    loop {
+        if off + FRAME_HEADER > bytes.len() {
+            return Ok(Tail::Clean(off as u64));
+        }
+        let len = u32::from_le_bytes(bytes[off..off + 4].try_into().unwrap_or_default()) as usize;
+        let crc = u32::from_le_bytes(bytes[off + 4..off + 8].try_into().unwrap_or_default());
+        if len == 0 && crc == 0 {
+            // Zero fill, unless something non-zero follows within reach of a torn write.
+            let rest = &bytes[off..];
+            return Ok(if rest.iter().all(|&b| b == 0) {
+                Tail::Clean(off as u64)
+            } else {
+                bad_tail(bytes, off)
+            });
+        }
+        let end = off + FRAME_HEADER + len;
+        if len == 0 || len > MAX_PAYLOAD || end > bytes.len() {
+            return Ok(bad_tail(bytes, off));
+        }
+        let payload = &bytes[off + FRAME_HEADER..end];
+        if frame_crc(n, payload) != crc {
+            return Ok(bad_tail(bytes, off));
+        }
+        out.push(Replayed {
+            pos: Position {
+                segment: n,
+                offset: off as u64,
+            },
+            payload: payload.to_vec(),
+        });
+        off = end;
+    }
+}
+
+fn bad_tail(bytes: &[u8], off: usize) -> Tail {
+    let window_end = (off + MAX_BATCH_BYTES + FRAME_HEADER).min(bytes.len());
+    if bytes[window_end..].iter().all(|&b| b == 0) {
+        Tail::Torn(off as u64)
+    } else {
+        Tail::Corrupt(off as u64)
+    }
+}
+
+impl Journal {
+    /// Open (or create) the journal in `dir`, replaying every segment. Returns the journal,
+    /// the good frames in order, and what was found.
+    pub fn open(
+        dir: &Path,
+        durability: Durability,
+        faults: Faults,
+    ) -> Result<(Journal, Vec<Replayed>, ReplayReport), JournalError> {
+        let fail = |what: &str, e: &dyn std::fmt::Display| {
+            JournalError::Open(format!("stream journal {}: {what}: {e}", dir.display()))
+        };
+        create_private_dir(dir, &faults).map_err(|e| fail("creating it", &e))?;
+        super::perms::check_private_dir(dir).map_err(|e| fail("permissions", &e))?;
+        super::sweep_temp_files(dir, &faults).map_err(|e| fail("sweeping temp files", &e))?;
+        let mut numbers: Vec<u64> = fs::read_dir(dir)
+            .map_err(|e| fail("listing", &e))?
+            .flatten()
+            .filter_map(|e| segment_number(&e.file_name().to_string_lossy()))
+            .collect();
+        numbers.sort_unstable();
+        let mut frames = Vec::new();
+        let mut report = ReplayReport {
+            segments: numbers.len(),
+            ..ReplayReport::default()
+        };
+        let mut active = None;
+        for (i, &n) in numbers.iter().enumerate() {
+            let last = i + 1 == numbers.len();
+            let path = dir.join(segment_name(n));
+            let bytes = fs::read(&path).map_err(|e| fail("reading a segment", &e))?;
+            let tail = scan(n, &bytes, &mut frames).map_err(|e| fail("replaying", &e))?;
+            match tail {
+                Tail::Clean(off) if last => active = Some((n, off)),
+                Tail::Clean(_) => {}
+                Tail::Torn(off) if last => {
+                    // Zero what the torn write left, durably, before appending over it.
+                    let end = (off as usize + MAX_BATCH_BYTES + FRAME_HEADER).min(bytes.len());
+                    let f = open_segment(dir, n).map_err(|e| fail("opening", &e))?;
+                    f.write_all_at(&vec![0u8; end - off as usize], off)
+                        .and_then(|()| f.sync_data())
+                        .map_err(|e| fail("cutting a torn tail", &e))?;
+                    tracing::warn!(segment = n, offset = off, "stream journal: cut a torn tail (a crash during a write; nothing acknowledged is lost)");
+                    report.torn_tail = Some((n, off, (end as u64) - off));
+                    active = Some((n, off));
+                }
+                Tail::Torn(off) | Tail::Corrupt(off) => {
+                    let qdir = dir.join("quarantine");
+                    create_private_dir(&qdir, &faults).map_err(|e| fail("quarantine", &e))?;
+                    let copy = qdir.join(format!(
+                        "{}.{}",
+                        segment_name(n),
+                        std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .map_or(0, |d| d.as_secs())
+                    ));
+                    fs::copy(&path, &copy).map_err(|e| fail("quarantining", &e))?;
+                    tracing::error!(segment = n, offset = off, copy = %copy.display(), "stream journal: a corrupt frame; the segment was copied to quarantine and its later frames are not replayed");
+                    report.corrupt.push((n, off, copy));
+                    if last {
+                        // Appends go to a fresh segment; the damaged one is kept as it is.
+                        active = None;
+                    }
+                }
+            }
+        }
+        report.frames = frames.len();
+        let (segment, offset) = match active {
+            Some(a) => a,
+            None => {
+                let n = numbers.last().map_or(1, |n| n + 1);
+                prepare_segment(dir, n, &faults).map_err(|e| fail("creating a segment", &e))?;
+                (n, HEADER_BYTES)
+            }
+        };
+        let file = open_segment(dir, segment).map_err(|e| fail("opening", &e))?;
+        let shared = Arc::new(Shared {
+            dir: dir.to_path_buf(),
+            queue: Mutex::new(Queue::default()),
+            wake: Condvar::new(),
+            durability,
+            faults,
+            stats: Stats::default(),
+        });
+        let committer = {
+            let shared = Arc::clone(&shared);
+            std::thread::Builder::new()
+                .name("holdfast-journal".into())
+                .spawn(move || {
+                    Committer {
+                        shared,
+                        file,
+                        segment,
+                        offset,
+                        next: None,
+                        last_sync: Instant::now(),
+                        unsynced: false,
+                    }
+                    .run()
+                })
+                .map_err(|e| fail("starting the committer thread", &e))?
+        };
+        Ok((
+            Journal {
+                shared,
+                committer: Some(committer),
+            },
+            frames,
+            report,
+        ))
+    }
+
+    /// Queue `payload`; the receiver answers once it is durable (per the durability policy).
+    pub fn append(&self, payload: Vec<u8>) -> oneshot::Receiver<Result<Position, JournalError>> {
+        let (tx, rx) = oneshot::channel();
+        if payload.is_empty() || payload.len() > MAX_PAYLOAD {
+            let _ = tx.send(Err(JournalError::TooLarge(payload.len())));
+            return rx;
+        }
+        let mut q = self
+            .shared
+            .queue
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(why) = &q.poisoned {
+            let _ = tx.send(Err(JournalError::Poisoned(why.clone())));
+            return rx;
+        }
+        if q.closing {
+            let _ = tx.send(Err(JournalError::Closed));
+            return rx;
+        }
+        q.pending.push(Pending { payload, ack: tx });
+        drop(q);
+        self.shared.wake.notify_one();
+        rx
+    }
+
+    /// Append and wait (blocking; not from an async task).
+    pub fn append_wait(&self, payload: Vec<u8>) -> Result<Position, JournalError> {
+        self.append(payload)
+            .blocking_recv()
+            .unwrap_or(Err(JournalError::Closed))
+    }
+
+    /// Delete every segment numbered below `segment` (no live record is in them any more).
+    pub fn release_before(&self, segment: u64) -> io::Result<usize> {
+        let mut removed = 0;
+        for e in fs::read_dir(&self.shared.dir)?.flatten() {
+            if let Some(n) = segment_number(&e.file_name().to_string_lossy()) {
+                if n < segment {
+                    fs::remove_file(e.path())?;
+                    removed += 1;
+                }
+            }
+        }
+        if removed > 0 {
+            fsync_dir(&self.shared.dir, &self.shared.faults).map_err(|e| e.source)?;
+        }
+        Ok(removed)
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &Stats {
+        &self.shared.stats
+    }
+
+    /// Why the journal refuses appends, if it does.
+    pub fn poisoned(&self) -> Option<String> {
+        self.shared
+            .queue
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .poisoned
+            .clone()
+    }
+}
+
+impl Drop for Journal {
+    /// Appends already queued are written (and synced) before the committer stops.
+    fn drop(&mut self) {
+        self.shared
+            .queue
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .closing = true;
+        self.shared.wake.notify_all();
+        if let Some(t) = self.committer.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+struct Committer {
+    shared: Arc<Shared>,
+    file: File,
+    segment: u64,
+    offset: u64,
+    /// The next segment, being prepared on a helper thread.
+    next: Option<JoinHandle<Result<(), IoError>>>,
+    last_sync: Instant,
+    unsynced: bool,
+}
+
+impl Committer {
+    fn run(mut self) {
+        let shared = Arc::clone(&self.shared);
+        loop {
+            let batch = {
+                let mut q = shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
+                loop {
+                    if !q.pending.is_empty() {
+                        break;
+                    }
+                    if q.closing {
+                        drop(q);
+                        if let Err(e) = self.sync(true) {
+                            tracing::error!(error = %e, "stream journal: the fsync at close failed");
+                        }
+                        return;
+                    }
+                    q = match self.shared.durability {
+                        // Batch: sync what was written once the interval has passed.
+                        Durability::Batch(every) if self.unsynced => {
+                            let left = every.saturating_sub(self.last_sync.elapsed());
+                            let (mut q, waited) = shared
+                                .wake
+                                .wait_timeout(q, left)
+                                .unwrap_or_else(PoisonError::into_inner);
+                            if q.pending.is_empty() && waited.timed_out() {
+                                if let Err(e) = self.sync(true) {
+                                    q.poisoned = Some(e);
+                                }
+                            }
+                            q
+                        }
+                        _ => shared.wake.wait(q).unwrap_or_else(PoisonError::into_inner),
+                    };
+                }
+                // Take what fits one batch; the rest waits for the next.
+                let mut bytes = 0;
+                let take = q
+                    .pending
+                    .iter()
+                    .take_while(|p| {
+                        bytes += p.payload.len() + FRAME_HEADER;
+                        bytes <= MAX_BATCH_BYTES
+                    })
+                    .count()
+                    .max(1);
+                q.pending.drain(..take).collect::<Vec<_>>()
+            };
+            if let Err(why) = self.commit(batch) {
+                let mut q = shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
+                tracing::error!(error = %why, "stream journal write failed; refusing appends until restart");
+                q.poisoned = Some(why.clone());
+                for p in q.pending.drain(..) {
+                    let _ = p.ack.send(Err(JournalError::Poisoned(why.clone())));
+                }
+            }
+        }
+    }
+
+    /// Write one batch (rolling over to the next segment where needed), sync it, acknowledge.
+    fn commit(&mut self, batch: Vec<Pending>) -> Result<(), String> {
+        let mut acks: Vec<(Ack, Position)> = Vec::with_capacity(batch.len());
+        let mut buf: Vec<u8> = Vec::new();
+        let mut start = self.offset;
+        let mut result = Ok(());
+        for p in batch {
+            let need = (FRAME_HEADER + p.payload.len()) as u64;
+            if result.is_ok() && start + buf.len() as u64 + need > SEGMENT_BYTES {
+                result = self
+                    .write(&buf, start)
+                    .and_then(|()| self.sync(true))
+                    .and_then(|()| self.roll());
+                buf.clear();
+                start = self.offset;
+            }
+            if let Err(e) = &result {
+                let _ = p.ack.send(Err(JournalError::Poisoned(e.clone())));
+                continue;
+            }
+            let pos = Position {
+                segment: self.segment,
+                offset: start + buf.len() as u64,
+            };
+            buf.extend_from_slice(&(p.payload.len() as u32).to_le_bytes());
+            buf.extend_from_slice(&frame_crc(self.segment, &p.payload).to_le_bytes());
+            buf.extend_from_slice(&p.payload);
+            acks.push((p.ack, pos));
+        }
+        let result = result
+            .and_then(|()| self.write(&buf, start))
+            .and_then(|()| self.sync(false));
+        let n = acks.len() as u64;
+        for (ack, pos) in acks {
+            let _ = ack.send(match &result {
+                Ok(()) => Ok(pos),
+                Err(e) => Err(JournalError::Poisoned(e.clone())),
+            });
+        }
+        let stats = &self.shared.stats;
+        stats.appends.fetch_add(n, Ordering::Relaxed);
+        stats.batches.fetch_add(1, Ordering::Relaxed);
+        // Past half of this segment, start preparing the next one.
+        if self.next.is_none() && self.offset > SEGMENT_BYTES / 2 {
+            let (dir, faults, n) = (
+                self.shared.dir.clone(),
+                self.shared.faults.clone(),
+                self.segment + 1,
+            );
+            self.next = Some(std::thread::spawn(move || {
+                prepare_segment(&dir, n, &faults)
+            }));
+        }
+        result
+    }
+
+    fn write(&mut self, buf: &[u8], at: u64) -> Result<(), String> {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        self.shared
+            .faults
+            .check(Op::WriteTemp)
+            .and_then(|()| self.file.write_all_at(buf, at))
+            .map_err(|e| format!("writing {}: {e}", segment_name(self.segment)))?;
+        self.offset = at + buf.len() as u64;
+        self.unsynced = true;
+        Ok(())
+    }
+
+    /// Sync per the policy (`force`: whatever the policy says, unless `None`).
+    fn sync(&mut self, force: bool) -> Result<(), String> {
+        let due = match self.shared.durability {
+            Durability::Always => true,
+            Durability::Batch(every) => force || self.last_sync.elapsed() >= every,
+            Durability::None => false,
+        };
+        if !due || !self.unsynced {
+            return Ok(());
+        }
+        self.shared
+            .faults
+            .check(Op::FsyncFile)
+            .and_then(|()| self.file.sync_data())
+            .map_err(|e| format!("fsync of {}: {e}", segment_name(self.segment)))?;
+        self.shared.stats.syncs.fetch_add(1, Ordering::Relaxed);
+        self.last_sync = Instant::now();
+        self.unsynced = false;
+        Ok(())
+    }
+
+    /// Switch to the next segment (prepared ahead, or now).
+    fn roll(&mut self) -> Result<(), String> {
+        let n = self.segment + 1;
+        let prepared = match self.next.take() {
+            Some(h) => h
+                .join()
+                .map_err(|_| "segment preparation panicked".to_string())?,
+            None => prepare_segment(&self.shared.dir, n, &self.shared.faults),
+        };
+        prepared.map_err(|e| format!("preparing {}: {e}", segment_name(n)))?;
+        self.file = open_segment(&self.shared.dir, n)
+            .map_err(|e| format!("opening {}: {e}", segment_name(n)))?;
+        self.segment = n;
+        self.offset = HEADER_BYTES;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;
