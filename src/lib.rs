@@ -4,6 +4,7 @@
 //! - [`cli`]: the admin command line, one file per subcommand; [`client`]: a blocking client.
 //! - [`ipc`]: the socket server and protocol; [`service`]: the daemon's state.
 //! - [`recovery`]: the streaming recovery planner (R1–R4), a pure function.
+//! - [`streams`]: durable stream state on the journal, recovery wired in, exactly-once events.
 //! - [`store`]: the hive-compatible credential store (files, index, reconciliation, fsck).
 //! - [`crypto`]: keys, their sources and rotation, Fernet, and the [`crypto::Secret`] type.
 //! - [`durable`]: the only code that writes, renames, fsyncs or locks files.
@@ -23,4 +24,5 @@ pub mod process;
 pub mod recovery;
 pub mod service;
 pub mod store;
+pub mod streams;
 pub mod timefmt;

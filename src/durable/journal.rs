@@ -140,6 +140,8 @@ struct Queue {
 
 struct Shared {
     dir: PathBuf,
+    /// The segment appends go to now.
+    active: AtomicU64,
     queue: Mutex<Queue>,
     wake: Condvar,
     durability: Durability,
@@ -372,6 +374,7 @@ impl Journal {
         let file = open_segment(dir, segment).map_err(|e| fail("opening", &e))?;
         let shared = Arc::new(Shared {
             dir: dir.to_path_buf(),
+            active: AtomicU64::new(segment),
             queue: Mutex::new(Queue::default()),
             wake: Condvar::new(),
             durability,
@@ -441,6 +444,7 @@ impl Journal {
 
     /// Delete every segment numbered below `segment` (no live record is in them any more).
     pub fn release_before(&self, segment: u64) -> io::Result<usize> {
+        let segment = segment.min(self.active_segment());
         let mut removed = 0;
         for e in fs::read_dir(&self.shared.dir)?.flatten() {
             if let Some(n) = segment_number(&e.file_name().to_string_lossy()) {
@@ -454,6 +458,11 @@ impl Journal {
             fsync_dir(&self.shared.dir, &self.shared.faults).map_err(|e| e.source)?;
         }
         Ok(removed)
+    }
+
+    /// The segment appends go to now (never released).
+    pub fn active_segment(&self) -> u64 {
+        self.shared.active.load(Ordering::SeqCst)
     }
 
     /// Counters.
@@ -662,6 +671,7 @@ impl Committer {
             .map_err(|e| format!("opening {}: {e}", segment_name(n)))?;
         self.segment = n;
         self.offset = HEADER_BYTES;
+        self.shared.active.store(n, Ordering::SeqCst);
         Ok(())
     }
 }

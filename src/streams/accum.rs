@@ -1,0 +1,452 @@
+//! The accumulator of one run: the text so far across every attempt, the tool calls as
+//! streamed, and the overlap trimmer that drops a continuation's repeat of the prefix.
+//!
+//! It is a deterministic function of the run's events in seq order, so replaying the journal at
+//! start-up rebuilds exactly the state (and the trimmed text) that live appends produced.
+
+use serde_json::{json, Value};
+
+use crate::recovery::{Plan, PlanKind, ToolCall};
+
+/// Shortest repeat of the prefix's tail that is trimmed (shorter coincidences are left alone).
+pub const MIN_OVERLAP_CHARS: usize = 3;
+/// How much of the prefix's tail a continuation is compared with.
+const TRIM_WINDOW_CHARS: usize = 256;
+
+/// One tool call as streamed so far.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CallAcc {
+    /// Call id.
+    pub id: String,
+    /// Tool name (from the first delta that had one).
+    pub name: String,
+    /// Argument text so far.
+    pub arguments: String,
+    /// A `tool_call_end` arrived.
+    pub ended: bool,
+}
+
+/// A validated producer event.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// Assistant text.
+    Text(String),
+    /// Part of a tool call.
+    ToolDelta {
+        /// Call id.
+        id: String,
+        /// Tool name, on the delta that carries it.
+        name: Option<String>,
+        /// More argument text.
+        arguments_delta: String,
+    },
+    /// A tool call's arguments are complete.
+    ToolEnd {
+        /// Call id.
+        id: String,
+    },
+}
+
+/// Cap on one event's text (a delta, not a document).
+pub const MAX_EVENT_TEXT: usize = 256 * 1024;
+
+impl Event {
+    /// Parse a producer event (`{"type": "text", "text"}`, `{"type": "tool_call_delta", "id",
+    /// "name"?, "arguments_delta"}`, `{"type": "tool_call_end", "id"}`).
+    pub fn parse(v: &Value) -> Result<Event, String> {
+        let s = |k: &str| -> Result<String, String> {
+            match v.get(k) {
+                Some(Value::String(s)) if s.len() <= MAX_EVENT_TEXT => Ok(s.clone()),
+                Some(Value::String(_)) => Err(format!("{k} is over {MAX_EVENT_TEXT} bytes")),
+                _ => Err(format!("{k} (a string) is required")),
+            }
+        };
+        let known = |allowed: &[&str]| -> Result<(), String> {
+            match v
+                .as_object()
+                .and_then(|o| o.keys().find(|k| !allowed.contains(&k.as_str())))
+            {
+                Some(k) => Err(format!(
+                    "unknown field {:?} in a {} event",
+                    k.chars().take(40).collect::<String>(),
+                    v["type"].as_str().unwrap_or("")
+                )),
+                None => Ok(()),
+            }
+        };
+        match v.get("type").and_then(Value::as_str) {
+            Some("text") => {
+                known(&["type", "text"])?;
+                Ok(Event::Text(s("text")?))
+            }
+            Some("tool_call_delta") => {
+                known(&["type", "id", "name", "arguments_delta"])?;
+                let name = match v.get("name") {
+                    None | Some(Value::Null) => None,
+                    Some(Value::String(n)) if n.len() <= 256 => Some(n.clone()),
+                    _ => return Err("name must be a string of at most 256 bytes".into()),
+                };
+                let arguments_delta = match v.get("arguments_delta") {
+                    None | Some(Value::Null) => String::new(),
+                    _ => s("arguments_delta")?,
+                };
+                Ok(Event::ToolDelta {
+                    id: call_id(v)?,
+                    name,
+                    arguments_delta,
+                })
+            }
+            Some("tool_call_end") => {
+                known(&["type", "id"])?;
+                Ok(Event::ToolEnd { id: call_id(v)? })
+            }
+            _ => Err("each event needs a type: text, tool_call_delta or tool_call_end".to_string()),
+        }
+    }
+
+    /// The event as published.
+    pub fn to_json(&self) -> Value {
+        match self {
+            Event::Text(t) => json!({"type": "text", "text": t}),
+            Event::ToolDelta {
+                id,
+                name,
+                arguments_delta,
+            } => {
+                let mut v = json!({"type": "tool_call_delta", "id": id,
+                                   "arguments_delta": arguments_delta});
+                if let Some(n) = name {
+                    v["name"] = n.clone().into();
+                }
+                v
+            }
+            Event::ToolEnd { id } => json!({"type": "tool_call_end", "id": id}),
+        }
+    }
+}
+
+fn call_id(v: &Value) -> Result<String, String> {
+    match v.get("id") {
+        Some(Value::String(s)) if !s.is_empty() && s.len() <= 256 => Ok(s.clone()),
+        _ => Err("id (a non-empty string of at most 256 bytes) is required".into()),
+    }
+}
+
+/// The trimmer's state after an R1/R3 plan: text held back until it is clear how much of it
+/// repeats the prefix's tail.
+#[derive(Clone, Debug, Default)]
+struct Trim {
+    tail: String,
+    /// Held events: (seq, text).
+    held: Vec<(u64, String)>,
+}
+
+impl Trim {
+    fn held_text(&self) -> String {
+        self.held.iter().map(|(_, t)| t.as_str()).collect()
+    }
+}
+
+/// The run's accumulated state.
+#[derive(Clone, Debug, Default)]
+pub struct Accumulator {
+    /// All published assistant text of this turn, across attempts.
+    pub text: String,
+    /// Tool calls in order of first appearance.
+    pub calls: Vec<CallAcc>,
+    trim: Option<Trim>,
+    /// Characters dropped by overlap trimming so far.
+    pub trimmed_chars: usize,
+}
+
+/// Longest k (in chars, ≥ MIN_OVERLAP_CHARS, on char boundaries) with `tail` ending in the first
+/// k chars of `cont`; 0 if none.
+fn overlap(tail: &str, cont: &str) -> usize {
+    let bounds: Vec<usize> = cont
+        .char_indices()
+        .map(|(i, _)| i)
+        .chain(std::iter::once(cont.len()))
+        .collect();
+    for (chars, &b) in bounds.iter().enumerate().rev() {
+        if chars < MIN_OVERLAP_CHARS {
+            break;
+        }
+        if tail.ends_with(&cont[..b]) {
+            return b;
+        }
+    }
+    0
+}
+
+impl Accumulator {
+    /// Apply one accepted event (seq `seq`); returns the events to publish now, in order
+    /// (text may be held back by the trimmer and released later, shortened).
+    pub fn apply(&mut self, seq: u64, ev: &Event) -> Result<Vec<(u64, Value)>, String> {
+        match ev {
+            Event::Text(t) => Ok(self.text_event(seq, t)),
+            Event::ToolDelta {
+                id,
+                name,
+                arguments_delta,
+            } => {
+                let mut out = self.flush_trim();
+                let call = match self.calls.iter_mut().find(|c| c.id == *id) {
+                    Some(c) => c,
+                    None => {
+                        self.calls.push(CallAcc {
+                            id: id.clone(),
+                            ..CallAcc::default()
+                        });
+                        self.calls.last_mut().ok_or("no call")?
+                    }
+                };
+                if call.ended {
+                    return Err(format!("tool call {id:?} already ended"));
+                }
+                if let Some(n) = name {
+                    if call.name.is_empty() {
+                        call.name = n.clone();
+                    }
+                }
+                call.arguments.push_str(arguments_delta);
+                out.push((seq, ev.to_json()));
+                Ok(out)
+            }
+            Event::ToolEnd { id } => {
+                let mut out = self.flush_trim();
+                let call = self
+                    .calls
+                    .iter_mut()
+                    .find(|c| c.id == *id)
+                    .ok_or_else(|| format!("tool_call_end for unknown call {id:?}"))?;
+                call.ended = true;
+                out.push((seq, ev.to_json()));
+                Ok(out)
+            }
+        }
+    }
+
+    /// Check an event against the state without applying it.
+    pub fn check(&self, ev: &Event) -> Result<(), String> {
+        match ev {
+            Event::Text(_) => Ok(()),
+            Event::ToolDelta { id, .. } => match self.calls.iter().find(|c| c.id == *id) {
+                Some(c) if c.ended => Err(format!("tool call {id:?} already ended")),
+                _ => Ok(()),
+            },
+            Event::ToolEnd { id } => match self.calls.iter().find(|c| c.id == *id) {
+                None => Err(format!("tool_call_end for unknown call {id:?}")),
+                Some(c) if c.ended => Err(format!("tool call {id:?} already ended")),
+                Some(_) => Ok(()),
+            },
+        }
+    }
+
+    fn text_event(&mut self, seq: u64, t: &str) -> Vec<(u64, Value)> {
+        let Some(trim) = &mut self.trim else {
+            self.text.push_str(t);
+            return vec![(seq, json!({"type": "text", "text": t}))];
+        };
+        trim.held.push((seq, t.to_owned()));
+        let held = trim.held_text();
+        // Still possibly a repeat of the tail (a substring of it, shorter than it)? Hold.
+        if held.chars().count() < trim.tail.chars().count() && trim.tail.contains(held.as_str()) {
+            return Vec::new();
+        }
+        self.flush_trim()
+    }
+
+    /// Decide on held text: drop the longest repeat of the prefix's tail, publish the rest.
+    pub fn flush_trim(&mut self) -> Vec<(u64, Value)> {
+        let Some(trim) = self.trim.take() else {
+            return Vec::new();
+        };
+        let held = trim.held_text();
+        let mut drop_bytes = overlap(&trim.tail, &held);
+        self.trimmed_chars += held[..drop_bytes].chars().count();
+        let mut out = Vec::new();
+        for (seq, t) in trim.held {
+            let cut = drop_bytes.min(t.len());
+            drop_bytes -= cut;
+            let rest = &t[cut..];
+            if !rest.is_empty() {
+                self.text.push_str(rest);
+                out.push((seq, json!({"type": "text", "text": rest})));
+            }
+        }
+        out
+    }
+
+    /// The tool calls as the planner sees them.
+    pub fn tool_calls(&self) -> Vec<ToolCall> {
+        self.calls
+            .iter()
+            .map(|c| ToolCall {
+                id: c.id.clone(),
+                name: c.name.clone(),
+                arguments: c.arguments.clone(),
+            })
+            .collect()
+    }
+
+    /// Apply a recovery plan: R4 discards the turn; R2/R3 drop the cancelled calls; R1/R3 arm
+    /// the overlap trimmer with the prefix's tail.
+    pub fn apply_plan(&mut self, plan: &Plan) {
+        match plan.plan {
+            PlanKind::R4 => {
+                self.text.clear();
+                self.calls.clear();
+            }
+            PlanKind::R2 | PlanKind::R3 => {
+                self.calls
+                    .retain(|c| !plan.cancelled.iter().any(|x| x.id == c.id));
+            }
+            PlanKind::R1 | PlanKind::Fail => {}
+        }
+        if matches!(plan.plan, PlanKind::R1 | PlanKind::R3) && !self.text.is_empty() {
+            let start = self
+                .text
+                .char_indices()
+                .rev()
+                .nth(TRIM_WINDOW_CHARS - 1)
+                .map_or(0, |(i, _)| i);
+            self.trim = Some(Trim {
+                tail: self.text[start..].to_owned(),
+                held: Vec::new(),
+            });
+        }
+    }
+
+    /// The plain snapshot of RECOVERY-RULES.md / `checkpoint.get`.
+    pub fn snapshot(&self) -> Value {
+        let completed: Vec<Value> = self
+            .tool_calls()
+            .iter()
+            .filter_map(|c| {
+                c.completed_arguments()
+                    .map(|_| json!({"id": c.id, "name": c.name, "arguments": c.arguments}))
+            })
+            .collect();
+        let in_flight = self
+            .tool_calls()
+            .into_iter()
+            .rfind(|c| c.completed_arguments().is_none())
+            .map(|c| json!({"id": c.id, "name": c.name, "partial_args": c.arguments}));
+        json!({
+            "partial_text": self.text,
+            "completed_tool_calls": completed,
+            "in_flight_tool": in_flight,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn texts(out: &[(u64, Value)]) -> Vec<(u64, String)> {
+        out.iter()
+            .map(|(s, v)| (*s, v["text"].as_str().unwrap_or("").to_owned()))
+            .collect()
+    }
+
+    fn r1(acc: &mut Accumulator) {
+        let input = crate::recovery::Input {
+            cause: crate::recovery::Cause::ConnectionReset,
+            status: None,
+            text: acc.text.clone(),
+            tool_calls: acc.tool_calls(),
+            attempts: Default::default(),
+            retry_after: None,
+            stall_history: vec![],
+            stale: None,
+            jitter: None,
+            policy: Default::default(),
+        };
+        let plan = crate::recovery::plan(&input);
+        acc.apply_plan(&plan);
+    }
+
+    #[test]
+    fn a_continuation_that_repeats_the_tail_is_trimmed_across_deltas() {
+        let mut acc = Accumulator::default();
+        acc.apply(1, &Event::Text("Hello, wor".into())).unwrap();
+        r1(&mut acc);
+        // "wor" + "ld!" arrives as "w", "or", "ld!": held until it stops repeating the tail.
+        assert!(acc.apply(2, &Event::Text("w".into())).unwrap().is_empty());
+        assert!(acc.apply(3, &Event::Text("or".into())).unwrap().is_empty());
+        let out = acc.apply(4, &Event::Text("ld!".into())).unwrap();
+        assert_eq!(texts(&out), vec![(4, "ld!".to_string())]);
+        assert_eq!(acc.text, "Hello, world!");
+        assert_eq!(acc.trimmed_chars, 3);
+        // Later text is not trimmed again.
+        let out = acc.apply(5, &Event::Text("Hello".into())).unwrap();
+        assert_eq!(texts(&out), vec![(5, "Hello".to_string())]);
+    }
+
+    #[test]
+    fn short_coincidences_and_fresh_text_are_left_alone() {
+        for (cont, published) in [
+            (" and more", " and more"),
+            ("rld", "rld"),         // "or" + "rld": no suffix of the tail starts it
+            ("d, then", "d, then"), // one char of overlap is below the minimum
+        ] {
+            let mut acc = Accumulator::default();
+            acc.apply(1, &Event::Text("the word".into())).unwrap();
+            r1(&mut acc);
+            let mut out = acc.apply(2, &Event::Text(cont.into())).unwrap();
+            out.extend(acc.flush_trim());
+            let got: String = texts(&out).into_iter().map(|(_, t)| t).collect();
+            assert_eq!(got, published, "{cont:?}");
+        }
+        // A whole repeat of the tail, then new text in a later delta.
+        let mut acc = Accumulator::default();
+        acc.apply(1, &Event::Text("abc def".into())).unwrap();
+        r1(&mut acc);
+        let mut out = acc.apply(2, &Event::Text("def".into())).unwrap();
+        out.extend(acc.apply(3, &Event::Text(" ghi".into())).unwrap());
+        assert_eq!(acc.text, "abc def ghi");
+        assert_eq!(texts(&out), vec![(3, " ghi".to_string())]);
+    }
+
+    #[test]
+    fn multibyte_text_is_cut_on_char_boundaries() {
+        let mut acc = Accumulator::default();
+        acc.apply(1, &Event::Text("naïve café".into())).unwrap();
+        r1(&mut acc);
+        let mut out = acc.apply(2, &Event::Text("café ☕".into())).unwrap();
+        out.extend(acc.flush_trim());
+        assert_eq!(acc.text, "naïve café ☕");
+        assert_eq!(texts(&out), vec![(2, " ☕".to_string())]);
+    }
+
+    #[test]
+    fn tool_calls_accumulate_and_validate() {
+        let mut acc = Accumulator::default();
+        let d = |id: &str, name: Option<&str>, a: &str| Event::ToolDelta {
+            id: id.into(),
+            name: name.map(Into::into),
+            arguments_delta: a.into(),
+        };
+        acc.apply(1, &d("c1", Some("read"), "{\"p\":")).unwrap();
+        acc.apply(2, &d("c1", None, " 1}")).unwrap();
+        acc.apply(3, &Event::ToolEnd { id: "c1".into() }).unwrap();
+        assert!(acc.check(&d("c1", None, "x")).is_err(), "delta after end");
+        assert!(acc.check(&Event::ToolEnd { id: "nope".into() }).is_err());
+        acc.apply(4, &d("c2", Some("write"), "{\"body\": \""))
+            .unwrap();
+        let snap = acc.snapshot();
+        assert_eq!(snap["completed_tool_calls"][0]["arguments"], "{\"p\": 1}");
+        assert_eq!(snap["in_flight_tool"]["name"], "write");
+        for bad in [
+            json!({"type": "text"}),
+            json!({"type": "text", "text": 1}),
+            json!({"type": "tool_call_delta", "arguments_delta": "x"}),
+            json!({"type": "tool_call_end", "id": ""}),
+            json!({"type": "finish"}),
+            json!({"type": "text", "text": "x", "extra": 1}),
+        ] {
+            assert!(Event::parse(&bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,1099 @@
+//! Streams: the durable state of in-flight LLM streams, the recovery engine wired to it, and
+//! exactly-once delivery of their events.
+//!
+//! Every change to a run is a record in the shared stream journal ([`crate::durable::journal`]),
+//! sealed (Fernet) with the default store's key; the journal acknowledges a record only once it
+//! is durable, and only then are the run's new events published to subscribers. The run state
+//! file `runs/<run_id>/state` (sealed, replaced atomically) is the single commit point: a run is
+//! committed (or aborted) exactly when that file says so. At start-up the journal is replayed
+//! through the same code that applies live appends, so every active run's accumulator (text so
+//! far across attempts, tool calls, attempt counters, stall history) comes back as it was.
+//!
+//! Sequence numbers are per run and shared by the producer's events and the daemon's own
+//! (`tool_call_cancel`, `stream_reset`, `interrupted`, `finish`): a subscriber that reconnects
+//! with the last seq it saw gets every later event once, in order.
+
+mod accum;
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use serde_json::{json, Map, Value};
+use tokio::sync::{mpsc, oneshot};
+use zeroize::Zeroizing;
+
+pub use accum::{Accumulator, Event, MIN_OVERLAP_CHARS};
+
+use crate::durable::journal::{Durability, Journal, JournalError, Position, ReplayReport};
+use crate::durable::{self, Faults};
+use crate::error::ErrorKind;
+use crate::recovery::{self, Attempts, Cause, Input, Plan, PlanKind, Policy, Stale};
+
+/// Seals and opens records (the default store's Fernet keys in the daemon).
+pub trait Sealer: Send + Sync {
+    /// Encrypt.
+    fn seal(&self, plaintext: &[u8]) -> Result<Vec<u8>, String>;
+    /// Decrypt (any key of the ring).
+    fn open(&self, sealed: &[u8]) -> Result<Zeroizing<Vec<u8>>, String>;
+}
+
+/// A stream operation that failed, with the protocol's error kind.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct StreamError {
+    /// The kind (`invalid_params`, `not_found`, `conflict`, `storage`, …).
+    pub kind: ErrorKind,
+    /// For people.
+    pub message: String,
+}
+
+fn err(kind: ErrorKind, message: impl Into<String>) -> StreamError {
+    StreamError {
+        kind,
+        message: message.into(),
+    }
+}
+
+fn invalid(message: impl Into<String>) -> StreamError {
+    err(ErrorKind::InvalidParams, message)
+}
+
+impl From<JournalError> for StreamError {
+    fn from(e: JournalError) -> Self {
+        err(ErrorKind::Storage, e.to_string())
+    }
+}
+
+/// Settings.
+#[derive(Clone, Debug)]
+pub struct StreamsConfig {
+    /// The retry policy of the planner.
+    pub policy: Policy,
+    /// A checkpoint with no event for this long is stale on resume.
+    pub stale_after: Duration,
+    /// When appends are acknowledged.
+    pub durability: Durability,
+    /// Most events one append may carry.
+    pub max_events_per_append: usize,
+    /// Most runs active at once.
+    pub max_active_runs: usize,
+}
+
+impl Default for StreamsConfig {
+    fn default() -> Self {
+        StreamsConfig {
+            policy: Policy::default(),
+            stale_after: Duration::from_secs(3600),
+            durability: Durability::Always,
+            max_events_per_append: 1024,
+            max_active_runs: 10_000,
+        }
+    }
+}
+
+/// Run ids: what a file name can safely carry.
+pub fn validate_run_id(id: &str) -> Result<(), StreamError> {
+    let ok = !id.is_empty()
+        && id.len() <= 128
+        && id != "."
+        && id != ".."
+        && !id.starts_with('.')
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(invalid(
+            "run_id must be 1-128 characters of A-Z a-z 0-9 - _ . : and not start with a dot",
+        ))
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn new_stream_id() -> String {
+    let mut b = [0u8; 12];
+    if getrandom::fill(&mut b).is_err() {
+        b[..8].copy_from_slice(&now_ms().to_le_bytes());
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Where a run is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// A producer holds it and may append.
+    Streaming,
+    /// Interrupted; the plan says what next (the producer continues, or a new one resumes).
+    Interrupted,
+    /// The recovery plan was `fail`: kept for inspection until aborted or pruned.
+    Failed,
+}
+
+/// A live subscriber: events (seq, event) until `finish`.
+pub type Subscriber = mpsc::UnboundedSender<(u64, Value)>;
+
+struct Run {
+    run_id: String,
+    thread_id: Option<String>,
+    model: Option<String>,
+    epoch: u64,
+    stream_id: String,
+    status: Status,
+    /// The next seq the producer must use.
+    next_seq: u64,
+    /// Every published-or-pending event of the run, in seq order.
+    events: Vec<(u64, Value)>,
+    /// Events with seq below this are durable (and published).
+    durable_below: u64,
+    acc: Accumulator,
+    attempts: Attempts,
+    stall_history: Vec<Option<String>>,
+    last_plan: Option<Value>,
+    created_at_ms: u64,
+    updated_at_ms: u64,
+    /// The oldest journal segment holding one of its records.
+    first_segment: u64,
+    subscribers: Vec<Subscriber>,
+}
+
+impl Run {
+    fn summary(&self) -> Value {
+        json!({
+            "run_id": self.run_id,
+            "thread_id": self.thread_id,
+            "model": self.model,
+            "status": self.status,
+            "epoch": self.epoch,
+            "next_seq": self.next_seq,
+            "attempts": self.attempts,
+            "stall_streak": self.stall_streak(),
+            "text_chars": self.acc.text.chars().count(),
+            "tool_calls": self.acc.calls.len(),
+            "trimmed_chars": self.acc.trimmed_chars,
+            "created_at_ms": self.created_at_ms,
+            "updated_at_ms": self.updated_at_ms,
+            "last_plan": self.last_plan.as_ref().map(|p| json!({
+                "plan": p["plan"], "cause": p["cause"], "wait_ms": p["wait_ms"]})),
+        })
+    }
+
+    /// Interruptions in a row that ended on the same unfinished tool.
+    fn stall_streak(&self) -> usize {
+        match self.stall_history.last() {
+            Some(Some(tool)) => self
+                .stall_history
+                .iter()
+                .rev()
+                .take_while(|t| t.as_deref() == Some(tool.as_str()))
+                .count(),
+            _ => 0,
+        }
+    }
+
+    fn checkpoint(&self) -> Value {
+        let mut snap = self.acc.snapshot();
+        snap["run_id"] = self.run_id.clone().into();
+        snap["thread_id"] = json!(self.thread_id);
+        snap["upstream_model"] = json!(self.model);
+        snap["updated_at_ms"] = self.updated_at_ms.into();
+        snap
+    }
+
+    /// Add daemon or producer events (already seq-numbered) to the run.
+    fn push_events(&mut self, out: Vec<(u64, Value)>) {
+        self.events.extend(out);
+    }
+}
+
+/// A record of the journal (the plaintext inside the sealed frame).
+fn record(kind: &str, run: &str, fields: Value) -> Value {
+    let mut r = json!({"t": kind, "run": run});
+    if let (Value::Object(r), Value::Object(f)) = (&mut r, fields) {
+        r.extend(f);
+    }
+    r
+}
+
+struct State {
+    runs: HashMap<String, Run>,
+}
+
+/// The streams of one daemon.
+pub struct Streams {
+    journal: Journal,
+    runs_dir: PathBuf,
+    sealer: Arc<dyn Sealer>,
+    state: Mutex<State>,
+    config: StreamsConfig,
+    faults: Faults,
+    replay: ReplayReport,
+}
+
+/// An accepted change waiting for the journal.
+#[must_use = "wait for the journal with Streams::settle"]
+pub struct Ticket {
+    run_id: String,
+    /// Events below this seq become durable with this record.
+    upto: u64,
+    rx: oneshot::Receiver<Result<Position, JournalError>>,
+    /// What to answer once durable.
+    pub answer: Value,
+}
+
+impl Streams {
+    /// Open: the journal under `streams_dir`, run state files under `runs_dir`; replay.
+    pub fn open(
+        streams_dir: &Path,
+        runs_dir: &Path,
+        sealer: Arc<dyn Sealer>,
+        config: StreamsConfig,
+        faults: Faults,
+    ) -> Result<Streams, StreamError> {
+        durable::create_private_dir(runs_dir, &faults)
+            .map_err(|e| err(ErrorKind::Storage, e.to_string()))?;
+        let (journal, frames, replay) =
+            Journal::open(streams_dir, config.durability, faults.clone())?;
+        let streams = Streams {
+            journal,
+            runs_dir: runs_dir.to_path_buf(),
+            sealer,
+            state: Mutex::new(State {
+                runs: HashMap::new(),
+            }),
+            config,
+            faults,
+            replay,
+        };
+        let mut undecryptable = 0usize;
+        {
+            let mut st = streams.lock();
+            for f in frames {
+                let Ok(plain) = streams.sealer.open(&f.payload) else {
+                    undecryptable += 1;
+                    continue;
+                };
+                let Ok(rec) = serde_json::from_slice::<Value>(&plain) else {
+                    undecryptable += 1;
+                    continue;
+                };
+                streams.replay_record(&mut st, &rec, f.pos.segment);
+            }
+            // Runs whose state file says they ended (a crash after the commit point, before
+            // the end record) are not resumable.
+            let ended: Vec<String> = st
+                .runs
+                .keys()
+                .filter(|id| streams.read_state(id).is_some())
+                .cloned()
+                .collect();
+            for id in ended {
+                st.runs.remove(&id);
+            }
+            for run in st.runs.values_mut() {
+                run.durable_below = run.next_seq;
+            }
+        }
+        if undecryptable > 0 {
+            tracing::error!(
+                undecryptable,
+                "stream journal records that do not decrypt with the current keys were skipped"
+            );
+        }
+        streams.release_segments();
+        Ok(streams)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// What replay found at open.
+    pub fn replay_report(&self) -> &ReplayReport {
+        &self.replay
+    }
+
+    /// Runs active now.
+    pub fn active_runs(&self) -> usize {
+        self.lock().runs.len()
+    }
+
+    fn seal_record(&self, rec: &Value) -> Result<Vec<u8>, StreamError> {
+        let plain = Zeroizing::new(serde_json::to_vec(rec).unwrap_or_default());
+        self.sealer
+            .seal(&plain)
+            .map_err(|e| err(ErrorKind::Sealed, e))
+    }
+
+    /// Queue a record for run `run_id`, making events below `upto` durable with it.
+    fn submit(
+        &self,
+        run_id: &str,
+        upto: u64,
+        rec: &Value,
+        answer: Value,
+    ) -> Result<Ticket, StreamError> {
+        let sealed = self.seal_record(rec)?;
+        Ok(Ticket {
+            run_id: run_id.to_owned(),
+            upto,
+            rx: self.journal.append(sealed),
+            answer,
+        })
+    }
+
+    /// Wait until a ticket's record is durable, then publish what it covers. Returns the
+    /// answer for the client.
+    pub async fn settle(&self, t: Ticket) -> Result<Value, StreamError> {
+        let res = t.rx.await.unwrap_or(Err(JournalError::Closed));
+        self.after_durable(&t.run_id, t.upto, res)?;
+        Ok(t.answer)
+    }
+
+    /// [`Streams::settle`], blocking (tests, offline tools; never from an async task).
+    pub fn settle_blocking(&self, t: Ticket) -> Result<Value, StreamError> {
+        let res = t.rx.blocking_recv().unwrap_or(Err(JournalError::Closed));
+        self.after_durable(&t.run_id, t.upto, res)?;
+        Ok(t.answer)
+    }
+
+    fn after_durable(
+        &self,
+        run_id: &str,
+        upto: u64,
+        res: Result<Position, JournalError>,
+    ) -> Result<(), StreamError> {
+        let pos = res?;
+        let mut st = self.lock();
+        if let Some(run) = st.runs.get_mut(run_id) {
+            run.first_segment = run.first_segment.min(pos.segment);
+            if upto > run.durable_below {
+                let from = run.durable_below;
+                run.durable_below = upto;
+                let fresh: Vec<(u64, Value)> = run
+                    .events
+                    .iter()
+                    .filter(|(s, _)| *s >= from && *s < upto)
+                    .cloned()
+                    .collect();
+                run.subscribers
+                    .retain(|tx| fresh.iter().all(|(s, e)| tx.send((*s, e.clone())).is_ok()));
+            }
+        }
+        Ok(())
+    }
+
+    fn run_mut<'a>(
+        st: &'a mut State,
+        run_id: &str,
+        stream_id: &str,
+    ) -> Result<&'a mut Run, StreamError> {
+        let run = st.runs.get_mut(run_id).ok_or_else(|| {
+            err(
+                ErrorKind::NotFound,
+                "no active stream for this run_id (never begun, or already committed or aborted)",
+            )
+        })?;
+        if run.stream_id != stream_id {
+            return Err(err(
+                ErrorKind::Conflict,
+                format!(
+                    "stream_id is not the current holder of this run (epoch {}): another \
+                     producer took it over; stop producing",
+                    run.epoch
+                ),
+            ));
+        }
+        Ok(run)
+    }
+
+    /// `stream.begin`.
+    pub fn begin(
+        &self,
+        run_id: &str,
+        thread_id: Option<String>,
+        model: Option<String>,
+        takeover: bool,
+    ) -> Result<Ticket, StreamError> {
+        validate_run_id(run_id)?;
+        if let Some(state) = self.read_state(run_id) {
+            return Err(err(
+                ErrorKind::Conflict,
+                format!(
+                    "run already {}; it cannot stream again",
+                    state["status"].as_str().unwrap_or("ended")
+                ),
+            ));
+        }
+        let mut st = self.lock();
+        let now = now_ms();
+        let (epoch, next_seq) = match st.runs.get(run_id) {
+            Some(run) if !takeover => {
+                return Err(err(
+                    ErrorKind::Conflict,
+                    format!(
+                        "run is already streaming (epoch {}); pass takeover: true to take it over \
+                         (the current holder's appends then fail), or stream.resume",
+                        run.epoch
+                    ),
+                ))
+            }
+            Some(run) => (run.epoch + 1, run.next_seq),
+            None => {
+                if st.runs.len() >= self.config.max_active_runs {
+                    return Err(err(
+                        ErrorKind::Busy,
+                        format!(
+                            "{} runs are active; commit or abort some first",
+                            self.config.max_active_runs
+                        ),
+                    ));
+                }
+                (1, 1)
+            }
+        };
+        let stream_id = new_stream_id();
+        let rec = record(
+            "begin",
+            run_id,
+            json!({"epoch": epoch, "sid": stream_id, "thread": thread_id, "model": model,
+                   "at": now}),
+        );
+        let answer = json!({"stream_id": stream_id, "epoch": epoch, "next_seq": next_seq});
+        let ticket = self.submit(run_id, 0, &rec, answer)?;
+        Self::apply_begin(
+            &mut st,
+            run_id,
+            epoch,
+            &stream_id,
+            thread_id,
+            model,
+            now,
+            u64::MAX,
+        );
+        Ok(ticket)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn apply_begin(
+        st: &mut State,
+        run_id: &str,
+        epoch: u64,
+        stream_id: &str,
+        thread_id: Option<String>,
+        model: Option<String>,
+        at: u64,
+        segment: u64,
+    ) {
+        let run = st.runs.entry(run_id.to_owned()).or_insert_with(|| Run {
+            run_id: run_id.to_owned(),
+            thread_id: None,
+            model: None,
+            epoch: 0,
+            stream_id: String::new(),
+            status: Status::Streaming,
+            next_seq: 1,
+            events: Vec::new(),
+            durable_below: 1,
+            acc: Accumulator::default(),
+            attempts: Attempts::default(),
+            stall_history: Vec::new(),
+            last_plan: None,
+            created_at_ms: at,
+            updated_at_ms: at,
+            first_segment: segment,
+            subscribers: Vec::new(),
+        });
+        run.epoch = epoch;
+        run.stream_id = stream_id.to_owned();
+        run.status = Status::Streaming;
+        if thread_id.is_some() {
+            run.thread_id = thread_id;
+        }
+        if model.is_some() {
+            run.model = model;
+        }
+        run.updated_at_ms = at;
+        run.first_segment = run.first_segment.min(segment);
+    }
+
+    /// `stream.append`: events numbered from `seq`. A replayed seq is acknowledged and
+    /// dropped; a gap is refused.
+    pub fn append(
+        &self,
+        run_id: &str,
+        stream_id: &str,
+        seq: u64,
+        events: &[Value],
+    ) -> Result<Ticket, StreamError> {
+        if events.is_empty() {
+            return Err(invalid("events must not be empty"));
+        }
+        if events.len() > self.config.max_events_per_append {
+            return Err(invalid(format!(
+                "at most {} events per append",
+                self.config.max_events_per_append
+            )));
+        }
+        let parsed: Vec<Event> = events
+            .iter()
+            .enumerate()
+            .map(|(i, e)| Event::parse(e).map_err(|m| invalid(format!("events[{i}]: {m}"))))
+            .collect::<Result<_, _>>()?;
+        let mut st = self.lock();
+        let run = Self::run_mut(&mut st, run_id, stream_id)?;
+        if run.status == Status::Failed {
+            return Err(err(
+                ErrorKind::Conflict,
+                "the recovery plan for this run was fail; abort it",
+            ));
+        }
+        if seq == 0 {
+            return Err(invalid("seq starts at 1"));
+        }
+        if seq > run.next_seq {
+            return Err(invalid(format!(
+                "gap: the next seq is {}, this batch starts at {seq}",
+                run.next_seq
+            )));
+        }
+        let skip = (run.next_seq - seq) as usize;
+        if skip >= parsed.len() {
+            // A replay of appends already accepted: acknowledge, change nothing.
+            let acked = run.next_seq - 1;
+            drop(st);
+            let (tx, rx) = oneshot::channel();
+            let _ = tx.send(Ok(Position {
+                segment: u64::MAX,
+                offset: 0,
+            }));
+            return Ok(Ticket {
+                run_id: run_id.to_owned(),
+                upto: 0,
+                rx,
+                answer: json!({"acked_seq": acked, "duplicate": true}),
+            });
+        }
+        let fresh = &parsed[skip..];
+        for e in fresh {
+            run.acc.check(e).map_err(invalid)?;
+        }
+        let first = run.next_seq;
+        let raw: Vec<Value> = fresh.iter().map(Event::to_json).collect();
+        let rec = record(
+            "ev",
+            run_id,
+            json!({"epoch": run.epoch, "seq": first, "events": raw}),
+        );
+        let sealed = self.seal_record(&rec)?;
+        let mut out = Vec::new();
+        for (i, e) in fresh.iter().enumerate() {
+            out.extend(run.acc.apply(first + i as u64, e).map_err(invalid)?);
+        }
+        run.next_seq = first + fresh.len() as u64;
+        run.updated_at_ms = now_ms();
+        run.status = Status::Streaming;
+        run.push_events(out);
+        let upto = run.next_seq;
+        let acked = upto - 1;
+        // Queued while the run is locked: the journal keeps each run's records in seq order.
+        let rx = self.journal.append(sealed);
+        drop(st);
+        Ok(Ticket {
+            run_id: run_id.to_owned(),
+            upto,
+            rx,
+            answer: json!({"acked_seq": acked}),
+        })
+    }
+
+    /// `stream.interrupt`: plan the recovery, publish its events.
+    pub fn interrupt(
+        &self,
+        run_id: &str,
+        stream_id: &str,
+        cause: &Value,
+    ) -> Result<Ticket, StreamError> {
+        let mut st = self.lock();
+        let run = Self::run_mut(&mut st, run_id, stream_id)?;
+        let snapshot = match cause {
+            Value::String(c) => json!({"cause": c}),
+            Value::Object(o) if o.contains_key("status") => json!({"error": o}),
+            Value::Object(o) if o.contains_key("cause") => Value::Object(o.clone()),
+            _ => return Err(invalid(
+                "cause must be a cause name, or {status, message, retry_after} of a provider error",
+            )),
+        };
+        let input = self.planner_input(run, &snapshot, None)?;
+        self.plan_and_record(run, input, "interrupt")
+    }
+
+    fn planner_input(
+        &self,
+        run: &mut Run,
+        cause: &Value,
+        stale: Option<Stale>,
+    ) -> Result<Input, StreamError> {
+        let mut out = run.acc.flush_trim();
+        run.push_events(std::mem::take(&mut out));
+        let mut input = recovery::input_from_json(cause, now_ms()).map_err(invalid)?;
+        input.text = run.acc.text.clone();
+        input.tool_calls = run.acc.tool_calls();
+        input.attempts = run.attempts;
+        input.stall_history = run.stall_history.clone();
+        input.stale = stale;
+        input.policy = self.config.policy.clone();
+        let mut b = [0u8; 8];
+        input.jitter = getrandom::fill(&mut b)
+            .ok()
+            .map(|()| (u64::from_le_bytes(b) >> 11) as f64 / (1u64 << 53) as f64);
+        Ok(input)
+    }
+
+    /// Plan, apply to the run, and journal it; the ticket's answer is the plan.
+    fn plan_and_record(
+        &self,
+        run: &mut Run,
+        input: Input,
+        kind: &str,
+    ) -> Result<Ticket, StreamError> {
+        let plan = recovery::plan(&input);
+        let (events, plan_json) = Self::apply_plan(run, &plan, &input.cause);
+        let rec = record(
+            "plan",
+            &run.run_id,
+            json!({"epoch": run.epoch, "kind": kind, "plan": plan_json.clone(),
+                   "input": {"cause": input.cause, "status": input.status}, "events": events}),
+        );
+        let mut answer = plan_json;
+        answer["next_seq"] = run.next_seq.into();
+        let run_id = run.run_id.clone();
+        let upto = run.next_seq;
+        self.submit(&run_id, upto, &rec, answer)
+    }
+
+    /// Apply a plan to the run (live and on replay): events numbered, accumulator updated.
+    fn apply_plan(run: &mut Run, plan: &Plan, cause: &Cause) -> (Vec<(u64, Value)>, Value) {
+        let mut events = Vec::new();
+        for e in &plan.events {
+            events.push((run.next_seq, e.clone()));
+            run.next_seq += 1;
+        }
+        let mut plan_json = plan.to_json();
+        events.push((
+            run.next_seq,
+            json!({"type": "interrupted", "cause": cause.as_str(), "plan": plan.plan.as_str(),
+                   "wait_ms": plan.wait_ms, "hint": plan_json["hint"]}),
+        ));
+        run.next_seq += 1;
+        run.acc.apply_plan(plan);
+        run.attempts = plan.attempts;
+        run.stall_history.push(plan.stalled_tool.clone());
+        run.status = if plan.plan == PlanKind::Fail {
+            Status::Failed
+        } else {
+            Status::Interrupted
+        };
+        run.updated_at_ms = now_ms();
+        plan_json["events_published"] = json!(events.iter().map(|(s, _)| s).collect::<Vec<_>>());
+        run.last_plan = Some(plan_json.clone());
+        run.push_events(events.clone());
+        (events, plan_json)
+    }
+
+    /// `stream.resume`: a new process takes the run over, gets its checkpoint and a plan.
+    pub fn resume(
+        &self,
+        run_id: &str,
+        model: Option<String>,
+        thread_id: Option<String>,
+        fail_on_stale: bool,
+    ) -> Result<Ticket, StreamError> {
+        validate_run_id(run_id)?;
+        let mut st = self.lock();
+        let run = st.runs.get_mut(run_id).ok_or_else(|| {
+            err(
+                ErrorKind::NotFound,
+                "no resumable stream for this run_id (never begun, or committed or aborted)",
+            )
+        })?;
+        let mut why = Vec::new();
+        let age = now_ms().saturating_sub(run.updated_at_ms);
+        if age > self.config.stale_after.as_millis() as u64 {
+            why.push(format!("last event {} s ago", age / 1000));
+        }
+        if let (Some(want), Some(had)) = (&model, &run.model) {
+            if want != had {
+                why.push(format!("model {had:?} then, {want:?} now"));
+            }
+        }
+        if let (Some(want), Some(had)) = (&thread_id, &run.thread_id) {
+            if want != had {
+                why.push("another thread".to_string());
+            }
+        }
+        let stale = (!why.is_empty()).then(|| Stale {
+            reason: why.join("; "),
+            fail: fail_on_stale,
+        });
+        let checkpoint = run.checkpoint();
+        run.epoch += 1;
+        run.stream_id = new_stream_id();
+        let begin = record(
+            "begin",
+            run_id,
+            json!({"epoch": run.epoch, "sid": run.stream_id, "thread": thread_id,
+                   "model": model, "at": now_ms()}),
+        );
+        let sealed = self.seal_record(&begin)?;
+        // Not awaited on its own: the plan record queued after it settles both.
+        drop(self.journal.append(sealed));
+        let input = self.planner_input(run, &json!({"cause": "resumed_from_checkpoint"}), stale)?;
+        let mut t = self.plan_and_record(run, input, "resume")?;
+        t.answer = json!({
+            "stream_id": run.stream_id, "epoch": run.epoch, "next_seq": run.next_seq,
+            "checkpoint": checkpoint, "plan": t.answer,
+        });
+        Ok(t)
+    }
+
+    /// The commit point: write `runs/<run_id>/state` (sealed, atomically) saying `status`.
+    fn write_state(&self, run_id: &str, state: &Value) -> Result<(), StreamError> {
+        let dir = self.runs_dir.join(run_id);
+        durable::create_private_dir(&dir, &self.faults)
+            .map_err(|e| err(ErrorKind::Storage, e.to_string()))?;
+        let sealed = self.seal_record(state)?;
+        durable::atomic_write(&dir, "state", &sealed, &self.faults)
+            .map_err(|e| err(ErrorKind::Storage, e.to_string()))?;
+        Ok(())
+    }
+
+    /// The run's state file, if it has one (committed or aborted).
+    pub fn read_state(&self, run_id: &str) -> Option<Value> {
+        let bytes = durable::read_capped(
+            &self.runs_dir.join(run_id).join("state"),
+            crate::durable::journal::MAX_PAYLOAD as u64,
+        )
+        .ok()??;
+        let plain = self.sealer.open(&bytes).ok()?;
+        serde_json::from_slice(&plain).ok()
+    }
+
+    /// `stream.commit` / `stream.abort`: one atomic step ends the run; then `finish` is
+    /// published and the run leaves memory. A failed commit leaves it resumable.
+    pub fn end(
+        &self,
+        run_id: &str,
+        stream_id: &str,
+        status: &str,
+        detail: Value,
+    ) -> Result<Value, StreamError> {
+        let (finish_seq, events_total) = {
+            let mut st = self.lock();
+            let run = Self::run_mut(&mut st, run_id, stream_id)?;
+            let out = run.acc.flush_trim();
+            run.push_events(out);
+            (run.next_seq, run.events.len())
+        };
+        let mut state = json!({"status": status, "run_id": run_id, "at_ms": now_ms(),
+                               "finish_seq": finish_seq});
+        if let (Value::Object(s), Value::Object(d)) = (&mut state, detail) {
+            s.extend(d);
+        }
+        // The single commit point. Before it: resumable, nothing final on disk. After: ended.
+        self.write_state(run_id, &state)?;
+        let finish = json!({"type": "finish", "status": status});
+        let mut st = self.lock();
+        if let Some(mut run) = st.runs.remove(run_id) {
+            // Everything before finish went out once durable; finish goes out now (the state
+            // file is durable) after whatever is still pending in the journal.
+            for (s, e) in run.events.iter().filter(|(s, _)| *s >= run.durable_below) {
+                for tx in &run.subscribers {
+                    let _ = tx.send((*s, e.clone()));
+                }
+            }
+            for tx in run.subscribers.drain(..) {
+                let _ = tx.send((finish_seq, finish.clone()));
+            }
+        }
+        drop(st);
+        let rec = record("end", run_id, json!({"status": status}));
+        if let Ok(sealed) = self.seal_record(&rec) {
+            // Not awaited: the state file already decided; this only spares replay a lookup.
+            drop(self.journal.append(sealed));
+        }
+        self.release_segments();
+        Ok(
+            json!({"run_id": run_id, "status": status, "finish_seq": finish_seq,
+                  "events": events_total}),
+        )
+    }
+
+    /// Delete journal segments no active run needs.
+    fn release_segments(&self) {
+        let min = self
+            .lock()
+            .runs
+            .values()
+            .map(|r| r.first_segment)
+            .min()
+            .unwrap_or(u64::MAX);
+        let current = self.journal.active_segment();
+        let _ = self.journal.release_before(min.min(current));
+    }
+
+    /// `stream.subscribe`: every event with seq > `after_seq` (durable ones at once, later ones
+    /// as they become durable), then `finish`. For an ended run: just `finish`.
+    pub fn subscribe(
+        &self,
+        run_id: &str,
+        after_seq: u64,
+    ) -> Result<mpsc::UnboundedReceiver<(u64, Value)>, StreamError> {
+        validate_run_id(run_id)?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut st = self.lock();
+        match st.runs.get_mut(run_id) {
+            Some(run) => {
+                for (s, e) in run
+                    .events
+                    .iter()
+                    .filter(|(s, _)| *s > after_seq && *s < run.durable_below)
+                {
+                    let _ = tx.send((*s, e.clone()));
+                }
+                run.subscribers.push(tx);
+            }
+            None => {
+                drop(st);
+                let state = self.read_state(run_id).ok_or_else(|| {
+                    err(ErrorKind::NotFound, "no such run (never begun, or pruned)")
+                })?;
+                let seq = state["finish_seq"].as_u64().unwrap_or(0);
+                if seq > after_seq {
+                    let _ = tx.send((seq, json!({"type": "finish", "status": state["status"]})));
+                }
+            }
+        }
+        Ok(rx)
+    }
+
+    /// `stream.get`: a run's state (active: summary and checkpoint; ended: its state file,
+    /// without the final message unless `reveal`).
+    pub fn get(&self, run_id: &str, reveal: bool) -> Result<Value, StreamError> {
+        validate_run_id(run_id)?;
+        if let Some(run) = self.lock().runs.get(run_id) {
+            let mut v = run.summary();
+            if reveal {
+                v["checkpoint"] = run.checkpoint();
+            }
+            return Ok(v);
+        }
+        let mut state = self
+            .read_state(run_id)
+            .ok_or_else(|| err(ErrorKind::NotFound, "no such run"))?;
+        if !reveal {
+            if let Some(m) = state.get_mut("final_message") {
+                *m = json!({"hidden": "pass reveal: true"});
+            }
+        }
+        Ok(state)
+    }
+
+    /// `stream.list`: the active runs.
+    pub fn list(&self) -> Vec<Value> {
+        let mut v: Vec<Value> = self.lock().runs.values().map(Run::summary).collect();
+        v.sort_by(|a, b| a["run_id"].as_str().cmp(&b["run_id"].as_str()));
+        v
+    }
+
+    /// Apply one journal record at start-up.
+    fn replay_record(&self, st: &mut State, rec: &Value, segment: u64) {
+        let Some(run_id) = rec["run"].as_str() else {
+            return;
+        };
+        let s = |k: &str| rec[k].as_str().map(str::to_owned);
+        match rec["t"].as_str() {
+            Some("begin") => Self::apply_begin(
+                st,
+                run_id,
+                rec["epoch"].as_u64().unwrap_or(1),
+                rec["sid"].as_str().unwrap_or(""),
+                s("thread"),
+                s("model"),
+                rec["at"].as_u64().unwrap_or(0),
+                segment,
+            ),
+            Some("ev") => {
+                let Some(run) = st.runs.get_mut(run_id) else {
+                    return;
+                };
+                let first = rec["seq"].as_u64().unwrap_or(0);
+                if first != run.next_seq {
+                    tracing::warn!(
+                        run = run_id,
+                        "stream journal: a record out of sequence was skipped"
+                    );
+                    return;
+                }
+                let mut out = Vec::new();
+                for (i, e) in rec["events"].as_array().into_iter().flatten().enumerate() {
+                    if let Ok(ev) = Event::parse(e) {
+                        if let Ok(o) = run.acc.apply(first + i as u64, &ev) {
+                            out.extend(o);
+                        }
+                    }
+                    run.next_seq = first + i as u64 + 1;
+                }
+                run.status = Status::Streaming;
+                run.push_events(out);
+            }
+            Some("plan") => {
+                let Some(run) = st.runs.get_mut(run_id) else {
+                    return;
+                };
+                let mut out = run.acc.flush_trim();
+                run.push_events(std::mem::take(&mut out));
+                // Re-plan from the recorded plan's decisions (not re-run: jitter and the clock
+                // differ); what matters for the state is the plan kind, its cancelled calls,
+                // counters and events.
+                if let Some(plan) = plan_from_json(&rec["plan"]) {
+                    let cause = plan.cause;
+                    let _ = Self::apply_plan(run, &plan, &cause);
+                }
+            }
+            Some("end") => {
+                st.runs.remove(run_id);
+            }
+            _ => {}
+        }
+    }
+
+    // ---- checkpoints (the plain snapshot contract) ----
+
+    /// `checkpoint.put`: an idempotent upsert of a runtime's own snapshot.
+    pub fn checkpoint_put(
+        &self,
+        run_id: &str,
+        snapshot: &Map<String, Value>,
+    ) -> Result<Value, StreamError> {
+        validate_run_id(run_id)?;
+        const FIELDS: &[&str] = &[
+            "run_id",
+            "thread_id",
+            "upstream_model",
+            "partial_text",
+            "completed_tool_calls",
+            "in_flight_tool",
+            "updated_at_ms",
+        ];
+        if let Some(k) = snapshot.keys().find(|k| !FIELDS.contains(&k.as_str())) {
+            return Err(invalid(format!(
+                "unknown snapshot field {:?}; fields: {}",
+                k.chars().take(40).collect::<String>(),
+                FIELDS.join(", ")
+            )));
+        }
+        if snapshot.get("run_id").is_some_and(|r| r != run_id) {
+            return Err(invalid("snapshot.run_id differs from run_id"));
+        }
+        let mut snap = snapshot.clone();
+        snap.insert("run_id".into(), run_id.into());
+        snap.entry("updated_at_ms")
+            .or_insert_with(|| now_ms().into());
+        let dir = self.runs_dir.join(run_id);
+        durable::create_private_dir(&dir, &self.faults)
+            .map_err(|e| err(ErrorKind::Storage, e.to_string()))?;
+        let sealed = self.seal_record(&Value::Object(snap.clone()))?;
+        durable::atomic_write(&dir, "checkpoint", &sealed, &self.faults)
+            .map_err(|e| err(ErrorKind::Storage, e.to_string()))?;
+        Ok(json!({"run_id": run_id, "updated_at_ms": snap["updated_at_ms"]}))
+    }
+
+    /// `checkpoint.get`.
+    pub fn checkpoint_get(&self, run_id: &str) -> Result<Value, StreamError> {
+        validate_run_id(run_id)?;
+        let path = self.runs_dir.join(run_id).join("checkpoint");
+        let bytes = durable::read_capped(&path, crate::durable::journal::MAX_PAYLOAD as u64)
+            .map_err(|e| err(ErrorKind::Storage, e.to_string()))?
+            .ok_or_else(|| err(ErrorKind::NotFound, "no checkpoint for this run"))?;
+        let plain = self.sealer.open(&bytes).map_err(|e| {
+            err(
+                ErrorKind::Integrity,
+                format!("checkpoint does not decrypt: {e}"),
+            )
+        })?;
+        serde_json::from_slice(&plain)
+            .map_err(|e| err(ErrorKind::Integrity, format!("checkpoint is not JSON: {e}")))
+    }
+
+    /// `checkpoint.delete`.
+    pub fn checkpoint_delete(&self, run_id: &str) -> Result<bool, StreamError> {
+        validate_run_id(run_id)?;
+        let dir = self.runs_dir.join(run_id);
+        if !dir.exists() {
+            return Ok(false);
+        }
+        durable::remove_durably(&dir, "checkpoint", &self.faults)
+            .map_err(|e| err(ErrorKind::Storage, e.to_string()))
+    }
+
+    /// The journal's counters.
+    pub fn journal(&self) -> &Journal {
+        &self.journal
+    }
+}
+
+/// A recorded plan back as a [`Plan`] (for replay: its kind, cancelled calls and counters).
+fn plan_from_json(v: &Value) -> Option<Plan> {
+    let kind: PlanKind = serde_json::from_value(v["plan"].clone()).ok()?;
+    let cause = Cause::parse(v["cause"].as_str()?).ok()?;
+    let cancelled = v["cancelled"]
+        .as_array()?
+        .iter()
+        .map(|c| recovery::Cancelled {
+            id: c["id"].as_str().unwrap_or("").to_owned(),
+            name: c["name"].as_str().unwrap_or("").to_owned(),
+            partial_arguments: c["partial_arguments"].as_str().unwrap_or("").to_owned(),
+        })
+        .collect();
+    Some(Plan {
+        plan: kind,
+        cause,
+        status: v["status"].as_u64().and_then(|s| u16::try_from(s).ok()),
+        class: cause.class(),
+        reason: v["reason"].as_str().unwrap_or("").to_owned(),
+        assistant_prefix: String::new(),
+        completed: Vec::new(),
+        cancelled,
+        events: v["events"].as_array().cloned().unwrap_or_default(),
+        wait_ms: v["wait_ms"].as_u64().unwrap_or(0),
+        backoff_ms: v["backoff_ms"].as_u64().unwrap_or(0),
+        hints: v["hints"].as_array().cloned().unwrap_or_default(),
+        attempts: serde_json::from_value(v["attempts"].clone()).unwrap_or_default(),
+        stall_streak: v["stall_streak"].as_u64().unwrap_or(0) as u32,
+        stalled_tool: v["stalled_tool"].as_str().map(str::to_owned),
+    })
+}
+
+#[cfg(test)]
+mod tests;
+
+/// Where a data directory keeps streams: (`streams/`, `runs/`).
+pub fn dirs(data_dir: &Path) -> (PathBuf, PathBuf) {
+    (data_dir.join("streams"), data_dir.join("runs"))
+}
+
+/// Remove a run's directory (tests and pruning).
+pub fn remove_run_dir(runs_dir: &Path, run_id: &str) -> std::io::Result<()> {
+    validate_run_id(run_id).map_err(|e| std::io::Error::other(e.message))?;
+    fs::remove_dir_all(runs_dir.join(run_id))
+}

@@ -1,0 +1,477 @@
+use super::*;
+use crate::crypto::{generate_key, Keyring};
+use crate::durable::fault::FaultMode;
+
+struct TestSealer(Keyring);
+
+impl Sealer for TestSealer {
+    fn seal(&self, plaintext: &[u8]) -> Result<Vec<u8>, String> {
+        Ok(self.0.encrypt(plaintext).into_bytes())
+    }
+    fn open(&self, sealed: &[u8]) -> Result<Zeroizing<Vec<u8>>, String> {
+        let token = std::str::from_utf8(sealed).map_err(|e| e.to_string())?;
+        let (plain, _) = self.0.decrypt(token).map_err(|e| e.to_string())?;
+        Ok(Zeroizing::new(plain.expose().to_vec()))
+    }
+}
+
+struct Env {
+    _dir: tempfile::TempDir,
+    streams_dir: PathBuf,
+    runs_dir: PathBuf,
+    sealer: Arc<dyn Sealer>,
+}
+
+impl Env {
+    fn new() -> Env {
+        let dir = tempfile::tempdir().unwrap();
+        let key = generate_key();
+        Env {
+            streams_dir: dir.path().join("data/streams"),
+            runs_dir: dir.path().join("data/runs"),
+            _dir: dir,
+            sealer: Arc::new(TestSealer(Keyring::new(&key, &[]).unwrap())),
+        }
+    }
+
+    fn open_with(&self, faults: Faults) -> Streams {
+        Streams::open(
+            &self.streams_dir,
+            &self.runs_dir,
+            Arc::clone(&self.sealer),
+            StreamsConfig::default(),
+            faults,
+        )
+        .expect("open streams")
+    }
+
+    fn open(&self) -> Streams {
+        self.open_with(Faults::none())
+    }
+}
+
+fn ok(s: &Streams, t: Result<Ticket, StreamError>) -> Value {
+    s.settle_blocking(t.expect("accepted")).expect("durable")
+}
+
+fn text(t: &str) -> Value {
+    json!({"type": "text", "text": t})
+}
+
+fn delta(id: &str, name: Option<&str>, args: &str) -> Value {
+    let mut v = json!({"type": "tool_call_delta", "id": id, "arguments_delta": args});
+    if let Some(n) = name {
+        v["name"] = n.into();
+    }
+    v
+}
+
+fn begin(s: &Streams, run: &str) -> String {
+    let r = ok(
+        s,
+        s.begin(run, Some("th-1".into()), Some("model-a".into()), false),
+    );
+    assert_eq!(r["next_seq"], 1);
+    r["stream_id"].as_str().unwrap().to_owned()
+}
+
+fn drain(rx: &mut mpsc::UnboundedReceiver<(u64, Value)>) -> Vec<(u64, Value)> {
+    let mut v = Vec::new();
+    while let Ok(e) = rx.try_recv() {
+        v.push(e);
+    }
+    v
+}
+
+#[test]
+fn appends_survive_a_restart_and_replays_are_dropped() {
+    let env = Env::new();
+    let s = env.open();
+    let sid = begin(&s, "run-1");
+    let r = ok(&s, s.append("run-1", &sid, 1, &[text("Hel"), text("lo")]));
+    assert_eq!(r["acked_seq"], 2);
+    // A producer retrying the same batch: acknowledged, dropped.
+    let r = ok(&s, s.append("run-1", &sid, 1, &[text("Hel"), text("lo")]));
+    assert_eq!(
+        (r["acked_seq"].as_u64(), r["duplicate"].as_bool()),
+        (Some(2), Some(true))
+    );
+    // Overlapping: only the new part is taken.
+    let r = ok(&s, s.append("run-1", &sid, 2, &[text("lo"), text(", wor")]));
+    assert_eq!(r["acked_seq"], 3);
+    // A gap is refused.
+    let e = s.append("run-1", &sid, 9, &[text("x")]).err().unwrap();
+    assert_eq!(e.kind, ErrorKind::InvalidParams);
+    assert!(e.message.contains("gap"), "{}", e.message);
+    drop(s);
+    let s = env.open();
+    let g = s.get("run-1", true).unwrap();
+    assert_eq!(g["checkpoint"]["partial_text"], "Hello, wor");
+    assert_eq!(g["next_seq"], 4);
+    assert_eq!(g["thread_id"], "th-1");
+    // The old holder keeps its token across the restart (the daemon died, not the agent).
+    let r = ok(&s, s.append("run-1", &sid, 4, &[text("ld")]));
+    assert_eq!(r["acked_seq"], 4);
+}
+
+#[test]
+fn fencing_a_takeover_stops_the_old_holder() {
+    let env = Env::new();
+    let s = env.open();
+    let old = begin(&s, "run-f");
+    ok(&s, s.append("run-f", &old, 1, &[text("a")]));
+    let e = s.begin("run-f", None, None, false).err().unwrap();
+    assert_eq!(e.kind, ErrorKind::Conflict);
+    let r = ok(&s, s.begin("run-f", None, None, true));
+    assert_eq!(
+        (r["epoch"].as_u64(), r["next_seq"].as_u64()),
+        (Some(2), Some(2))
+    );
+    let new = r["stream_id"].as_str().unwrap().to_owned();
+    // The zombie can neither append nor commit nor interrupt.
+    for e in [
+        s.append("run-f", &old, 2, &[text("zombie")]).err(),
+        s.interrupt("run-f", &old, &json!("connection_reset")).err(),
+        s.end("run-f", &old, "committed", json!({"final_message": "z"}))
+            .err(),
+    ] {
+        let e = e.expect("refused");
+        assert_eq!(e.kind, ErrorKind::Conflict, "{}", e.message);
+    }
+    ok(&s, s.append("run-f", &new, 2, &[text("b")]));
+    drop(s);
+    // Fencing survives a restart.
+    let s = env.open();
+    assert!(s.append("run-f", &old, 3, &[text("z")]).is_err());
+    ok(&s, s.append("run-f", &new, 3, &[text("c")]));
+}
+
+#[test]
+fn interrupt_cancels_every_unfinished_call_and_the_stall_streak_persists() {
+    let env = Env::new();
+    let s = env.open();
+    let sid = begin(&s, "run-i");
+    let mut rx = s.subscribe("run-i", 0).unwrap();
+    ok(
+        &s,
+        s.append(
+            "run-i",
+            &sid,
+            1,
+            &[
+                text("Writing two files."),
+                delta("w1", Some("write_file"), "{\"path\": \"a\", \"body\": \""),
+                delta("w2", Some("write_file"), ""),
+            ],
+        ),
+    );
+    let plan = ok(&s, s.interrupt("run-i", &sid, &json!("idle_stall")));
+    assert_eq!(plan["plan"], "R3");
+    assert_eq!(plan["cancelled"].as_array().unwrap().len(), 2);
+    assert_eq!(plan["next_seq"], 7, "3 events + 2 cancels + interrupted");
+    let got = drain(&mut rx);
+    let types: Vec<(u64, &str)> = got
+        .iter()
+        .map(|(s, e)| (*s, e["type"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        types,
+        vec![
+            (1, "text"),
+            (2, "tool_call_delta"),
+            (3, "tool_call_delta"),
+            (4, "tool_call_cancel"),
+            (5, "tool_call_cancel"),
+            (6, "interrupted"),
+        ]
+    );
+    // It continues, stalls again on write_file: across a restart the streak is 2, and the
+    // plan says to split the call.
+    ok(
+        &s,
+        s.append(
+            "run-i",
+            &sid,
+            7,
+            &[delta("w3", Some("write_file"), "{\"body\": \"")],
+        ),
+    );
+    drop(rx);
+    drop(s);
+    let s = env.open();
+    let g = s.get("run-i", true).unwrap();
+    assert_eq!(g["attempts"]["transient"], 1);
+    assert_eq!(g["checkpoint"]["partial_text"], "Writing two files.");
+    assert_eq!(g["checkpoint"]["in_flight_tool"]["id"], "w3");
+    let plan = ok(&s, s.interrupt("run-i", &sid, &json!("idle_stall")));
+    assert_eq!(plan["stall_streak"], 2);
+    assert_eq!(plan["hint"]["kind"], "split_tool_call");
+    assert_eq!(plan["attempts"]["transient"], 2);
+    // The transient budget (2) is now spent: the next interruption fails.
+    let plan = ok(&s, s.interrupt("run-i", &sid, &json!("connection_reset")));
+    assert_eq!(plan["plan"], "fail");
+    let e = s
+        .append(
+            "run-i",
+            &sid,
+            plan["next_seq"].as_u64().unwrap(),
+            &[text("x")],
+        )
+        .err()
+        .unwrap();
+    assert_eq!(e.kind, ErrorKind::Conflict);
+}
+
+#[test]
+fn a_mid_stream_429_waits_for_retry_after() {
+    let env = Env::new();
+    let s = env.open();
+    let sid = begin(&s, "run-r");
+    ok(&s, s.append("run-r", &sid, 1, &[text("Half")]));
+    let plan = ok(
+        &s,
+        s.interrupt(
+            "run-r",
+            &sid,
+            &json!({"status": 429, "message": "slow", "retry_after": "20"}),
+        ),
+    );
+    assert_eq!(
+        (plan["plan"].as_str(), plan["cause"].as_str()),
+        (Some("R1"), Some("rate_limited"))
+    );
+    assert!(plan["wait_ms"].as_u64().unwrap() >= 20_000, "{plan}");
+}
+
+#[test]
+fn subscribers_get_every_event_once_across_reconnects_and_the_overlap_is_trimmed() {
+    let env = Env::new();
+    let s = env.open();
+    let sid = begin(&s, "run-s");
+    ok(
+        &s,
+        s.append("run-s", &sid, 1, &[text("Hello, "), text("wor")]),
+    );
+    let plan = ok(&s, s.interrupt("run-s", &sid, &json!("connection_reset")));
+    assert_eq!(plan["plan"], "R1");
+    let next = plan["next_seq"].as_u64().unwrap();
+    // The continuation repeats "wor": only "ld!" is published.
+    ok(&s, s.append("run-s", &sid, next, &[text("world!")]));
+    // A subscriber that saw up to seq 2 reconnects: it gets the rest once.
+    let mut rx = s.subscribe("run-s", 2).unwrap();
+    let got: Vec<(u64, String)> = drain(&mut rx)
+        .into_iter()
+        .map(|(seq, e)| {
+            (
+                seq,
+                format!(
+                    "{}:{}",
+                    e["type"].as_str().unwrap(),
+                    e["text"].as_str().unwrap_or("")
+                ),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![(3, "interrupted:".to_string()), (4, "text:ld!".to_string())]
+    );
+    let end = s
+        .end(
+            "run-s",
+            &sid,
+            "committed",
+            json!({"final_message": "Hello, world!"}),
+        )
+        .unwrap();
+    assert_eq!(end["finish_seq"], 5);
+    let fin = drain(&mut rx);
+    assert_eq!(fin.len(), 1);
+    assert_eq!((fin[0].0, fin[0].1["type"].as_str()), (5, Some("finish")));
+    // After the commit: a late subscriber gets finish only, resume and begin are refused, and
+    // the final message is kept (hidden unless revealed).
+    let mut late = s.subscribe("run-s", 0).unwrap();
+    assert_eq!(drain(&mut late).len(), 1);
+    assert_eq!(
+        s.resume("run-s", None, None, false).err().unwrap().kind,
+        ErrorKind::NotFound
+    );
+    assert_eq!(
+        s.begin("run-s", None, None, true).err().unwrap().kind,
+        ErrorKind::Conflict
+    );
+    assert_eq!(
+        s.get("run-s", true).unwrap()["final_message"],
+        "Hello, world!"
+    );
+    assert!(s.get("run-s", false).unwrap()["final_message"]
+        .get("hidden")
+        .is_some());
+    drop(s);
+    let s = env.open();
+    assert_eq!(
+        s.active_runs(),
+        0,
+        "a committed run is not resumed after a restart"
+    );
+}
+
+/// A crash at every step of the commit: afterwards the run is either committed (state file
+/// durable, not resumable) or resumable with nothing final on disk — never both, never neither.
+#[test]
+fn commit_is_atomic_at_every_crash_point() {
+    let probe = Env::new();
+    let steps = {
+        let faults = Faults::recorder();
+        let s = probe.open_with(faults.clone());
+        let sid = begin(&s, "run-c");
+        ok(&s, s.append("run-c", &sid, 1, &[text("answer")]));
+        let before = faults.log().len();
+        s.end(
+            "run-c",
+            &sid,
+            "committed",
+            json!({"final_message": "answer"}),
+        )
+        .unwrap();
+        // The commit's steps (and perhaps the journal's end record, after the commit point).
+        faults.log().len() - before
+    };
+    let (mut committed, mut resumable) = (0, 0);
+    for k in 1..=steps as u64 {
+        let env = Env::new();
+        let faults = Faults::recorder();
+        let s = env.open_with(faults.clone());
+        let sid = begin(&s, "run-c");
+        ok(&s, s.append("run-c", &sid, 1, &[text("answer")]));
+        faults.arm(None, k, FaultMode::Crash);
+        let res = s.end(
+            "run-c",
+            &sid,
+            "committed",
+            json!({"final_message": "answer"}),
+        );
+        drop(s);
+        let s = env.open();
+        let state = s.read_state("run-c");
+        let active = s
+            .get("run-c", true)
+            .ok()
+            .filter(|g| g.get("status").is_some_and(|v| v != "committed"));
+        match (state, active) {
+            (Some(st), None) => {
+                assert_eq!(st["final_message"], "answer");
+                assert!(s.resume("run-c", None, None, false).is_err());
+                committed += 1;
+            }
+            (None, Some(g)) => {
+                assert!(res.is_err(), "step {k}: acknowledged but not committed");
+                assert_eq!(g["checkpoint"]["partial_text"], "answer");
+                let r = ok(&s, s.resume("run-c", None, None, false));
+                assert_eq!(r["plan"]["plan"], "R1");
+                resumable += 1;
+            }
+            (st, act) => panic!("step {k}: state {st:?}, active {act:?}"),
+        }
+    }
+    println!(
+        "commit crash points: {steps} explored, {committed} committed, {resumable} resumable, 0 both, 0 neither"
+    );
+    assert!(committed > 0 && resumable > 0);
+}
+
+#[test]
+fn resume_after_a_dead_producer_continues_from_the_whole_prefix() {
+    let env = Env::new();
+    let s = env.open();
+    let sid = begin(&s, "run-x");
+    ok(
+        &s,
+        s.append("run-x", &sid, 1, &[text("First attempt text. ")]),
+    );
+    drop(s);
+    // A new process resumes; the prefix is the whole turn so far.
+    let s = env.open();
+    let r = ok(&s, s.resume("run-x", Some("model-a".into()), None, false));
+    assert_eq!(r["plan"]["plan"], "R1");
+    assert_eq!(r["plan"]["cause"], "resumed_from_checkpoint");
+    assert_eq!(r["checkpoint"]["partial_text"], "First attempt text. ");
+    let sid2 = r["stream_id"].as_str().unwrap().to_owned();
+    assert_ne!(sid, sid2);
+    ok(
+        &s,
+        s.append(
+            "run-x",
+            &sid2,
+            r["next_seq"].as_u64().unwrap(),
+            &[text("Second.")],
+        ),
+    );
+    drop(s);
+    // It dies again: the prefix still holds both attempts (the baseline kept only the last).
+    let s = env.open();
+    let r = ok(&s, s.resume("run-x", None, None, false));
+    assert_eq!(
+        r["checkpoint"]["partial_text"],
+        "First attempt text. Second."
+    );
+    assert_eq!(r["plan"]["attempts"]["transient"], 2);
+    // A third recovery would pass the transient budget (2): fail, not a silent restart.
+    let r = ok(&s, s.resume("run-x", None, None, false));
+    assert_eq!(r["plan"]["plan"], "fail");
+    assert!(r["plan"]["reason"].as_str().unwrap().contains("budget"));
+
+    // Another model: the checkpoint is stale, so restart (R4) and discard its text; or fail.
+    let sid = begin(&s, "run-y");
+    ok(&s, s.append("run-y", &sid, 1, &[text("for model a")]));
+    let r = ok(&s, s.resume("run-y", Some("model-b".into()), None, false));
+    assert_eq!(r["plan"]["plan"], "R4");
+    assert!(r["plan"]["reason"].as_str().unwrap().contains("model"));
+    assert_eq!(
+        s.get("run-y", true).unwrap()["checkpoint"]["partial_text"],
+        ""
+    );
+    let sid = begin(&s, "run-z");
+    ok(&s, s.append("run-z", &sid, 1, &[text("t")]));
+    let r = ok(
+        &s,
+        s.resume("run-z", None, Some("other-thread".into()), true),
+    );
+    assert_eq!(r["plan"]["plan"], "fail");
+}
+
+#[test]
+fn checkpoints_put_get_delete() {
+    let env = Env::new();
+    let s = env.open();
+    let snap = json!({"partial_text": "abc", "completed_tool_calls": [], "in_flight_tool": null,
+                      "upstream_model": "m", "thread_id": "t"});
+    s.checkpoint_put("run-k", snap.as_object().unwrap())
+        .unwrap();
+    s.checkpoint_put("run-k", snap.as_object().unwrap())
+        .unwrap();
+    let got = s.checkpoint_get("run-k").unwrap();
+    assert_eq!(
+        (got["partial_text"].as_str(), got["run_id"].as_str()),
+        (Some("abc"), Some("run-k"))
+    );
+    let raw = fs::read(env.runs_dir.join("run-k/checkpoint")).unwrap();
+    assert!(
+        !String::from_utf8_lossy(&raw).contains("abc"),
+        "checkpoint stored in clear"
+    );
+    let e = s
+        .checkpoint_put("run-k", json!({"partial_txt": "x"}).as_object().unwrap())
+        .err()
+        .unwrap();
+    assert!(e.message.contains("unknown snapshot field"));
+    assert!(s.checkpoint_delete("run-k").unwrap());
+    assert_eq!(
+        s.checkpoint_get("run-k").err().unwrap().kind,
+        ErrorKind::NotFound
+    );
+    for bad in ["", "../x", ".hidden", "a/b", &"x".repeat(200)] {
+        assert!(s.checkpoint_get(bad).is_err(), "{bad:?}");
+        assert!(s.begin(bad, None, None, false).is_err(), "{bad:?}");
+    }
+}
