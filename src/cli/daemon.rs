@@ -29,6 +29,11 @@ pub fn run(g: &Global, _args: &DaemonArgs) -> CliResult {
     let daemon = Daemon::open(socket.clone(), data_dir.clone(), config)
         .map_err(|e| CliError::with_code(e, 1))?;
     let daemon = Arc::new(daemon);
+    // Streams replay their journal before the socket serves (a client resuming a run must find
+    // it). Without a usable default store they open on first use and say why until then.
+    if let Err(e) = daemon.streams() {
+        tracing::warn!(error = %e, "streams are not available yet");
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("holdfast-worker")

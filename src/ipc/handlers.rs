@@ -34,6 +34,18 @@ pub const METHODS: &[&str] = &[
     "admin.fsck",
     "admin.reindex",
     "admin.rotate_key",
+    "stream.begin",
+    "stream.append",
+    "stream.interrupt",
+    "stream.resume",
+    "stream.commit",
+    "stream.abort",
+    "stream.subscribe",
+    "stream.get",
+    "stream.list",
+    "checkpoint.put",
+    "checkpoint.get",
+    "checkpoint.delete",
 ];
 
 const DEFAULT_STORE: &str = "default";
@@ -200,6 +212,11 @@ fn redact_quoted(msg: &str) -> String {
     out
 }
 
+/// A serde error's message with the client's text taken out (see `redact_quoted`).
+pub(crate) fn redacted(e: &serde_json::Error) -> String {
+    redact_quoted(&e.to_string())
+}
+
 fn params<T: DeserializeOwned>(p: Map<String, Value>) -> Result<T, RpcError> {
     serde_json::from_value(Value::Object(p)).map_err(|e| {
         RpcError::invalid_params(format!("bad params: {}", redact_quoted(&e.to_string())))
@@ -354,6 +371,9 @@ pub async fn dispatch(
     req: Request,
     grant: PluginGrant,
 ) -> Result<Value, RpcError> {
+    if req.method.starts_with("stream.") || req.method.starts_with("checkpoint.") {
+        return super::streams::dispatch(daemon, session, req).await;
+    }
     match req.method.as_str() {
         "cred.get" => {
             let p: ById = params(req.params)?;

@@ -3,9 +3,10 @@
 //! - [`frame`]: bounded line framing with idle and read timeouts.
 //! - [`protocol`]: request parsing, response/notification lines, error codes and kinds.
 //! - [`server`]: bind (singleton, stale socket, 0600), accept (peer uid), connections, shutdown.
-//! - [`handlers`]: method → service.
+//! - [`handlers`]: method → service; [`streams`]: the `stream.*` and `checkpoint.*` methods.
 
 pub mod frame;
 pub mod handlers;
 pub mod protocol;
 pub mod server;
+pub mod streams;

@@ -13,6 +13,7 @@ use tokio::sync::broadcast;
 use crate::config::Config;
 use crate::crypto::KeySource;
 use crate::store::{Change, CredentialStore, IndexFlush, OpenMode, StoreConfig, StoreOptions};
+use crate::streams::{Sealer, StreamError, Streams, StreamsConfig};
 
 pub mod watch;
 
@@ -101,7 +102,32 @@ pub struct Daemon {
     pub connections: AtomicUsize,
     leases: Mutex<HashMap<(String, String), Lease>>,
     next_lease: AtomicU64,
+    /// The streams (opened with the default store's key, on start or on first use).
+    streams: Mutex<Option<Arc<Streams>>>,
 }
+
+/// Seals stream records with a store's keys.
+struct StoreSealer(Arc<CredentialStore>);
+
+impl Sealer for StoreSealer {
+    fn seal(&self, plaintext: &[u8]) -> Result<Vec<u8>, String> {
+        self.0
+            .seal(plaintext)
+            .map(String::into_bytes)
+            .map_err(|e| e.to_string())
+    }
+
+    fn open(&self, sealed: &[u8]) -> Result<zeroize::Zeroizing<Vec<u8>>, String> {
+        let token = std::str::from_utf8(sealed).map_err(|_| "not a Fernet token".to_string())?;
+        self.0
+            .unseal(token)
+            .map(|p| zeroize::Zeroizing::new(p.expose().to_vec()))
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// The store whose key seals streams.
+pub const STREAMS_KEY_STORE: &str = "default";
 
 impl Daemon {
     /// Open every store: `<data>/stores/*` plus the config's `[stores.*]`. A store that fails to
@@ -161,7 +187,66 @@ impl Daemon {
             connections: AtomicUsize::new(0),
             leases: Mutex::new(HashMap::new()),
             next_lease: AtomicU64::new(1),
+            streams: Mutex::new(None),
         })
+    }
+
+    /// The streams, opening them (replaying the journal: blocking) if they are not yet: they
+    /// need the default store's key. Call from the blocking pool, or at start.
+    pub fn streams(&self) -> Result<Arc<Streams>, StreamError> {
+        let mut guard = self.streams.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(s) = guard.as_ref() {
+            return Ok(Arc::clone(s));
+        }
+        let unavailable = |kind, msg: String| StreamError { kind, message: msg };
+        let slot = self.store(STREAMS_KEY_STORE).ok_or_else(|| {
+            unavailable(
+                crate::error::ErrorKind::Unsupported,
+                "streams are sealed with the default store's key, and there is no default store \
+                 yet: run `holdfast init`"
+                    .into(),
+            )
+        })?;
+        let store = slot.store.clone().map_err(|e| {
+            unavailable(
+                crate::error::ErrorKind::Storage,
+                format!("the default store (whose key seals streams) did not open: {e}"),
+            )
+        })?;
+        if let Some(reason) = store.sealed_reason() {
+            return Err(unavailable(
+                crate::error::ErrorKind::Sealed,
+                format!("streams are sealed with the default store's key, which is unavailable: {reason}"),
+            ));
+        }
+        let (streams_dir, runs_dir) = crate::streams::dirs(&self.data_dir);
+        let streams = Streams::open(
+            &streams_dir,
+            &runs_dir,
+            Arc::new(StoreSealer(store)),
+            StreamsConfig::default(),
+            crate::durable::Faults::none(),
+        )?;
+        let report = streams.replay_report();
+        tracing::info!(
+            active_runs = streams.active_runs(),
+            frames = report.frames,
+            segments = report.segments,
+            torn_tail = report.torn_tail.is_some(),
+            corrupt = report.corrupt.len(),
+            "streams open"
+        );
+        let streams = Arc::new(streams);
+        *guard = Some(Arc::clone(&streams));
+        Ok(streams)
+    }
+
+    /// The streams if they are open (never blocks).
+    pub fn streams_if_open(&self) -> Option<Arc<Streams>> {
+        self.streams
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// Every store, by name.

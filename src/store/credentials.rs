@@ -725,6 +725,24 @@ impl CredentialStore {
         }
     }
 
+    /// Encrypt arbitrary bytes with this store's primary key (the stream journal's records and
+    /// run state files are sealed with the default store's key).
+    pub fn seal(&self, plaintext: &[u8]) -> Result<String> {
+        self.with_ring(|ring| Ok(ring.encrypt(plaintext)))
+    }
+
+    /// Decrypt what [`Self::seal`] produced, with any key of the ring.
+    pub fn unseal(&self, token: &str) -> Result<crate::crypto::SecretBytes> {
+        self.with_ring(|ring| {
+            ring.decrypt(token)
+                .map(|(plain, _)| plain)
+                .map_err(|e| Error::Integrity {
+                    what: "a sealed stream record".into(),
+                    reason: e.to_string(),
+                })
+        })
+    }
+
     /// Whether credential `id` exists (and reads).
     pub fn exists(&self, id: &str) -> Result<bool> {
         match self.get(id) {

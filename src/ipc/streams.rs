@@ -1,0 +1,283 @@
+//! `stream.*` and `checkpoint.*`: thin handlers over [`crate::streams::Streams`].
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use super::handlers::MAX_SUBSCRIPTIONS_PER_CONNECTION;
+use super::protocol::{self, Request, RpcError};
+use super::server::Session;
+use crate::error::ErrorKind;
+use crate::service::Daemon;
+use crate::streams::{StreamError, Streams};
+
+fn rpc(e: StreamError) -> RpcError {
+    RpcError::new(e.kind, e.message)
+}
+
+fn params<T: for<'de> Deserialize<'de>>(p: Map<String, Value>) -> Result<T, RpcError> {
+    serde_json::from_value(Value::Object(p)).map_err(|e| {
+        RpcError::invalid_params(format!("bad params: {}", super::handlers::redacted(&e)))
+    })
+}
+
+/// The daemon's streams, opening them on first use (a journal replay: blocking pool).
+async fn streams(daemon: &Arc<Daemon>) -> Result<Arc<Streams>, RpcError> {
+    if let Some(s) = daemon.streams_if_open() {
+        return Ok(s);
+    }
+    let d = Arc::clone(daemon);
+    tokio::task::spawn_blocking(move || d.streams())
+        .await
+        .map_err(|e| RpcError::new(ErrorKind::Storage, format!("internal error: {e}")))?
+        .map_err(rpc)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Begin {
+    run_id: String,
+    #[serde(default)]
+    thread_id: Option<String>,
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    takeover: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Append {
+    run_id: String,
+    stream_id: String,
+    seq: u64,
+    events: Vec<Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Interrupt {
+    run_id: String,
+    stream_id: String,
+    cause: Value,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Resume {
+    run_id: String,
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    thread_id: Option<String>,
+    #[serde(default)]
+    fail_on_stale: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Commit {
+    run_id: String,
+    stream_id: String,
+    final_message: Value,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Abort {
+    run_id: String,
+    stream_id: String,
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Subscribe {
+    run_id: String,
+    #[serde(default)]
+    after_seq: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RunOnly {
+    run_id: String,
+    #[serde(default)]
+    reveal: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CheckpointPut {
+    run_id: String,
+    snapshot: Map<String, Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Nothing {}
+
+/// Route a `stream.*` or `checkpoint.*` request (already admitted).
+pub async fn dispatch(
+    daemon: &Arc<Daemon>,
+    session: &Arc<Session>,
+    req: Request,
+) -> Result<Value, RpcError> {
+    let s = streams(daemon).await?;
+    match req.method.as_str() {
+        "stream.begin" => {
+            let p: Begin = params(req.params)?;
+            let t = s
+                .begin(&p.run_id, p.thread_id, p.model, p.takeover)
+                .map_err(rpc)?;
+            s.settle(t).await.map_err(rpc)
+        }
+        "stream.append" => {
+            let p: Append = params(req.params)?;
+            let t = s
+                .append(&p.run_id, &p.stream_id, p.seq, &p.events)
+                .map_err(rpc)?;
+            s.settle(t).await.map_err(rpc)
+        }
+        "stream.interrupt" => {
+            let p: Interrupt = params(req.params)?;
+            let t = s
+                .interrupt(&p.run_id, &p.stream_id, &p.cause)
+                .map_err(rpc)?;
+            s.settle(t).await.map_err(rpc)
+        }
+        "stream.resume" => {
+            let p: Resume = params(req.params)?;
+            let t = s
+                .resume(&p.run_id, p.model, p.thread_id, p.fail_on_stale)
+                .map_err(rpc)?;
+            s.settle(t).await.map_err(rpc)
+        }
+        "stream.commit" | "stream.abort" => {
+            let (run_id, stream_id, status, detail) = if req.method == "stream.commit" {
+                let p: Commit = params(req.params)?;
+                if p.final_message.is_null() {
+                    return Err(RpcError::invalid_params("final_message is required"));
+                }
+                let detail = json!({"final_message": p.final_message});
+                (p.run_id, p.stream_id, "committed", detail)
+            } else {
+                let p: Abort = params(req.params)?;
+                (
+                    p.run_id,
+                    p.stream_id,
+                    "aborted",
+                    json!({"reason": p.reason}),
+                )
+            };
+            // The commit point is an atomic file replacement: blocking pool.
+            let s2 = Arc::clone(&s);
+            tokio::task::spawn_blocking(move || s2.end(&run_id, &stream_id, status, detail))
+                .await
+                .map_err(|e| RpcError::new(ErrorKind::Storage, format!("internal error: {e}")))?
+                .map_err(rpc)
+        }
+        "stream.subscribe" => {
+            let p: Subscribe = params(req.params)?;
+            subscribe(&s, session, &p.run_id, p.after_seq)
+        }
+        "stream.get" => {
+            let p: RunOnly = params(req.params)?;
+            let s2 = Arc::clone(&s);
+            tokio::task::spawn_blocking(move || s2.get(&p.run_id, p.reveal))
+                .await
+                .map_err(|e| RpcError::new(ErrorKind::Storage, format!("internal error: {e}")))?
+                .map_err(rpc)
+        }
+        "stream.list" => {
+            let _: Nothing = params(req.params)?;
+            let j = s.journal().stats();
+            Ok(json!({
+                "runs": s.list(),
+                "journal": {
+                    "appends": j.appends.load(Ordering::Relaxed),
+                    "batches": j.batches.load(Ordering::Relaxed),
+                    "syncs": j.syncs.load(Ordering::Relaxed),
+                    "active_segment": s.journal().active_segment(),
+                },
+            }))
+        }
+        "checkpoint.put" | "checkpoint.get" | "checkpoint.delete" => {
+            let method = req.method.clone();
+            let s2 = Arc::clone(&s);
+            let raw = req.params;
+            tokio::task::spawn_blocking(move || -> Result<Value, RpcError> {
+                match method.as_str() {
+                    "checkpoint.put" => {
+                        let p: CheckpointPut = params(raw)?;
+                        s2.checkpoint_put(&p.run_id, &p.snapshot).map_err(rpc)
+                    }
+                    "checkpoint.get" => {
+                        let p: RunOnly = params(raw)?;
+                        s2.checkpoint_get(&p.run_id).map_err(rpc)
+                    }
+                    _ => {
+                        let p: RunOnly = params(raw)?;
+                        s2.checkpoint_delete(&p.run_id)
+                            .map(|deleted| json!({"deleted": deleted}))
+                            .map_err(rpc)
+                    }
+                }
+            })
+            .await
+            .map_err(|e| RpcError::new(ErrorKind::Storage, format!("internal error: {e}")))?
+        }
+        other => Err(RpcError::method_not_found(other)),
+    }
+}
+
+/// Forward a run's events to this connection until `finish` (or the connection ends).
+fn subscribe(
+    s: &Arc<Streams>,
+    session: &Arc<Session>,
+    run_id: &str,
+    after_seq: u64,
+) -> Result<Value, RpcError> {
+    if session.watching.fetch_add(1, Ordering::SeqCst) >= MAX_SUBSCRIPTIONS_PER_CONNECTION {
+        session.watching.fetch_sub(1, Ordering::SeqCst);
+        return Err(RpcError::new(
+            ErrorKind::Busy,
+            format!("this connection already has {MAX_SUBSCRIPTIONS_PER_CONNECTION} subscriptions"),
+        ));
+    }
+    let mut rx = match s.subscribe(run_id, after_seq) {
+        Ok(rx) => rx,
+        Err(e) => {
+            session.watching.fetch_sub(1, Ordering::SeqCst);
+            return Err(rpc(e));
+        }
+    };
+    let sub = session.subscription_id();
+    let (session_f, run) = (Arc::clone(session), run_id.to_owned());
+    tokio::spawn(async move {
+        loop {
+            let ended = session_f.ended_notify.notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            if session_f.has_ended() || session_f.outbox.is_closed() {
+                break;
+            }
+            let (seq, event) = tokio::select! {
+                _ = &mut ended => break,
+                e = rx.recv() => match e { Some(e) => e, None => break },
+            };
+            let finish = event["type"] == "finish";
+            let line = protocol::notification(
+                json!({"subscription": sub, "run_id": run, "seq": seq, "event": event}),
+            );
+            if !session_f.outbox.send(line) || finish {
+                break;
+            }
+        }
+        session_f.watching.fetch_sub(1, Ordering::SeqCst);
+    });
+    Ok(json!({"subscription": sub, "run_id": run_id, "after_seq": after_seq}))
+}
