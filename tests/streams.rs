@@ -427,3 +427,61 @@ fn a_zombie_producer_cannot_append_or_commit_after_a_takeover() {
     println!("fencing: the old holder's append, commit, interrupt and abort all got conflict after the takeover");
     d.stop();
 }
+
+#[test]
+fn stream_cli_lists_shows_and_tails() {
+    let mut env = DaemonEnv::new("");
+    let d = env.start();
+    let mut c = Conn::open(&d.socket);
+    let r = c.ok("stream.begin", json!({"run_id": "run-cli", "model": "m"}));
+    let sid = r["stream_id"].as_str().unwrap().to_owned();
+    c.ok(
+        "stream.append",
+        json!({"run_id": "run-cli", "stream_id": sid, "seq": 1,
+                                 "events": [{"type": "text", "text": "secret-ish words"}]}),
+    );
+    let o = run(env.holdfast(&["stream", "list"]), b"");
+    assert_eq!(o.code, 0, "{o}");
+    assert!(
+        o.stdout.contains("run-cli") && o.stdout.contains("streaming"),
+        "{o}"
+    );
+    let o = run(env.holdfast(&["stream", "show", "run-cli"]), b"");
+    assert_eq!(o.code, 0, "{o}");
+    assert!(o.stdout.contains("(16 chars; --reveal to show)"), "{o}");
+    assert!(
+        !o.stdout.contains("secret-ish"),
+        "text shown without --reveal: {o}"
+    );
+    let o = run(
+        env.holdfast(&["stream", "show", "run-cli", "--reveal"]),
+        b"",
+    );
+    assert!(o.stdout.contains("secret-ish words"), "{o}");
+    // tail follows live until finish.
+    let mut tail = env.holdfast(&["stream", "tail", "run-cli"]);
+    tail.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let child = tail.spawn().unwrap();
+    thread::sleep(Duration::from_millis(300));
+    c.ok(
+        "stream.append",
+        json!({"run_id": "run-cli", "stream_id": sid, "seq": 2,
+                                 "events": [{"type": "text", "text": " and more"}]}),
+    );
+    c.ok(
+        "stream.commit",
+        json!({"run_id": "run-cli", "stream_id": sid, "final_message": "done"}),
+    );
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.starts_with("secret-ish words and more"), "{stdout}");
+    assert!(stdout.contains("\"finish\""), "{stdout}");
+    let o = run(env.holdfast(&["stream", "show", "nope"]), b"");
+    assert_eq!(o.code, 3, "not found: {o}");
+    d.stop();
+    // Without a daemon: a clear error, not a silent empty list.
+    let o = run(env.holdfast(&["stream", "list"]), b"");
+    assert_ne!(o.code, 0);
+    assert!(o.stderr.contains("holdfast daemon"), "{o}");
+}

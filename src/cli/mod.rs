@@ -10,6 +10,7 @@ mod key;
 mod recovery;
 mod status;
 mod store;
+mod stream;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -148,6 +149,9 @@ enum Command {
     /// The stream recovery planner: what holdfast would do with an interrupted stream.
     #[command(subcommand)]
     Recovery(recovery::RecoveryCommand),
+    /// The daemon's streams: list, show one, follow one live.
+    #[command(subcommand)]
+    Stream(stream::StreamCommand),
 }
 
 /// An error on its way to the user: message plus exit code.
@@ -416,6 +420,7 @@ pub fn main() -> ExitCode {
         Command::Key(c) => key::run(g, c),
         Command::Bench(a) => bench::run(g, a),
         Command::Recovery(c) => recovery::run(g, c),
+        Command::Stream(c) => stream::run(g, c),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

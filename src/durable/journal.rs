@@ -53,6 +53,8 @@ pub const MAX_PAYLOAD: usize = 4 * 1024 * 1024;
 /// good frame, so non-zero bytes further away are corruption, not a torn tail.
 const MAX_BATCH_BYTES: usize = 8 * 1024 * 1024;
 const FRAME_HEADER: usize = 8;
+/// Held (flock) by the journal's one writer.
+const LOCK_FILE: &str = "journal.lock";
 
 /// When appends are acknowledged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -153,6 +155,7 @@ struct Shared {
 pub struct Journal {
     shared: Arc<Shared>,
     committer: Option<JoinHandle<()>>,
+    _lock: super::LockGuard,
 }
 
 impl std::fmt::Debug for Journal {
@@ -310,6 +313,18 @@ impl Journal {
         };
         create_private_dir(dir, &faults).map_err(|e| fail("creating it", &e))?;
         super::perms::check_private_dir(dir).map_err(|e| fail("permissions", &e))?;
+        // One writer per journal, for its whole life: a second process would cut the first's
+        // in-flight write as a "torn tail" and interleave frames.
+        let lock = match super::lock::try_lock(&dir.join(LOCK_FILE), super::LockMode::Exclusive) {
+            Ok(Some(g)) => g,
+            Ok(None) => {
+                return Err(JournalError::Open(format!(
+                    "stream journal {} is in use by another process (a running daemon?)",
+                    dir.display()
+                )))
+            }
+            Err(e) => return Err(fail("locking", &e)),
+        };
         super::sweep_temp_files(dir, &faults).map_err(|e| fail("sweeping temp files", &e))?;
         let mut numbers: Vec<u64> = fs::read_dir(dir)
             .map_err(|e| fail("listing", &e))?
@@ -403,6 +418,7 @@ impl Journal {
             Journal {
                 shared,
                 committer: Some(committer),
+                _lock: lock,
             },
             frames,
             report,

@@ -48,6 +48,11 @@ fn appends_replay_in_order_and_continue_after_reopen() {
     assert_eq!(payloads(&frames)[49], "record 49");
     assert_eq!(frames.iter().map(|f| f.pos).collect::<Vec<_>>(), positions);
     j.append_wait(b"after reopen".to_vec()).unwrap();
+    // One writer at a time.
+    let second = Journal::open(&jd(&d), Durability::Always, Faults::none())
+        .err()
+        .unwrap();
+    assert!(second.to_string().contains("in use"), "{second}");
     drop(j);
     let (_, frames, _) = open(&jd(&d));
     assert_eq!(frames.len(), 51);
