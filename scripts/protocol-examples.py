@@ -33,6 +33,9 @@ def main():
             break
         time.sleep(0.05)
     try:
+        if sys.argv[1:] == ["streams"]:
+            streams_examples(sock_path)
+            return
         a = Conn(sock_path, "a")
         b = Conn(sock_path, "b")
         a.call("hello", {"client": "docs-example", "protocol": 1})
@@ -76,6 +79,56 @@ def main():
     finally:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(timeout=30)
+
+
+def streams_examples(sock_path):
+    """`python3 scripts/protocol-examples.py streams`: the stream.* and checkpoint.* exchanges."""
+    p = Conn(sock_path, "producer")
+    w = Conn(sock_path, "watcher")
+    p.call("hello", {"client": "agent"}, quiet=True)
+    w.call("hello", {"client": "ui"}, quiet=True)
+    r = p.call("stream.begin", {"run_id": "run-42", "thread_id": "t-7", "model": "claude-x"})
+    sid = r["result"]["stream_id"]
+    w.call("stream.subscribe", {"run_id": "run-42", "after_seq": 0})
+    p.call("stream.append", {"run_id": "run-42", "stream_id": sid, "seq": 1, "events": [
+        {"type": "text", "text": "Let me check the "},
+        {"type": "text", "text": "file and fix the bu"}]})
+    w.event(); w.event()
+    p.call("stream.append", {"run_id": "run-42", "stream_id": sid, "seq": 1, "events": [
+        {"type": "text", "text": "Let me check the "}]})
+    p.call("stream.append", {"run_id": "run-42", "stream_id": sid, "seq": 3, "events": [
+        {"type": "tool_call_delta", "id": "call_1", "name": "read_file", "arguments_delta": "{\"path\": "},
+        {"type": "tool_call_delta", "id": "call_1", "arguments_delta": "\"src/x\"}"},
+        {"type": "tool_call_end", "id": "call_1"},
+        {"type": "tool_call_delta", "id": "call_2", "name": "write_file", "arguments_delta": "{\"path\": \"src/x\", \"body\": \"fn ma"}]})
+    for _ in range(4):
+        w.event()
+    p.call("stream.append", {"run_id": "run-42", "stream_id": sid, "seq": 9, "events": [{"type": "text", "text": "x"}]})
+    p.call("stream.interrupt", {"run_id": "run-42", "stream_id": sid,
+                                "cause": {"status": 429, "message": "rate limited", "retry_after": "2"}})
+    for _ in range(2):
+        w.event()
+    p.call("stream.get", {"run_id": "run-42"})
+    p.call("stream.list", {})
+    z = Conn(sock_path, "new-process")
+    z.call("hello", {"client": "agent-restarted"}, quiet=True)
+    r = z.call("stream.resume", {"run_id": "run-42", "model": "claude-x"})
+    w.event()
+    sid2 = r["result"]["stream_id"]
+    p.call("stream.append", {"run_id": "run-42", "stream_id": sid, "seq": 9, "events": [{"type": "text", "text": "zombie"}]})
+    z.call("stream.commit", {"run_id": "run-42", "stream_id": sid2,
+                             "final_message": {"role": "assistant", "content": "Let me check the file and fix the bug.",
+                                               "tool_calls": [{"id": "call_1", "name": "read_file", "arguments": {"path": "src/x"}}]}})
+    w.event()
+    z.call("stream.resume", {"run_id": "run-42"})
+    z.call("stream.get", {"run_id": "run-42"})
+    r = z.call("stream.begin", {"run_id": "run-43"})
+    z.call("stream.abort", {"run_id": "run-43", "stream_id": r["result"]["stream_id"], "reason": "user closed the tab"})
+    z.call("checkpoint.put", {"run_id": "run-44", "snapshot": {"thread_id": "t-9", "upstream_model": "claude-x",
+                                                               "partial_text": "Half an ans", "completed_tool_calls": [],
+                                                               "in_flight_tool": None}})
+    z.call("checkpoint.get", {"run_id": "run-44"})
+    z.call("checkpoint.delete", {"run_id": "run-44"})
 
 
 class Conn:

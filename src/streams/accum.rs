@@ -226,20 +226,41 @@ impl Accumulator {
         }
     }
 
-    /// Check an event against the state without applying it.
-    pub fn check(&self, ev: &Event) -> Result<(), String> {
-        match ev {
-            Event::Text(_) => Ok(()),
-            Event::ToolDelta { id, .. } => match self.calls.iter().find(|c| c.id == *id) {
-                Some(c) if c.ended => Err(format!("tool call {id:?} already ended")),
-                _ => Ok(()),
-            },
-            Event::ToolEnd { id } => match self.calls.iter().find(|c| c.id == *id) {
-                None => Err(format!("tool_call_end for unknown call {id:?}")),
-                Some(c) if c.ended => Err(format!("tool call {id:?} already ended")),
-                Some(_) => Ok(()),
-            },
+    /// Check a batch of events, in order, against the state without applying any: a batch is
+    /// taken whole or not at all (a call may start and end within one batch).
+    pub fn check_batch(&self, events: &[Event]) -> Result<(), String> {
+        // Calls the batch touches: id -> ended (None: unknown before the batch).
+        let mut seen: std::collections::HashMap<&str, bool> = std::collections::HashMap::new();
+        for (i, ev) in events.iter().enumerate() {
+            let state = |id: &str, seen: &std::collections::HashMap<&str, bool>| {
+                seen.get(id)
+                    .copied()
+                    .or_else(|| self.calls.iter().find(|c| c.id == id).map(|c| c.ended))
+            };
+            match ev {
+                Event::Text(_) => {}
+                Event::ToolDelta { id, .. } => {
+                    if state(id, &seen) == Some(true) {
+                        return Err(format!("events[{i}]: tool call {id:?} already ended"));
+                    }
+                    seen.insert(id, false);
+                }
+                Event::ToolEnd { id } => match state(id, &seen) {
+                    None => {
+                        return Err(format!(
+                            "events[{i}]: tool_call_end for unknown call {id:?}"
+                        ))
+                    }
+                    Some(true) => {
+                        return Err(format!("events[{i}]: tool call {id:?} already ended"))
+                    }
+                    Some(false) => {
+                        seen.insert(id, true);
+                    }
+                },
+            }
         }
+        Ok(())
     }
 
     fn text_event(&mut self, seq: u64, t: &str) -> Vec<(u64, Value)> {
@@ -431,8 +452,22 @@ mod tests {
         acc.apply(1, &d("c1", Some("read"), "{\"p\":")).unwrap();
         acc.apply(2, &d("c1", None, " 1}")).unwrap();
         acc.apply(3, &Event::ToolEnd { id: "c1".into() }).unwrap();
-        assert!(acc.check(&d("c1", None, "x")).is_err(), "delta after end");
-        assert!(acc.check(&Event::ToolEnd { id: "nope".into() }).is_err());
+        assert!(
+            acc.check_batch(&[d("c1", None, "x")]).is_err(),
+            "delta after end"
+        );
+        assert!(acc
+            .check_batch(&[Event::ToolEnd { id: "nope".into() }])
+            .is_err());
+        // Within one batch a call may start and end; ending it twice is refused.
+        let start_end = [d("c9", Some("t"), "{}"), Event::ToolEnd { id: "c9".into() }];
+        assert!(acc.check_batch(&start_end).is_ok());
+        let twice = [
+            d("c9", Some("t"), "{}"),
+            Event::ToolEnd { id: "c9".into() },
+            Event::ToolEnd { id: "c9".into() },
+        ];
+        assert!(acc.check_batch(&twice).unwrap_err().contains("events[2]"));
         acc.apply(4, &d("c2", Some("write"), "{\"body\": \""))
             .unwrap();
         let snap = acc.snapshot();

@@ -584,9 +584,7 @@ impl Streams {
             });
         }
         let fresh = &parsed[skip..];
-        for e in fresh {
-            run.acc.check(e).map_err(invalid)?;
-        }
+        run.acc.check_batch(fresh).map_err(invalid)?;
         let first = run.next_seq;
         let raw: Vec<Value> = fresh.iter().map(Event::to_json).collect();
         let rec = record(
