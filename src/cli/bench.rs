@@ -30,6 +30,8 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use serde_json::{json, Value};
 
+mod streams;
+
 use super::{out, out_json, CliError, CliResult, Global};
 use crate::client::Client;
 use crate::crypto::{KeySource, Secret};
@@ -75,6 +77,11 @@ pub struct BenchArgs {
     /// it on the file system whose fsync you want measured.
     #[arg(long, value_name = "DIR")]
     tmpdir: Option<PathBuf>,
+    /// Measure the stream journal instead: durable stream.append with 1, 16 and 256 streams
+    /// against the fsync floor, SQLite (WAL, synchronous=FULL) and Redis (appendfsync always,
+    /// when redis-server is installed: scripts/bench-deps.sh), and start-up with 1,000 active runs.
+    #[arg(long)]
+    streams: bool,
     /// (Internal) Serve as the echo process of the process-to-process socket floor: accept one
     /// connection on this socket and echo 100-byte messages until it closes.
     #[arg(long, value_name = "SOCKET", hide = true)]
@@ -952,6 +959,9 @@ fn attribution(size: usize, local: &[Phase], daemon: &[Phase]) -> Option<Value> 
 pub fn run(g: &Global, a: &BenchArgs) -> CliResult {
     if let Some(path) = &a.echo_server {
         return echo_server(path);
+    }
+    if a.streams {
+        return streams::run(g, a.quick, a.seconds, a.tmpdir.as_deref());
     }
     let plan = Plan::new(a)?;
     let parent = a.tmpdir.clone().unwrap_or_else(std::env::temp_dir);

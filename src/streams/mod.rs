@@ -379,12 +379,15 @@ impl Streams {
             if upto > run.durable_below {
                 let from = run.durable_below;
                 run.durable_below = upto;
-                let fresh: Vec<(u64, Value)> = run
-                    .events
-                    .iter()
-                    .filter(|(s, _)| *s >= from && *s < upto)
-                    .cloned()
-                    .collect();
+                // Events are in seq order: find the newly durable ones without a scan (a run
+                // may hold tens of thousands of events).
+                let lo = run.events.partition_point(|(s, _)| *s < from);
+                let hi = run.events.partition_point(|(s, _)| *s < upto);
+                let fresh: Vec<(u64, Value)> = if run.subscribers.is_empty() {
+                    Vec::new()
+                } else {
+                    run.events[lo..hi].to_vec()
+                };
                 run.subscribers
                     .retain(|tx| fresh.iter().all(|(s, e)| tx.send((*s, e.clone())).is_ok()));
             }
@@ -861,11 +864,9 @@ impl Streams {
         let mut st = self.lock();
         match st.runs.get_mut(run_id) {
             Some(run) => {
-                for (s, e) in run
-                    .events
-                    .iter()
-                    .filter(|(s, _)| *s > after_seq && *s < run.durable_below)
-                {
+                let lo = run.events.partition_point(|(s, _)| *s <= after_seq);
+                let hi = run.events.partition_point(|(s, _)| *s < run.durable_below);
+                for (s, e) in &run.events[lo..hi.max(lo)] {
                     let _ = tx.send((*s, e.clone()));
                 }
                 run.subscribers.push(tx);

@@ -1,0 +1,640 @@
+//! `holdfast bench --streams`: durable `stream.append` against the fsync floor, SQLite and Redis.
+//!
+//! One run, in a fresh temporary directory: the floors (20 bytes written and `fdatasync`ed, into
+//! a preallocated zero-filled file as the journal writes, and appended to a growing file); a
+//! real daemon with 1, 16 and 256 concurrent streams (each its own connection, thread and run,
+//! one ~20-byte text delta per append, every append durable); SQLite (WAL, synchronous=FULL, one
+//! row per delta, one connection per stream, through Python's sqlite3 module); Redis
+//! (`appendonly yes`, `appendfsync always`, RPUSH per delta, one TCP connection per stream on
+//! loopback) when `redis-server` is installed (`scripts/bench-deps.sh` installs it); and the
+//! daemon's start-up with 1,000 active runs on disk.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::{
+    fail, fmt_count, fmt_d, init_store, out, out_json, progress, round3, CliResult, DaemonChild,
+    Env, Faults, Global, Stats,
+};
+use crate::client::Client;
+
+/// Concurrent streams measured.
+const STREAMS: &[usize] = &[1, 16, 256];
+/// Active runs for the start-up measurement.
+const STARTUP_RUNS: usize = 1000;
+
+fn delta_text(n: usize) -> String {
+    format!("delta {n:08} text ")
+}
+
+struct Row {
+    system: &'static str,
+    streams: usize,
+    ops: usize,
+    secs: f64,
+    stats: Option<Stats>,
+    note: String,
+}
+
+impl Row {
+    fn per_sec(&self) -> f64 {
+        self.ops as f64 / self.secs.max(1e-9)
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "system": self.system, "streams": self.streams, "ops": self.ops,
+            "secs": round3(self.secs), "ops_per_sec": self.per_sec().round(),
+            "latency": self.stats.map(|s| s.json()), "note": self.note,
+        })
+    }
+}
+
+/// 20 bytes written at the end of what was written and `fdatasync`ed, `n` times.
+fn append_floor(dir: &Path, n: usize, preallocated: bool) -> CliResult<Stats> {
+    let path = dir.join(if preallocated {
+        "floor-prealloc"
+    } else {
+        "floor-append"
+    });
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(|e| fail("creating the floor file", e))?;
+    if preallocated {
+        f.write_all_at(&vec![0u8; 4 << 20], 0)
+            .and_then(|()| f.sync_all())
+            .map_err(|e| fail("preallocating the floor file", e))?;
+    }
+    let rec = [b'x'; 28];
+    let mut lat = Vec::with_capacity(n);
+    for i in 0..n {
+        let t = Instant::now();
+        f.write_all_at(&rec, (i * rec.len()) as u64)
+            .and_then(|()| f.sync_data())
+            .map_err(|e| fail("the fsync floor", e))?;
+        lat.push(t.elapsed());
+    }
+    let _ = std::fs::remove_file(&path);
+    Ok(Stats::of(lat))
+}
+
+/// Run `streams` threads for `d`, each calling `op` in a loop after a common start.
+fn timed<S: Send + 'static>(
+    streams: usize,
+    d: Duration,
+    setup: impl Fn(usize) -> Result<S, String> + Send + Sync + 'static,
+    op: impl Fn(&mut S, usize) -> Result<(), String> + Send + Sync + 'static,
+) -> CliResult<(usize, f64, Stats)> {
+    let barrier = Arc::new(Barrier::new(streams + 1));
+    let (setup, op) = (Arc::new(setup), Arc::new(op));
+    let handles: Vec<_> = (0..streams)
+        .map(|i| {
+            let (barrier, setup, op) = (Arc::clone(&barrier), Arc::clone(&setup), Arc::clone(&op));
+            std::thread::spawn(move || -> Result<Vec<Duration>, String> {
+                let state = setup(i);
+                barrier.wait();
+                let mut state = state?;
+                let start = Instant::now();
+                let mut lat = Vec::new();
+                let mut n = 0;
+                while start.elapsed() < d {
+                    let t = Instant::now();
+                    op(&mut state, n)?;
+                    lat.push(t.elapsed());
+                    n += 1;
+                }
+                Ok(lat)
+            })
+        })
+        .collect();
+    barrier.wait();
+    let start = Instant::now();
+    let mut all = Vec::new();
+    for h in handles {
+        all.extend(
+            h.join()
+                .map_err(|_| fail("a bench thread", "panicked"))?
+                .map_err(|e| fail("a bench thread", e))?,
+        );
+    }
+    let secs = start.elapsed().as_secs_f64();
+    if all.is_empty() {
+        return Err(fail("a phase", "no operation completed"));
+    }
+    Ok((all.len(), secs, Stats::of(all)))
+}
+
+/// A minimal protocol client for the load: one JSON line out, one line in, the answer checked
+/// by substring — as light as the RESP client the Redis phase uses, so the two compare the
+/// servers, not the clients (on 2 cores the load generator competes for the same CPUs).
+struct RawConn {
+    w: std::os::unix::net::UnixStream,
+    r: BufReader<std::os::unix::net::UnixStream>,
+    line: String,
+}
+
+impl RawConn {
+    fn open(socket: &Path) -> Result<RawConn, String> {
+        let w = std::os::unix::net::UnixStream::connect(socket).map_err(|e| e.to_string())?;
+        let r = BufReader::new(w.try_clone().map_err(|e| e.to_string())?);
+        let mut c = RawConn {
+            w,
+            r,
+            line: String::new(),
+        };
+        c.roundtrip(r#"{"jsonrpc":"2.0","id":0,"method":"hello","params":{"client":"bench"}}"#)?;
+        Ok(c)
+    }
+
+    fn roundtrip(&mut self, req: &str) -> Result<&str, String> {
+        self.w
+            .write_all(req.as_bytes())
+            .and_then(|()| self.w.write_all(b"\n"))
+            .map_err(|e| e.to_string())?;
+        self.line.clear();
+        self.r
+            .read_line(&mut self.line)
+            .map_err(|e| e.to_string())?;
+        if self.line.contains("\"error\"") {
+            return Err(format!("daemon answered {}", self.line.trim()));
+        }
+        Ok(&self.line)
+    }
+}
+
+fn holdfast_phase(env: &Env, streams: usize, d: Duration) -> CliResult<Row> {
+    let socket = env.socket.clone();
+    let tag = format!("b{streams}");
+    let (ops, secs, stats) = timed(
+        streams,
+        d,
+        move |i| {
+            let mut c = RawConn::open(&socket)?;
+            let run = format!("bench-{tag}-{i}");
+            let answer = c.roundtrip(&format!(
+                r#"{{"jsonrpc":"2.0","id":1,"method":"stream.begin","params":{{"run_id":"{run}","model":"bench"}}}}"#
+            ))?;
+            let v: Value = serde_json::from_str(answer).map_err(|e| e.to_string())?;
+            let sid = v["result"]["stream_id"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            Ok((c, run, sid, 1u64))
+        },
+        |(c, run, sid, seq): &mut (RawConn, String, String, u64), n| {
+            let answer = c.roundtrip(&format!(
+                r#"{{"jsonrpc":"2.0","id":{seq},"method":"stream.append","params":{{"run_id":"{run}","stream_id":"{sid}","seq":{seq},"events":[{{"type":"text","text":"{}"}}]}}}}"#,
+                delta_text(n)
+            ))?;
+            if !answer.contains(&format!("\"acked_seq\":{seq}")) {
+                return Err(format!("unexpected answer {answer}"));
+            }
+            *seq += 1;
+            Ok(())
+        },
+    )?;
+    // End the runs, so their journal segments can go.
+    let mut c =
+        Client::connect(&env.socket, "bench-streams", None).map_err(|e| fail("connecting", e))?;
+    for r in c.call("stream.list", json!({}))?["runs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let run = r["run_id"].as_str().unwrap_or_default();
+        if let Ok(t) = c.call("stream.begin", json!({"run_id": run, "takeover": true})) {
+            let _ = c.call(
+                "stream.abort",
+                json!({"run_id": run, "stream_id": t["stream_id"], "reason": "bench"}),
+            );
+        }
+    }
+    Ok(Row {
+        system: "holdfast stream.append",
+        streams,
+        ops,
+        secs,
+        stats: Some(stats),
+        note: String::new(),
+    })
+}
+
+const SQLITE_SCRIPT: &str = r#"
+import json, sqlite3, sys, threading, time
+path, streams, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+setup = sqlite3.connect(path)
+setup.execute("PRAGMA journal_mode=WAL")
+setup.execute("CREATE TABLE IF NOT EXISTS deltas (run TEXT, seq INTEGER, text TEXT)")
+setup.commit()
+setup.close()
+lat, errors = [], []
+barrier = threading.Barrier(streams + 1)
+def worker(i):
+    try:
+        c = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=60)
+        c.execute("PRAGMA synchronous=FULL")
+        c.execute("PRAGMA busy_timeout=60000")
+        mine, n = [], 0
+        barrier.wait()
+        start = time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            t = time.perf_counter()
+            c.execute("INSERT INTO deltas VALUES (?, ?, ?)", ("run-%d" % i, n, "delta %08d text " % n))
+            mine.append(time.perf_counter() - t)
+            n += 1
+        lat.extend(mine)
+    except Exception as e:
+        errors.append(repr(e))
+threads = [threading.Thread(target=worker, args=(i,)) for i in range(streams)]
+for t in threads: t.start()
+barrier.wait()
+t0 = time.perf_counter()
+for t in threads: t.join()
+secs = time.perf_counter() - t0
+lat.sort()
+rank = lambda p: lat[max(0, min(len(lat), int(-(-p * len(lat) // 1))) - 1)] if lat else 0
+print(json.dumps({"ops": len(lat), "secs": secs, "p50_us": rank(0.5) * 1e6, "p99_us": rank(0.99) * 1e6,
+                  "errors": errors[:3], "version": sqlite3.sqlite_version}))
+"#;
+
+fn sqlite_phase(dir: &Path, streams: usize, d: Duration) -> CliResult<Row> {
+    let db = dir.join(format!("sqlite-{streams}.db"));
+    let python = ["/usr/bin/python3", "python3"].into_iter().find(|p| {
+        Command::new(p)
+            .arg("-c")
+            .arg("import sqlite3")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    let Some(python) = python else {
+        return Ok(Row {
+            system: "SQLite (WAL, synchronous=FULL)",
+            streams,
+            ops: 0,
+            secs: 1.0,
+            stats: None,
+            note: "not measured: no python3 with sqlite3".into(),
+        });
+    };
+    let o = Command::new(python)
+        .arg("-c")
+        .arg(SQLITE_SCRIPT)
+        .arg(&db)
+        .arg(streams.to_string())
+        .arg(d.as_secs_f64().to_string())
+        .output()
+        .map_err(|e| fail("running the SQLite baseline", e))?;
+    let v: Value = serde_json::from_slice(&o.stdout).map_err(|e| {
+        fail(
+            "the SQLite baseline",
+            format!("{e}: {}", String::from_utf8_lossy(&o.stderr)),
+        )
+    })?;
+    let d_us = |k: &str| Duration::from_secs_f64(v[k].as_f64().unwrap_or(0.0) / 1e6);
+    let ops = v["ops"].as_u64().unwrap_or(0) as usize;
+    Ok(Row {
+        system: "SQLite (WAL, synchronous=FULL)",
+        streams,
+        ops,
+        secs: v["secs"].as_f64().unwrap_or(1.0),
+        stats: Some(Stats {
+            n: ops,
+            p50: d_us("p50_us"),
+            p99: d_us("p99_us"),
+            mean: Duration::ZERO,
+        }),
+        note: format!("sqlite {}", v["version"].as_str().unwrap_or("?")),
+    })
+}
+
+/// A redis-server with `appendfsync always` on a loopback port; killed when dropped.
+struct Redis {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn redis_binary() -> Option<String> {
+    ["/usr/bin/redis-server", "/usr/local/bin/redis-server"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .map(str::to_owned)
+}
+
+fn start_redis(bin: &str, dir: &Path) -> CliResult<Redis> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| fail("finding a free port", e))?
+        .port();
+    let child = Command::new(bin)
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--save",
+            "",
+            "--daemonize",
+            "no",
+            "--dir",
+        ])
+        .arg(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| fail("starting redis-server", e))?;
+    let r = Redis { child, port };
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(10) {
+        if let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) {
+            let mut buf = [0u8; 7];
+            if s.write_all(b"PING\r\n").is_ok()
+                && s.read_exact(&mut buf).is_ok()
+                && &buf == b"+PONG\r\n"
+            {
+                return Ok(r);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Err(fail("redis-server", "did not answer PING within 10 s"))
+}
+
+fn redis_phase(redis: &Redis, streams: usize, d: Duration) -> CliResult<Row> {
+    let port = redis.port;
+    let (ops, secs, stats) = timed(
+        streams,
+        d,
+        move |i| {
+            let s = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+            s.set_nodelay(true).map_err(|e| e.to_string())?;
+            let r = BufReader::new(s.try_clone().map_err(|e| e.to_string())?);
+            Ok((s, r, String::new(), format!("run:{streams}:{i}")))
+        },
+        move |(s, r, line, key): &mut (TcpStream, BufReader<TcpStream>, String, String), n| {
+            let v = delta_text(n);
+            let cmd = format!(
+                "*3\r\n$5\r\nRPUSH\r\n${}\r\n{key}\r\n${}\r\n{v}\r\n",
+                key.len(),
+                v.len()
+            );
+            s.write_all(cmd.as_bytes()).map_err(|e| e.to_string())?;
+            line.clear();
+            r.read_line(line).map_err(|e| e.to_string())?;
+            if !line.starts_with(':') {
+                return Err(format!("redis answered {line:?}"));
+            }
+            Ok(())
+        },
+    )?;
+    Ok(Row {
+        system: "Redis (appendfsync always)",
+        streams,
+        ops,
+        secs,
+        stats: Some(stats),
+        note: String::new(),
+    })
+}
+
+/// Start-up with `STARTUP_RUNS` active runs on disk: time from spawn to a served hello.
+fn startup(env: &Env) -> CliResult<(f64, usize)> {
+    let child = DaemonChild::start(env)?;
+    let socket = env.socket.clone();
+    let per = STARTUP_RUNS / 8;
+    let handles: Vec<_> = (0..8)
+        .map(|t| {
+            let socket = socket.clone();
+            std::thread::spawn(move || -> Result<(), String> {
+                let mut c = Client::connect(&socket, "bench-startup", None).map_err(|e| e.to_string())?;
+                for i in 0..per {
+                    let run = format!("startup-{t}-{i}");
+                    let r = c.call("stream.begin", json!({"run_id": run})).map_err(|e| e.to_string())?;
+                    c.call("stream.append", json!({"run_id": run, "stream_id": r["stream_id"], "seq": 1,
+                        "events": [{"type": "text", "text": "some text so far"},
+                                   {"type": "tool_call_delta", "id": "c1", "name": "t", "arguments_delta": "{\"a\""}]}))
+                        .map_err(|e| e.to_string())?;
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join()
+            .map_err(|_| fail("seeding runs", "panicked"))?
+            .map_err(|e| fail("seeding runs", e))?;
+    }
+    child.stop()?;
+    let t = Instant::now();
+    let child = DaemonChild::start(env)?;
+    let ready = t.elapsed().as_secs_f64();
+    let mut c = Client::connect(&env.socket, "bench", None).map_err(|e| fail("connecting", e))?;
+    let active = c.call("stream.list", json!({}))?["runs"]
+        .as_array()
+        .map_or(0, Vec::len);
+    child.stop()?;
+    Ok((ready, active))
+}
+
+/// `holdfast bench --streams`.
+pub fn run(g: &Global, quick: bool, seconds: Option<f64>, tmpdir: Option<&Path>) -> CliResult {
+    let d = Duration::from_secs_f64(seconds.unwrap_or(if quick { 0.5 } else { 5.0 }));
+    let parent = tmpdir
+        .map(Path::to_path_buf)
+        .unwrap_or_else(std::env::temp_dir);
+    let tmp = tempfile::Builder::new()
+        .prefix("holdfast-bench-streams-")
+        .tempdir_in(&parent)
+        .map_err(|e| fail("creating a temp dir", e))?;
+    let env = Env::create(tmp.path())?;
+    init_store(&env.store, &env.key_file, &Faults::none())
+        .map_err(|e| fail("creating the store", e))?;
+    let n_floor = if quick { 100 } else { 1000 };
+    progress(&format!(
+        "floors: {n_floor} x (20 B write + fdatasync), preallocated and appending"
+    ));
+    let floor_pre = append_floor(tmp.path(), n_floor, true)?;
+    let floor_app = append_floor(tmp.path(), n_floor, false)?;
+    let mut rows = Vec::new();
+    let child = DaemonChild::start(&env)?;
+    for &n in STREAMS {
+        progress(&format!(
+            "holdfast: {n} stream(s) for {:.1} s",
+            d.as_secs_f64()
+        ));
+        rows.push(holdfast_phase(&env, n, d)?);
+    }
+    child.stop()?;
+    for &n in STREAMS {
+        progress(&format!(
+            "SQLite: {n} connection(s) for {:.1} s",
+            d.as_secs_f64()
+        ));
+        rows.push(sqlite_phase(tmp.path(), n, d)?);
+    }
+    let redis_bin = redis_binary();
+    match &redis_bin {
+        Some(bin) => {
+            let dir = tmp.path().join("redis");
+            std::fs::create_dir_all(&dir).map_err(|e| fail("redis dir", e))?;
+            let redis = start_redis(bin, &dir)?;
+            for &n in STREAMS {
+                progress(&format!(
+                    "Redis: {n} connection(s) for {:.1} s",
+                    d.as_secs_f64()
+                ));
+                rows.push(redis_phase(&redis, n, d)?);
+            }
+        }
+        None => progress(
+            "Redis: redis-server not installed (scripts/bench-deps.sh installs it); skipped",
+        ),
+    }
+    progress(&format!("start-up with {STARTUP_RUNS} active runs on disk"));
+    let (ready_s, active) = startup(&env)?;
+
+    // Targets (issue 4): measured, never asserted.
+    // The floor as a rate: one fdatasync per acknowledged delta, back to back.
+    let floor_rate = 1.0 / floor_pre.mean.as_secs_f64().max(1e-9);
+    let find = |sys: &str, n: usize| {
+        rows.iter()
+            .find(|r| r.system.starts_with(sys) && r.streams == n)
+    };
+    let mut targets = Vec::new();
+    if let Some(h) = find("holdfast", 1) {
+        let ratio = h.per_sec() / floor_rate;
+        targets.push(json!({"target": "1 stream within 20 % of the fsync floor",
+            "measured": format!("{} /s = {:.2}x the floor ({} /s)", fmt_count(h.per_sec()), ratio, fmt_count(floor_rate)),
+            "pass": ratio >= 0.8}));
+    }
+    for n in [16, 256] {
+        if let Some(h) = find("holdfast", n) {
+            let (measured, pass) = match find("Redis", n) {
+                Some(r) => (
+                    format!(
+                        "{} /s vs Redis {} /s",
+                        fmt_count(h.per_sec()),
+                        fmt_count(r.per_sec())
+                    ),
+                    Some(h.per_sec() > r.per_sec()),
+                ),
+                None => (
+                    format!("{} /s; Redis not measured", fmt_count(h.per_sec())),
+                    None,
+                ),
+            };
+            targets.push(
+                json!({"target": format!("{n} streams ahead of Redis appendfsync always"),
+                "measured": measured, "pass": pass}),
+            );
+        }
+    }
+    if let Some(h) = find("holdfast", 256) {
+        let p99 = h.stats.map_or(Duration::MAX, |s| s.p99);
+        targets.push(
+            json!({"target": "p99 acknowledgement at 256 streams < 5 ms",
+            "measured": fmt_d(p99), "pass": p99 < Duration::from_millis(5)}),
+        );
+    }
+    targets.push(
+        json!({"target": format!("start-up with {STARTUP_RUNS} active runs: socket ready < 1 s"),
+        "measured": format!("{:.3} s ({active} runs restored)", ready_s),
+        "pass": ready_s < 1.0 && active == STARTUP_RUNS}),
+    );
+
+    if g.json {
+        out_json(&json!({
+            "floors": {"fdatasync_20b_preallocated": floor_pre.json(), "fdatasync_20b_append": floor_app.json()},
+            "rows": rows.iter().map(Row::json).collect::<Vec<_>>(),
+            "startup": {"runs": STARTUP_RUNS, "restored": active, "ready_secs": round3(ready_s)},
+            "targets": targets,
+        }));
+        return Ok(());
+    }
+    out(format!(
+        "holdfast bench --streams: {:.1} s per phase",
+        d.as_secs_f64()
+    ));
+    out(format!("temp dir on {}", super::filesystem(tmp.path())));
+    out("");
+    out(format!(
+        "{:<50} {:>7} {:>10} {:>10}",
+        "floors", "n", "p50", "p99"
+    ));
+    for (name, s) in [
+        (
+            "20 B + fdatasync, preallocated file (the journal)",
+            floor_pre,
+        ),
+        ("20 B + fdatasync, appending to a file", floor_app),
+    ] {
+        out(format!(
+            "  {name:<48} {:>7} {:>10} {:>10}",
+            s.n,
+            fmt_d(s.p50),
+            fmt_d(s.p99)
+        ));
+    }
+    out("");
+    out(format!(
+        "{:<34} {:>7} {:>10} {:>10} {:>10}",
+        "durable appends (1 delta each)", "streams", "ops/s", "p50", "p99"
+    ));
+    for r in &rows {
+        let (p50, p99) = r
+            .stats
+            .map_or(("-".into(), "-".into()), |s| (fmt_d(s.p50), fmt_d(s.p99)));
+        out(format!(
+            "  {:<32} {:>7} {:>10} {:>10} {:>10}  {}",
+            r.system,
+            r.streams,
+            fmt_count(r.per_sec()),
+            p50,
+            p99,
+            r.note
+        ));
+    }
+    if redis_bin.is_none() {
+        out(
+            "  Redis: not measured (redis-server not installed; scripts/bench-deps.sh installs it)",
+        );
+    }
+    out("");
+    out(format!("start-up with {STARTUP_RUNS} active runs on disk: socket served hello after {ready_s:.3} s; {active} runs restored"));
+    out("");
+    out("targets (issue 4; measured, not asserted)");
+    for t in &targets {
+        let result = match t["pass"].as_bool() {
+            Some(true) => "PASS",
+            Some(false) => "MISS",
+            None => "n/a",
+        };
+        out(format!(
+            "  {:<58} {:>44}  {result}",
+            t["target"].as_str().unwrap_or(""),
+            t["measured"].as_str().unwrap_or("")
+        ));
+    }
+    Ok(())
+}
