@@ -446,7 +446,12 @@ fn every_method_once_with_its_result_shape() {
     let s = c1.ok("admin.status", json!({}));
     assert_eq!(s["stores"][0]["key_fingerprints"][0], rk["new_key"], "{s}");
 
-    let all: BTreeSet<&str> = holdfast::ipc::handlers::METHODS.iter().copied().collect();
+    // The stream.* and checkpoint.* methods: tests/streams.rs (every_stream_method_once).
+    let all: BTreeSet<&str> = holdfast::ipc::handlers::METHODS
+        .iter()
+        .copied()
+        .filter(|m| !m.starts_with("stream.") && !m.starts_with("checkpoint."))
+        .collect();
     assert_eq!(seen, all, "methods not exercised");
     println!(
         "every method: {}/{} methods exercised with their result shapes; errors checked: before-hello x3, \

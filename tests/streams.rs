@@ -485,3 +485,102 @@ fn stream_cli_lists_shows_and_tails() {
     assert_ne!(o.code, 0);
     assert!(o.stderr.contains("holdfast daemon"), "{o}");
 }
+
+#[test]
+fn every_stream_method_once() {
+    let mut env = DaemonEnv::new("");
+    let d = env.start();
+    let mut c = Conn::open(&d.socket);
+    let mut w = Conn::open(&d.socket);
+    let mut seen = std::collections::BTreeSet::new();
+    let mut ok = |c: &mut Conn, m: &'static str, p: Value| {
+        seen.insert(m);
+        c.ok(m, p)
+    };
+    let b = ok(
+        &mut c,
+        "stream.begin",
+        json!({"run_id": "r1", "thread_id": "t", "model": "m"}),
+    );
+    assert_eq!(
+        (b["epoch"].as_u64(), b["next_seq"].as_u64()),
+        (Some(1), Some(1))
+    );
+    let sid = b["stream_id"].as_str().unwrap().to_owned();
+    let s = ok(&mut w, "stream.subscribe", json!({"run_id": "r1"}));
+    assert_eq!(s["run_id"], "r1");
+    let a = ok(
+        &mut c,
+        "stream.append",
+        json!({"run_id": "r1", "stream_id": sid, "seq": 1,
+        "events": [{"type": "text", "text": "Hi"}, {"type": "tool_call_delta", "id": "c", "name": "t",
+                    "arguments_delta": "{}"}, {"type": "tool_call_end", "id": "c"}]}),
+    );
+    assert_eq!(a["acked_seq"], 3);
+    let p = ok(
+        &mut c,
+        "stream.interrupt",
+        json!({"run_id": "r1", "stream_id": sid, "cause": "goaway"}),
+    );
+    assert_eq!(
+        (p["plan"].as_str(), p["next_seq"].as_u64()),
+        (Some("R2"), Some(5))
+    );
+    let r = ok(
+        &mut c,
+        "stream.resume",
+        json!({"run_id": "r1", "model": "m"}),
+    );
+    assert_eq!(r["epoch"], 2);
+    assert_eq!(r["checkpoint"]["completed_tool_calls"][0]["name"], "t");
+    let sid = r["stream_id"].as_str().unwrap().to_owned();
+    let g = ok(&mut c, "stream.get", json!({"run_id": "r1"}));
+    assert_eq!(g["status"], "interrupted");
+    let l = ok(&mut c, "stream.list", json!({}));
+    assert_eq!(l["runs"].as_array().unwrap().len(), 1);
+    assert!(l["journal"]["syncs"].as_u64().unwrap() >= 1);
+    let e = ok(
+        &mut c,
+        "stream.commit",
+        json!({"run_id": "r1", "stream_id": sid, "final_message": "Hi"}),
+    );
+    assert_eq!(e["status"], "committed");
+    let b2 = ok(&mut c, "stream.begin", json!({"run_id": "r2"}));
+    let e = ok(
+        &mut c,
+        "stream.abort",
+        json!({"run_id": "r2", "stream_id": b2["stream_id"], "reason": "x"}),
+    );
+    assert_eq!(e["status"], "aborted");
+    ok(
+        &mut c,
+        "checkpoint.put",
+        json!({"run_id": "r3", "snapshot": {"partial_text": "p"}}),
+    );
+    let cp = ok(&mut c, "checkpoint.get", json!({"run_id": "r3"}));
+    assert_eq!(cp["partial_text"], "p");
+    let del = ok(&mut c, "checkpoint.delete", json!({"run_id": "r3"}));
+    assert_eq!(del["deleted"], true);
+    // The subscriber saw the run to its finish, in order.
+    let mut seqs = Vec::new();
+    while let Some(ev) = w.next_event(Duration::from_secs(2)) {
+        seqs.push(ev["seq"].as_u64().unwrap());
+        if ev["event"]["type"] == "finish" {
+            break;
+        }
+    }
+    // 3 events, interrupted (goaway), interrupted (the resume), finish.
+    assert_eq!(seqs, (1..=6).collect::<Vec<_>>());
+    let all: std::collections::BTreeSet<&str> = holdfast::ipc::handlers::METHODS
+        .iter()
+        .copied()
+        .filter(|m| m.starts_with("stream.") || m.starts_with("checkpoint."))
+        .collect();
+    assert_eq!(seen, all, "stream methods not exercised");
+    println!(
+        "every stream method: {}/{} exercised with their result shapes",
+        seen.len(),
+        all.len()
+    );
+    d.stop();
+}

@@ -126,7 +126,91 @@ pub struct Stats {
     pub syncs: AtomicU64,
 }
 
-type Ack = oneshot::Sender<Result<Position, JournalError>>;
+/// What an append's outcome is handed to: a channel, or a [`Promise`].
+enum Ack {
+    Channel(oneshot::Sender<Result<Position, JournalError>>),
+    Promise(Arc<Promise>),
+}
+
+impl Ack {
+    fn send(self, res: Result<Position, JournalError>) -> Result<(), ()> {
+        match self {
+            Ack::Channel(tx) => tx.send(res).map_err(|_| ()),
+            Ack::Promise(p) => {
+                p.complete(res);
+                Ok(())
+            }
+        }
+    }
+}
+
+type Callback = Box<dyn FnOnce(Result<Position, JournalError>) + Send>;
+
+enum PromiseState {
+    Waiting,
+    Done(Result<Position, JournalError>),
+    Registered(Callback),
+    Finished,
+}
+
+/// An append's outcome, to be handed to a callback whenever both exist: the callback runs on
+/// the committer thread when the append becomes durable, or at once (on the registering thread)
+/// if it already is. Lets a server answer a client from the commit itself, with no task woken
+/// in between.
+pub struct Promise(Mutex<PromiseState>);
+
+impl Promise {
+    fn new() -> Arc<Promise> {
+        Arc::new(Promise(Mutex::new(PromiseState::Waiting)))
+    }
+
+    /// A promise already kept (an operation that needed no append).
+    pub fn ready(res: Result<Position, JournalError>) -> Arc<Promise> {
+        Arc::new(Promise(Mutex::new(PromiseState::Done(res))))
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, PromiseState> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn complete(&self, res: Result<Position, JournalError>) {
+        let mut st = self.state();
+        match std::mem::replace(&mut *st, PromiseState::Finished) {
+            PromiseState::Registered(cb) => {
+                drop(st);
+                cb(res);
+            }
+            PromiseState::Waiting => *st = PromiseState::Done(res),
+            other => *st = other,
+        }
+    }
+
+    /// Run `cb` with the outcome (now, if it is known).
+    pub fn then(&self, cb: impl FnOnce(Result<Position, JournalError>) + Send + 'static) {
+        let mut st = self.state();
+        match std::mem::replace(&mut *st, PromiseState::Finished) {
+            PromiseState::Done(res) => {
+                drop(st);
+                cb(res);
+            }
+            PromiseState::Waiting => *st = PromiseState::Registered(Box::new(cb)),
+            other => *st = other,
+        }
+    }
+}
+
+impl Drop for Promise {
+    /// A promise dropped unanswered (the journal closed) answers its callback `Closed`.
+    fn drop(&mut self) {
+        let st = std::mem::replace(
+            self.0.get_mut().unwrap_or_else(PoisonError::into_inner),
+            PromiseState::Finished,
+        );
+        if let PromiseState::Registered(cb) = st {
+            cb(Err(JournalError::Closed));
+        }
+    }
+}
 
 struct Pending {
     payload: Vec<u8>,
@@ -428,9 +512,21 @@ impl Journal {
     /// Queue `payload`; the receiver answers once it is durable (per the durability policy).
     pub fn append(&self, payload: Vec<u8>) -> oneshot::Receiver<Result<Position, JournalError>> {
         let (tx, rx) = oneshot::channel();
+        self.enqueue(payload, Ack::Channel(tx));
+        rx
+    }
+
+    /// Queue `payload`; the promise is kept once it is durable (per the durability policy).
+    pub fn append_promise(&self, payload: Vec<u8>) -> Arc<Promise> {
+        let p = Promise::new();
+        self.enqueue(payload, Ack::Promise(Arc::clone(&p)));
+        p
+    }
+
+    fn enqueue(&self, payload: Vec<u8>, ack: Ack) {
         if payload.is_empty() || payload.len() > MAX_PAYLOAD {
-            let _ = tx.send(Err(JournalError::TooLarge(payload.len())));
-            return rx;
+            let _ = ack.send(Err(JournalError::TooLarge(payload.len())));
+            return;
         }
         let mut q = self
             .shared
@@ -438,17 +534,19 @@ impl Journal {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         if let Some(why) = &q.poisoned {
-            let _ = tx.send(Err(JournalError::Poisoned(why.clone())));
-            return rx;
+            let why = why.clone();
+            drop(q);
+            let _ = ack.send(Err(JournalError::Poisoned(why)));
+            return;
         }
         if q.closing {
-            let _ = tx.send(Err(JournalError::Closed));
-            return rx;
+            drop(q);
+            let _ = ack.send(Err(JournalError::Closed));
+            return;
         }
-        q.pending.push(Pending { payload, ack: tx });
+        q.pending.push(Pending { payload, ack });
         drop(q);
         self.shared.wake.notify_one();
-        rx
     }
 
     /// Append and wait (blocking; not from an async task).
@@ -575,7 +673,10 @@ impl Committer {
                 let mut q = shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
                 tracing::error!(error = %why, "stream journal write failed; refusing appends until restart");
                 q.poisoned = Some(why.clone());
-                for p in q.pending.drain(..) {
+                let failed: Vec<Pending> = q.pending.drain(..).collect();
+                drop(q);
+                // Outside the lock: a callback may append again (and be refused).
+                for p in failed {
                     let _ = p.ack.send(Err(JournalError::Poisoned(why.clone())));
                 }
             }

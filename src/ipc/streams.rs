@@ -234,6 +234,45 @@ pub async fn dispatch(
     }
 }
 
+/// `stream.append`, the hot path, without a task: validated and queued on the connection's
+/// task, answered from the journal's commit (the response line is queued by the committer
+/// thread when the append is durable). `permit` (the connection's in-flight slot) is held until
+/// then. Gives the request and the permit back if the streams are not open yet (the async
+/// path opens them).
+#[allow(clippy::result_large_err)]
+pub fn append_inline(
+    daemon: &Daemon,
+    session: &Arc<Session>,
+    req: Request,
+    permit: tokio::sync::OwnedSemaphorePermit,
+) -> Result<(), (Request, tokio::sync::OwnedSemaphorePermit)> {
+    let Some(s) = daemon.streams_if_open() else {
+        return Err((req, permit));
+    };
+    let id = req.id.clone();
+    let ticket = params::<Append>(req.params).and_then(|p| {
+        s.append(&p.run_id, &p.stream_id, p.seq, &p.events)
+            .map_err(rpc)
+    });
+    match ticket {
+        Err(e) => {
+            session.outbox.send(protocol::response_err(&id, &e));
+        }
+        Ok(t) => {
+            let session = Arc::clone(session);
+            s.settle_then(t, move |res| {
+                let line = match res {
+                    Ok(v) => protocol::response_ok(&id, v),
+                    Err(e) => protocol::response_err(&id, &rpc(e)),
+                };
+                session.outbox.send(line);
+                drop(permit);
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Forward a run's events to this connection until `finish` (or the connection ends).
 fn subscribe(
     s: &Arc<Streams>,

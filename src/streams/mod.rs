@@ -27,7 +27,7 @@ use zeroize::Zeroizing;
 
 pub use accum::{Accumulator, Event, MIN_OVERLAP_CHARS};
 
-use crate::durable::journal::{Durability, Journal, JournalError, Position, ReplayReport};
+use crate::durable::journal::{Durability, Journal, JournalError, Position, Promise, ReplayReport};
 use crate::durable::{self, Faults};
 use crate::error::ErrorKind;
 use crate::recovery::{self, Attempts, Cause, Input, Plan, PlanKind, Policy, Stale};
@@ -245,7 +245,7 @@ pub struct Ticket {
     run_id: String,
     /// Events below this seq become durable with this record.
     upto: u64,
-    rx: oneshot::Receiver<Result<Position, JournalError>>,
+    durable: Arc<Promise>,
     /// What to answer once durable.
     pub answer: Value,
 }
@@ -346,24 +346,53 @@ impl Streams {
         Ok(Ticket {
             run_id: run_id.to_owned(),
             upto,
-            rx: self.journal.append(sealed),
+            durable: self.journal.append_promise(sealed),
             answer,
         })
+    }
+
+    fn channel(t: &Ticket) -> oneshot::Receiver<Result<Position, JournalError>> {
+        let (tx, rx) = oneshot::channel();
+        t.durable.then(move |res| {
+            let _ = tx.send(res);
+        });
+        rx
     }
 
     /// Wait until a ticket's record is durable, then publish what it covers. Returns the
     /// answer for the client.
     pub async fn settle(&self, t: Ticket) -> Result<Value, StreamError> {
-        let res = t.rx.await.unwrap_or(Err(JournalError::Closed));
+        let res = Self::channel(&t).await.unwrap_or(Err(JournalError::Closed));
         self.after_durable(&t.run_id, t.upto, res)?;
         Ok(t.answer)
     }
 
     /// [`Streams::settle`], blocking (tests, offline tools; never from an async task).
     pub fn settle_blocking(&self, t: Ticket) -> Result<Value, StreamError> {
-        let res = t.rx.blocking_recv().unwrap_or(Err(JournalError::Closed));
+        let res = Self::channel(&t)
+            .blocking_recv()
+            .unwrap_or(Err(JournalError::Closed));
         self.after_durable(&t.run_id, t.upto, res)?;
         Ok(t.answer)
+    }
+
+    /// [`Streams::settle`] without waiting: `done` gets the answer when the record is durable,
+    /// on the journal's committer thread (so it must not block), or at once if it already is.
+    pub fn settle_then(
+        self: &Arc<Self>,
+        t: Ticket,
+        done: impl FnOnce(Result<Value, StreamError>) + Send + 'static,
+    ) {
+        let streams = Arc::clone(self);
+        let Ticket {
+            run_id,
+            upto,
+            durable,
+            answer,
+        } = t;
+        durable.then(move |res| {
+            done(streams.after_durable(&run_id, upto, res).map(|()| answer));
+        });
     }
 
     fn after_durable(
@@ -574,15 +603,13 @@ impl Streams {
             // A replay of appends already accepted: acknowledge, change nothing.
             let acked = run.next_seq - 1;
             drop(st);
-            let (tx, rx) = oneshot::channel();
-            let _ = tx.send(Ok(Position {
-                segment: u64::MAX,
-                offset: 0,
-            }));
             return Ok(Ticket {
                 run_id: run_id.to_owned(),
                 upto: 0,
-                rx,
+                durable: Promise::ready(Ok(Position {
+                    segment: u64::MAX,
+                    offset: 0,
+                })),
                 answer: json!({"acked_seq": acked, "duplicate": true}),
             });
         }
@@ -607,12 +634,12 @@ impl Streams {
         let upto = run.next_seq;
         let acked = upto - 1;
         // Queued while the run is locked: the journal keeps each run's records in seq order.
-        let rx = self.journal.append(sealed);
+        let durable = self.journal.append_promise(sealed);
         drop(st);
         Ok(Ticket {
             run_id: run_id.to_owned(),
             upto,
-            rx,
+            durable,
             answer: json!({"acked_seq": acked}),
         })
     }
