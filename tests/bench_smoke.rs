@@ -168,3 +168,54 @@ fn sizes_smaller_than_the_client_count_are_a_usage_error() {
     assert_eq!(out.code, 2, "{out}");
     assert!(out.stderr.contains("--sizes"), "{out}");
 }
+
+/// `holdfast bench --streams --quick --json`: every system measured reports positive figures,
+/// the start-up phase restores all its runs, and every target has a verdict or says why not.
+#[test]
+fn streams_quick_json_run_reports_every_figure() {
+    let t = common::TempHome::new();
+    let tmp = t.root.join("tmp");
+    fs::create_dir(&tmp).expect("mkdir tmp");
+    let mut c = t.cmd();
+    c.args(["bench", "--streams", "--quick", "--json"])
+        .env("TMPDIR", &tmp);
+    let out = common::run(c, b"");
+    assert_eq!(out.code, 0, "{out}");
+    let v: Value = serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out}"));
+    for f in ["fdatasync_20b_preallocated", "fdatasync_20b_append"] {
+        check_figures(&v["floors"][f], &["n", "p50_us", "p99_us"], f);
+    }
+    let rows = v["rows"].as_array().expect("rows");
+    for streams in [1, 16, 256] {
+        let row = rows
+            .iter()
+            .find(|r| r["system"] == "holdfast stream.append" && r["streams"] == streams)
+            .unwrap_or_else(|| panic!("no holdfast row for {streams}"));
+        positive(&row["ops_per_sec"], "holdfast ops_per_sec");
+        check_figures(
+            &row["latency"],
+            &["n", "p50_us", "p99_us"],
+            "holdfast latency",
+        );
+    }
+    let measured: Vec<&str> = rows.iter().filter_map(|r| r["system"].as_str()).collect();
+    assert!(
+        measured.iter().any(|s| s.starts_with("SQLite")),
+        "{measured:?}"
+    );
+    assert_eq!(
+        v["startup"]["restored"], v["startup"]["runs"],
+        "{}",
+        v["startup"]
+    );
+    positive(&v["startup"]["ready_secs"], "startup.ready_secs");
+    for t in v["targets"].as_array().expect("targets") {
+        assert!(t["measured"].is_string() && t.get("pass").is_some(), "{t}");
+    }
+    println!(
+        "bench --streams --quick: {} rows ({}), start-up {} s",
+        rows.len(),
+        measured.join(", "),
+        v["startup"]["ready_secs"]
+    );
+}
