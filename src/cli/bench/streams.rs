@@ -173,7 +173,19 @@ impl RawConn {
     }
 }
 
+/// The journal's (appends, syncs) so far.
+fn journal_counters(socket: &Path) -> CliResult<(u64, u64)> {
+    let mut c =
+        Client::connect(socket, "bench-streams", None).map_err(|e| fail("connecting", e))?;
+    let j = c.call("stream.list", json!({}))?["journal"].clone();
+    Ok((
+        j["appends"].as_u64().unwrap_or(0),
+        j["syncs"].as_u64().unwrap_or(0),
+    ))
+}
+
 fn holdfast_phase(env: &Env, streams: usize, d: Duration) -> CliResult<Row> {
+    let before = journal_counters(&env.socket)?;
     let socket = env.socket.clone();
     let tag = format!("b{streams}");
     let (ops, secs, stats) = timed(
@@ -204,6 +216,8 @@ fn holdfast_phase(env: &Env, streams: usize, d: Duration) -> CliResult<Row> {
             Ok(())
         },
     )?;
+    let after = journal_counters(&env.socket)?;
+    let per_sync = (after.0 - before.0) as f64 / (after.1 - before.1).max(1) as f64;
     // End the runs, so their journal segments can go.
     let mut c =
         Client::connect(&env.socket, "bench-streams", None).map_err(|e| fail("connecting", e))?;
@@ -226,7 +240,7 @@ fn holdfast_phase(env: &Env, streams: usize, d: Duration) -> CliResult<Row> {
         ops,
         secs,
         stats: Some(stats),
-        note: String::new(),
+        note: format!("{per_sync:.1} records per fsync"),
     })
 }
 
