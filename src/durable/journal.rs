@@ -715,16 +715,19 @@ impl Committer {
         let result = result
             .and_then(|()| self.write(&buf, start))
             .and_then(|()| self.sync(false));
-        let n = acks.len() as u64;
+        // Counted before anyone is answered: an appender that reads the counters after its
+        // answer sees its own append in them.
+        let stats = &self.shared.stats;
+        stats
+            .appends
+            .fetch_add(acks.len() as u64, Ordering::Relaxed);
+        stats.batches.fetch_add(1, Ordering::Relaxed);
         for (ack, pos) in acks {
             let _ = ack.send(match &result {
                 Ok(()) => Ok(pos),
                 Err(e) => Err(JournalError::Poisoned(e.clone())),
             });
         }
-        let stats = &self.shared.stats;
-        stats.appends.fetch_add(n, Ordering::Relaxed);
-        stats.batches.fetch_add(1, Ordering::Relaxed);
         // Past half of this segment, start preparing the next one.
         if self.next.is_none() && self.offset > SEGMENT_BYTES / 2 {
             let (dir, faults, n) = (
