@@ -18,6 +18,13 @@
 //! hive = true                  # key from HIVE_CREDENTIAL_KEY / $HIVE_HOME/secrets/credential_key
 //! # key_file = "..."  or  key_env = "VAR"
 //!
+//! [streams]
+//! durability = "always"        # "batch" (+ batch_interval_ms) or "none"; see docs/operations.md
+//! stale_after_secs = 3600      # resume: older checkpoints are stale (R4, or fail)
+//! expire_after_secs = 604800   # runs with no event for this long end as "expired"
+//! [streams.retry]              # the planner's policy (docs/recovery.md)
+//! transient_budget = 2
+//!
 //! [plugins.summarizer]         # `hello {plugin: "summarizer"}` binds a connection to this grant
 //! stores = ["default"]
 //! methods = ["cred.get", "cred.list", "cred.watch"]   # or "cred.*", "*"
@@ -53,6 +60,29 @@ pub struct Config {
     /// Plugin grants, by plugin name.
     #[serde(default)]
     pub plugins: BTreeMap<String, PluginGrant>,
+    /// Streams settings.
+    #[serde(default)]
+    pub streams: StreamsSection,
+}
+
+/// `[streams]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamsSection {
+    /// `always` (default: an append is acknowledged after the fsync that covers it), `batch`
+    /// (after the write; an fsync every `batch_interval_ms`: a crash loses at most that much
+    /// acknowledged data), `none` (never synced: tests and benchmarks only).
+    pub durability: Option<String>,
+    /// The fsync interval of `durability = "batch"` (default 10 ms).
+    pub batch_interval_ms: Option<u64>,
+    /// A checkpoint whose last event is older than this is stale on resume (default 3600).
+    pub stale_after_secs: Option<u64>,
+    /// A run with no event for this long is ended as `expired` (default 7 days): failed and
+    /// abandoned runs are kept for inspection until then.
+    pub expire_after_secs: Option<u64>,
+    /// The recovery planner's retry policy (budgets, backoff; docs/recovery.md "Policy").
+    #[serde(default)]
+    pub retry: Option<crate::recovery::Policy>,
 }
 
 /// `[limits]`.
@@ -213,6 +243,30 @@ pub fn load(explicit: Option<&Path>) -> Result<Config, String> {
 }
 
 impl Config {
+    /// The streams' settings, with defaults for what the file does not say.
+    pub fn streams_config(&self) -> crate::streams::StreamsConfig {
+        use crate::durable::journal::Durability;
+        let st = &self.streams;
+        let mut c = crate::streams::StreamsConfig::default();
+        c.durability = match st.durability.as_deref() {
+            Some("batch") => {
+                Durability::Batch(Duration::from_millis(st.batch_interval_ms.unwrap_or(10)))
+            }
+            Some("none") => Durability::None,
+            _ => Durability::Always,
+        };
+        if let Some(s) = st.stale_after_secs {
+            c.stale_after = Duration::from_secs(s);
+        }
+        if let Some(s) = st.expire_after_secs {
+            c.expire_after = Duration::from_secs(s);
+        }
+        if let Some(p) = &st.retry {
+            c.policy = p.clone();
+        }
+        c
+    }
+
     /// Refuse values that would break the daemon rather than tune it (a zero timeout spins, a
     /// huge cap overflows), and plugin grants that name methods or stores that cannot exist (a
     /// typo would silently grant nothing).
@@ -244,6 +298,24 @@ impl Config {
             64 << 10,
             1 << 30,
         )?;
+        let st = &self.streams;
+        match st.durability.as_deref() {
+            None | Some("always" | "batch" | "none") => {}
+            Some(other) => {
+                return Err(format!(
+                    "[streams] durability = {other:?}: one of \"always\", \"batch\", \"none\""
+                ))
+            }
+        }
+        let srange = |name: &str, v: Option<u64>, lo: u64, hi: u64| match v {
+            Some(v) if v < lo || v > hi => {
+                Err(format!("[streams] {name} = {v} is outside {lo}..={hi}"))
+            }
+            _ => Ok(()),
+        };
+        srange("batch_interval_ms", st.batch_interval_ms, 1, 60_000)?;
+        srange("stale_after_secs", st.stale_after_secs, 1, 365 * 86_400)?;
+        srange("expire_after_secs", st.expire_after_secs, 60, 3650 * 86_400)?;
         for (name, grant) in &self.plugins {
             for m in &grant.methods {
                 let known = m == "*"
@@ -273,6 +345,39 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn streams_section_sets_durability_expiry_and_policy() {
+        let c: Config = toml::from_str(
+            "[streams]\ndurability = \"batch\"\nbatch_interval_ms = 5\nstale_after_secs = 60\n\
+             expire_after_secs = 3600\n[streams.retry]\ntransient_budget = 4\n",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        let s = c.streams_config();
+        assert_eq!(
+            s.durability,
+            crate::durable::journal::Durability::Batch(Duration::from_millis(5))
+        );
+        assert_eq!(s.stale_after, Duration::from_secs(60));
+        assert_eq!(s.expire_after, Duration::from_secs(3600));
+        assert_eq!(s.policy.transient_budget, 4);
+        assert_eq!(
+            s.policy.rate_limited_budget, 5,
+            "unset fields keep their defaults"
+        );
+        let d = Config::default().streams_config();
+        assert_eq!(d.durability, crate::durable::journal::Durability::Always);
+        for bad in [
+            "[streams]\ndurability = \"sometimes\"\n",
+            "[streams]\nexpire_after_secs = 1\n",
+            "[streams]\nbatch_interval_ms = 0\n",
+        ] {
+            let c: Config = toml::from_str(bad).unwrap();
+            assert!(c.validate().is_err(), "{bad}");
+        }
+        assert!(toml::from_str::<Config>("[streams.retry]\nbudget = 1\n").is_err());
+    }
 
     #[test]
     fn parses_the_documented_example() {

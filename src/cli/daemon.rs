@@ -75,6 +75,10 @@ pub fn run(g: &Global, _args: &DaemonArgs) -> CliResult {
                     if rescan {
                         d.rewatch();
                         watch::sync_stores(&d, None);
+                        // Same cadence: end stream runs idle past their expiry.
+                        if let Some(s) = d.streams_if_open() {
+                            s.expire_idle();
+                        }
                     }
                     d.flush_dirty();
                 })

@@ -13,7 +13,7 @@ use tokio::sync::broadcast;
 use crate::config::Config;
 use crate::crypto::KeySource;
 use crate::store::{Change, CredentialStore, IndexFlush, OpenMode, StoreConfig, StoreOptions};
-use crate::streams::{Sealer, StreamError, Streams, StreamsConfig};
+use crate::streams::{Sealer, StreamError, Streams};
 
 pub mod watch;
 
@@ -224,7 +224,7 @@ impl Daemon {
             &streams_dir,
             &runs_dir,
             Arc::new(StoreSealer(store)),
-            StreamsConfig::default(),
+            self.config.streams_config(),
             crate::durable::Faults::none(),
         )?;
         let report = streams.replay_report();

@@ -80,6 +80,8 @@ pub struct StreamsConfig {
     pub max_events_per_append: usize,
     /// Most runs active at once.
     pub max_active_runs: usize,
+    /// A run with no event for this long is ended as `expired`.
+    pub expire_after: Duration,
 }
 
 impl Default for StreamsConfig {
@@ -90,6 +92,7 @@ impl Default for StreamsConfig {
             durability: Durability::Always,
             max_events_per_append: 1024,
             max_active_runs: 10_000,
+            expire_after: Duration::from_secs(7 * 86_400),
         }
     }
 }
@@ -816,6 +819,32 @@ impl Streams {
         serde_json::from_slice(&plain).ok()
     }
 
+    /// End runs with no event for `expire_after` (failed, or abandoned by their producer) as
+    /// `expired`: their state files keep what they were for inspection. Returns how many.
+    pub fn expire_idle(&self) -> usize {
+        let cutoff = now_ms().saturating_sub(self.config.expire_after.as_millis() as u64);
+        let idle: Vec<(String, String, Status)> = self
+            .lock()
+            .runs
+            .values()
+            .filter(|r| r.updated_at_ms < cutoff)
+            .map(|r| (r.run_id.clone(), r.stream_id.clone(), r.status))
+            .collect();
+        let mut n = 0;
+        for (run_id, sid, status) in idle {
+            let detail = json!({"reason": format!("no event for {} s", self.config.expire_after.as_secs()),
+                                "was": status});
+            match self.end(&run_id, &sid, "expired", detail) {
+                Ok(_) => n += 1,
+                Err(e) => tracing::warn!(run = %run_id, error = %e, "could not expire an idle run"),
+            }
+        }
+        if n > 0 {
+            tracing::info!(expired = n, "ended idle stream runs as expired");
+        }
+        n
+    }
+
     /// `stream.commit` / `stream.abort`: one atomic step ends the run; then `finish` is
     /// published and the run leaves memory. A failed commit leaves it resumable.
     pub fn end(
@@ -830,10 +859,14 @@ impl Streams {
             let run = Self::run_mut(&mut st, run_id, stream_id)?;
             let out = run.acc.flush_trim();
             run.push_events(out);
-            (run.next_seq, run.events.len())
+            let summary = run.summary();
+            (run.next_seq, (run.events.len(), summary))
         };
+        let (events_total, summary) = events_total;
         let mut state = json!({"status": status, "run_id": run_id, "at_ms": now_ms(),
-                               "finish_seq": finish_seq});
+                               "finish_seq": finish_seq, "attempts": summary["attempts"],
+                               "last_plan": summary["last_plan"],
+                               "text_chars": summary["text_chars"]});
         if let (Value::Object(s), Value::Object(d)) = (&mut state, detail) {
             s.extend(d);
         }

@@ -475,3 +475,40 @@ fn checkpoints_put_get_delete() {
         assert!(s.begin(bad, None, None, false).is_err(), "{bad:?}");
     }
 }
+
+#[test]
+fn idle_runs_expire_and_keep_what_they_were() {
+    let env = Env::new();
+    let s = Streams::open(
+        &env.streams_dir,
+        &env.runs_dir,
+        Arc::clone(&env.sealer),
+        StreamsConfig {
+            expire_after: Duration::ZERO,
+            ..StreamsConfig::default()
+        },
+        Faults::none(),
+    )
+    .unwrap();
+    let sid = begin(&s, "run-e");
+    ok(&s, s.append("run-e", &sid, 1, &[text("abandoned")]));
+    let mut rx = s.subscribe("run-e", 0).unwrap();
+    std::thread::sleep(Duration::from_millis(5));
+    assert_eq!(s.expire_idle(), 1);
+    assert_eq!(s.active_runs(), 0);
+    let st = s.read_state("run-e").unwrap();
+    assert_eq!(st["status"], "expired");
+    assert_eq!(st["was"], "streaming");
+    assert_eq!(st["text_chars"], 9);
+    let got = drain(&mut rx);
+    assert_eq!(got.last().unwrap().1["status"], "expired");
+    // An expired run is over: no resume, no new begin.
+    assert_eq!(
+        s.resume("run-e", None, None, false).err().unwrap().kind,
+        ErrorKind::NotFound
+    );
+    assert_eq!(
+        s.begin("run-e", None, None, true).err().unwrap().kind,
+        ErrorKind::Conflict
+    );
+}
