@@ -247,13 +247,16 @@ impl Config {
     pub fn streams_config(&self) -> crate::streams::StreamsConfig {
         use crate::durable::journal::Durability;
         let st = &self.streams;
-        let mut c = crate::streams::StreamsConfig::default();
-        c.durability = match st.durability.as_deref() {
+        let durability = match st.durability.as_deref() {
             Some("batch") => {
                 Durability::Batch(Duration::from_millis(st.batch_interval_ms.unwrap_or(10)))
             }
             Some("none") => Durability::None,
             _ => Durability::Always,
+        };
+        let mut c = crate::streams::StreamsConfig {
+            durability,
+            ..crate::streams::StreamsConfig::default()
         };
         if let Some(s) = st.stale_after_secs {
             c.stale_after = Duration::from_secs(s);
