@@ -584,3 +584,55 @@ fn every_stream_method_once() {
     );
     d.stop();
 }
+
+/// Rotating the default store's key through the daemon re-seals the streams: after a restart
+/// (only the new key left) the active run continues and the committed one still reads. Offline,
+/// the rotation refuses rather than strand the streams under a forgotten key.
+#[test]
+fn key_rotation_through_the_daemon_keeps_the_streams_readable() {
+    let mut env = DaemonEnv::new("");
+    let d = env.start();
+    let mut c = Conn::open(&d.socket);
+    let r = c.ok("stream.begin", json!({"run_id": "rot-active"}));
+    let sid = r["stream_id"].as_str().unwrap().to_owned();
+    c.ok(
+        "stream.append",
+        json!({"run_id": "rot-active", "stream_id": sid, "seq": 1,
+                                 "events": [{"type": "text", "text": "before the rotation"}]}),
+    );
+    let r = c.ok("stream.begin", json!({"run_id": "rot-done"}));
+    c.ok(
+        "stream.commit",
+        json!({"run_id": "rot-done", "stream_id": r["stream_id"], "final_message": "kept"}),
+    );
+    let rk = c.ok("admin.rotate_key", json!({}));
+    assert_eq!(rk["store"], "default", "{rk}");
+    assert!(
+        rk["retired"].as_array().is_some_and(|r| !r.is_empty()),
+        "{rk}"
+    );
+    drop(c);
+    d.stop();
+    let d = env.start();
+    let mut c = Conn::open(&d.socket);
+    let g = c.ok(
+        "stream.get",
+        json!({"run_id": "rot-active", "reveal": true}),
+    );
+    assert_eq!(g["checkpoint"]["partial_text"], "before the rotation");
+    c.ok(
+        "stream.append",
+        json!({"run_id": "rot-active", "stream_id": sid, "seq": 2,
+                                 "events": [{"type": "text", "text": ", and after"}]}),
+    );
+    let g = c.ok("stream.get", json!({"run_id": "rot-done", "reveal": true}));
+    assert_eq!(g["final_message"], "kept");
+    assert!(!d.log_text().contains("do not decrypt"), "{}", d.log_text());
+    drop(c);
+    d.stop();
+    // Offline: refused, with the way out.
+    let o = run(env.holdfast(&["--offline", "key", "rotate"]), b"");
+    assert_eq!(o.code, 10, "{o}");
+    assert!(o.stderr.contains("through the daemon"), "{o}");
+    println!("key rotation: active run continued and committed run read after a restart with only the new key; offline rotation refused");
+}

@@ -180,9 +180,25 @@ impl Backend {
         from_json(self.call("admin.fsck", json!({"repair": repair}))?)
     }
 
-    /// Key rotation (progress is only reported locally).
-    pub fn rotate(&mut self, progress: impl FnMut(usize, usize)) -> CliResult<RotateReport> {
+    /// Key rotation (progress is only reported locally). `streams_data_dir`: the data
+    /// directory whose streams this store's key also seals (the default store's), if any.
+    pub fn rotate(
+        &mut self,
+        progress: impl FnMut(usize, usize),
+        streams_data_dir: Option<&std::path::Path>,
+    ) -> CliResult<RotateReport> {
         if let Backend::Local(s) = self {
+            if let Some(dir) = streams_data_dir.filter(|d| crate::streams::has_data(d)) {
+                return Err(CliError::with_code(
+                    format!(
+                        "this store's key also seals the daemon's streams in {}; rotate it through \
+                         the daemon (start `holdfast daemon`, then run this again), which re-seals \
+                         them under the new key before the old one is forgotten",
+                        dir.display()
+                    ),
+                    ErrorKind::Unsupported.exit_code(),
+                ));
+            }
             return Ok(s.rotate_key(progress)?);
         }
         from_json(self.call("admin.rotate_key", json!({}))?)

@@ -23,14 +23,25 @@ pub fn run(g: &Global, cmd: &KeyCommand) -> CliResult {
         KeyCommand::Rotate => {
             let mut store = Backend::open(g, OpenMode::Repair)?;
             let tty = std::io::stderr().is_terminal() && !g.json;
-            let report = store.rotate(|done, total| {
-                if tty && (done % 16 == 0 || done == total) {
-                    let _ = write!(std::io::stderr(), "\rre-encrypting {done}/{total}");
-                    if done == total {
-                        let _ = writeln!(std::io::stderr());
+            // The data dir's default store's key also seals the streams there.
+            let named_default =
+                g.store_dir.is_none() && !g.hive && g.store == crate::service::STREAMS_KEY_STORE;
+            let streams_dir = if named_default {
+                Some(g.data_dir()?)
+            } else {
+                None
+            };
+            let report = store.rotate(
+                |done, total| {
+                    if tty && (done % 16 == 0 || done == total) {
+                        let _ = write!(std::io::stderr(), "\rre-encrypting {done}/{total}");
+                        if done == total {
+                            let _ = writeln!(std::io::stderr());
+                        }
                     }
-                }
-            })?;
+                },
+                streams_dir.as_deref(),
+            )?;
             if g.json {
                 out_json(&serde_json::to_value(&report).unwrap_or_default());
                 return Ok(());

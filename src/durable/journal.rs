@@ -222,6 +222,8 @@ struct Queue {
     pending: Vec<Pending>,
     closing: bool,
     poisoned: Option<String>,
+    /// Start a new segment before the next batch.
+    roll: bool,
 }
 
 struct Shared {
@@ -549,6 +551,16 @@ impl Journal {
         self.shared.wake.notify_one();
     }
 
+    /// Make the next append start a new segment, so that everything before it can be
+    /// released as a whole (after a re-seal, the records under the old key).
+    pub fn start_new_segment(&self) {
+        self.shared
+            .queue
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .roll = true;
+    }
+
     /// Append and wait (blocking; not from an async task).
     pub fn append_wait(&self, payload: Vec<u8>) -> Result<Position, JournalError> {
         self.append(payload)
@@ -667,8 +679,21 @@ impl Committer {
                     })
                     .count()
                     .max(1);
-                q.pending.drain(..take).collect::<Vec<_>>()
+                let roll = std::mem::take(&mut q.roll);
+                (roll, q.pending.drain(..take).collect::<Vec<_>>())
             };
+            let (roll, batch) = batch;
+            if roll {
+                if let Err(why) = self.sync(true).and_then(|()| self.roll()) {
+                    let mut q = shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
+                    q.poisoned = Some(why.clone());
+                    drop(q);
+                    for p in batch {
+                        let _ = p.ack.send(Err(JournalError::Poisoned(why.clone())));
+                    }
+                    continue;
+                }
+            }
             if let Err(why) = self.commit(batch) {
                 let mut q = shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
                 tracing::error!(error = %why, "stream journal write failed; refusing appends until restart");

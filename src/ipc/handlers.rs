@@ -485,7 +485,27 @@ pub async fn dispatch(
             let p: StoreOnly = params(req.params)?;
             let (name, store) = store_of(daemon, &grant, p.store.as_deref()).await?;
             let _permit = writer_permit(daemon, &name).await;
-            let report = blocking(move || store.rotate_key(|_, _| {})).await?;
+            // The default store's key also seals the streams: re-seal them under the new key
+            // before the old one is forgotten.
+            let seals_streams = name == crate::service::STREAMS_KEY_STORE;
+            let d = Arc::clone(daemon);
+            let report = blocking(move || {
+                store.rotate_key_with(
+                    |_, _| {},
+                    || {
+                        if !seals_streams {
+                            return Ok(());
+                        }
+                        match d.streams() {
+                            Ok(s) => s.reseal().map(|_| ()).map_err(|e| e.message),
+                            // No streams data yet: nothing to re-seal.
+                            Err(_) if !crate::streams::has_data(&d.data_dir) => Ok(()),
+                            Err(e) => Err(format!("the streams could not be opened: {e}")),
+                        }
+                    },
+                )
+            })
+            .await?;
             let mut v = serde_json::to_value(&report).unwrap_or_default();
             v["store"] = name.into();
             Ok(v)

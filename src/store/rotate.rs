@@ -43,7 +43,19 @@ pub struct RotateReport {
 impl CredentialStore {
     /// Rotate the store's key (or finish an interrupted rotation). `progress(done, total)` is
     /// called as files are re-encrypted.
-    pub fn rotate_key(&self, mut progress: impl FnMut(usize, usize)) -> Result<RotateReport> {
+    pub fn rotate_key(&self, progress: impl FnMut(usize, usize)) -> Result<RotateReport> {
+        self.rotate_key_with(progress, || Ok(()))
+    }
+
+    /// [`Self::rotate_key`], with `before_retire` run once every credential file is under the
+    /// new key and before the old key is forgotten: other data sealed with this store's key
+    /// (the daemon's streams) is re-sealed there. If it fails, the old key is kept and the
+    /// rotation can be run again.
+    pub fn rotate_key_with(
+        &self,
+        mut progress: impl FnMut(usize, usize),
+        mut before_retire: impl FnMut() -> std::result::Result<(), String>,
+    ) -> Result<RotateReport> {
         // A sealed store answers `sealed` to every operation (not `unsupported`).
         if let Some(reason) = self.sealed_reason() {
             return Err(Error::Sealed {
@@ -135,6 +147,9 @@ impl CredentialStore {
                     KeyUse::Unreadable(why) => blockers.push(why),
                     KeyUse::Undecryptable => report.undecryptable.push(name),
                 }
+            }
+            if let Err(why) = before_retire() {
+                blockers.push(format!("re-sealing other data under the new key: {why}"));
             }
             if !blockers.is_empty() {
                 self.flush_locked()?;

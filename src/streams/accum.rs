@@ -14,7 +14,7 @@ pub const MIN_OVERLAP_CHARS: usize = 3;
 const TRIM_WINDOW_CHARS: usize = 256;
 
 /// One tool call as streamed so far.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CallAcc {
     /// Call id.
     pub id: String,
@@ -134,7 +134,7 @@ fn call_id(v: &Value) -> Result<String, String> {
 
 /// The trimmer's state after an R1/R3 plan: text held back until it is clear how much of it
 /// repeats the prefix's tail.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 struct Trim {
     tail: String,
     /// Held events: (seq, text).
@@ -148,7 +148,7 @@ impl Trim {
 }
 
 /// The run's accumulated state.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct Accumulator {
     /// All published assistant text of this turn, across attempts.
     pub text: String,

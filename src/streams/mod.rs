@@ -131,7 +131,7 @@ fn new_stream_id() -> String {
 }
 
 /// Where a run is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
     /// A producer holds it and may append.
@@ -210,6 +210,47 @@ impl Run {
         snap["upstream_model"] = json!(self.model);
         snap["updated_at_ms"] = self.updated_at_ms.into();
         snap
+    }
+
+    /// Everything the run is, for a `snap` record (which replaces all earlier records of the
+    /// run on replay).
+    fn snapshot_record(&self) -> Value {
+        record(
+            "snap",
+            &self.run_id,
+            json!({
+                "thread": self.thread_id, "model": self.model, "epoch": self.epoch,
+                "sid": self.stream_id, "status": self.status, "next_seq": self.next_seq,
+                "events": self.events, "acc": self.acc, "attempts": self.attempts,
+                "stall": self.stall_history, "last_plan": self.last_plan,
+                "created": self.created_at_ms, "updated": self.updated_at_ms,
+            }),
+        )
+    }
+
+    /// A run back from a `snap` record.
+    fn from_snapshot(run_id: &str, r: &Value, segment: u64) -> Option<Run> {
+        let events: Vec<(u64, Value)> = serde_json::from_value(r["events"].clone()).ok()?;
+        let next_seq = r["next_seq"].as_u64()?;
+        Some(Run {
+            run_id: run_id.to_owned(),
+            thread_id: r["thread"].as_str().map(str::to_owned),
+            model: r["model"].as_str().map(str::to_owned),
+            epoch: r["epoch"].as_u64()?,
+            stream_id: r["sid"].as_str()?.to_owned(),
+            status: serde_json::from_value(r["status"].clone()).ok()?,
+            next_seq,
+            events,
+            durable_below: next_seq,
+            acc: serde_json::from_value(r["acc"].clone()).ok()?,
+            attempts: serde_json::from_value(r["attempts"].clone()).ok()?,
+            stall_history: serde_json::from_value(r["stall"].clone()).ok()?,
+            last_plan: Some(r["last_plan"].clone()).filter(|v| !v.is_null()),
+            created_at_ms: r["created"].as_u64().unwrap_or(0),
+            updated_at_ms: r["updated"].as_u64().unwrap_or(0),
+            first_segment: segment,
+            subscribers: Vec::new(),
+        })
     }
 
     /// Add daemon or producer events (already seq-numbered) to the run.
@@ -1029,11 +1070,85 @@ impl Streams {
                     let _ = Self::apply_plan(run, &plan, &cause);
                 }
             }
+            Some("snap") => match Run::from_snapshot(run_id, rec, segment) {
+                Some(run) => {
+                    st.runs.insert(run_id.to_owned(), run);
+                }
+                None => tracing::error!(
+                    run = run_id,
+                    "stream journal: an unreadable run snapshot was skipped"
+                ),
+            },
             Some("end") => {
                 st.runs.remove(run_id);
             }
             _ => {}
         }
+    }
+
+    /// Re-seal everything of the streams under the sealer's current (primary) key: a snapshot
+    /// record of every active run (after which the segments holding their older records are
+    /// released), and every run's state and checkpoint file. Called during a rotation of the
+    /// key, before the old one is forgotten. Returns (runs snapshotted, files re-sealed).
+    pub fn reseal(&self) -> Result<(usize, usize), StreamError> {
+        let tickets: Vec<(String, Arc<Promise>)> = {
+            let st = self.lock();
+            // The snapshots open a new segment: everything before them can then go whole.
+            self.journal.start_new_segment();
+            // A marker first, so the new segment starts even with no active run.
+            let mark = self.seal_record(&record("reseal", "", json!({"at": now_ms()})))?;
+            let mut v = vec![(String::new(), self.journal.append_promise(mark))];
+            for run in st.runs.values() {
+                let sealed = self.seal_record(&run.snapshot_record())?;
+                v.push((run.run_id.clone(), self.journal.append_promise(sealed)));
+            }
+            v
+        };
+        let runs = tickets.len() - 1;
+        for (run_id, p) in tickets {
+            let (tx, rx) = std::sync::mpsc::channel();
+            p.then(move |res| {
+                let _ = tx.send(res);
+            });
+            let pos = rx
+                .recv()
+                .unwrap_or(Err(JournalError::Closed))
+                .map_err(StreamError::from)?;
+            if let Some(run) = self.lock().runs.get_mut(&run_id) {
+                // Everything the run needs is in the snapshot now.
+                run.first_segment = pos.segment;
+            }
+        }
+        self.release_segments();
+        let mut files = 0;
+        let entries =
+            fs::read_dir(&self.runs_dir).map_err(|e| err(ErrorKind::Storage, e.to_string()))?;
+        for e in entries.flatten() {
+            let dir = e.path();
+            for name in ["state", "checkpoint"] {
+                let Ok(Some(bytes)) = durable::read_capped(
+                    &dir.join(name),
+                    crate::durable::journal::MAX_PAYLOAD as u64,
+                ) else {
+                    continue;
+                };
+                let plain = self.sealer.open(&bytes).map_err(|why| {
+                    err(
+                        ErrorKind::Integrity,
+                        format!("{} does not decrypt: {why}", dir.join(name).display()),
+                    )
+                })?;
+                let sealed = self
+                    .sealer
+                    .seal(&plain)
+                    .map_err(|e| err(ErrorKind::Sealed, e))?;
+                durable::atomic_write(&dir, name, &sealed, &self.faults)
+                    .map_err(|e| err(ErrorKind::Storage, e.to_string()))?;
+                files += 1;
+            }
+        }
+        tracing::info!(runs, files, "streams re-sealed under the current key");
+        Ok((runs, files))
     }
 
     // ---- checkpoints (the plain snapshot contract) ----
@@ -1145,6 +1260,15 @@ fn plan_from_json(v: &Value) -> Option<Plan> {
 
 #[cfg(test)]
 mod tests;
+
+/// Whether a data directory holds any streams data (journal segments or run files).
+pub fn has_data(data_dir: &Path) -> bool {
+    let (streams, runs) = dirs(data_dir);
+    let nonempty = |d: &Path, pred: &dyn Fn(&str) -> bool| {
+        fs::read_dir(d).is_ok_and(|rd| rd.flatten().any(|e| pred(&e.file_name().to_string_lossy())))
+    };
+    nonempty(&streams, &|n| n.starts_with("journal-")) || nonempty(&runs, &|_| true)
+}
 
 /// Where a data directory keeps streams: (`streams/`, `runs/`).
 pub fn dirs(data_dir: &Path) -> (PathBuf, PathBuf) {

@@ -512,3 +512,109 @@ fn idle_runs_expire_and_keep_what_they_were() {
         ErrorKind::Conflict
     );
 }
+
+/// A sealer whose keys can be rotated under it: seals with the first, opens with any.
+struct RotatingSealer(std::sync::RwLock<Vec<crate::crypto::Secret>>);
+
+impl Sealer for RotatingSealer {
+    fn seal(&self, plaintext: &[u8]) -> Result<Vec<u8>, String> {
+        let keys = self.0.read().unwrap();
+        let ring = Keyring::new(&keys[0], &keys[1..]).unwrap();
+        Ok(ring.encrypt(plaintext).into_bytes())
+    }
+    fn open(&self, sealed: &[u8]) -> Result<Zeroizing<Vec<u8>>, String> {
+        let keys = self.0.read().unwrap();
+        let ring = Keyring::new(&keys[0], &keys[1..]).unwrap();
+        let token = std::str::from_utf8(sealed).map_err(|e| e.to_string())?;
+        let (plain, _) = ring.decrypt(token).map_err(|e| e.to_string())?;
+        Ok(Zeroizing::new(plain.expose().to_vec()))
+    }
+}
+
+/// A key rotation re-seals the streams before the old key goes: afterwards, with only the new
+/// key, a restart restores the active run exactly, and ended runs and checkpoints still read.
+#[test]
+fn reseal_survives_the_old_key_being_forgotten() {
+    let dir = tempfile::tempdir().unwrap();
+    let (sd, rd) = (dir.path().join("d/streams"), dir.path().join("d/runs"));
+    let old = generate_key();
+    let new = generate_key();
+    let sealer = Arc::new(RotatingSealer(std::sync::RwLock::new(vec![
+        crate::crypto::Secret::new(old.expose().to_owned()),
+    ])));
+    let open = || {
+        Streams::open(
+            &sd,
+            &rd,
+            Arc::clone(&sealer) as Arc<dyn Sealer>,
+            StreamsConfig::default(),
+            Faults::none(),
+        )
+        .unwrap()
+    };
+    let s = open();
+    let sid = begin(&s, "active");
+    ok(
+        &s,
+        s.append(
+            "active",
+            &sid,
+            1,
+            &[text("Hello, wor"), delta("c1", Some("t"), "{\"a\":")],
+        ),
+    );
+    let plan = ok(&s, s.interrupt("active", &sid, &json!("idle_stall")));
+    assert_eq!(plan["plan"], "R3");
+    let next = plan["next_seq"].as_u64().unwrap();
+    ok(&s, s.append("active", &sid, next, &[text("world")]));
+    let done = begin(&s, "done");
+    s.end("done", &done, "committed", json!({"final_message": "fin"}))
+        .unwrap();
+    s.checkpoint_put("cp", json!({"partial_text": "x"}).as_object().unwrap())
+        .unwrap();
+    let before = s.get("active", true).unwrap();
+    // Step 1 of a rotation: the new key is primary, the old one still readable.
+    *sealer.0.write().unwrap() = vec![
+        crate::crypto::Secret::new(new.expose().to_owned()),
+        crate::crypto::Secret::new(old.expose().to_owned()),
+    ];
+    let (runs, files) = s.reseal().unwrap();
+    assert_eq!(
+        (runs, files),
+        (1, 2),
+        "one active run; a state file and a checkpoint"
+    );
+    drop(s);
+    // The segment holding the records under the old key was released whole.
+    let segs: Vec<String> = fs::read_dir(&sd)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("journal-"))
+        .collect();
+    assert_eq!(
+        segs,
+        vec!["journal-0000000000000002.log".to_string()],
+        "{segs:?}"
+    );
+    // The old key is forgotten.
+    *sealer.0.write().unwrap() = vec![crate::crypto::Secret::new(new.expose().to_owned())];
+    let s = open();
+    let after = s.get("active", true).unwrap();
+    for k in ["epoch", "next_seq", "attempts", "stall_streak", "status"] {
+        assert_eq!(after[k], before[k], "{k}");
+    }
+    assert_eq!(after["checkpoint"]["partial_text"], "Hello, world");
+    // The producer carries on with its token; the trimmer state came back too.
+    ok(&s, s.append("active", &sid, next + 1, &[text("!")]));
+    assert_eq!(
+        s.get("active", true).unwrap()["checkpoint"]["partial_text"],
+        "Hello, world!"
+    );
+    assert_eq!(s.read_state("done").unwrap()["final_message"], "fin");
+    assert_eq!(s.checkpoint_get("cp").unwrap()["partial_text"], "x");
+    assert_eq!(
+        s.begin("done", None, None, true).err().unwrap().kind,
+        ErrorKind::Conflict
+    );
+}
