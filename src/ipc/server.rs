@@ -186,9 +186,18 @@ pub struct Session {
     ended: AtomicBool,
     /// Notified when the connection ends (subscription forwarders stop).
     pub ended_notify: Notify,
+    /// The socket, for [`Session::send_now`].
+    sock: Arc<Stream>,
 }
 
 impl Session {
+    /// Send a line, writing it to the socket right away if nothing is queued and the socket
+    /// takes it without waiting (from any thread: the journal's committer answers appends with
+    /// it); otherwise it is queued for the writer task.
+    pub fn send_now(&self, line: Zeroizing<Vec<u8>>) -> bool {
+        self.outbox.send_now(&self.sock, line)
+    }
+
     /// The grant, if `hello` was sent.
     pub fn grant(&self) -> Option<PluginGrant> {
         self.grant
@@ -523,6 +532,7 @@ async fn connection(
         next_subscription: AtomicU64::new(0),
         ended: AtomicBool::new(false),
         ended_notify: Notify::new(),
+        sock: Arc::clone(&stream),
     });
     let writer_session = Arc::clone(&session);
     let writer = tokio::spawn(async move {

@@ -265,7 +265,9 @@ pub fn append_inline(
                     Ok(v) => protocol::response_ok(&id, v),
                     Err(e) => protocol::response_err(&id, &rpc(e)),
                 };
-                session.outbox.send(line);
+                // Written from the committer thread when the socket takes it at once: no task
+                // is woken to answer an append.
+                session.send_now(line);
                 drop(permit);
             });
         }
