@@ -173,6 +173,34 @@ impl RawConn {
     }
 }
 
+/// The daemon's own ceiling for `streams` clients: an unknown method, answered on the
+/// connection's task with no store, journal or fsync. What no append can beat.
+fn noop_phase(env: &Env, streams: usize, d: Duration) -> CliResult<Row> {
+    let socket = env.socket.clone();
+    let (ops, secs, stats) = timed(
+        streams,
+        d,
+        move |_| RawConn::open(&socket),
+        |c: &mut RawConn, n| {
+            let req =
+                format!(r#"{{"jsonrpc":"2.0","id":{n},"method":"bench.noop","params":{{}}}}"#);
+            match c.roundtrip(&req) {
+                Err(e) if e.contains("-32601") => Ok(()),
+                Err(e) => Err(e),
+                Ok(a) => Err(format!("an unknown method was answered {a}")),
+            }
+        },
+    )?;
+    Ok(Row {
+        system: "holdfast no-op (no journal)",
+        streams,
+        ops,
+        secs,
+        stats: Some(stats),
+        note: "the request path's ceiling".into(),
+    })
+}
+
 /// The journal's (appends, syncs) so far.
 fn journal_counters(socket: &Path) -> CliResult<(u64, u64)> {
     let mut c =
@@ -498,6 +526,10 @@ pub fn run(g: &Global, quick: bool, seconds: Option<f64>, tmpdir: Option<&Path>)
             d.as_secs_f64()
         ));
         rows.push(holdfast_phase(&env, n, d)?);
+    }
+    for &n in STREAMS {
+        progress(&format!("holdfast no-op: {n} client(s)"));
+        rows.push(noop_phase(&env, n, d.min(Duration::from_secs(2)))?);
     }
     child.stop()?;
     for &n in STREAMS {
