@@ -598,11 +598,19 @@ pub fn create_private_dir(dir: &Path, faults: &Faults) -> Result<(), IoError> {
 
 use std::os::unix::fs::DirBuilderExt;
 
-/// Remove leftover temp files (names containing [`TEMP_MARKER`]) and orphaned spares from `dir`. Must be called
-/// only while holding the lock every writer of `dir` takes, or it could remove a temp file a
-/// live writer is about to rename. Returns the names removed.
+/// Orphaned spares removed by one sweep at most. A daemon killed under load leaves thousands;
+/// unlinking them all at once puts thousands of block discards into one file-system journal
+/// commit, which every fsync on that file system then waits for (the test suite saw another
+/// store's write time out after 10 s behind such a sweep). The rest go in later sweeps.
+pub const ORPHAN_SWEEP_BATCH: usize = 64;
+
+/// Remove leftover temp files (names containing [`TEMP_MARKER`]) and up to
+/// [`ORPHAN_SWEEP_BATCH`] orphaned spares from `dir`. Must be called only while holding the
+/// lock every writer of `dir` takes, or it could remove a temp file a live writer is about to
+/// rename. Returns the names removed.
 pub fn sweep_temp_files(dir: &Path, faults: &Faults) -> Result<Vec<String>, IoError> {
     let mut removed = Vec::new();
+    let mut orphans = 0;
     let entries = match fs::read_dir(dir) {
         Ok(e) => e,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(removed),
@@ -611,9 +619,13 @@ pub fn sweep_temp_files(dir: &Path, faults: &Faults) -> Result<Vec<String>, IoEr
     for entry in entries {
         let entry = entry.map_err(|e| IoError::new(Op::RemoveTemp, dir, e))?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        // A live daemon's spares are young; only orphans (a daemon that died) are removed.
-        if is_temp_name(&name) || (is_spare_name(&name) && is_orphan_spare(dir, &name)) {
+        // A live daemon's spares are young; only orphans (a daemon that died) are removed,
+        // a batch at a time.
+        let orphan =
+            is_spare_name(&name) && orphans < ORPHAN_SWEEP_BATCH && is_orphan_spare(dir, &name);
+        if is_temp_name(&name) || orphan {
             remove_temp(&entry.path(), faults)?;
+            orphans += usize::from(orphan);
             removed.push(name);
         }
     }

@@ -13,7 +13,8 @@ pub mod perms;
 pub use atomic::{
     atomic_write, atomic_write_recycling, create_exclusive, create_private_dir, fsync_dir,
     is_spare_name, is_temp_name, leftover_names, move_aside, read_capped, read_capped_stamped,
-    remove_durably, sweep_temp_files, FileStamp, Spares, SPARE_MARKER, TEMP_MARKER,
+    remove_durably, sweep_temp_files, FileStamp, Spares, ORPHAN_SWEEP_BATCH, SPARE_MARKER,
+    TEMP_MARKER,
 };
 pub use cache::FileCache;
 pub use fault::{FaultMode, Faults, Op};

@@ -299,6 +299,10 @@ impl Daemon {
                 if let Some(spares) = s.spares() {
                     spares.trim(SPARE_IDLE, 64);
                 }
+                // Orphaned spares of a daemon that died, a batch per tick.
+                if let Err(e) = s.sweep_orphans() {
+                    tracing::warn!(store = %name, error = %e, "sweeping orphaned spare files failed");
+                }
             }
         }
     }

@@ -231,6 +231,8 @@ pub struct CredentialStore {
     spares: Option<durable::Spares>,
     /// Cached credential files (`StoreOptions::cache_files`).
     file_cache: Option<durable::FileCache>,
+    /// The last sweep removed a full batch of orphaned spares: more may be left.
+    orphans_pending: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for CredentialStore {
@@ -339,6 +341,7 @@ impl CredentialStore {
             file_cache: opts
                 .cache_files
                 .then(|| durable::FileCache::new(FILE_CACHE_BYTES)),
+            orphans_pending: std::sync::atomic::AtomicBool::new(false),
             config,
             opts,
         };
@@ -871,6 +874,22 @@ impl CredentialStore {
         })
     }
 
+    /// Remove another batch of orphaned spares (left by a process that died), if the last
+    /// sweep left some: a batch at a time, so their discards never stall the file system's
+    /// commits for long. The daemon calls it from its flusher. Returns how many went.
+    pub fn sweep_orphans(&self) -> Result<usize> {
+        if !self.orphans_pending.load(Ordering::SeqCst) || self.check_writable().is_err() {
+            return Ok(0);
+        }
+        let _guard = self.lock_store(LockMode::Exclusive)?;
+        let swept = durable::sweep_temp_files(&self.cred_dir, self.faults())
+            .map_err(|e| self.io_failed(e))?;
+        let orphans = swept.iter().filter(|n| durable::is_spare_name(n)).count();
+        self.orphans_pending
+            .store(orphans >= durable::ORPHAN_SWEEP_BATCH, Ordering::SeqCst);
+        Ok(orphans)
+    }
+
     /// Replaced files kept for reuse, if this store recycles them (`recycle_files`).
     pub fn spares(&self) -> Option<&durable::Spares> {
         self.spares.as_ref()
@@ -1285,6 +1304,12 @@ impl CredentialStore {
             if repair {
                 let swept =
                     durable::sweep_temp_files(dir, faults).map_err(|e| self.io_failed(e))?;
+                // A full batch of orphaned spares: there may be more (see sweep_orphans).
+                if swept.iter().filter(|n| durable::is_spare_name(n)).count()
+                    >= durable::ORPHAN_SWEEP_BATCH
+                {
+                    self.orphans_pending.store(true, Ordering::SeqCst);
+                }
                 report.temp_files.extend(swept);
             } else {
                 report.temp_files.extend(durable::leftover_names(dir));
