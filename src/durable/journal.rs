@@ -464,15 +464,16 @@ impl Journal {
             }
         }
         report.frames = frames.len();
-        let (segment, offset) = match active {
-            Some(a) => a,
-            None => {
-                let n = numbers.last().map_or(1, |n| n + 1);
-                prepare_segment(dir, n, &faults).map_err(|e| fail("creating a segment", &e))?;
-                (n, HEADER_BYTES)
-            }
+        // No segment to append to yet: the first batch creates one (a daemon that never
+        // streams never writes 16 MiB of zeros).
+        let (segment, offset, file) = match active {
+            Some((n, off)) => (
+                n,
+                off,
+                Some(open_segment(dir, n).map_err(|e| fail("opening", &e))?),
+            ),
+            None => (numbers.last().map_or(1, |n| n + 1), HEADER_BYTES, None),
         };
-        let file = open_segment(dir, segment).map_err(|e| fail("opening", &e))?;
         let shared = Arc::new(Shared {
             dir: dir.to_path_buf(),
             active: AtomicU64::new(segment),
@@ -624,7 +625,8 @@ impl Drop for Journal {
 
 struct Committer {
     shared: Arc<Shared>,
-    file: File,
+    /// The segment being appended to; `None` until the first batch creates it.
+    file: Option<File>,
     segment: u64,
     offset: u64,
     /// The next segment, being prepared on a helper thread.
@@ -771,10 +773,23 @@ impl Committer {
         if buf.is_empty() {
             return Ok(());
         }
+        if self.file.is_none() {
+            // The first batch of a journal that had no segment.
+            let n = self.segment;
+            prepare_segment(&self.shared.dir, n, &self.shared.faults)
+                .map_err(|e| format!("preparing {}: {e}", segment_name(n)))?;
+            self.file = Some(
+                open_segment(&self.shared.dir, n)
+                    .map_err(|e| format!("opening {}: {e}", segment_name(n)))?,
+            );
+        }
         self.shared
             .faults
             .check(Op::WriteTemp)
-            .and_then(|()| self.file.write_all_at(buf, at))
+            .and_then(|()| match &self.file {
+                Some(f) => f.write_all_at(buf, at),
+                None => Err(io::Error::other("no segment open")),
+            })
             .map_err(|e| format!("writing {}: {e}", segment_name(self.segment)))?;
         self.offset = at + buf.len() as u64;
         self.unsynced = true;
@@ -794,7 +809,7 @@ impl Committer {
         self.shared
             .faults
             .check(Op::FsyncFile)
-            .and_then(|()| self.file.sync_data())
+            .and_then(|()| self.file.as_ref().map_or(Ok(()), File::sync_data))
             .map_err(|e| format!("fsync of {}: {e}", segment_name(self.segment)))?;
         self.shared.stats.syncs.fetch_add(1, Ordering::Relaxed);
         self.last_sync = Instant::now();
@@ -812,8 +827,10 @@ impl Committer {
             None => prepare_segment(&self.shared.dir, n, &self.shared.faults),
         };
         prepared.map_err(|e| format!("preparing {}: {e}", segment_name(n)))?;
-        self.file = open_segment(&self.shared.dir, n)
-            .map_err(|e| format!("opening {}: {e}", segment_name(n)))?;
+        self.file = Some(
+            open_segment(&self.shared.dir, n)
+                .map_err(|e| format!("opening {}: {e}", segment_name(n)))?,
+        );
         self.segment = n;
         self.offset = HEADER_BYTES;
         self.shared.active.store(n, Ordering::SeqCst);
