@@ -765,6 +765,11 @@ impl Conn {
             if msg.get("id") == Some(&Value::from(id)) {
                 return Ok(Some(msg));
             }
+            // A refusal of the whole connection (the connection cap) answers no request: it
+            // is the answer to this one too.
+            if msg.get("id") == Some(&Value::Null) && msg.get("error").is_some() {
+                return Ok(Some(msg));
+            }
             panic!("response to an unknown request while waiting for {id}: {msg}");
         }
     }
