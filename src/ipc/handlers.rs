@@ -657,28 +657,22 @@ async fn cred_watch(
     let (session_f, grant_f) = (Arc::clone(session), grant.clone());
     tokio::spawn(async move {
         loop {
-            // Arm the end notification before checking the flag, so an end between the check
-            // and the wait is not missed.
-            let ended = session_f.ended_notify.notified();
-            tokio::pin!(ended);
-            ended.as_mut().enable();
-            if session_f.has_ended() || session_f.outbox.is_closed() {
+            let Some(received) = session_f.unless_ended(rx.recv()).await else {
                 break;
-            }
-            let ev: CredEvent = tokio::select! {
-                _ = &mut ended => break,
-                r = rx.recv() => match r {
-                    Ok(ev) => ev,
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
-                        let line = protocol::notification(json!({
-                            "subscription": sub, "type": "resync", "missed": n,
-                            "hint": "events were dropped because this client fell behind: list again",
-                        }));
-                        if !session_f.outbox.send(line) { break; }
-                        continue;
+            };
+            let ev: CredEvent = match received {
+                Ok(ev) => ev,
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                    let line = protocol::notification(json!({
+                        "subscription": sub, "type": "resync", "missed": n,
+                        "hint": "events were dropped because this client fell behind: list again",
+                    }));
+                    if !session_f.outbox.send(line) {
+                        break;
                     }
-                    Err(_) => break,
-                },
+                    continue;
+                }
+                Err(_) => break,
             };
             if only.as_ref().is_some_and(|s| *s != ev.store) || !grant_f.allows_store(&ev.store) {
                 continue;

@@ -191,6 +191,22 @@ pub struct Session {
 }
 
 impl Session {
+    /// Wait for `fut` unless the connection ends first (`None`). Subscription forwarders wait
+    /// through it, so none outlives its connection. The end notification is armed before the
+    /// flags are checked: an end between the check and the wait is not missed.
+    pub async fn unless_ended<T>(&self, fut: impl Future<Output = T>) -> Option<T> {
+        let ended = self.ended_notify.notified();
+        tokio::pin!(ended);
+        ended.as_mut().enable();
+        if self.has_ended() || self.outbox.is_closed() {
+            return None;
+        }
+        tokio::select! {
+            _ = &mut ended => None,
+            v = fut => Some(v),
+        }
+    }
+
     /// Send a line, writing it to the socket right away if nothing is queued and the socket
     /// takes it without waiting (from any thread: the journal's committer answers appends with
     /// it); otherwise it is queued for the writer task.

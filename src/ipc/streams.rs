@@ -300,15 +300,8 @@ fn subscribe(
     let (session_f, run) = (Arc::clone(session), run_id.to_owned());
     tokio::spawn(async move {
         loop {
-            let ended = session_f.ended_notify.notified();
-            tokio::pin!(ended);
-            ended.as_mut().enable();
-            if session_f.has_ended() || session_f.outbox.is_closed() {
+            let Some(Some((seq, event))) = session_f.unless_ended(rx.recv()).await else {
                 break;
-            }
-            let (seq, event) = tokio::select! {
-                _ = &mut ended => break,
-                e = rx.recv() => match e { Some(e) => e, None => break },
             };
             let finish = event["type"] == "finish";
             let line = protocol::notification(
