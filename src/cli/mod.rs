@@ -144,7 +144,8 @@ enum Command {
     #[command(subcommand)]
     Key(key::KeyCommand),
     /// Measure this machine: the floors (socket round trip, fsync, atomic replace), then
-    /// cred.get and cred.set through a real daemon on a temporary store, against the targets.
+    /// cred.get and cred.set through a real daemon on a temporary store, against the targets
+    /// (--streams: durable stream.append against the fsync floor, SQLite and Redis).
     Bench(bench::BenchArgs),
     /// The stream recovery planner: what holdfast would do with an interrupted stream.
     #[command(subcommand)]
