@@ -260,9 +260,12 @@ pub fn append_inline(
         }
         Ok(t) => {
             let session = Arc::clone(session);
+            // The answer is known now; build its line here, not on the committer thread, which
+            // answers every append of a batch one after the other.
+            let ready = protocol::response_ok(&id, t.answer.clone());
             s.settle_then(t, move |res| {
                 let line = match res {
-                    Ok(v) => protocol::response_ok(&id, v),
+                    Ok(_) => ready,
                     Err(e) => protocol::response_err(&id, &rpc(e)),
                 };
                 // Written from the committer thread when the socket takes it at once: no task
