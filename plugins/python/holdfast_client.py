@@ -61,6 +61,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "default_socket_path",
     "single_flight_refresh",
+    "StreamProducer",
 ]
 
 PROTOCOL_VERSION = 1
@@ -804,6 +805,74 @@ class Client:
         """``admin.status`` -> dict (uptime, stores, sealed state, counts, connections)."""
         return self.call("admin.status")
 
+    # -- streams (docs/protocol.md "Streams") --------------------------------------------------
+
+    def stream_begin(self, run_id, thread_id=None, model=None, takeover=False):
+        """``stream.begin`` -> ``{stream_id, epoch, next_seq}``. ``Conflict`` if the run is
+        streaming and ``takeover`` is false, or if it already ended."""
+        return self.call(
+            "stream.begin", run_id=run_id, thread_id=thread_id, model=model,
+            takeover=takeover or None,
+        )
+
+    def stream_append(self, run_id, stream_id, seq, events):
+        """``stream.append`` -> the last seq acknowledged (durable). A batch already taken is
+        acknowledged again and dropped, so retrying after a lost answer is safe."""
+        return self.call(
+            "stream.append", run_id=run_id, stream_id=stream_id, seq=seq, events=events
+        )["acked_seq"]
+
+    def stream_interrupt(self, run_id, stream_id, cause):
+        """``stream.interrupt`` -> the recovery plan (``plan``, ``wait_ms``, ``next_seq``, …).
+        ``cause``: a cause name, or ``{"status", "message", "retry_after"}``."""
+        return self.call("stream.interrupt", run_id=run_id, stream_id=stream_id, cause=cause)
+
+    def stream_resume(self, run_id, model=None, thread_id=None, fail_on_stale=False):
+        """``stream.resume`` -> ``{stream_id, epoch, next_seq, checkpoint, plan}``."""
+        return self.call(
+            "stream.resume", run_id=run_id, model=model, thread_id=thread_id,
+            fail_on_stale=fail_on_stale or None,
+        )
+
+    def stream_commit(self, run_id, stream_id, final_message):
+        """``stream.commit``: the final message durable and the run ended, in one step."""
+        return self.call(
+            "stream.commit", run_id=run_id, stream_id=stream_id, final_message=final_message
+        )
+
+    def stream_abort(self, run_id, stream_id, reason=None):
+        """``stream.abort``."""
+        return self.call("stream.abort", run_id=run_id, stream_id=stream_id, reason=reason)
+
+    def stream_subscribe(self, run_id, after_seq=0):
+        """``stream.subscribe``: the run's events with seq > ``after_seq`` arrive through
+        ``events()`` / ``next_event()`` as ``{"subscription", "run_id", "seq", "event"}``,
+        ending with an event of type ``finish``. Returns the subscription id. If this client's
+        event queue overflows (a ``resync``), subscribe again from the last seq seen."""
+        return self._call(
+            "stream.subscribe", {"run_id": run_id, "after_seq": after_seq}, "user"
+        )["subscription"]
+
+    def stream_get(self, run_id, reveal=False):
+        """``stream.get``."""
+        return self.call("stream.get", run_id=run_id, reveal=reveal or None)
+
+    def stream_list(self):
+        """``stream.list`` -> the active runs."""
+        return self.call("stream.list")["runs"]
+
+    def checkpoint_put(self, run_id, snapshot):
+        """``checkpoint.put``: an idempotent upsert of a runtime's own snapshot."""
+        return self.call("checkpoint.put", run_id=run_id, snapshot=snapshot)
+
+    def checkpoint_get(self, run_id):
+        """``checkpoint.get`` -> the snapshot (``NotFound`` if none)."""
+        return self.call("checkpoint.get", run_id=run_id)
+
+    def checkpoint_delete(self, run_id):
+        """``checkpoint.delete`` -> whether there was one."""
+        return bool(self.call("checkpoint.delete", run_id=run_id)["deleted"])
+
     # -- events --------------------------------------------------------------------------------
 
     def next_event(self, timeout=None):
@@ -877,6 +946,74 @@ class Client:
 
 # ---------------------------------------------------------------------------------------------
 # Single-flight refresh
+
+
+class StreamProducer:
+    """The producer of one run: numbers its events, keeps the fencing token, follows the plans.
+
+        p = StreamProducer(hf, "run-42", model="m")       # stream.begin
+        p.text("Hello, ")                                 # durable when it returns
+        plan = p.interrupt("connection_reset")            # the stream from the model broke
+        time.sleep(plan["wait_ms"] / 1000)                # ... then continue per plan["plan"]
+        p.text("world")
+        p.commit({"role": "assistant", "content": "Hello, world"})
+
+    ``StreamProducer(hf, run_id, resume=True)`` takes a run over from a process that died:
+    ``.checkpoint`` is what was streamed, ``.plan`` what to do. After a takeover by someone
+    else, every call raises ``Conflict``: stop producing.
+    """
+
+    def __init__(self, client, run_id, *, thread_id=None, model=None, takeover=False,
+                 resume=False, fail_on_stale=False):
+        self.client = client
+        self.run_id = run_id
+        self.checkpoint = None
+        self.plan = None
+        if resume:
+            r = client.stream_resume(run_id, model=model, thread_id=thread_id,
+                                     fail_on_stale=fail_on_stale)
+            self.checkpoint = r["checkpoint"]
+            self.plan = r["plan"]
+        else:
+            r = client.stream_begin(run_id, thread_id=thread_id, model=model, takeover=takeover)
+        self.stream_id = r["stream_id"]
+        self.epoch = r["epoch"]
+        self.next_seq = r["next_seq"]
+
+    def append(self, events):
+        """Append a batch of events; returns the last seq acknowledged."""
+        acked = self.client.stream_append(self.run_id, self.stream_id, self.next_seq, events)
+        self.next_seq = acked + 1
+        return acked
+
+    def text(self, text):
+        """Append assistant text."""
+        return self.append([{"type": "text", "text": text}])
+
+    def tool_delta(self, id, arguments_delta, name=None):
+        """Append part of a tool call's arguments (``name`` on its first delta)."""
+        ev = {"type": "tool_call_delta", "id": id, "arguments_delta": arguments_delta}
+        if name is not None:
+            ev["name"] = name
+        return self.append([ev])
+
+    def tool_end(self, id):
+        """A tool call's arguments are complete."""
+        return self.append([{"type": "tool_call_end", "id": id}])
+
+    def interrupt(self, cause):
+        """Report the break; returns the plan and moves ``next_seq`` past its events."""
+        self.plan = self.client.stream_interrupt(self.run_id, self.stream_id, cause)
+        self.next_seq = self.plan["next_seq"]
+        return self.plan
+
+    def commit(self, final_message):
+        """End the run with its final message (one atomic step)."""
+        return self.client.stream_commit(self.run_id, self.stream_id, final_message)
+
+    def abort(self, reason=None):
+        """End the run without a final message."""
+        return self.client.stream_abort(self.run_id, self.stream_id, reason)
 
 
 def single_flight_refresh(

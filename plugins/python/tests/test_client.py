@@ -705,3 +705,65 @@ def test_interop_python_set_reads_back_through_offline_cli(daemon):
 
 if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "refresh-worker":
     _refresh_worker(sys.argv[2:])
+
+
+# ---------------------------------------------------------------------------------------------
+# Streams
+
+
+def test_stream_producer_and_subscriber_see_every_delta_once(daemon):
+    with hc.Client(socket_path=daemon.socket, client="producer") as p_client, \
+            hc.Client(socket_path=daemon.socket, client="watcher") as w:
+        p = hc.StreamProducer(p_client, "py-run-1", model="m")
+        w.stream_subscribe("py-run-1")
+        sent = []
+        for i in range(50):
+            t = "d%03d " % i
+            sent.append(t)
+            assert p.text(t) == i + 1
+        plan = p.interrupt("connection_reset")
+        assert plan["plan"] == "R1" and plan["next_seq"] == 52
+        for i in range(50, 60):
+            t = "d%03d " % i
+            sent.append(t)
+            p.text(t)
+        # A retried append (its answer lost) is acknowledged and dropped.
+        assert p_client.stream_append("py-run-1", p.stream_id, 52, [{"type": "text", "text": "d050 "}]) == 61
+        p.commit({"role": "assistant", "content": "".join(sent)})
+        seqs, text, types = [], [], []
+        for ev in w.events(timeout=5):
+            seqs.append(ev["seq"])
+            types.append(ev["event"]["type"])
+            if ev["event"]["type"] == "text":
+                text.append(ev["event"]["text"])
+            if ev["event"]["type"] == "finish":
+                break
+        assert seqs == sorted(set(seqs)), seqs
+        assert "".join(text) == "".join(sent)
+        assert types.count("interrupted") == 1 and types[-1] == "finish"
+        got = p_client.stream_get("py-run-1", reveal=True)
+        assert got["status"] == "committed" and got["final_message"]["content"] == "".join(sent)
+        print("python stream: 60 deltas, one interruption, %d events to the subscriber, each once" % len(seqs))
+
+
+def test_stream_resume_fences_the_old_producer(daemon):
+    with hc.Client(socket_path=daemon.socket, client="first") as a, \
+            hc.Client(socket_path=daemon.socket, client="second") as b:
+        p1 = hc.StreamProducer(a, "py-run-2")
+        p1.text("before the crash")
+        with pytest.raises(hc.Conflict):
+            hc.StreamProducer(b, "py-run-2")
+        p2 = hc.StreamProducer(b, "py-run-2", resume=True)
+        assert p2.checkpoint["partial_text"] == "before the crash"
+        assert p2.plan["plan"] == "R1" and p2.plan["cause"] == "resumed_from_checkpoint"
+        with pytest.raises(hc.Conflict):
+            p1.text("zombie")
+        p2.text(", and after")
+        assert b.stream_get("py-run-2", reveal=True)["checkpoint"]["partial_text"] == \
+            "before the crash, and after"
+        p2.abort("test")
+        with pytest.raises(hc.NotFound):
+            p2.text("x")
+        b.checkpoint_put("py-run-3", {"partial_text": "mine"})
+        assert b.checkpoint_get("py-run-3")["partial_text"] == "mine"
+        assert b.checkpoint_delete("py-run-3") is True
