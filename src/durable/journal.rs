@@ -149,7 +149,7 @@ type Callback = Box<dyn FnOnce(Result<Position, JournalError>) + Send>;
 enum PromiseState {
     Waiting,
     Done(Result<Position, JournalError>),
-    Registered(Callback),
+    Registered(Vec<Callback>),
     Finished,
 }
 
@@ -175,26 +175,30 @@ impl Promise {
 
     fn complete(&self, res: Result<Position, JournalError>) {
         let mut st = self.state();
-        match std::mem::replace(&mut *st, PromiseState::Finished) {
-            PromiseState::Registered(cb) => {
+        match std::mem::replace(&mut *st, PromiseState::Done(res.clone())) {
+            PromiseState::Registered(cbs) => {
                 drop(st);
-                cb(res);
+                for cb in cbs {
+                    cb(res.clone());
+                }
             }
-            PromiseState::Waiting => *st = PromiseState::Done(res),
+            PromiseState::Waiting => {}
             other => *st = other,
         }
     }
 
-    /// Run `cb` with the outcome (now, if it is known).
+    /// Run `cb` with the outcome (now, if it is known). Any number of callbacks may wait.
     pub fn then(&self, cb: impl FnOnce(Result<Position, JournalError>) + Send + 'static) {
         let mut st = self.state();
-        match std::mem::replace(&mut *st, PromiseState::Finished) {
+        match &mut *st {
             PromiseState::Done(res) => {
+                let res = res.clone();
                 drop(st);
                 cb(res);
             }
-            PromiseState::Waiting => *st = PromiseState::Registered(Box::new(cb)),
-            other => *st = other,
+            PromiseState::Waiting => *st = PromiseState::Registered(vec![Box::new(cb)]),
+            PromiseState::Registered(cbs) => cbs.push(Box::new(cb)),
+            PromiseState::Finished => {}
         }
     }
 }
@@ -206,8 +210,10 @@ impl Drop for Promise {
             self.0.get_mut().unwrap_or_else(PoisonError::into_inner),
             PromiseState::Finished,
         );
-        if let PromiseState::Registered(cb) = st {
-            cb(Err(JournalError::Closed));
+        if let PromiseState::Registered(cbs) = st {
+            for cb in cbs {
+                cb(Err(JournalError::Closed));
+            }
         }
     }
 }
@@ -618,7 +624,10 @@ impl Drop for Journal {
             .closing = true;
         self.shared.wake.notify_all();
         if let Some(t) = self.committer.take() {
-            let _ = t.join();
+            // Dropped from a callback on the committer thread itself: it stops on its own.
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
         }
     }
 }
@@ -688,13 +697,30 @@ impl Committer {
             if roll {
                 if let Err(why) = self.sync(true).and_then(|()| self.roll()) {
                     let mut q = shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
+                    tracing::error!(error = %why, "stream journal could not start a segment; refusing appends until restart");
                     q.poisoned = Some(why.clone());
+                    // Everything queued fails too: nothing after a failure is vouched for.
+                    let mut failed: Vec<Pending> = q.pending.drain(..).collect();
                     drop(q);
-                    for p in batch {
+                    failed.extend(batch);
+                    for p in failed {
                         let _ = p.ack.send(Err(JournalError::Poisoned(why.clone())));
                     }
                     continue;
                 }
+            }
+            // A batch taken after a failure (the queue is poisoned) is refused, not written.
+            let poisoned = shared
+                .queue
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .poisoned
+                .clone();
+            if let Some(why) = poisoned {
+                for p in batch {
+                    let _ = p.ack.send(Err(JournalError::Poisoned(why.clone())));
+                }
+                continue;
             }
             if let Err(why) = self.commit(batch) {
                 let mut q = shared.queue.lock().unwrap_or_else(PoisonError::into_inner);

@@ -57,6 +57,20 @@ fn err(kind: ErrorKind, message: impl Into<String>) -> StreamError {
     }
 }
 
+fn ending_error() -> StreamError {
+    err(
+        ErrorKind::Conflict,
+        "the run is being committed or aborted right now",
+    )
+}
+
+fn failed_error() -> StreamError {
+    err(
+        ErrorKind::Conflict,
+        "the recovery plan for this run was fail: abort it (stream.abort), or let it expire",
+    )
+}
+
 fn invalid(message: impl Into<String>) -> StreamError {
     err(ErrorKind::InvalidParams, message)
 }
@@ -156,8 +170,14 @@ struct Run {
     next_seq: u64,
     /// Every published-or-pending event of the run, in seq order.
     events: Vec<(u64, Value)>,
-    /// Events with seq below this are durable (and published).
-    durable_below: u64,
+    /// How many of `events` are durable and published. By position, not seq: text the overlap
+    /// trimmer held back joins `events` later than its seq became durable.
+    published: usize,
+    /// `end()` is writing the state file: every other operation waits its outcome (refused).
+    ending: bool,
+    /// The promise of the run's last queued record: a replayed append is answered when it is
+    /// kept (the original may not be durable yet).
+    last: Option<Arc<Promise>>,
     acc: Accumulator,
     attempts: Attempts,
     stall_history: Vec<Option<String>>,
@@ -240,8 +260,10 @@ impl Run {
             stream_id: r["sid"].as_str()?.to_owned(),
             status: serde_json::from_value(r["status"].clone()).ok()?,
             next_seq,
+            published: events.len(),
             events,
-            durable_below: next_seq,
+            last: None,
+            ending: false,
             acc: serde_json::from_value(r["acc"].clone()).ok()?,
             attempts: serde_json::from_value(r["attempts"].clone()).ok()?,
             stall_history: serde_json::from_value(r["stall"].clone()).ok()?,
@@ -287,8 +309,8 @@ pub struct Streams {
 #[must_use = "wait for the journal with Streams::settle"]
 pub struct Ticket {
     run_id: String,
-    /// Events below this seq become durable with this record.
-    upto: u64,
+    /// The run's `events[..upto]` are durable once this record is.
+    upto: usize,
     durable: Arc<Promise>,
     /// What to answer once durable.
     pub answer: Value,
@@ -337,14 +359,14 @@ impl Streams {
             let ended: Vec<String> = st
                 .runs
                 .keys()
-                .filter(|id| streams.read_state(id).is_some())
+                .filter(|id| streams.has_ended(id))
                 .cloned()
                 .collect();
             for id in ended {
                 st.runs.remove(&id);
             }
             for run in st.runs.values_mut() {
-                run.durable_below = run.next_seq;
+                run.published = run.events.len();
             }
         }
         if undecryptable > 0 {
@@ -378,11 +400,11 @@ impl Streams {
             .map_err(|e| err(ErrorKind::Sealed, e))
     }
 
-    /// Queue a record for run `run_id`, making events below `upto` durable with it.
+    /// Queue a record for run `run_id`, making its `events[..upto]` durable with it.
     fn submit(
         &self,
         run_id: &str,
-        upto: u64,
+        upto: usize,
         rec: &Value,
         answer: Value,
     ) -> Result<Ticket, StreamError> {
@@ -442,27 +464,22 @@ impl Streams {
     fn after_durable(
         &self,
         run_id: &str,
-        upto: u64,
+        upto: usize,
         res: Result<Position, JournalError>,
     ) -> Result<(), StreamError> {
         let pos = res?;
         let mut st = self.lock();
         if let Some(run) = st.runs.get_mut(run_id) {
             run.first_segment = run.first_segment.min(pos.segment);
-            if upto > run.durable_below {
-                let from = run.durable_below;
-                run.durable_below = upto;
-                // Events are in seq order: find the newly durable ones without a scan (a run
-                // may hold tens of thousands of events).
-                let lo = run.events.partition_point(|(s, _)| *s < from);
-                let hi = run.events.partition_point(|(s, _)| *s < upto);
-                let fresh: Vec<(u64, Value)> = if run.subscribers.is_empty() {
-                    Vec::new()
-                } else {
-                    run.events[lo..hi].to_vec()
-                };
-                run.subscribers
-                    .retain(|tx| fresh.iter().all(|(s, e)| tx.send((*s, e.clone())).is_ok()));
+            if upto > run.published {
+                let from = run.published;
+                let to = upto.min(run.events.len());
+                run.published = to;
+                if !run.subscribers.is_empty() {
+                    let fresh: Vec<(u64, Value)> = run.events[from..to].to_vec();
+                    run.subscribers
+                        .retain(|tx| fresh.iter().all(|(s, e)| tx.send((*s, e.clone())).is_ok()));
+                }
             }
         }
         Ok(())
@@ -489,7 +506,16 @@ impl Streams {
                 ),
             ));
         }
+        if run.ending {
+            return Err(ending_error());
+        }
         Ok(run)
+    }
+
+    /// Whether the run has a state file (it ended). Its existence decides, not its content:
+    /// an unreadable state file must not bring a committed run back.
+    fn has_ended(&self, run_id: &str) -> bool {
+        fs::symlink_metadata(self.runs_dir.join(run_id).join("state")).is_ok()
     }
 
     /// `stream.begin`.
@@ -501,17 +527,28 @@ impl Streams {
         takeover: bool,
     ) -> Result<Ticket, StreamError> {
         validate_run_id(run_id)?;
-        if let Some(state) = self.read_state(run_id) {
+        // Under the lock: an end() finishing meanwhile has written its state file before it
+        // removes the run, so one of the two checks sees it.
+        let mut st = self.lock();
+        if self.has_ended(run_id) {
+            let status = self
+                .read_state(run_id)
+                .and_then(|s| s["status"].as_str().map(str::to_owned))
+                .unwrap_or_else(|| "ended".into());
             return Err(err(
                 ErrorKind::Conflict,
-                format!(
-                    "run already {}; it cannot stream again",
-                    state["status"].as_str().unwrap_or("ended")
-                ),
+                format!("run already {status}; it cannot stream again"),
             ));
         }
-        let mut st = self.lock();
         let now = now_ms();
+        if let Some(run) = st.runs.get(run_id) {
+            if run.ending {
+                return Err(ending_error());
+            }
+            if run.status == Status::Failed {
+                return Err(failed_error());
+            }
+        }
         let (epoch, next_seq) = match st.runs.get(run_id) {
             Some(run) if !takeover => {
                 return Err(err(
@@ -545,17 +582,14 @@ impl Streams {
                    "at": now}),
         );
         let answer = json!({"stream_id": stream_id, "epoch": epoch, "next_seq": next_seq});
+        let segment = self.journal.active_segment();
         let ticket = self.submit(run_id, 0, &rec, answer)?;
         Self::apply_begin(
-            &mut st,
-            run_id,
-            epoch,
-            &stream_id,
-            thread_id,
-            model,
-            now,
-            u64::MAX,
+            &mut st, run_id, epoch, &stream_id, thread_id, model, now, segment,
         );
+        if let Some(run) = st.runs.get_mut(run_id) {
+            run.last = Some(Arc::clone(&ticket.durable));
+        }
         Ok(ticket)
     }
 
@@ -579,7 +613,9 @@ impl Streams {
             status: Status::Streaming,
             next_seq: 1,
             events: Vec::new(),
-            durable_below: 1,
+            published: 0,
+            ending: false,
+            last: None,
             acc: Accumulator::default(),
             attempts: Attempts::default(),
             stall_history: Vec::new(),
@@ -628,10 +664,7 @@ impl Streams {
         let mut st = self.lock();
         let run = Self::run_mut(&mut st, run_id, stream_id)?;
         if run.status == Status::Failed {
-            return Err(err(
-                ErrorKind::Conflict,
-                "the recovery plan for this run was fail; abort it",
-            ));
+            return Err(failed_error());
         }
         if seq == 0 {
             return Err(invalid("seq starts at 1"));
@@ -646,14 +679,18 @@ impl Streams {
         if skip >= parsed.len() {
             // A replay of appends already accepted: acknowledge, change nothing.
             let acked = run.next_seq - 1;
+            // Answered when the original is durable (it may still be in flight).
+            let durable = run.last.clone().unwrap_or_else(|| {
+                Promise::ready(Ok(Position {
+                    segment: u64::MAX,
+                    offset: 0,
+                }))
+            });
             drop(st);
             return Ok(Ticket {
                 run_id: run_id.to_owned(),
                 upto: 0,
-                durable: Promise::ready(Ok(Position {
-                    segment: u64::MAX,
-                    offset: 0,
-                })),
+                durable,
                 answer: json!({"acked_seq": acked, "duplicate": true}),
             });
         }
@@ -664,7 +701,7 @@ impl Streams {
         let rec = record(
             "ev",
             run_id,
-            json!({"epoch": run.epoch, "seq": first, "events": raw}),
+            json!({"epoch": run.epoch, "seq": first, "events": raw, "at": now_ms()}),
         );
         let sealed = self.seal_record(&rec)?;
         let mut out = Vec::new();
@@ -675,10 +712,14 @@ impl Streams {
         run.updated_at_ms = now_ms();
         run.status = Status::Streaming;
         run.push_events(out);
-        let upto = run.next_seq;
-        let acked = upto - 1;
+        let upto = run.events.len();
+        let acked = run.next_seq - 1;
         // Queued while the run is locked: the journal keeps each run's records in seq order.
+        // The segment is noted now, not when the record is durable: a release in between must
+        // not delete the segment that will hold it.
+        run.first_segment = run.first_segment.min(self.journal.active_segment());
         let durable = self.journal.append_promise(sealed);
+        run.last = Some(Arc::clone(&durable));
         drop(st);
         Ok(Ticket {
             run_id: run_id.to_owned(),
@@ -697,6 +738,9 @@ impl Streams {
     ) -> Result<Ticket, StreamError> {
         let mut st = self.lock();
         let run = Self::run_mut(&mut st, run_id, stream_id)?;
+        if run.status == Status::Failed {
+            return Err(failed_error());
+        }
         let snapshot = match cause {
             Value::String(c) => json!({"cause": c}),
             Value::Object(o) if o.contains_key("status") => json!({"error": o}),
@@ -715,9 +759,10 @@ impl Streams {
         cause: &Value,
         stale: Option<Stale>,
     ) -> Result<Input, StreamError> {
-        let mut out = run.acc.flush_trim();
-        run.push_events(std::mem::take(&mut out));
+        // Validate first: a refused cause must change nothing (replay would not see it).
         let mut input = recovery::input_from_json(cause, now_ms()).map_err(invalid)?;
+        let out = run.acc.flush_trim();
+        run.push_events(out);
         input.text = run.acc.text.clone();
         input.tool_calls = run.acc.tool_calls();
         input.attempts = run.attempts;
@@ -739,22 +784,38 @@ impl Streams {
         kind: &str,
     ) -> Result<Ticket, StreamError> {
         let plan = recovery::plan(&input);
-        let (events, plan_json) = Self::apply_plan(run, &plan, &input.cause);
+        let at = now_ms();
+        let (events, plan_json) = Self::apply_plan(run, &plan, &input.cause, at);
+        // The record carries what replay needs (kind, cancelled calls, counters, events), not
+        // the text so far: a plan of a long turn must stay far below the frame limit.
+        let mut compact = plan_json.clone();
+        if let Value::Object(m) = &mut compact {
+            m.remove("assistant_prefix");
+            m.remove("completed");
+        }
         let rec = record(
             "plan",
             &run.run_id,
-            json!({"epoch": run.epoch, "kind": kind, "plan": plan_json.clone(),
+            json!({"epoch": run.epoch, "kind": kind, "plan": compact, "at": at,
                    "input": {"cause": input.cause, "status": input.status}, "events": events}),
         );
         let mut answer = plan_json;
         answer["next_seq"] = run.next_seq.into();
         let run_id = run.run_id.clone();
-        let upto = run.next_seq;
-        self.submit(&run_id, upto, &rec, answer)
+        let upto = run.events.len();
+        run.first_segment = run.first_segment.min(self.journal.active_segment());
+        let t = self.submit(&run_id, upto, &rec, answer)?;
+        run.last = Some(Arc::clone(&t.durable));
+        Ok(t)
     }
 
     /// Apply a plan to the run (live and on replay): events numbered, accumulator updated.
-    fn apply_plan(run: &mut Run, plan: &Plan, cause: &Cause) -> (Vec<(u64, Value)>, Value) {
+    fn apply_plan(
+        run: &mut Run,
+        plan: &Plan,
+        cause: &Cause,
+        at: u64,
+    ) -> (Vec<(u64, Value)>, Value) {
         let mut events = Vec::new();
         for e in &plan.events {
             events.push((run.next_seq, e.clone()));
@@ -775,7 +836,7 @@ impl Streams {
         } else {
             Status::Interrupted
         };
-        run.updated_at_ms = now_ms();
+        run.updated_at_ms = at;
         plan_json["events_published"] = json!(events.iter().map(|(s, _)| s).collect::<Vec<_>>());
         run.last_plan = Some(plan_json.clone());
         run.push_events(events.clone());
@@ -817,16 +878,29 @@ impl Streams {
             reason: why.join("; "),
             fail: fail_on_stale,
         });
+        if run.ending {
+            return Err(ending_error());
+        }
         let checkpoint = run.checkpoint();
-        run.epoch += 1;
-        run.stream_id = new_stream_id();
+        let (epoch, sid) = (run.epoch + 1, new_stream_id());
         let begin = record(
             "begin",
             run_id,
-            json!({"epoch": run.epoch, "sid": run.stream_id, "thread": thread_id,
+            json!({"epoch": epoch, "sid": sid, "thread": thread_id,
                    "model": model, "at": now_ms()}),
         );
+        // Sealed before anything changes: a failure here leaves the old holder in place.
         let sealed = self.seal_record(&begin)?;
+        run.epoch = epoch;
+        run.stream_id = sid;
+        // As replay will (apply_begin): the resumer's model and thread are the run's now.
+        if model.is_some() {
+            run.model = model;
+        }
+        if thread_id.is_some() {
+            run.thread_id = thread_id;
+        }
+        run.first_segment = run.first_segment.min(self.journal.active_segment());
         // Not awaited on its own: the plan record queued after it settles both.
         drop(self.journal.append(sealed));
         let input = self.planner_input(run, &json!({"cause": "resumed_from_checkpoint"}), stale)?;
@@ -898,8 +972,8 @@ impl Streams {
         let (finish_seq, events_total) = {
             let mut st = self.lock();
             let run = Self::run_mut(&mut st, run_id, stream_id)?;
-            let out = run.acc.flush_trim();
-            run.push_events(out);
+            // From here until the state file is written (or not), nothing else touches the run.
+            run.ending = true;
             let summary = run.summary();
             (run.next_seq, (run.events.len(), summary))
         };
@@ -912,13 +986,20 @@ impl Streams {
             s.extend(d);
         }
         // The single commit point. Before it: resumable, nothing final on disk. After: ended.
-        self.write_state(run_id, &state)?;
+        if let Err(e) = self.write_state(run_id, &state) {
+            if let Some(run) = self.lock().runs.get_mut(run_id) {
+                run.ending = false;
+            }
+            return Err(e);
+        }
         let finish = json!({"type": "finish", "status": status});
         let mut st = self.lock();
         if let Some(mut run) = st.runs.remove(run_id) {
+            let held = run.acc.flush_trim();
+            run.push_events(held);
             // Everything before finish went out once durable; finish goes out now (the state
             // file is durable) after whatever is still pending in the journal.
-            for (s, e) in run.events.iter().filter(|(s, _)| *s >= run.durable_below) {
+            for (s, e) in &run.events[run.published.min(run.events.len())..] {
                 for tx in &run.subscribers {
                     let _ = tx.send((*s, e.clone()));
                 }
@@ -965,9 +1046,9 @@ impl Streams {
         let mut st = self.lock();
         match st.runs.get_mut(run_id) {
             Some(run) => {
-                let lo = run.events.partition_point(|(s, _)| *s <= after_seq);
-                let hi = run.events.partition_point(|(s, _)| *s < run.durable_below);
-                for (s, e) in &run.events[lo..hi.max(lo)] {
+                let published = &run.events[..run.published.min(run.events.len())];
+                let lo = published.partition_point(|(s, _)| *s <= after_seq);
+                for (s, e) in &published[lo..] {
                     let _ = tx.send((*s, e.clone()));
                 }
                 run.subscribers.push(tx);
@@ -1054,6 +1135,9 @@ impl Streams {
                     run.next_seq = first + i as u64 + 1;
                 }
                 run.status = Status::Streaming;
+                if let Some(at) = rec["at"].as_u64() {
+                    run.updated_at_ms = at;
+                }
                 run.push_events(out);
             }
             Some("plan") => {
@@ -1067,7 +1151,8 @@ impl Streams {
                 // counters and events.
                 if let Some(plan) = plan_from_json(&rec["plan"]) {
                     let cause = plan.cause;
-                    let _ = Self::apply_plan(run, &plan, &cause);
+                    let at = rec["at"].as_u64().unwrap_or(run.updated_at_ms);
+                    let _ = Self::apply_plan(run, &plan, &cause, at);
                 }
             }
             Some("snap") => match Run::from_snapshot(run_id, rec, segment) {

@@ -618,3 +618,74 @@ fn reseal_survives_the_old_key_being_forgotten() {
         ErrorKind::Conflict
     );
 }
+
+/// Review findings, pinned.
+#[test]
+fn held_text_reaches_live_subscribers_and_replay_keeps_times() {
+    let env = Env::new();
+    let s = env.open();
+    let sid = begin(&s, "run-h");
+    ok(&s, s.append("run-h", &sid, 1, &[text("Hello, wor")]));
+    let plan = ok(&s, s.interrupt("run-h", &sid, &json!("connection_reset")));
+    let next = plan["next_seq"].as_u64().unwrap();
+    let mut rx = s.subscribe("run-h", next - 1).unwrap();
+    // "l" could still be a repeat of the tail ("Hello"): held while its record becomes durable.
+    ok(&s, s.append("run-h", &sid, next, &[text("l")]));
+    assert!(drain(&mut rx).is_empty(), "held text was published early");
+    ok(&s, s.append("run-h", &sid, next + 1, &[text("ater")]));
+    let got: Vec<(u64, String)> = drain(&mut rx)
+        .into_iter()
+        .map(|(q, e)| (q, e["text"].as_str().unwrap_or("").to_owned()))
+        .collect();
+    assert_eq!(
+        got,
+        vec![(next, "l".to_string()), (next + 1, "ater".to_string())]
+    );
+    let before = s.get("run-h", false).unwrap()["updated_at_ms"].clone();
+    drop(s);
+    let s = env.open();
+    assert_eq!(
+        s.get("run-h", false).unwrap()["updated_at_ms"],
+        before,
+        "replay moved the clock"
+    );
+    assert_eq!(
+        s.get("run-h", true).unwrap()["checkpoint"]["partial_text"],
+        "Hello, worlater"
+    );
+}
+
+#[test]
+fn failed_runs_are_not_restarted_and_unreadable_state_files_count_as_ended() {
+    let env = Env::new();
+    let s = env.open();
+    let sid = begin(&s, "run-f2");
+    ok(&s, s.append("run-f2", &sid, 1, &[text("x")]));
+    let plan = ok(&s, s.interrupt("run-f2", &sid, &json!("unauthorized")));
+    assert_eq!(plan["plan"], "fail");
+    for e in [
+        s.begin("run-f2", None, None, true).err(),
+        s.interrupt("run-f2", &sid, &json!("goaway")).err(),
+        s.append(
+            "run-f2",
+            &sid,
+            plan["next_seq"].as_u64().unwrap(),
+            &[text("y")],
+        )
+        .err(),
+    ] {
+        let e = e.expect("refused");
+        assert_eq!(e.kind, ErrorKind::Conflict, "{}", e.message);
+    }
+    s.end("run-f2", &sid, "aborted", json!({"reason": "failed"}))
+        .unwrap();
+    drop(s);
+    // A damaged state file: the run stays ended (fail closed), it is not resurrected.
+    fs::write(env.runs_dir.join("run-f2/state"), b"garbage").unwrap();
+    let s = env.open();
+    assert_eq!(s.active_runs(), 0);
+    assert_eq!(
+        s.begin("run-f2", None, None, false).err().unwrap().kind,
+        ErrorKind::Conflict
+    );
+}
