@@ -670,7 +670,11 @@ impl Committer {
                                 .wait_timeout(q, left)
                                 .unwrap_or_else(PoisonError::into_inner);
                             if q.pending.is_empty() && waited.timed_out() {
-                                if let Err(e) = self.sync(true) {
+                                // The fsync without the queue lock: appends keep queueing.
+                                drop(q);
+                                let synced = self.sync(true);
+                                q = shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
+                                if let Err(e) = synced {
                                     q.poisoned = Some(e);
                                 }
                             }
