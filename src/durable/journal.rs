@@ -47,11 +47,18 @@ pub const SEGMENT_BYTES: u64 = 16 * 1024 * 1024;
 /// The segment header: `HFJ1` · u64 segment number · u32 crc32c.
 const HEADER_BYTES: u64 = 16;
 const MAGIC: &[u8; 4] = b"HFJ1";
-/// Largest payload of one frame.
-pub const MAX_PAYLOAD: usize = 4 * 1024 * 1024;
+/// Largest payload of one frame (a run's snapshot at a key rotation is the largest record).
+pub const MAX_PAYLOAD: usize = 12 * 1024 * 1024;
 /// Most bytes written by one batch: a torn write can only damage this much past the last
 /// good frame, so non-zero bytes further away are corruption, not a torn tail.
 const MAX_BATCH_BYTES: usize = 8 * 1024 * 1024;
+/// How far past the last good frame one interrupted write can have reached: a batch, or a
+/// single frame larger than a batch.
+const TORN_WINDOW: usize = if MAX_PAYLOAD > MAX_BATCH_BYTES {
+    MAX_PAYLOAD
+} else {
+    MAX_BATCH_BYTES
+} + FRAME_HEADER;
 const FRAME_HEADER: usize = 8;
 /// Held (flock) by the journal's one writer.
 const LOCK_FILE: &str = "journal.lock";
@@ -384,7 +391,7 @@ fn scan(n: u64, bytes: &[u8], out: &mut Vec<Replayed>) -> Result<Tail, String> {
 }
 
 fn bad_tail(bytes: &[u8], off: usize) -> Tail {
-    let window_end = (off + MAX_BATCH_BYTES + FRAME_HEADER).min(bytes.len());
+    let window_end = (off + TORN_WINDOW).min(bytes.len());
     if bytes[window_end..].iter().all(|&b| b == 0) {
         Tail::Torn(off as u64)
     } else {
@@ -439,8 +446,12 @@ impl Journal {
                 Tail::Clean(off) if last => active = Some((n, off)),
                 Tail::Clean(_) => {}
                 Tail::Torn(off) if last => {
-                    // Zero what the torn write left, durably, before appending over it.
-                    let end = (off as usize + MAX_BATCH_BYTES + FRAME_HEADER).min(bytes.len());
+                    // Zero what the torn write left (up to its last non-zero byte), durably,
+                    // before appending over it.
+                    let window =
+                        &bytes[off as usize..(off as usize + TORN_WINDOW).min(bytes.len())];
+                    let end =
+                        off as usize + window.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
                     let f = open_segment(dir, n).map_err(|e| fail("opening", &e))?;
                     f.write_all_at(&vec![0u8; end - off as usize], off)
                         .and_then(|()| f.sync_data())

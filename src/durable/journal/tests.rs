@@ -171,7 +171,7 @@ fn a_bad_frame_in_the_middle_is_quarantined_not_dropped() {
     // Far past the torn-write window, so the damage cannot be a torn tail.
     let far = Position {
         segment: pos[0].segment,
-        offset: pos[9].offset + MAX_BATCH_BYTES as u64 + 4096,
+        offset: pos[9].offset + TORN_WINDOW as u64 + 4096,
     };
     drop(j);
     let seg = jd(&d).join(segment_name(pos[0].segment));
