@@ -242,6 +242,16 @@ pub fn load(explicit: Option<&Path>) -> Result<Config, String> {
     Ok(config)
 }
 
+/// `[section] name = v` must lie in `lo..=hi` (when set).
+fn in_range(section: &str, name: &str, v: Option<u64>, lo: u64, hi: u64) -> Result<(), String> {
+    match v {
+        Some(v) if v < lo || v > hi => {
+            Err(format!("[{section}] {name} = {v} is outside {lo}..={hi}"))
+        }
+        _ => Ok(()),
+    }
+}
+
 impl Config {
     /// The streams' settings, with defaults for what the file does not say.
     pub fn streams_config(&self) -> crate::streams::StreamsConfig {
@@ -275,12 +285,7 @@ impl Config {
     /// typo would silently grant nothing).
     pub fn validate(&self) -> Result<(), String> {
         let l = &self.limits;
-        let range = |name: &str, v: Option<u64>, lo: u64, hi: u64| match v {
-            Some(v) if v < lo || v > hi => {
-                Err(format!("[limits] {name} = {v} is outside {lo}..={hi}"))
-            }
-            _ => Ok(()),
-        };
+        let range = |name: &str, v, lo, hi| in_range("limits", name, v, lo, hi);
         range(
             "max_frame_bytes",
             l.max_frame_bytes.map(|v| v as u64),
@@ -310,12 +315,7 @@ impl Config {
                 ))
             }
         }
-        let srange = |name: &str, v: Option<u64>, lo: u64, hi: u64| match v {
-            Some(v) if v < lo || v > hi => {
-                Err(format!("[streams] {name} = {v} is outside {lo}..={hi}"))
-            }
-            _ => Ok(()),
-        };
+        let srange = |name: &str, v, lo, hi| in_range("streams", name, v, lo, hi);
         srange("batch_interval_ms", st.batch_interval_ms, 1, 60_000)?;
         srange("stale_after_secs", st.stale_after_secs, 1, 365 * 86_400)?;
         srange("expire_after_secs", st.expire_after_secs, 60, 3650 * 86_400)?;

@@ -71,11 +71,8 @@ fn is_orphan_spare(dir: &Path, name: &str) -> bool {
     let Ok(meta) = fs::symlink_metadata(dir.join(name)) else {
         return false;
     };
-    let ctime = std::time::UNIX_EPOCH
-        + Duration::new(
-            u64::try_from(meta.ctime()).unwrap_or(0),
-            u32::try_from(meta.ctime_nsec()).unwrap_or(0),
-        );
+    let ctime =
+        std::time::UNIX_EPOCH + Duration::from_nanos(u64::try_from(ctime_ns(&meta)).unwrap_or(0));
     ctime.elapsed().is_ok_and(|age| age >= SPARE_ORPHAN_AGE)
 }
 
@@ -101,6 +98,13 @@ pub struct FileStamp {
     pub mtime_ns: i64,
     /// Inode number.
     pub ino: u64,
+}
+
+/// A file's inode change time in nanoseconds since the epoch (no system call can set it).
+pub(crate) fn ctime_ns(meta: &fs::Metadata) -> i64 {
+    meta.ctime()
+        .saturating_mul(1_000_000_000)
+        .saturating_add(meta.ctime_nsec())
 }
 
 impl FileStamp {
@@ -668,11 +672,7 @@ pub fn read_capped_stamped(path: &Path, cap: u64) -> io::Result<Option<(Vec<u8>,
             format!("larger than the {cap}-byte limit"),
         ));
     }
-    let ctime = meta
-        .ctime()
-        .saturating_mul(1_000_000_000)
-        .saturating_add(meta.ctime_nsec());
-    Ok(Some((buf, FileStamp::of(&meta), ctime)))
+    Ok(Some((buf, FileStamp::of(&meta), ctime_ns(&meta))))
 }
 
 #[cfg(test)]

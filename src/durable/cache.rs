@@ -20,7 +20,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::atomic::{read_capped_stamped, FileStamp};
+use super::atomic::{ctime_ns, read_capped_stamped, FileStamp};
 
 /// How much older than our read a file's mtime must be for its cached bytes to be trusted
 /// (several timer ticks at any HZ).
@@ -60,13 +60,6 @@ struct Entry {
 /// On a file system with whole-second timestamps (no nanoseconds at all), the racy margin
 /// must cover a second.
 const COARSE_RACY_MARGIN_NS: i64 = 2_000_000_000;
-
-fn ctime_ns(meta: &fs::Metadata) -> i64 {
-    use std::os::unix::fs::MetadataExt;
-    meta.ctime()
-        .saturating_mul(1_000_000_000)
-        .saturating_add(meta.ctime_nsec())
-}
 
 /// Whether a file read at `read_at` with this stamp can be trusted while its stamp holds.
 fn racily_clean(stamp: &FileStamp, ctime: i64, read_at: i64) -> bool {

@@ -242,10 +242,6 @@ fn check_store_name(grant: &PluginGrant, name: &str) -> Result<(), RpcError> {
     Ok(())
 }
 
-fn store_error(e: &crate::store::Error) -> RpcError {
-    RpcError::from_store(e)
-}
-
 /// A permit to send a write for store `name` to the blocking pool (at most
 /// `MAX_WRITERS_PER_STORE` at once: writes serialize on the store lock anyway, and parked
 /// writers would take blocking-pool threads that reads need). Waits asynchronously.
@@ -255,13 +251,13 @@ async fn writer_permit(daemon: &Daemon, name: &str) -> Option<tokio::sync::Owned
 }
 
 /// Run a blocking store call on tokio's blocking pool.
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, crate::store::Error> + Send + 'static,
+pub(crate) async fn blocking<T: Send + 'static, E: Into<RpcError> + Send + 'static>(
+    f: impl FnOnce() -> Result<T, E> + Send + 'static,
 ) -> Result<T, RpcError> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| RpcError::new(ErrorKind::Storage, format!("internal error: {e}")))?
-        .map_err(|e| store_error(&e))
+        .map_err(|e| RpcError::internal(&e))?
+        .map_err(Into::into)
 }
 
 async fn store_of(
@@ -279,7 +275,7 @@ async fn store_of(
             let (d, n) = (Arc::clone(daemon), name.clone());
             tokio::task::spawn_blocking(move || d.store(&n))
                 .await
-                .map_err(|e| RpcError::new(ErrorKind::Storage, format!("internal error: {e}")))?
+                .map_err(|e| RpcError::internal(&e))?
         }
     };
     let Some(slot) = slot else {
@@ -464,7 +460,7 @@ pub async fn dispatch(
         "admin.status" => {
             let _: StoreOnly = params(req.params)?;
             let d = Arc::clone(daemon);
-            blocking(move || Ok(status(&d, &grant))).await
+            blocking(move || Ok::<_, RpcError>(status(&d, &grant))).await
         }
         "admin.fsck" | "admin.reindex" => {
             let (store_name, repair) = if req.method == "admin.reindex" {

@@ -151,6 +151,11 @@ impl RpcError {
         self
     }
 
+    /// A failed blocking-pool task (it panicked or was cancelled).
+    pub fn internal(e: &tokio::task::JoinError) -> Self {
+        RpcError::new(ErrorKind::Storage, format!("internal error: {e}"))
+    }
+
     /// A store error, with its kind and, where useful, machine-readable detail.
     pub fn from_store(e: &crate::store::Error) -> Self {
         use crate::store::Error as E;
@@ -288,6 +293,18 @@ pub fn response_err(id: &Id, err: &RpcError) -> Zeroizing<Vec<u8>> {
 /// A server notification line (`"method": "event"`; no id).
 pub fn notification(params: Value) -> Zeroizing<Vec<u8>> {
     line(&json!({"jsonrpc": "2.0", "method": "event", "params": params}))
+}
+
+impl From<crate::store::Error> for RpcError {
+    fn from(e: crate::store::Error) -> Self {
+        RpcError::from_store(&e)
+    }
+}
+
+impl From<crate::streams::StreamError> for RpcError {
+    fn from(e: crate::streams::StreamError) -> Self {
+        RpcError::new(e.kind, e.message)
+    }
 }
 
 #[cfg(test)]

@@ -612,15 +612,12 @@ async fn connection(
             _ = shutdown.changed() => break,
             p = Arc::clone(&inflight).acquire_owned() => match p { Ok(p) => p, Err(_) => break },
         };
-        // The hot path of streams: answered from the journal's commit, no task.
-        let (req, permit) = if req.method == "stream.append" {
-            match super::streams::append_inline(&daemon, &session, req, permit) {
+        // Requests answered from the journal's commit (stream.append) need no task.
+        let (req, permit) =
+            match super::streams::try_answer_on_commit(&daemon, &session, req, permit) {
                 Ok(()) => continue,
                 Err(back) => back,
-            }
-        } else {
-            (req, permit)
-        };
+            };
         let (daemon, session) = (Arc::clone(&daemon), Arc::clone(&session));
         tokio::spawn(async move {
             let reply = handlers::respond(&daemon, &session, req, grant).await;

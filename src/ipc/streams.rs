@@ -6,7 +6,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use super::handlers::MAX_SUBSCRIPTIONS_PER_CONNECTION;
+use super::handlers::{blocking, MAX_SUBSCRIPTIONS_PER_CONNECTION};
 use super::protocol::{self, Request, RpcError};
 use super::server::Session;
 use crate::error::ErrorKind;
@@ -14,7 +14,7 @@ use crate::service::Daemon;
 use crate::streams::{StreamError, Streams};
 
 fn rpc(e: StreamError) -> RpcError {
-    RpcError::new(e.kind, e.message)
+    e.into()
 }
 
 fn params<T: for<'de> Deserialize<'de>>(p: Map<String, Value>) -> Result<T, RpcError> {
@@ -29,10 +29,7 @@ async fn streams(daemon: &Arc<Daemon>) -> Result<Arc<Streams>, RpcError> {
         return Ok(s);
     }
     let d = Arc::clone(daemon);
-    tokio::task::spawn_blocking(move || d.streams())
-        .await
-        .map_err(|e| RpcError::new(ErrorKind::Storage, format!("internal error: {e}")))?
-        .map_err(rpc)
+    blocking(move || d.streams()).await
 }
 
 #[derive(Deserialize)]
@@ -175,10 +172,7 @@ pub async fn dispatch(
             };
             // The commit point is an atomic file replacement: blocking pool.
             let s2 = Arc::clone(&s);
-            tokio::task::spawn_blocking(move || s2.end(&run_id, &stream_id, status, detail))
-                .await
-                .map_err(|e| RpcError::new(ErrorKind::Storage, format!("internal error: {e}")))?
-                .map_err(rpc)
+            blocking(move || s2.end(&run_id, &stream_id, status, detail)).await
         }
         "stream.subscribe" => {
             let p: Subscribe = params(req.params)?;
@@ -187,10 +181,7 @@ pub async fn dispatch(
         "stream.get" => {
             let p: RunOnly = params(req.params)?;
             let s2 = Arc::clone(&s);
-            tokio::task::spawn_blocking(move || s2.get(&p.run_id, p.reveal))
-                .await
-                .map_err(|e| RpcError::new(ErrorKind::Storage, format!("internal error: {e}")))?
-                .map_err(rpc)
+            blocking(move || s2.get(&p.run_id, p.reveal)).await
         }
         "stream.list" => {
             let _: Nothing = params(req.params)?;
@@ -209,7 +200,7 @@ pub async fn dispatch(
             let method = req.method.clone();
             let s2 = Arc::clone(&s);
             let raw = req.params;
-            tokio::task::spawn_blocking(move || -> Result<Value, RpcError> {
+            blocking(move || -> Result<Value, RpcError> {
                 match method.as_str() {
                     "checkpoint.put" => {
                         let p: CheckpointPut = params(raw)?;
@@ -228,7 +219,6 @@ pub async fn dispatch(
                 }
             })
             .await
-            .map_err(|e| RpcError::new(ErrorKind::Storage, format!("internal error: {e}")))?
         }
         other => Err(RpcError::method_not_found(other)),
     }
@@ -237,16 +227,19 @@ pub async fn dispatch(
 /// `stream.append`, the hot path, without a task: validated and queued on the connection's
 /// task, answered from the journal's commit (the response line is queued by the committer
 /// thread when the append is durable). `permit` (the connection's in-flight slot) is held until
-/// then. Gives the request and the permit back if the streams are not open yet (the async
-/// path opens them).
+/// then. Gives the request and the permit back for any other method, or if the streams are not
+/// open yet (the async path opens them).
 #[allow(clippy::result_large_err)]
-pub fn append_inline(
+pub fn try_answer_on_commit(
     daemon: &Daemon,
     session: &Arc<Session>,
     req: Request,
     permit: tokio::sync::OwnedSemaphorePermit,
 ) -> Result<(), (Request, tokio::sync::OwnedSemaphorePermit)> {
-    let Some(s) = daemon.streams_if_open() else {
+    let streams = (req.method == "stream.append")
+        .then(|| daemon.streams_if_open())
+        .flatten();
+    let Some(s) = streams else {
         return Err((req, permit));
     };
     let id = req.id.clone();

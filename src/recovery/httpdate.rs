@@ -35,7 +35,8 @@ pub fn parse(s: &str) -> Option<u64> {
     if hms.next().is_some() || h > 23 || mi > 59 || se > 60 || !(1..=31).contains(&day) {
         return None;
     }
-    if year < 1970 {
+    // Four-digit years only: a client-supplied date must not overflow the day arithmetic.
+    if !(1970..=9999).contains(&year) {
         return None;
     }
     Some(days_from_civil(year, month_num(month), day) * 86_400 + h * 3600 + mi * 60 + se)
@@ -79,6 +80,8 @@ mod tests {
             "Sun, 06 Foo 1994 08:49:37 GMT",
             "Sun, 06 Nov 1994 25:49:37 GMT",
             "Sun, 06 Nov 1994 08:49 GMT",
+            "Sun, 06 Nov 18446744073709551615 08:49:37 GMT",
+            "Sun, 06 Nov 1969 08:49:37 GMT",
         ] {
             assert_eq!(parse(bad), None, "{bad:?}");
         }

@@ -341,8 +341,11 @@ pub fn input_from_json(v: &Value, now_unix_ms: u64) -> Result<Input, String> {
                 .and_then(|n| u32::try_from(n).ok())
                 .ok_or("attempt must be a small non-negative integer")?;
             let mut at = Attempts::default();
-            for _ in 0..n {
-                at.bump(cause.class());
+            match cause.class() {
+                CauseClass::Transient => at.transient = n,
+                CauseClass::RateLimited => at.rate_limited = n,
+                CauseClass::Overloaded => at.overloaded = n,
+                CauseClass::Permanent => {}
             }
             at
         }

@@ -369,6 +369,10 @@ fn bad_snapshots_get_clear_errors() {
     assert!(err(json!({"cause": "goaway", "tool_calls": [{"id": 1}]})).contains("tool_calls"));
     assert!(err(json!({"error": {"status": 99}})).contains("status"));
     assert!(err(json!({"cause": "goaway", "attempt": -1})).contains("attempt"));
+    // A huge counter is a number, not a loop: answered at once, budget spent.
+    let p = run(json!({"cause": "goaway", "partial_text": "t", "attempt": 4_000_000_000u64}));
+    assert_eq!(p.plan, PlanKind::Fail);
+    assert_eq!(p.attempts.transient, 4_000_000_000);
     assert!(err(json!({"cause": "goaway", "jitter": 1.5})).contains("jitter"));
     assert!(err(json!({"cause": "goaway", "policy": {"base": 1}})).contains("policy"));
     assert!(err(json!([1])).contains("object"));

@@ -697,11 +697,13 @@ impl Streams {
         let fresh = &parsed[skip..];
         run.acc.check_batch(fresh).map_err(invalid)?;
         let first = run.next_seq;
+        // One clock reading for the record and the run: replay restores exactly this time.
+        let at = now_ms();
         let raw: Vec<Value> = fresh.iter().map(Event::to_json).collect();
         let rec = record(
             "ev",
             run_id,
-            json!({"epoch": run.epoch, "seq": first, "events": raw, "at": now_ms()}),
+            json!({"epoch": run.epoch, "seq": first, "events": raw, "at": at}),
         );
         let sealed = self.seal_record(&rec)?;
         let mut out = Vec::new();
@@ -709,7 +711,7 @@ impl Streams {
             out.extend(run.acc.apply(first + i as u64, e).map_err(invalid)?);
         }
         run.next_seq = first + fresh.len() as u64;
-        run.updated_at_ms = now_ms();
+        run.updated_at_ms = at;
         run.status = Status::Streaming;
         run.push_events(out);
         let upto = run.events.len();
@@ -741,10 +743,23 @@ impl Streams {
         if run.status == Status::Failed {
             return Err(failed_error());
         }
+        // Only the cause (and its Retry-After) comes from the producer; the text, calls,
+        // counters and policy are the run's own.
         let snapshot = match cause {
             Value::String(c) => json!({"cause": c}),
             Value::Object(o) if o.contains_key("status") => json!({"error": o}),
-            Value::Object(o) if o.contains_key("cause") => Value::Object(o.clone()),
+            Value::Object(o) if o.contains_key("cause") => {
+                if let Some(k) = o
+                    .keys()
+                    .find(|k| !["cause", "retry_after"].contains(&k.as_str()))
+                {
+                    return Err(invalid(format!(
+                        "cause: unexpected field {:?} (a cause object has cause and retry_after)",
+                        k.chars().take(40).collect::<String>()
+                    )));
+                }
+                Value::Object(o.clone())
+            }
             _ => return Err(invalid(
                 "cause must be a cause name, or {status, message, retry_after} of a provider error",
             )),
