@@ -237,6 +237,9 @@ struct Queue {
     poisoned: Option<String>,
     /// Start a new segment before the next batch.
     roll: bool,
+    /// The committer is waiting for work: only then does an append pay for a wake-up (a
+    /// futex syscall each, on every append, while the committer is busy anyway).
+    idle: bool,
 }
 
 struct Shared {
@@ -565,8 +568,11 @@ impl Journal {
             return;
         }
         q.pending.push(Pending { payload, ack });
+        let idle = q.idle;
         drop(q);
-        self.shared.wake.notify_one();
+        if idle {
+            self.shared.wake.notify_one();
+        }
     }
 
     /// Make the next append start a new segment, so that everything before it can be
@@ -672,6 +678,7 @@ impl Committer {
                         }
                         return;
                     }
+                    q.idle = true;
                     q = match self.shared.durability {
                         // Batch: sync what was written once the interval has passed.
                         Durability::Batch(every) if self.unsynced => {
@@ -693,6 +700,7 @@ impl Committer {
                         }
                         _ => shared.wake.wait(q).unwrap_or_else(PoisonError::into_inner),
                     };
+                    q.idle = false;
                 }
                 // Take what fits one batch; the rest waits for the next.
                 let mut bytes = 0;

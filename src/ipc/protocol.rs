@@ -265,6 +265,20 @@ pub fn response_ok(id: &Id, result: Value) -> Zeroizing<Vec<u8>> {
     out
 }
 
+/// A success response whose result carries no secret (`stream.append`'s `acked_seq`),
+/// written straight into its line: the same bytes as [`response_ok`], without building the
+/// response object around the result or walking it to zeroize.
+pub fn response_ok_public(id: &Id, result: &Value) -> Zeroizing<Vec<u8>> {
+    let mut buf = Zeroizing::new(Vec::with_capacity(96));
+    buf.extend_from_slice(br#"{"jsonrpc":"2.0","id":"#);
+    // Serializing a `Value` into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *buf, id);
+    buf.extend_from_slice(br#","result":"#);
+    let _ = serde_json::to_writer(&mut *buf, result);
+    buf.extend_from_slice(b"}\n");
+    buf
+}
+
 /// The success response of `cred.get`, serialized straight from the credential (no copy of
 /// the document is made) into a buffer sized in advance.
 pub fn response_credential(
@@ -310,6 +324,22 @@ impl From<crate::streams::StreamError> for RpcError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_public_response_is_byte_for_byte_the_general_one() {
+        for id in [json!(7), json!("req-\"1\""), Value::Null, json!(1.5)] {
+            for result in [
+                json!({"acked_seq": 41}),
+                json!({"acked_seq": 3, "duplicate": true}),
+            ] {
+                assert_eq!(
+                    *response_ok_public(&id, &result),
+                    *response_ok(&id, result.clone()),
+                    "{id} {result}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn parses_requests_and_rejects_everything_else() {

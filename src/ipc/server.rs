@@ -606,6 +606,14 @@ async fn connection(
                 continue;
             }
             handlers::Routed::Async(req, grant) => (req, grant),
+            handlers::Routed::Append(a) => {
+                let permit = tokio::select! {
+                    _ = shutdown.changed() => break,
+                    p = Arc::clone(&inflight).acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+                };
+                super::streams::answer_fast_append(&session, a, permit);
+                continue;
+            }
         };
         // Backpressure: at the in-flight cap, stop reading until a request finishes.
         let permit = tokio::select! {

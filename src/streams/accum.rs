@@ -4,6 +4,10 @@
 //! It is a deterministic function of the run's events in seq order, so replaying the journal at
 //! start-up rebuilds exactly the state (and the trimmed text) that live appends produced.
 
+use std::borrow::Cow;
+
+use serde::ser::SerializeMap;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{json, Value};
 
 use crate::recovery::{Plan, PlanKind, ToolCall};
@@ -106,21 +110,136 @@ impl Event {
 
     /// The event as published.
     pub fn to_json(&self) -> Value {
+        serde_json::to_value(self).unwrap_or(Value::Null)
+    }
+}
+
+/// The published form (`to_json`), written straight into a record without a `Value`.
+impl Serialize for Event {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self {
-            Event::Text(t) => json!({"type": "text", "text": t}),
+            Event::Text(t) => {
+                let mut m = s.serialize_map(Some(2))?;
+                m.serialize_entry("type", "text")?;
+                m.serialize_entry("text", t)?;
+                m.end()
+            }
             Event::ToolDelta {
                 id,
                 name,
                 arguments_delta,
             } => {
-                let mut v = json!({"type": "tool_call_delta", "id": id,
-                                   "arguments_delta": arguments_delta});
+                let mut m = s.serialize_map(Some(3 + usize::from(name.is_some())))?;
+                m.serialize_entry("type", "tool_call_delta")?;
+                m.serialize_entry("id", id)?;
+                m.serialize_entry("arguments_delta", arguments_delta)?;
                 if let Some(n) = name {
-                    v["name"] = n.clone().into();
+                    m.serialize_entry("name", n)?;
                 }
-                v
+                m.end()
             }
-            Event::ToolEnd { id } => json!({"type": "tool_call_end", "id": id}),
+            Event::ToolEnd { id } => {
+                let mut m = s.serialize_map(Some(2))?;
+                m.serialize_entry("type", "tool_call_end")?;
+                m.serialize_entry("id", id)?;
+                m.end()
+            }
+        }
+    }
+}
+
+/// A JSON string borrowed from the request line where it has no escapes. Unlike
+/// `Option<String>`, a `null` is refused rather than read as absent: [`EventIn`] must accept
+/// only what [`Event::parse`] accepts, to the byte.
+pub struct Str<'a>(pub Cow<'a, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for V<'a> {
+            type Value = Str<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Str<'a>, E> {
+                Ok(Str(Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Str<'a>, E> {
+                Ok(Str(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Str<'a>, E> {
+                Ok(Str(Cow::Owned(v)))
+            }
+        }
+        d.deserialize_str(V(std::marker::PhantomData))
+    }
+}
+
+fn present<'de: 'a, 'a, D: Deserializer<'de>>(d: D) -> Result<Option<Str<'a>>, D::Error> {
+    Str::deserialize(d).map(Some)
+}
+
+/// An event read straight from a `stream.append` line (no `serde_json::Value` in between):
+/// the fast path. It takes only well-formed events, each field a string; anything else
+/// (`null`s, unknown fields, bad lengths) goes the slow way, where [`Event::parse`] says
+/// precisely what is wrong.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventIn<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Str<'a>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    text: Option<Str<'a>>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    id: Option<Str<'a>>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    name: Option<Str<'a>>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    arguments_delta: Option<Str<'a>>,
+}
+
+impl EventIn<'_> {
+    /// The event, if [`Event::parse`] would accept the same JSON and give the same event.
+    pub fn into_event(self) -> Option<Event> {
+        let own = |s: Str| s.0.into_owned();
+        let id_ok = |id: &Option<Str>| {
+            id.as_ref()
+                .is_some_and(|s| !s.0.is_empty() && s.0.len() <= 256)
+        };
+        let text_ok = |t: &Option<Str>| t.as_ref().is_none_or(|s| s.0.len() <= MAX_EVENT_TEXT);
+        match &*self.kind.0 {
+            "text"
+                if self.id.is_none()
+                    && self.name.is_none()
+                    && self.arguments_delta.is_none()
+                    && self.text.is_some()
+                    && text_ok(&self.text) =>
+            {
+                self.text.map(|t| Event::Text(own(t)))
+            }
+            "tool_call_delta"
+                if self.text.is_none()
+                    && id_ok(&self.id)
+                    && self.name.as_ref().is_none_or(|n| n.0.len() <= 256)
+                    && text_ok(&self.arguments_delta) =>
+            {
+                Some(Event::ToolDelta {
+                    id: self.id.map(own)?,
+                    name: self.name.map(own),
+                    arguments_delta: self.arguments_delta.map(own).unwrap_or_default(),
+                })
+            }
+            "tool_call_end"
+                if self.text.is_none()
+                    && self.name.is_none()
+                    && self.arguments_delta.is_none()
+                    && id_ok(&self.id) =>
+            {
+                Some(Event::ToolEnd {
+                    id: self.id.map(own)?,
+                })
+            }
+            _ => None,
         }
     }
 }
@@ -364,6 +483,77 @@ impl Accumulator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The fast path accepts a subset of what `Event::parse` accepts and, where it accepts,
+    /// gives the same event; the published form is what `to_json` always produced.
+    #[test]
+    fn fast_event_reading_agrees_with_parse() {
+        let long = "x".repeat(MAX_EVENT_TEXT + 1);
+        let name_257 = "n".repeat(257);
+        let cases = [
+            r#"{"type":"text","text":"hello"}"#.to_string(),
+            r#"{"type":"text","text":"line\nbreak \u00e9 \"q\""}"#.into(),
+            r#"{"type":"text","text":""}"#.into(),
+            r#"{"text":"hi","type":"text"}"#.into(),
+            r#"{"type":"text"}"#.into(),
+            r#"{"type":"text","text":null}"#.into(),
+            r#"{"type":"text","text":5}"#.into(),
+            r#"{"type":"text","text":"a","name":null}"#.into(),
+            r#"{"type":"text","text":"a","extra":1}"#.into(),
+            r#"{"type":"text","text":"a","type":"text"}"#.into(),
+            format!(r#"{{"type":"text","text":"{long}"}}"#),
+            r#"{"type":"tool_call_delta","id":"c1","name":"search","arguments_delta":"{\"q\":"}"#
+                .into(),
+            r#"{"type":"tool_call_delta","id":"c1","arguments_delta":"1"}"#.into(),
+            r#"{"type":"tool_call_delta","id":"c1"}"#.into(),
+            r#"{"type":"tool_call_delta","id":"c1","name":null,"arguments_delta":null}"#.into(),
+            r#"{"type":"tool_call_delta","id":"","arguments_delta":"1"}"#.into(),
+            r#"{"type":"tool_call_delta","arguments_delta":"1"}"#.into(),
+            r#"{"type":"tool_call_delta","id":"c1","text":"x"}"#.into(),
+            format!(r#"{{"type":"tool_call_delta","id":"c1","name":"{name_257}"}}"#),
+            format!(r#"{{"type":"tool_call_delta","id":"{name_257}"}}"#),
+            r#"{"type":"tool_call_end","id":"c1"}"#.into(),
+            r#"{"type":"tool_call_end","id":"c1","name":"x"}"#.into(),
+            r#"{"type":"tool_call_end"}"#.into(),
+            r#"{"type":"image","url":"x"}"#.into(),
+            r#"{"type":5}"#.into(),
+            r#"{}"#.into(),
+            r#"[]"#.into(),
+            r#""text""#.into(),
+        ];
+        let (mut fast, mut slow_only, mut refused) = (0, 0, 0);
+        for c in &cases {
+            let slow = serde_json::from_str::<Value>(c)
+                .ok()
+                .and_then(|v| Event::parse(&v).ok());
+            let quick = serde_json::from_str::<EventIn>(c)
+                .ok()
+                .and_then(EventIn::into_event);
+            match (&quick, &slow) {
+                (Some(q), Some(s)) => {
+                    assert_eq!(q, s, "{c}");
+                    let v: Value = serde_json::from_str(c).unwrap();
+                    let mut expected = v.clone();
+                    if let Some(o) = expected.as_object_mut() {
+                        o.retain(|_, x| !x.is_null());
+                        if matches!(s, Event::ToolDelta { .. }) {
+                            o.entry("arguments_delta").or_insert("".into());
+                        }
+                    }
+                    assert_eq!(q.to_json(), expected, "{c}");
+                    fast += 1;
+                }
+                (Some(q), None) => panic!("the fast path accepted {c} as {q:?}; parse refuses it"),
+                (None, Some(_)) => slow_only += 1,
+                (None, None) => refused += 1,
+            }
+        }
+        println!(
+            "{} events: {fast} fast, {slow_only} slow path only, {refused} refused",
+            cases.len()
+        );
+        assert!(fast >= 7 && slow_only >= 2 && refused >= 10);
+    }
 
     fn texts(out: &[(u64, Value)]) -> Vec<(u64, String)> {
         out.iter()

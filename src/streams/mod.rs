@@ -25,7 +25,7 @@ use serde_json::{json, Map, Value};
 use tokio::sync::{mpsc, oneshot};
 use zeroize::Zeroizing;
 
-pub use accum::{Accumulator, Event, MIN_OVERLAP_CHARS};
+pub use accum::{Accumulator, Event, EventIn, Str, MIN_OVERLAP_CHARS};
 
 use crate::durable::journal::{Durability, Journal, JournalError, Position, Promise, ReplayReport};
 use crate::durable::{self, Faults};
@@ -290,6 +290,17 @@ fn record(kind: &str, run: &str, fields: Value) -> Value {
     r
 }
 
+/// An `ev` record as written: the fields `record("ev", run, {epoch, seq, events, at})` has.
+#[derive(serde::Serialize)]
+struct EvRecord<'a> {
+    t: &'static str,
+    run: &'a str,
+    epoch: u64,
+    seq: u64,
+    events: &'a [Event],
+    at: u64,
+}
+
 struct State {
     runs: HashMap<String, Run>,
 }
@@ -393,7 +404,7 @@ impl Streams {
         self.lock().runs.len()
     }
 
-    fn seal_record(&self, rec: &Value) -> Result<Vec<u8>, StreamError> {
+    fn seal_record(&self, rec: &impl serde::Serialize) -> Result<Vec<u8>, StreamError> {
         let plain = Zeroizing::new(serde_json::to_vec(rec).unwrap_or_default());
         self.sealer
             .seal(&plain)
@@ -647,20 +658,38 @@ impl Streams {
         seq: u64,
         events: &[Value],
     ) -> Result<Ticket, StreamError> {
-        if events.is_empty() {
-            return Err(invalid("events must not be empty"));
-        }
-        if events.len() > self.config.max_events_per_append {
-            return Err(invalid(format!(
-                "at most {} events per append",
-                self.config.max_events_per_append
-            )));
-        }
+        self.check_count(events.len())?;
         let parsed: Vec<Event> = events
             .iter()
             .enumerate()
             .map(|(i, e)| Event::parse(e).map_err(|m| invalid(format!("events[{i}]: {m}"))))
             .collect::<Result<_, _>>()?;
+        self.append_events(run_id, stream_id, seq, parsed)
+    }
+
+    fn check_count(&self, n: usize) -> Result<(), StreamError> {
+        if n == 0 {
+            return Err(invalid("events must not be empty"));
+        }
+        if n > self.config.max_events_per_append {
+            return Err(invalid(format!(
+                "at most {} events per append",
+                self.config.max_events_per_append
+            )));
+        }
+        Ok(())
+    }
+
+    /// [`Self::append`] with the events already parsed (the socket's fast path reads them
+    /// straight from the request line).
+    pub fn append_events(
+        &self,
+        run_id: &str,
+        stream_id: &str,
+        seq: u64,
+        parsed: Vec<Event>,
+    ) -> Result<Ticket, StreamError> {
+        self.check_count(parsed.len())?;
         let mut st = self.lock();
         let run = Self::run_mut(&mut st, run_id, stream_id)?;
         if run.status == Status::Failed {
@@ -699,13 +728,16 @@ impl Streams {
         let first = run.next_seq;
         // One clock reading for the record and the run: replay restores exactly this time.
         let at = now_ms();
-        let raw: Vec<Value> = fresh.iter().map(Event::to_json).collect();
-        let rec = record(
-            "ev",
-            run_id,
-            json!({"epoch": run.epoch, "seq": first, "events": raw, "at": at}),
-        );
-        let sealed = self.seal_record(&rec)?;
+        // Serialized straight from the events: the same JSON as `record("ev", ..)` with
+        // `Event::to_json`, without building a `Value` per append.
+        let sealed = self.seal_record(&EvRecord {
+            t: "ev",
+            run: run_id,
+            epoch: run.epoch,
+            seq: first,
+            events: fresh,
+            at,
+        })?;
         let mut out = Vec::new();
         for (i, e) in fresh.iter().enumerate() {
             out.extend(run.acc.apply(first + i as u64, e).map_err(invalid)?);
