@@ -5,6 +5,7 @@
 //! - [`ipc`]: the socket server and protocol; [`service`]: the daemon's state.
 //! - [`recovery`]: the streaming recovery planner (R1–R4), a pure function.
 //! - [`streams`]: durable stream state on the journal, recovery wired in, exactly-once events.
+//! - [`runlog`]: idempotent per-run logs in hive's layout (nodes, steps, tool calls, summary).
 //! - [`store`]: the hive-compatible credential store (files, index, reconciliation, fsck).
 //! - [`crypto`]: keys, their sources and rotation, Fernet, and the [`crypto::Secret`] type.
 //! - [`durable`]: the only code that writes, renames, fsyncs or locks files.
@@ -22,6 +23,7 @@ pub mod limits;
 pub mod paths;
 pub mod process;
 pub mod recovery;
+pub mod runlog;
 pub mod service;
 pub mod store;
 pub mod streams;

@@ -1,0 +1,1081 @@
+//! Run logs: idempotent, append-only logs of agent runs, in hive's layout and field names.
+//!
+//! Per run, under `runs/<run_id>/` (the directory the stream of the same run keeps its `state`
+//! in):
+//! - `details.jsonl`: one line per node completion (hive's `NodeDetail`), one logical entry per
+//!   `(node_id, attempt)`;
+//! - `tool_logs.jsonl`: one line per step (hive's `NodeStepLog`), one per `(node_id, step_index)`;
+//! - `tool_calls.jsonl`: holdfast's own, `begin`/`end` records per tool call (the names of
+//!   hive's `tool_calls[]` entries: `tool_use_id`, `tool_name`, `tool_input`, `result`,
+//!   `is_error`, `start_timestamp`, `duration_s`), which the recovery planner reads;
+//! - `summary.json`: written once, by `run.end`;
+//! - `log.lock`: the run's lock (`flock` plus an in-process gate).
+//!
+//! Every record carries `seq` (one counter per run, across the three files) and `logged_at_ms`.
+//! The files are the truth: every operation takes the run's lock, brings its view of the files
+//! up to date (reading only what was appended since it last looked, and reloading if a file was
+//! replaced or shrank), decides, writes, `fdatasync`s, and releases. So the daemon, the offline
+//! CLI and any other process using the same lock see one log, and a restart forgets nothing:
+//! the check of `run.ensure_node` is made against the file, under the lock, every time.
+//!
+//! A record replacing a logical entry (`run.log_node` of the same `(node_id, attempt)` with
+//! different content) rewrites the file atomically (temp file, fsync, rename, fsync of the
+//! directory) with the new record at the old one's place, so the file keeps one line per logical
+//! entry and hive's own tools, which count lines, count right. Logging the same content again
+//! writes nothing.
+//!
+//! On load, a torn last line (a writer killed mid-append) is cut at the last complete line
+//! (under the lock, fsynced); a complete line that is not a valid record is skipped and kept
+//! in place; duplicate keys (a log written by hive's racy logger) collapse to the last one.
+//! All three are counted in the run's [`Report`].
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{self, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::{json, Map, Value};
+
+use crate::durable::{self, Faults, LockMode};
+use crate::error::ErrorKind;
+
+#[cfg(test)]
+mod tests;
+
+/// Largest record accepted (a node detail or step with its text and tool calls).
+pub const MAX_RECORD_BYTES: usize = 1024 * 1024;
+/// How long an operation waits for another holder of a run's lock.
+const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
+/// Runs whose parsed logs the daemon keeps; past this the cache starts over (each run is
+/// reloaded from its files on next use: a cost, never a loss).
+const CACHED_RUNS: usize = 4096;
+
+/// hive's thresholds for a node that needs attention.
+pub mod attention {
+    /// More retries than this.
+    pub const RETRY_COUNT: i64 = 3;
+    /// More escalations than this.
+    pub const ESCALATE_COUNT: i64 = 2;
+    /// Slower than this.
+    pub const LATENCY_MS: i64 = 60_000;
+    /// More tokens than this.
+    pub const TOKENS_USED: i64 = 100_000;
+    /// More steps than this.
+    pub const TOTAL_STEPS: i64 = 20;
+}
+
+/// A run-log operation that failed, with the protocol's error kind.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct RunLogError {
+    /// The kind (`invalid_params`, `not_found`, `conflict`, `storage`, `busy`).
+    pub kind: ErrorKind,
+    /// For people.
+    pub message: String,
+}
+
+fn err(kind: ErrorKind, message: impl Into<String>) -> RunLogError {
+    RunLogError {
+        kind,
+        message: message.into(),
+    }
+}
+
+fn invalid(message: impl Into<String>) -> RunLogError {
+    err(ErrorKind::InvalidParams, message)
+}
+
+fn storage(e: impl std::fmt::Display) -> RunLogError {
+    err(ErrorKind::Storage, e.to_string())
+}
+
+/// The three append-only files.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Details,
+    Steps,
+    Tools,
+}
+
+const KINDS: [Kind; 3] = [Kind::Details, Kind::Steps, Kind::Tools];
+
+impl Kind {
+    fn file(self) -> &'static str {
+        match self {
+            Kind::Details => "details.jsonl",
+            Kind::Steps => "tool_logs.jsonl",
+            Kind::Tools => "tool_calls.jsonl",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// What loading a run's files found and repaired.
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct Report {
+    /// Torn last lines cut (a writer died mid-append).
+    pub torn_tails_cut: u64,
+    /// Bytes those cuts removed.
+    pub torn_bytes: u64,
+    /// Complete lines that were not valid records (skipped, left in place).
+    pub bad_lines: u64,
+    /// Lines superseded by a later line with the same key (a log written by a racy logger).
+    pub duplicate_lines: u64,
+    /// Log files present but empty.
+    pub empty_files: u64,
+}
+
+impl Report {
+    /// Nothing was repaired or skipped.
+    pub fn is_clean(&self) -> bool {
+        *self == Report::default()
+    }
+}
+
+/// One logical entry: its record and where it sits.
+#[derive(Clone, Debug)]
+struct Entry {
+    seq: u64,
+    /// Position in its file (line order), kept when the entry is replaced.
+    pos: u64,
+    record: Map<String, Value>,
+}
+
+#[derive(Clone, Debug, Default)]
+struct FileView {
+    /// Inode and length when last read (an append grows the length; a replacement changes
+    /// the inode; a cut shrinks it).
+    ino: u64,
+    len: u64,
+    exists: bool,
+    next_pos: u64,
+}
+
+/// A tool call as the log knows it.
+#[derive(Clone, Debug, Default)]
+struct ToolCall {
+    begin: Option<Entry>,
+    end: Option<Entry>,
+}
+
+/// The parsed view of one run's files.
+#[derive(Clone, Debug, Default)]
+struct Loaded {
+    files: [FileView; 3],
+    next_seq: u64,
+    nodes: BTreeMap<(String, i64), Entry>,
+    steps: BTreeMap<(String, i64), Entry>,
+    tools: BTreeMap<String, ToolCall>,
+    summary: Option<Value>,
+    report: Report,
+    first_ms: Option<u64>,
+    last_ms: Option<u64>,
+}
+
+/// What the run log knows about a tool call, for the recovery planner's R2 annotation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Execution {
+    /// `run.tool_end` was logged: it ran; its result is in the log.
+    Executed,
+    /// `run.tool_begin` without an end: it may have run partly (side effects possible).
+    Began,
+    /// Neither: it never started.
+    NotExecuted,
+}
+
+impl Execution {
+    /// The plan's wording.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Execution::Executed => "executed",
+            Execution::Began => "began",
+            Execution::NotExecuted => "not_executed",
+        }
+    }
+}
+
+/// The run logs under one `runs/` directory.
+pub struct RunLog {
+    dir: PathBuf,
+    faults: Faults,
+    cache: Mutex<HashMap<String, Arc<Mutex<Loaded>>>>,
+}
+
+impl std::fmt::Debug for RunLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunLog").field("dir", &self.dir).finish()
+    }
+}
+
+/// A run id: the rule the streams use (it names a directory).
+pub fn validate_run_id(id: &str) -> Result<(), RunLogError> {
+    crate::streams::validate_run_id(id).map_err(|e| invalid(e.message))
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn iso(ms: u64) -> String {
+    crate::timefmt::format_z(ms as i64 * 1000)
+}
+
+/// A string field of at most 256 bytes, non-empty.
+fn key_str(o: &Map<String, Value>, field: &str, what: &str) -> Result<String, RunLogError> {
+    match o.get(field) {
+        Some(Value::String(s)) if !s.is_empty() && s.len() <= 256 => Ok(s.clone()),
+        _ => Err(invalid(format!(
+            "{what}.{field} (a non-empty string of at most 256 bytes) is required"
+        ))),
+    }
+}
+
+fn key_int(
+    o: &Map<String, Value>,
+    field: &str,
+    what: &str,
+    default: Option<i64>,
+) -> Result<i64, RunLogError> {
+    match o.get(field) {
+        None | Some(Value::Null) if default.is_some() => Ok(default.unwrap_or(0)),
+        Some(v) => v
+            .as_i64()
+            .filter(|n| *n >= 0)
+            .ok_or_else(|| invalid(format!("{what}.{field} must be a non-negative integer"))),
+        None => Err(invalid(format!(
+            "{what}.{field} (a non-negative integer) is required"
+        ))),
+    }
+}
+
+/// The key of a node detail: `(node_id, attempt)`; attempt defaults to 1 as in hive.
+fn node_key(o: &Map<String, Value>) -> Result<(String, i64), RunLogError> {
+    Ok((
+        key_str(o, "node_id", "detail")?,
+        key_int(o, "attempt", "detail", Some(1))?,
+    ))
+}
+
+fn step_key(o: &Map<String, Value>) -> Result<(String, i64), RunLogError> {
+    Ok((
+        key_str(o, "node_id", "step")?,
+        key_int(o, "step_index", "step", None)?,
+    ))
+}
+
+/// The record without the fields holdfast sets (to compare content).
+fn content(record: &Map<String, Value>) -> Map<String, Value> {
+    let mut m = record.clone();
+    m.remove("seq");
+    m.remove("logged_at_ms");
+    m
+}
+
+fn int(v: Option<&Value>) -> i64 {
+    v.and_then(|v| v.as_i64().or_else(|| v.as_f64().map(|f| f as i64)))
+        .unwrap_or(0)
+}
+
+/// Why a node needs attention (hive's rules), empty if it does not.
+pub fn attention_reasons(detail: &Map<String, Value>) -> Vec<String> {
+    let node = detail.get("node_id").and_then(Value::as_str).unwrap_or("?");
+    let mut out = Vec::new();
+    if detail.get("success") == Some(&Value::Bool(false)) {
+        out.push(format!("{node}: failed"));
+    }
+    let checks = [
+        ("retry_count", attention::RETRY_COUNT),
+        ("escalate_count", attention::ESCALATE_COUNT),
+        ("latency_ms", attention::LATENCY_MS),
+        ("tokens_used", attention::TOKENS_USED),
+        ("total_steps", attention::TOTAL_STEPS),
+    ];
+    for (field, limit) in checks {
+        let n = int(detail.get(field));
+        if n > limit {
+            out.push(format!("{node}: {field} {n} > {limit}"));
+        }
+    }
+    // A node may carry its own verdict too.
+    if let Some(Value::Array(reasons)) = detail.get("attention_reasons") {
+        for r in reasons.iter().filter_map(Value::as_str) {
+            let r = format!("{node}: {r}");
+            if !out.contains(&r) {
+                out.push(r);
+            }
+        }
+    }
+    out
+}
+
+impl Loaded {
+    /// Take one complete line of `kind` into the view.
+    fn take_line(&mut self, kind: Kind, line: &[u8]) {
+        let pos = self.files[kind.index()].next_pos;
+        self.files[kind.index()].next_pos += 1;
+        let Ok(Value::Object(record)) = serde_json::from_slice::<Value>(line) else {
+            self.report.bad_lines += 1;
+            return;
+        };
+        let seq = record.get("seq").and_then(Value::as_u64).unwrap_or(0);
+        self.next_seq = self.next_seq.max(seq + 1);
+        if let Some(ms) = record.get("logged_at_ms").and_then(Value::as_u64) {
+            self.first_ms = Some(self.first_ms.map_or(ms, |f| f.min(ms)));
+            self.last_ms = Some(self.last_ms.map_or(ms, |l| l.max(ms)));
+        }
+        let entry = |record| Entry { seq, pos, record };
+        let replaced = match kind {
+            Kind::Details => match node_key(&record) {
+                Ok(k) => self.nodes.insert(k, entry(record)).is_some(),
+                Err(_) => {
+                    self.report.bad_lines += 1;
+                    return;
+                }
+            },
+            Kind::Steps => match step_key(&record) {
+                Ok(k) => self.steps.insert(k, entry(record)).is_some(),
+                Err(_) => {
+                    self.report.bad_lines += 1;
+                    return;
+                }
+            },
+            Kind::Tools => {
+                let id = key_str(&record, "tool_use_id", "tool call");
+                let event = record.get("event").and_then(Value::as_str);
+                match (id, event) {
+                    (Ok(id), Some("begin")) => {
+                        let t = self.tools.entry(id).or_default();
+                        t.begin.replace(entry(record)).is_some()
+                    }
+                    (Ok(id), Some("end")) => {
+                        let t = self.tools.entry(id).or_default();
+                        t.end.replace(entry(record)).is_some()
+                    }
+                    _ => {
+                        self.report.bad_lines += 1;
+                        return;
+                    }
+                }
+            }
+        };
+        if replaced {
+            self.report.duplicate_lines += 1;
+        }
+    }
+
+    /// The logical records of `kind`, in file order.
+    fn records(&self, kind: Kind) -> Vec<&Entry> {
+        let mut v: Vec<&Entry> = match kind {
+            Kind::Details => self.nodes.values().collect(),
+            Kind::Steps => self.steps.values().collect(),
+            Kind::Tools => self
+                .tools
+                .values()
+                .flat_map(|t| t.begin.iter().chain(t.end.iter()))
+                .collect(),
+        };
+        v.sort_by_key(|e| e.pos);
+        v
+    }
+
+    fn ended(&self) -> bool {
+        self.summary.is_some()
+    }
+}
+
+/// The summary of a run's logical entries (hive's `summary.json` fields).
+fn summarize(
+    run_id: &str,
+    l: &Loaded,
+    status: &str,
+    extra: &Map<String, Value>,
+    now: u64,
+) -> Value {
+    let nodes = l.records(Kind::Details);
+    let mut reasons = Vec::new();
+    let (mut input, mut output) = (0i64, 0i64);
+    let mut path = Vec::new();
+    for e in &nodes {
+        input += int(e.record.get("input_tokens"));
+        output += int(e.record.get("output_tokens"));
+        reasons.extend(attention_reasons(&e.record));
+        path.push(e.record.get("node_id").cloned().unwrap_or(Value::Null));
+    }
+    let started = l.first_ms.unwrap_or(now);
+    let field = |k: &str| extra.get(k).cloned().unwrap_or(Value::Null);
+    json!({
+        "run_id": run_id,
+        "agent_id": field("agent_id"),
+        "goal_id": field("goal_id"),
+        "status": status,
+        "total_nodes_executed": nodes.len(),
+        "node_path": path,
+        "total_input_tokens": input,
+        "total_output_tokens": output,
+        "needs_attention": !reasons.is_empty(),
+        "attention_reasons": reasons,
+        "started_at": iso(started),
+        "duration_ms": now.saturating_sub(started),
+        "execution_quality": field("execution_quality"),
+        "trace_id": field("trace_id"),
+        "execution_id": field("execution_id"),
+    })
+}
+
+/// The `run.end` fields copied into the summary as given.
+const END_FIELDS: [&str; 5] = [
+    "agent_id",
+    "goal_id",
+    "execution_quality",
+    "trace_id",
+    "execution_id",
+];
+
+/// Statuses `run.end` accepts (hive's).
+pub const STATUSES: [&str; 5] = ["success", "failure", "degraded", "cancelled", "timeout"];
+
+impl RunLog {
+    /// The run logs under `runs_dir` (created 0700 if missing).
+    pub fn open(runs_dir: &Path, faults: Faults) -> Result<RunLog, RunLogError> {
+        durable::create_private_dir(runs_dir, &faults).map_err(storage)?;
+        Ok(RunLog {
+            dir: runs_dir.to_path_buf(),
+            faults,
+            cache: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The `runs/` directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn run_dir(&self, run_id: &str) -> PathBuf {
+        self.dir.join(run_id)
+    }
+
+    fn cached(&self, run_id: &str) -> Arc<Mutex<Loaded>> {
+        let mut c = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+        if c.len() >= CACHED_RUNS && !c.contains_key(run_id) {
+            c.clear();
+        }
+        Arc::clone(c.entry(run_id.to_owned()).or_default())
+    }
+
+    fn forget(&self, run_id: &str) {
+        self.cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(run_id);
+    }
+
+    /// Run `f` on the up-to-date view of `run_id`, under its lock. With `create`, the run's
+    /// directory is made if missing; without, a run with no directory is `not_found`.
+    fn with_run<T>(
+        &self,
+        run_id: &str,
+        create: bool,
+        f: impl FnOnce(&Path, &mut Loaded) -> Result<T, RunLogError>,
+    ) -> Result<T, RunLogError> {
+        validate_run_id(run_id)?;
+        let dir = self.run_dir(run_id);
+        match fs::symlink_metadata(&dir) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => return Err(storage(format!("{} is not a directory", dir.display()))),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                if !create {
+                    return Err(err(
+                        ErrorKind::NotFound,
+                        format!("no run log for run {run_id:?}"),
+                    ));
+                }
+                durable::create_private_dir(&dir, &self.faults).map_err(storage)?;
+                durable::fsync_dir(&self.dir, &self.faults).map_err(storage)?;
+            }
+            Err(e) => return Err(storage(format!("{}: {e}", dir.display()))),
+        }
+        let _lock = durable::lock::lock(&dir.join("log.lock"), LockMode::Exclusive, LOCK_TIMEOUT)
+            .map_err(|e| err(ErrorKind::Busy, e.to_string()))?;
+        let slot = self.cached(run_id);
+        let mut view = slot.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Err(e) = self.refresh(&dir, &mut view) {
+            // Whatever was half-read is dropped: the next use reloads from the files.
+            *view = Loaded::default();
+            return Err(e);
+        }
+        let out = f(&dir, &mut view);
+        if out.is_err() {
+            // After a failure the view is not trusted: the next use reloads from the files.
+            *view = Loaded::default();
+        }
+        out
+    }
+
+    /// Bring `view` up to date with the files (the caller holds the run's lock).
+    fn refresh(&self, dir: &Path, view: &mut Loaded) -> Result<(), RunLogError> {
+        let mut reload = false;
+        let mut metas = Vec::new();
+        for kind in KINDS {
+            let path = dir.join(kind.file());
+            let meta = match fs::symlink_metadata(&path) {
+                Ok(m) if m.is_file() => Some(m),
+                Ok(_) => return Err(storage(format!("{} is not a file", path.display()))),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+                Err(e) => return Err(storage(format!("{}: {e}", path.display()))),
+            };
+            let f = &view.files[kind.index()];
+            match &meta {
+                Some(m) if f.exists && (m.ino() != f.ino || m.len() < f.len) => reload = true,
+                None if f.exists => reload = true,
+                _ => {}
+            }
+            metas.push(meta);
+        }
+        let summary_path = dir.join("summary.json");
+        if reload {
+            *view = Loaded::default();
+        }
+        for (kind, meta) in KINDS.into_iter().zip(metas) {
+            let Some(meta) = meta else { continue };
+            let from = view.files[kind.index()].len;
+            if view.files[kind.index()].exists && meta.len() == from {
+                continue;
+            }
+            self.read_tail(dir, kind, from, view)?;
+        }
+        if view.summary.is_none() {
+            view.summary = match durable::read_capped(&summary_path, MAX_RECORD_BYTES as u64) {
+                Ok(Some(bytes)) => Some(serde_json::from_slice(&bytes).map_err(|e| {
+                    err(
+                        ErrorKind::Integrity,
+                        format!("{}: not JSON ({e})", summary_path.display()),
+                    )
+                })?),
+                Ok(None) => None,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+                Err(e) => return Err(storage(format!("{}: {e}", summary_path.display()))),
+            };
+        }
+        Ok(())
+    }
+
+    /// Read `kind`'s file from byte `from`, taking its complete lines; cut a torn last line.
+    fn read_tail(
+        &self,
+        dir: &Path,
+        kind: Kind,
+        from: u64,
+        view: &mut Loaded,
+    ) -> Result<(), RunLogError> {
+        let path = dir.join(kind.file());
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+            .open(&path)
+            .map_err(|e| storage(format!("opening {}: {e}", path.display())))?;
+        let meta = file.metadata().map_err(storage)?;
+        file.seek(SeekFrom::Start(from)).map_err(storage)?;
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes)
+            .map_err(|e| storage(format!("reading {}: {e}", path.display())))?;
+        let complete = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+        for line in bytes[..complete].split(|b| *b == b'\n') {
+            if !line.iter().all(u8::is_ascii_whitespace) {
+                view.take_line(kind, line);
+            }
+        }
+        let len = from + complete as u64;
+        if complete < bytes.len() {
+            // A torn last line: its writer died before the newline (every writer holds this
+            // lock while it writes, so nobody is still writing it). Cut it, durably.
+            let torn = (bytes.len() - complete) as u64;
+            file.set_len(len)
+                .and_then(|()| file.sync_data())
+                .map_err(|e| {
+                    storage(format!("cutting the torn tail of {}: {e}", path.display()))
+                })?;
+            tracing::warn!(file = %path.display(), bytes = torn, "run log: cut a torn last line");
+            view.report.torn_tails_cut += 1;
+            view.report.torn_bytes += torn;
+        }
+        if from == 0 && meta.len() == 0 {
+            view.report.empty_files += 1;
+        }
+        view.files[kind.index()] = FileView {
+            ino: meta.ino(),
+            len,
+            exists: true,
+            next_pos: view.files[kind.index()].next_pos,
+        };
+        Ok(())
+    }
+
+    /// Append one record to `kind`'s file, durably; returns its seq.
+    fn append(
+        &self,
+        dir: &Path,
+        view: &mut Loaded,
+        kind: Kind,
+        mut record: Map<String, Value>,
+    ) -> Result<Entry, RunLogError> {
+        let seq = view.next_seq.max(1);
+        let at = now_ms();
+        record.insert("seq".into(), seq.into());
+        record.insert("logged_at_ms".into(), at.into());
+        let mut line = serde_json::to_vec(&record).map_err(storage)?;
+        if line.len() > MAX_RECORD_BYTES {
+            return Err(invalid(format!(
+                "a record is at most {MAX_RECORD_BYTES} bytes; this one is {}",
+                line.len()
+            )));
+        }
+        line.push(b'\n');
+        let path = dir.join(kind.file());
+        let created = !view.files[kind.index()].exists;
+        let mut file = OpenOptions::new()
+            .append(true)
+            .create(true)
+            .mode(0o600)
+            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+            .open(&path)
+            .map_err(|e| storage(format!("opening {}: {e}", path.display())))?;
+        let written = self
+            .faults
+            .check(durable::fault::Op::WriteTemp)
+            .and_then(|()| file.write_all(&line))
+            .and_then(|()| self.faults.check(durable::fault::Op::FsyncFile))
+            .and_then(|()| file.sync_data());
+        if let Err(e) = written {
+            // A partial line is cut by the next holder of the lock; the view is reloaded.
+            return Err(storage(format!("appending to {}: {e}", path.display())));
+        }
+        if created {
+            durable::fsync_dir(dir, &self.faults).map_err(storage)?;
+        }
+        let meta = file.metadata().map_err(storage)?;
+        let f = &mut view.files[kind.index()];
+        let pos = f.next_pos;
+        *f = FileView {
+            ino: meta.ino(),
+            len: meta.len(),
+            exists: true,
+            next_pos: pos + 1,
+        };
+        view.next_seq = seq + 1;
+        view.first_ms = Some(view.first_ms.map_or(at, |f| f.min(at)));
+        view.last_ms = Some(view.last_ms.map_or(at, |l| l.max(at)));
+        Ok(Entry { seq, pos, record })
+    }
+
+    /// Replace a logical entry of `kind` (at the same place), by rewriting the file atomically.
+    fn replace(
+        &self,
+        dir: &Path,
+        view: &mut Loaded,
+        kind: Kind,
+        old: &Entry,
+        mut record: Map<String, Value>,
+    ) -> Result<Entry, RunLogError> {
+        let seq = view.next_seq.max(1);
+        let at = now_ms();
+        record.insert("seq".into(), seq.into());
+        record.insert("logged_at_ms".into(), at.into());
+        let new = Entry {
+            seq,
+            pos: old.pos,
+            record,
+        };
+        let mut bytes = Vec::new();
+        for e in view.records(kind) {
+            let r = if e.pos == old.pos {
+                &new.record
+            } else {
+                &e.record
+            };
+            serde_json::to_writer(&mut bytes, r).map_err(storage)?;
+            bytes.push(b'\n');
+        }
+        if bytes.len() > 256 * MAX_RECORD_BYTES {
+            return Err(invalid(
+                "this run's log is too large to rewrite an entry of",
+            ));
+        }
+        durable::atomic_write(dir, kind.file(), &bytes, &self.faults).map_err(storage)?;
+        // The rewrite drops bad and duplicate lines: reload the view from the new file.
+        let mut fresh = Loaded::default();
+        self.refresh(dir, &mut fresh)?;
+        fresh.report = view.report.clone();
+        *view = fresh;
+        Ok(new)
+    }
+
+    fn refuse_if_ended(run_id: &str, view: &Loaded) -> Result<(), RunLogError> {
+        if view.ended() {
+            return Err(err(
+                ErrorKind::Conflict,
+                format!("run {run_id:?} has ended (run.end); its log and summary are final"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// `run.log_node`: log a node completion; the same `(node_id, attempt)` again keeps one
+    /// logical entry (the last content wins; the same content writes nothing).
+    pub fn log_node(&self, run_id: &str, detail: Map<String, Value>) -> Result<Value, RunLogError> {
+        let key = node_key(&detail)?;
+        self.with_run(run_id, true, |dir, view| {
+            Self::refuse_if_ended(run_id, view)?;
+            match view.nodes.get(&key).cloned() {
+                Some(old) if content(&old.record) == content(&detail) => {
+                    Ok(json!({"seq": old.seq, "written": false, "replaced": false}))
+                }
+                Some(old) => {
+                    let e = self.replace(dir, view, Kind::Details, &old, detail)?;
+                    Ok(json!({"seq": e.seq, "written": true, "replaced": true}))
+                }
+                None => {
+                    let e = self.append(dir, view, Kind::Details, detail)?;
+                    view.nodes.insert(key, e.clone());
+                    Ok(json!({"seq": e.seq, "written": true, "replaced": false}))
+                }
+            }
+        })
+    }
+
+    /// `run.ensure_node`: log `detail` for `node_id` only if the log has no entry for that
+    /// node (any attempt): one atomic check-and-write against the file.
+    pub fn ensure_node(
+        &self,
+        run_id: &str,
+        node_id: &str,
+        mut detail: Map<String, Value>,
+    ) -> Result<Value, RunLogError> {
+        match detail.get("node_id") {
+            None => {
+                detail.insert("node_id".into(), node_id.into());
+            }
+            Some(Value::String(n)) if n == node_id => {}
+            Some(_) => return Err(invalid("detail.node_id differs from node_id")),
+        }
+        let key = node_key(&detail)?;
+        self.with_run(run_id, true, |dir, view| {
+            if let Some(e) = view
+                .nodes
+                .iter()
+                .find(|((n, _), _)| n == node_id)
+                .map(|(_, e)| e)
+            {
+                return Ok(json!({"seq": e.seq, "written": false}));
+            }
+            Self::refuse_if_ended(run_id, view)?;
+            let e = self.append(dir, view, Kind::Details, detail)?;
+            view.nodes.insert(key, e.clone());
+            Ok(json!({"seq": e.seq, "written": true}))
+        })
+    }
+
+    /// `run.log_step`: idempotent by `(node_id, step_index)` (last content wins).
+    pub fn log_step(&self, run_id: &str, step: Map<String, Value>) -> Result<Value, RunLogError> {
+        let key = step_key(&step)?;
+        self.with_run(run_id, true, |dir, view| {
+            Self::refuse_if_ended(run_id, view)?;
+            match view.steps.get(&key).cloned() {
+                Some(old) if content(&old.record) == content(&step) => {
+                    Ok(json!({"seq": old.seq, "written": false, "replaced": false}))
+                }
+                Some(old) => {
+                    let e = self.replace(dir, view, Kind::Steps, &old, step)?;
+                    Ok(json!({"seq": e.seq, "written": true, "replaced": true}))
+                }
+                None => {
+                    let e = self.append(dir, view, Kind::Steps, step)?;
+                    view.steps.insert(key, e.clone());
+                    Ok(json!({"seq": e.seq, "written": true, "replaced": false}))
+                }
+            }
+        })
+    }
+
+    /// `run.tool_begin`: a tool call starts. Idempotent by `tool_call_id` (the first begin
+    /// stays).
+    pub fn tool_begin(
+        &self,
+        run_id: &str,
+        tool_call_id: &str,
+        name: &str,
+        input: Value,
+    ) -> Result<Value, RunLogError> {
+        let mut rec = Map::new();
+        rec.insert("event".into(), "begin".into());
+        rec.insert("tool_use_id".into(), tool_call_id.into());
+        rec.insert("tool_name".into(), name.into());
+        rec.insert("tool_input".into(), input);
+        key_str(&rec, "tool_use_id", "params")?;
+        key_str(&rec, "tool_name", "params")?;
+        self.with_run(run_id, true, |dir, view| {
+            if let Some(b) = view.tools.get(tool_call_id).and_then(|t| t.begin.as_ref()) {
+                return Ok(json!({"seq": b.seq, "written": false}));
+            }
+            Self::refuse_if_ended(run_id, view)?;
+            rec.insert("start_timestamp".into(), iso(now_ms()).into());
+            let e = self.append(dir, view, Kind::Tools, rec)?;
+            let seq = e.seq;
+            view.tools.entry(tool_call_id.to_owned()).or_default().begin = Some(e);
+            Ok(json!({"seq": seq, "written": true}))
+        })
+    }
+
+    /// `run.tool_end`: a tool call finished. Idempotent by `tool_call_id` (the first end
+    /// stays: a tool's result is a fact, not last-wins).
+    pub fn tool_end(
+        &self,
+        run_id: &str,
+        tool_call_id: &str,
+        result: Value,
+        is_error: bool,
+    ) -> Result<Value, RunLogError> {
+        let mut rec = Map::new();
+        rec.insert("event".into(), "end".into());
+        rec.insert("tool_use_id".into(), tool_call_id.into());
+        key_str(&rec, "tool_use_id", "params")?;
+        rec.insert("result".into(), result);
+        rec.insert("is_error".into(), is_error.into());
+        self.with_run(run_id, true, |dir, view| {
+            let call = view.tools.get(tool_call_id);
+            if let Some(e) = call.and_then(|t| t.end.as_ref()) {
+                return Ok(json!({"seq": e.seq, "written": false}));
+            }
+            Self::refuse_if_ended(run_id, view)?;
+            let begun = call
+                .and_then(|t| t.begin.as_ref())
+                .and_then(|b| b.record.get("logged_at_ms").and_then(Value::as_u64));
+            if let Some(b) = begun {
+                let secs = now_ms().saturating_sub(b) as f64 / 1000.0;
+                rec.insert("duration_s".into(), json!(secs));
+            }
+            let e = self.append(dir, view, Kind::Tools, rec)?;
+            let seq = e.seq;
+            view.tools.entry(tool_call_id.to_owned()).or_default().end = Some(e);
+            Ok(json!({"seq": seq, "written": true}))
+        })
+    }
+
+    /// What the log says about each tool call id (for the R2 annotation). A run with no log
+    /// answers `NotExecuted` for every id.
+    pub fn executions(&self, run_id: &str, ids: &[String]) -> Result<Vec<Execution>, RunLogError> {
+        let state = |view: &Loaded, id: &String| match view.tools.get(id) {
+            Some(ToolCall { end: Some(_), .. }) => Execution::Executed,
+            Some(ToolCall { begin: Some(_), .. }) => Execution::Began,
+            _ => Execution::NotExecuted,
+        };
+        match self.with_run(run_id, false, |_, view| {
+            Ok(ids.iter().map(|id| state(view, id)).collect())
+        }) {
+            Err(e) if e.kind == ErrorKind::NotFound => Ok(vec![Execution::NotExecuted; ids.len()]),
+            other => other,
+        }
+    }
+
+    /// `run.end`: write `summary.json` from the logical entries. Idempotent: a second end
+    /// returns the same summary and writes nothing.
+    pub fn end(
+        &self,
+        run_id: &str,
+        status: &str,
+        extra: &Map<String, Value>,
+    ) -> Result<Value, RunLogError> {
+        if !STATUSES.contains(&status) {
+            return Err(invalid(format!(
+                "status must be one of {}",
+                STATUSES.join(", ")
+            )));
+        }
+        self.with_run(run_id, true, |dir, view| {
+            if let Some(s) = &view.summary {
+                return Ok(json!({"summary": s, "written": false}));
+            }
+            let mut given = Map::new();
+            for k in END_FIELDS {
+                if let Some(v) = extra.get(k) {
+                    given.insert(k.into(), v.clone());
+                }
+            }
+            let summary = summarize(run_id, view, status, &given, now_ms());
+            let bytes = serde_json::to_vec_pretty(&summary).map_err(storage)?;
+            durable::atomic_write(dir, "summary.json", &bytes, &self.faults).map_err(storage)?;
+            view.summary = Some(summary.clone());
+            Ok(json!({"summary": summary, "written": true}))
+        })
+    }
+
+    /// `run.get`: the run's log: summary (final, or as it would be now), entries, report.
+    pub fn get(&self, run_id: &str) -> Result<Value, RunLogError> {
+        self.with_run(run_id, false, |_, view| {
+            Ok(Self::describe(run_id, view, true))
+        })
+    }
+
+    fn describe(run_id: &str, view: &Loaded, entries: bool) -> Value {
+        let now = now_ms();
+        let summary = view.summary.clone().unwrap_or_else(|| {
+            summarize(
+                run_id,
+                view,
+                "running",
+                &Map::new(),
+                view.last_ms.unwrap_or(now),
+            )
+        });
+        let mut out = json!({
+            "run_id": run_id,
+            "status": summary["status"],
+            "ended": view.ended(),
+            "summary": summary,
+            "nodes": view.nodes.len(),
+            "steps": view.steps.len(),
+            "tool_calls": view.tools.len(),
+            "first_logged_at_ms": view.first_ms,
+            "last_logged_at_ms": view.last_ms,
+            "report": view.report,
+        });
+        if entries {
+            let list = |kind| {
+                view.records(kind)
+                    .into_iter()
+                    .map(|e| Value::Object(e.record.clone()))
+                    .collect::<Vec<_>>()
+            };
+            out["details"] = list(Kind::Details).into();
+            out["steps_log"] = list(Kind::Steps).into();
+            out["tool_log"] = list(Kind::Tools).into();
+        }
+        out
+    }
+
+    /// Every run with a run log, newest activity first; filtered by status and by last
+    /// activity within `[since_ms, until_ms]`.
+    pub fn list(
+        &self,
+        status: Option<&str>,
+        since_ms: Option<u64>,
+        until_ms: Option<u64>,
+    ) -> Result<Vec<Value>, RunLogError> {
+        let mut out = Vec::new();
+        for run_id in self.run_ids()? {
+            let has_log = KINDS
+                .iter()
+                .map(|k| k.file())
+                .chain(["summary.json"])
+                .any(|f| self.run_dir(&run_id).join(f).exists());
+            if !has_log {
+                continue;
+            }
+            let d = match self.with_run(&run_id, false, |_, view| {
+                Ok(Self::describe(&run_id, view, false))
+            }) {
+                Ok(d) => d,
+                Err(e) if e.kind == ErrorKind::NotFound => continue,
+                Err(e) => json!({"run_id": run_id, "status": "unreadable", "error": e.message}),
+            };
+            if status.is_some_and(|s| d["status"].as_str() != Some(s)) {
+                continue;
+            }
+            let last = d["last_logged_at_ms"].as_u64().unwrap_or(0);
+            if since_ms.is_some_and(|s| last < s) || until_ms.is_some_and(|u| last > u) {
+                continue;
+            }
+            out.push(d);
+        }
+        out.sort_by_key(|d| std::cmp::Reverse(d["last_logged_at_ms"].as_u64().unwrap_or(0)));
+        Ok(out)
+    }
+
+    fn run_ids(&self) -> Result<Vec<String>, RunLogError> {
+        let mut ids = Vec::new();
+        let entries = match fs::read_dir(&self.dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(ids),
+            Err(e) => return Err(storage(format!("{}: {e}", self.dir.display()))),
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if validate_run_id(&name).is_ok() && e.file_type().is_ok_and(|t| t.is_dir()) {
+                ids.push(name);
+            }
+        }
+        ids.sort();
+        Ok(ids)
+    }
+
+    /// The newest modification time of anything in a run's directory (ms since the epoch).
+    fn last_activity_ms(dir: &Path) -> Option<u64> {
+        let mut newest = fs::symlink_metadata(dir).ok()?.modified().ok()?;
+        for e in fs::read_dir(dir).ok()?.flatten() {
+            if let Ok(t) = e.metadata().and_then(|m| m.modified()) {
+                newest = newest.max(t);
+            }
+        }
+        newest
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()
+            .map(|d| d.as_millis() as u64)
+    }
+
+    /// Delete the directories of runs with no activity for `older_than` (run log, stream
+    /// state, everything under `runs/<id>/`), except those `keep` names (active streams).
+    /// With `dry_run`, only say which. Each run is deleted under its lock, so no writer is
+    /// cut off mid-append; a run written to meanwhile is kept.
+    pub fn prune(
+        &self,
+        older_than: Duration,
+        keep: &dyn Fn(&str) -> bool,
+        dry_run: bool,
+    ) -> Result<Vec<Value>, RunLogError> {
+        let cutoff = now_ms().saturating_sub(older_than.as_millis() as u64);
+        let mut out = Vec::new();
+        for run_id in self.run_ids()? {
+            let dir = self.run_dir(&run_id);
+            let Some(last) = Self::last_activity_ms(&dir) else {
+                continue;
+            };
+            if last >= cutoff || keep(&run_id) {
+                continue;
+            }
+            if dry_run {
+                out.push(json!({"run_id": run_id, "last_activity_ms": last}));
+                continue;
+            }
+            let lock =
+                durable::lock::lock(&dir.join("log.lock"), LockMode::Exclusive, LOCK_TIMEOUT)
+                    .map_err(|e| err(ErrorKind::Busy, e.to_string()))?;
+            // Written to while we waited for the lock: not old any more.
+            if Self::last_activity_ms(&dir).is_some_and(|l| l >= cutoff) {
+                continue;
+            }
+            fs::remove_dir_all(&dir)
+                .map_err(|e| storage(format!("deleting {}: {e}", dir.display())))?;
+            drop(lock);
+            self.forget(&run_id);
+            out.push(json!({"run_id": run_id, "last_activity_ms": last}));
+        }
+        if !out.is_empty() && !dry_run {
+            durable::fsync_dir(&self.dir, &self.faults).map_err(storage)?;
+        }
+        Ok(out)
+    }
+
+    /// The load report of a run, if its log is clean or not (for `runs show`).
+    pub fn report(&self, run_id: &str) -> Result<Report, RunLogError> {
+        self.with_run(run_id, false, |_, view| Ok(view.report.clone()))
+    }
+}

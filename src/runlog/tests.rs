@@ -1,0 +1,444 @@
+use std::sync::Barrier;
+
+use super::*;
+use crate::durable::fault::{FaultMode, Op};
+
+fn obj(v: Value) -> Map<String, Value> {
+    match v {
+        Value::Object(m) => m,
+        _ => panic!("not an object: {v}"),
+    }
+}
+
+fn detail(node: &str, attempt: i64, tokens: i64) -> Map<String, Value> {
+    obj(
+        json!({"node_id": node, "node_name": node, "node_type": "llm", "success": true,
+               "attempt": attempt, "input_tokens": tokens, "output_tokens": tokens / 2,
+               "tokens_used": tokens + tokens / 2, "latency_ms": 12, "total_steps": 1}),
+    )
+}
+
+fn lines(dir: &Path, run: &str, file: &str) -> Vec<Value> {
+    fs::read_to_string(dir.join(run).join(file))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn open(dir: &Path) -> RunLog {
+    RunLog::open(dir, Faults::none()).unwrap()
+}
+
+/// hive's race: a node's own completion (`log_node`) and the fallback "ensure logged" path
+/// (`ensure_node`) for the same node at once. hive writes a duplicate in ~98 % of such rounds;
+/// here every round must end with exactly one line, carrying the completion's tokens.
+#[test]
+fn the_hive_race_leaves_exactly_one_entry_per_node() {
+    let tmp = tempfile::tempdir().unwrap();
+    let log = Arc::new(open(tmp.path()));
+    let (threads, rounds) = (8, 150);
+    let barrier = Arc::new(Barrier::new(threads));
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let (log, barrier) = (Arc::clone(&log), Arc::clone(&barrier));
+            std::thread::spawn(move || {
+                for r in 0..rounds {
+                    let node = format!("node-{r}");
+                    barrier.wait();
+                    if t % 2 == 0 {
+                        log.log_node("race", detail(&node, 1, 100)).unwrap();
+                    } else {
+                        // The fallback knows less: no token counts.
+                        let fallback = obj(json!({"success": true, "attempt": 1}));
+                        log.ensure_node("race", &node, fallback).unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    let written = lines(tmp.path(), "race", "details.jsonl");
+    let mut per_node: BTreeMap<String, usize> = BTreeMap::new();
+    for l in &written {
+        *per_node
+            .entry(l["node_id"].as_str().unwrap().into())
+            .or_default() += 1;
+    }
+    let duplicates: usize = per_node.values().map(|n| n - 1).sum();
+    println!(
+        "hive race: {threads} threads x {rounds} rounds (log_node vs ensure_node): \
+         {} lines for {} nodes, {duplicates} duplicates",
+        written.len(),
+        per_node.len()
+    );
+    assert_eq!(per_node.len(), rounds);
+    assert_eq!(duplicates, 0);
+    assert_eq!(written.len(), rounds);
+    // Whoever came first, the completion's detail is the entry: it replaces a fallback, and a
+    // fallback after it writes nothing.
+    let summary = log.end("race", "success", &Map::new()).unwrap()["summary"].clone();
+    assert_eq!(summary["total_nodes_executed"], json!(rounds));
+    assert_eq!(summary["total_input_tokens"], json!(rounds as i64 * 100));
+    assert_eq!(summary["total_output_tokens"], json!(rounds as i64 * 50));
+    assert_eq!(summary["needs_attention"], json!(false));
+    // Every record carries its own seq.
+    let mut seqs: Vec<u64> = written.iter().map(|l| l["seq"].as_u64().unwrap()).collect();
+    seqs.sort_unstable();
+    seqs.dedup();
+    assert_eq!(seqs.len(), rounds);
+}
+
+#[test]
+fn a_restart_between_log_node_and_ensure_node_keeps_one_entry() {
+    let tmp = tempfile::tempdir().unwrap();
+    let first = open(tmp.path());
+    assert_eq!(
+        first.log_node("r1", detail("plan", 1, 10)).unwrap()["written"],
+        json!(true)
+    );
+    drop(first);
+    // A new process: nothing in memory, the file is the truth.
+    let second = open(tmp.path());
+    let again = second
+        .ensure_node("r1", "plan", obj(json!({"attempt": 1})))
+        .unwrap();
+    assert_eq!(again["written"], json!(false));
+    // The same completion logged again after the restart: nothing written either.
+    let same = second.log_node("r1", detail("plan", 1, 10)).unwrap();
+    assert_eq!(same["written"], json!(false));
+    assert_eq!(lines(tmp.path(), "r1", "details.jsonl").len(), 1);
+}
+
+#[test]
+fn last_wins_rewrites_in_place_and_attempts_are_separate_entries() {
+    let tmp = tempfile::tempdir().unwrap();
+    let log = open(tmp.path());
+    log.log_node("r", detail("a", 1, 10)).unwrap();
+    log.log_node("r", detail("b", 1, 20)).unwrap();
+    log.log_node("r", detail("a", 2, 30)).unwrap();
+    let r = log.log_node("r", detail("a", 1, 40)).unwrap();
+    assert_eq!(r["replaced"], json!(true));
+    let l = lines(tmp.path(), "r", "details.jsonl");
+    let got: Vec<(String, i64, i64)> = l
+        .iter()
+        .map(|v| {
+            (
+                v["node_id"].as_str().unwrap().into(),
+                v["attempt"].as_i64().unwrap(),
+                v["input_tokens"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    // One line per (node, attempt), the replacement at the old one's place.
+    assert_eq!(
+        got,
+        [
+            ("a".into(), 1, 40),
+            ("b".into(), 1, 20),
+            ("a".into(), 2, 30)
+        ]
+    );
+    let s = log.end("r", "success", &Map::new()).unwrap()["summary"].clone();
+    assert_eq!(s["node_path"], json!(["a", "b", "a"]));
+    assert_eq!(s["total_input_tokens"], json!(90));
+}
+
+#[test]
+fn steps_are_idempotent_by_node_and_index() {
+    let tmp = tempfile::tempdir().unwrap();
+    let log = open(tmp.path());
+    let step = |i: i64, text: &str| {
+        obj(
+            json!({"node_id": "n", "node_type": "llm", "step_index": i, "llm_text": text,
+                   "tool_calls": [], "input_tokens": 1, "output_tokens": 1}),
+        )
+    };
+    assert_eq!(
+        log.log_step("r", step(0, "a")).unwrap()["written"],
+        json!(true)
+    );
+    assert_eq!(
+        log.log_step("r", step(0, "a")).unwrap()["written"],
+        json!(false)
+    );
+    assert_eq!(
+        log.log_step("r", step(1, "b")).unwrap()["written"],
+        json!(true)
+    );
+    assert_eq!(
+        log.log_step("r", step(0, "c")).unwrap()["replaced"],
+        json!(true)
+    );
+    let l = lines(tmp.path(), "r", "tool_logs.jsonl");
+    assert_eq!(l.len(), 2);
+    assert_eq!(l[0]["llm_text"], json!("c"));
+    let bad = log.log_step("r", obj(json!({"node_id": "n"}))).unwrap_err();
+    assert_eq!(bad.kind, ErrorKind::InvalidParams);
+    assert!(bad.message.contains("step_index"), "{}", bad.message);
+}
+
+#[test]
+fn tool_calls_say_what_ran() {
+    let tmp = tempfile::tempdir().unwrap();
+    let log = open(tmp.path());
+    log.tool_begin("r", "call_1", "search", json!({"q": "x"}))
+        .unwrap();
+    log.tool_end("r", "call_1", json!("3 results"), false)
+        .unwrap();
+    log.tool_begin("r", "call_2", "write_file", json!({"path": "/tmp/x"}))
+        .unwrap();
+    // Idempotent: a second begin or end writes nothing; the first end stays.
+    assert_eq!(
+        log.tool_begin("r", "call_1", "search", json!({})).unwrap()["written"],
+        json!(false)
+    );
+    assert_eq!(
+        log.tool_end("r", "call_1", json!("other"), true).unwrap()["written"],
+        json!(false)
+    );
+    let ids: Vec<String> = ["call_1", "call_2", "call_3"].map(String::from).into();
+    assert_eq!(
+        log.executions("r", &ids).unwrap(),
+        [
+            Execution::Executed,
+            Execution::Began,
+            Execution::NotExecuted
+        ]
+    );
+    // A run with no log: nothing ran.
+    assert_eq!(
+        log.executions("never-logged", &ids).unwrap(),
+        [Execution::NotExecuted; 3]
+    );
+    let l = lines(tmp.path(), "r", "tool_calls.jsonl");
+    assert_eq!(l.len(), 3);
+    assert_eq!(l[1]["result"], json!("3 results"));
+    assert_eq!(l[1]["is_error"], json!(false));
+    assert!(l[1]["duration_s"].as_f64().is_some());
+    assert!(l[0]["start_timestamp"].as_str().unwrap().ends_with('Z'));
+}
+
+#[test]
+fn end_is_idempotent_and_final() {
+    let tmp = tempfile::tempdir().unwrap();
+    let log = open(tmp.path());
+    log.log_node("r", detail("a", 1, 10)).unwrap();
+    let extra = obj(json!({"agent_id": "agent-7", "goal_id": "g", "unknown": 1}));
+    let first = log.end("r", "success", &extra).unwrap();
+    assert_eq!(first["written"], json!(true));
+    let path = tmp.path().join("r/summary.json");
+    let bytes = fs::read(&path).unwrap();
+    let stamp = fs::metadata(&path).unwrap().modified().unwrap();
+    // Again, even with another status and from a fresh process: the same summary, no write.
+    let again = open(tmp.path()).end("r", "failure", &Map::new()).unwrap();
+    assert_eq!(again["written"], json!(false));
+    assert_eq!(again["summary"], first["summary"]);
+    assert_eq!(fs::read(&path).unwrap(), bytes);
+    assert_eq!(fs::metadata(&path).unwrap().modified().unwrap(), stamp);
+    assert_eq!(first["summary"]["agent_id"], json!("agent-7"));
+    assert!(first["summary"].get("unknown").is_none());
+    // Final: no more entries.
+    let late = log.log_node("r", detail("b", 1, 1)).unwrap_err();
+    assert_eq!(late.kind, ErrorKind::Conflict);
+    let bad = log.end("r2", "finished", &Map::new()).unwrap_err();
+    assert_eq!(bad.kind, ErrorKind::InvalidParams);
+}
+
+#[test]
+fn needs_attention_follows_hives_thresholds() {
+    let cases: &[(Value, bool)] = &[
+        (json!({"success": true}), false),
+        (json!({"success": false}), true),
+        (json!({"retry_count": 3}), false),
+        (json!({"retry_count": 4}), true),
+        (json!({"escalate_count": 2}), false),
+        (json!({"escalate_count": 3}), true),
+        (json!({"latency_ms": 60000}), false),
+        (json!({"latency_ms": 60001}), true),
+        (json!({"tokens_used": 100000}), false),
+        (json!({"tokens_used": 100001}), true),
+        (json!({"total_steps": 20}), false),
+        (json!({"total_steps": 21}), true),
+        (json!({"attention_reasons": ["flagged by node"]}), true),
+    ];
+    for (fields, expect) in cases {
+        let mut d = obj(json!({"node_id": "n"}));
+        d.extend(obj(fields.clone()));
+        let reasons = attention_reasons(&d);
+        assert_eq!(!reasons.is_empty(), *expect, "{fields}: {reasons:?}");
+    }
+}
+
+#[test]
+fn torn_tails_garbage_lines_empty_files_and_hive_duplicates_are_recovered_and_reported() {
+    let tmp = tempfile::tempdir().unwrap();
+    let log = open(tmp.path());
+    log.log_node("r", detail("a", 1, 10)).unwrap();
+    log.log_node("r", detail("b", 1, 10)).unwrap();
+    drop(log);
+    let path = tmp.path().join("r/details.jsonl");
+    let good_len = fs::metadata(&path).unwrap().len();
+    // A writer killed mid-append: half a line, no newline.
+    let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+    f.write_all(br#"{"node_id":"c","attem"#).unwrap();
+    drop(f);
+    // An empty step log.
+    fs::write(tmp.path().join("r/tool_logs.jsonl"), b"").unwrap();
+    let log = open(tmp.path());
+    let got = log.get("r").unwrap();
+    println!("torn tail: report {}", got["report"]);
+    assert_eq!(got["report"]["torn_tails_cut"], json!(1));
+    assert_eq!(got["report"]["torn_bytes"], json!(21));
+    assert_eq!(got["report"]["empty_files"], json!(1));
+    assert_eq!(got["nodes"], json!(2));
+    assert_eq!(fs::metadata(&path).unwrap().len(), good_len);
+    // Appends continue after the cut, as valid JSON lines.
+    log.log_node("r", detail("c", 1, 10)).unwrap();
+    assert_eq!(lines(tmp.path(), "r", "details.jsonl").len(), 3);
+
+    // A garbage line in the middle and a duplicate as hive's racy logger writes them.
+    let mut text = fs::read_to_string(&path).unwrap();
+    let first_line = text.lines().next().unwrap().to_owned();
+    text.push_str("this is not json\n");
+    text.push_str(&first_line);
+    text.push('\n');
+    fs::write(&path, text).unwrap();
+    let log = open(tmp.path());
+    let got = log.get("r").unwrap();
+    println!("garbage + duplicate: report {}", got["report"]);
+    assert_eq!(got["report"]["bad_lines"], json!(1));
+    assert_eq!(got["report"]["duplicate_lines"], json!(1));
+    assert_eq!(got["nodes"], json!(3));
+    // The summary counts logical entries, not lines (hive's doubled tokens).
+    assert_eq!(got["summary"]["total_input_tokens"], json!(30));
+    // A file that is entirely garbage or empty still works.
+    fs::write(&path, b"\n\n   \n{]\n").unwrap();
+    let got = open(tmp.path()).get("r").unwrap();
+    assert_eq!(got["nodes"], json!(0));
+    assert_eq!(got["report"]["bad_lines"], json!(1));
+}
+
+#[test]
+fn another_process_appending_is_seen_and_a_replaced_file_is_reloaded() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = open(tmp.path());
+    let b = open(tmp.path());
+    a.log_node("r", detail("x", 1, 1)).unwrap();
+    // b reads x from the file, then logs y: seq continues past a's.
+    assert_eq!(
+        b.ensure_node("r", "x", Map::new()).unwrap()["written"],
+        json!(false)
+    );
+    b.log_node("r", detail("y", 1, 1)).unwrap();
+    // a replaces x (rewrite: a new inode); b must see the new content, not its cached one.
+    a.log_node("r", detail("x", 1, 5)).unwrap();
+    let got = b.get("r").unwrap();
+    assert_eq!(got["summary"]["total_input_tokens"], json!(6));
+    let seqs: Vec<u64> = lines(tmp.path(), "r", "details.jsonl")
+        .iter()
+        .map(|l| l["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(seqs.len(), 2);
+    assert_ne!(seqs[0], seqs[1]);
+}
+
+#[test]
+fn hostile_run_ids_and_bad_details_are_refused_without_touching_the_disk() {
+    let tmp = tempfile::tempdir().unwrap();
+    let log = open(tmp.path());
+    for id in ["", "../x", ".hidden", "a/b", &"x".repeat(129), "a\nb"] {
+        let e = log.log_node(id, detail("n", 1, 1)).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidParams, "{id:?}");
+    }
+    for d in [
+        json!({}),
+        json!({"node_id": ""}),
+        json!({"node_id": 5}),
+        json!({"node_id": "n", "attempt": -1}),
+        json!({"node_id": "n", "attempt": "1"}),
+    ] {
+        let e = log.log_node("ok", obj(d.clone())).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidParams, "{d}");
+    }
+    let big = obj(json!({"node_id": "n", "error": "x".repeat(MAX_RECORD_BYTES)}));
+    assert_eq!(
+        log.log_node("ok", big).unwrap_err().kind,
+        ErrorKind::InvalidParams
+    );
+    assert_eq!(fs::read_dir(tmp.path()).unwrap().count(), 1, "only ok/");
+    assert!(lines(tmp.path(), "ok", "details.jsonl").is_empty());
+    assert_eq!(log.get("missing").unwrap_err().kind, ErrorKind::NotFound);
+}
+
+#[test]
+fn a_failed_write_or_fsync_is_an_error_and_the_next_call_sees_the_truth() {
+    let tmp = tempfile::tempdir().unwrap();
+    let faults = Faults::none();
+    let log = RunLog::open(tmp.path(), faults).unwrap();
+    log.log_node("r", detail("a", 1, 1)).unwrap();
+    let mut explored = 0;
+    for op in [Op::WriteTemp, Op::FsyncFile] {
+        let faults = Faults::at_op(op, 1, FaultMode::FailOnce(libc_eio()));
+        let log = RunLog::open(tmp.path(), faults.clone()).unwrap();
+        let node = format!("n-{op:?}");
+        let e = log.ensure_node("r", &node, Map::new()).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Storage, "{op:?}");
+        assert_eq!(faults.injected(), 1);
+        // Retrying is safe: exactly one entry either way (the failed fsync's line may be in
+        // the file; the failed write's is not).
+        log.ensure_node("r", &node, Map::new()).unwrap();
+        let count = lines(tmp.path(), "r", "details.jsonl")
+            .iter()
+            .filter(|l| l["node_id"] == json!(node))
+            .count();
+        assert_eq!(count, 1, "{op:?}");
+        explored += 1;
+    }
+    println!("failed write/fsync: {explored} fault points, 0 duplicates, 0 lost");
+}
+
+fn libc_eio() -> i32 {
+    5
+}
+
+#[test]
+fn list_filters_and_prune_deletes_old_runs_but_keeps_active_ones() {
+    let tmp = tempfile::tempdir().unwrap();
+    let log = open(tmp.path());
+    log.log_node("done", detail("a", 1, 1)).unwrap();
+    log.end("done", "success", &Map::new()).unwrap();
+    log.log_node("live", detail("a", 1, 1)).unwrap();
+    log.log_node("failed", obj(json!({"node_id": "a", "success": false})))
+        .unwrap();
+    log.end("failed", "failure", &Map::new()).unwrap();
+    let all = log.list(None, None, None).unwrap();
+    assert_eq!(all.len(), 3);
+    let failed = log.list(Some("failure"), None, None).unwrap();
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0]["summary"]["needs_attention"], json!(true));
+    assert_eq!(log.list(Some("running"), None, None).unwrap().len(), 1);
+    assert!(log
+        .list(None, Some(now_ms() + 60_000), None)
+        .unwrap()
+        .is_empty());
+    // Nothing is old yet.
+    assert!(log
+        .prune(Duration::from_secs(3600), &|_| false, false)
+        .unwrap()
+        .is_empty());
+    // Everything is older than zero seconds; "live" is kept (an active stream), a dry run
+    // deletes nothing.
+    std::thread::sleep(Duration::from_millis(20));
+    let keep = |id: &str| id == "live";
+    let would = log.prune(Duration::ZERO, &keep, true).unwrap();
+    assert_eq!(would.len(), 2);
+    assert!(tmp.path().join("done").exists());
+    let gone = log.prune(Duration::ZERO, &keep, false).unwrap();
+    assert_eq!(gone.len(), 2);
+    assert!(!tmp.path().join("done").exists());
+    assert!(tmp.path().join("live").exists());
+    assert_eq!(log.get("done").unwrap_err().kind, ErrorKind::NotFound);
+}
