@@ -36,6 +36,9 @@ def main():
         if sys.argv[1:] == ["streams"]:
             streams_examples(sock_path)
             return
+        if sys.argv[1:] == ["runs"]:
+            runs_examples(sock_path)
+            return
         a = Conn(sock_path, "a")
         b = Conn(sock_path, "b")
         a.call("hello", {"client": "docs-example", "protocol": 1})
@@ -79,6 +82,30 @@ def main():
     finally:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(timeout=30)
+
+
+def runs_examples(sock_path):
+    """`python3 scripts/protocol-examples.py runs`: the run.* exchanges."""
+    a = Conn(sock_path, "agent")
+    a.call("hello", {"client": "agent"}, quiet=True)
+    a.call("run.log_node", {"run_id": "run-7", "detail": {
+        "node_id": "plan", "node_name": "Plan", "node_type": "llm", "success": True, "attempt": 1,
+        "input_tokens": 812, "output_tokens": 164, "tokens_used": 976, "latency_ms": 1840, "total_steps": 2}})
+    a.call("run.ensure_node", {"run_id": "run-7", "node_id": "plan", "detail": {"success": True}})
+    a.call("run.log_step", {"run_id": "run-7", "step": {
+        "node_id": "plan", "node_type": "llm", "step_index": 0, "llm_text": "Searching first.",
+        "tool_calls": [], "input_tokens": 400, "output_tokens": 80}})
+    a.call("run.tool_begin", {"run_id": "run-7", "tool_call_id": "toolu_01", "name": "search", "input": {"q": "holdfast"}})
+    a.call("run.tool_end", {"run_id": "run-7", "tool_call_id": "toolu_01", "result": "3 results", "is_error": False})
+    a.call("run.log_node", {"run_id": "run-7", "detail": {
+        "node_id": "act", "node_type": "tool", "success": False, "attempt": 1, "retry_count": 4,
+        "input_tokens": 10, "output_tokens": 2}})
+    a.call("run.end", {"run_id": "run-7", "status": "degraded", "agent_id": "researcher"})
+    a.call("run.end", {"run_id": "run-7", "status": "success"})
+    a.call("run.log_node", {"run_id": "run-7", "detail": {"node_id": "late"}})
+    a.call("run.get", {"run_id": "run-7"})
+    a.call("run.list", {"status": "degraded"})
+    a.call("run.prune", {"older_than_days": 30, "dry_run": True})
 
 
 def streams_examples(sock_path):

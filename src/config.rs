@@ -25,6 +25,9 @@
 //! [streams.retry]              # the planner's policy (docs/recovery.md)
 //! transient_budget = 2
 //!
+//! [runs]
+//! retention_days = 30          # run logs idle this long are deleted (0: keep forever)
+//!
 //! [plugins.summarizer]         # `hello {plugin: "summarizer"}` binds a connection to this grant
 //! stores = ["default"]
 //! methods = ["cred.get", "cred.list", "cred.watch"]   # or "cred.*", "*"
@@ -63,6 +66,30 @@ pub struct Config {
     /// Streams settings.
     #[serde(default)]
     pub streams: StreamsSection,
+    /// Run-log settings.
+    #[serde(default)]
+    pub runs: RunsSection,
+}
+
+/// `[runs]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunsSection {
+    /// Days without activity after which a run's directory is deleted; 0 keeps runs forever.
+    pub retention_days: Option<u64>,
+}
+
+/// Default of `[runs] retention_days`: a month of history, like a CI system's logs.
+pub const DEFAULT_RETENTION_DAYS: u64 = 30;
+
+impl Config {
+    /// How long a run's directory lives after its last activity (`None`: forever).
+    pub fn run_retention(&self) -> Option<Duration> {
+        match self.runs.retention_days.unwrap_or(DEFAULT_RETENTION_DAYS) {
+            0 => None,
+            d => Some(Duration::from_secs(d * 86_400)),
+        }
+    }
 }
 
 /// `[streams]`.
@@ -319,6 +346,13 @@ impl Config {
         srange("batch_interval_ms", st.batch_interval_ms, 1, 60_000)?;
         srange("stale_after_secs", st.stale_after_secs, 1, 365 * 86_400)?;
         srange("expire_after_secs", st.expire_after_secs, 60, 3650 * 86_400)?;
+        in_range(
+            "runs",
+            "retention_days",
+            self.runs.retention_days,
+            0,
+            36_500,
+        )?;
         for (name, grant) in &self.plugins {
             for m in &grant.methods {
                 let known = m == "*"

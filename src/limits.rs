@@ -92,3 +92,7 @@ pub const INDEX_FLUSH_INTERVAL: Duration = Duration::from_millis(250);
 /// moved) silently loses its watch. A rescan is a stat per file: at 10,000 credentials ~20 ms
 /// every 30 s.
 pub const RESCAN_INTERVAL: Duration = Duration::from_secs(30);
+
+/// How often the daemon deletes runs idle past `[runs] retention_days`: retention is counted
+/// in days, so an hour late is nothing, and the sweep lists every run directory.
+pub const RUN_PRUNE_INTERVAL: Duration = Duration::from_secs(3600);

@@ -219,3 +219,25 @@ fn streams_quick_json_run_reports_every_figure() {
         v["startup"]["ready_secs"]
     );
 }
+
+/// `holdfast bench --runs --quick --json`: every phase reports positive figures.
+#[test]
+fn runs_quick_json_run_reports_every_figure() {
+    let t = common::TempHome::new();
+    let tmp = t.root.join("tmp");
+    fs::create_dir(&tmp).expect("mkdir tmp");
+    let mut c = t.cmd();
+    c.args(["bench", "--runs", "--quick", "--json"])
+        .env("TMPDIR", &tmp);
+    let out = common::run(c, b"");
+    assert_eq!(out.code, 0, "{out}");
+    let v: Value = serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out}"));
+    check_figures(&v["floor"], &["n", "p50_us", "p99_us"], "floor");
+    let rows = v["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 7, "{v}");
+    for r in rows {
+        positive(&r["ops_per_sec"], "ops_per_sec");
+        check_figures(&r["latency"], &["n", "p50_us", "p99_us"], "latency");
+    }
+    println!("bench --runs --quick: {} rows", rows.len());
+}

@@ -873,6 +873,52 @@ class Client:
         """``checkpoint.delete`` -> whether there was one."""
         return bool(self.call("checkpoint.delete", run_id=run_id)["deleted"])
 
+    # -- run logs (docs/protocol.md "Run logs") ------------------------------------------------
+
+    def run_log_node(self, run_id, detail):
+        """``run.log_node``: a node completion (hive's NodeDetail fields). The same
+        ``(node_id, attempt)`` again keeps one entry: the same content writes nothing, other
+        content replaces it. -> ``{seq, written, replaced}``."""
+        return self.call("run.log_node", run_id=run_id, detail=detail)
+
+    def run_ensure_node(self, run_id, node_id, detail=None):
+        """``run.ensure_node``: log ``detail`` only if the log has no entry for ``node_id``;
+        atomic against every other writer (threads, processes, restarts). -> ``{seq, written}``."""
+        return self.call("run.ensure_node", run_id=run_id, node_id=node_id, detail=detail or {})
+
+    def run_log_step(self, run_id, step):
+        """``run.log_step``: a step (hive's NodeStepLog), idempotent by
+        ``(node_id, step_index)``."""
+        return self.call("run.log_step", run_id=run_id, step=step)
+
+    def run_tool_begin(self, run_id, tool_call_id, name, input=None):
+        """``run.tool_begin``: call it before running a tool, so a resumed stream's R2 plan
+        knows the call began."""
+        return self.call(
+            "run.tool_begin", run_id=run_id, tool_call_id=tool_call_id, name=name, input=input
+        )
+
+    def run_tool_end(self, run_id, tool_call_id, result=None, is_error=False):
+        """``run.tool_end``: the tool finished (the first end is kept)."""
+        return self.call(
+            "run.tool_end", run_id=run_id, tool_call_id=tool_call_id, result=result,
+            is_error=is_error,
+        )
+
+    def run_end(self, run_id, status, **fields):
+        """``run.end`` -> the summary (hive's summary.json). Idempotent: a second end returns
+        the same summary. ``fields``: agent_id, goal_id, execution_quality, trace_id,
+        execution_id."""
+        return self.call("run.end", run_id=run_id, status=status, **fields)["summary"]
+
+    def run_get(self, run_id):
+        """``run.get`` -> the run's entries, summary (so far) and load report."""
+        return self.call("run.get", run_id=run_id)
+
+    def run_list(self, status=None, since_ms=None, until_ms=None):
+        """``run.list`` -> runs, newest activity first."""
+        return self.call("run.list", status=status, since_ms=since_ms, until_ms=until_ms)["runs"]
+
     # -- events --------------------------------------------------------------------------------
 
     def next_event(self, timeout=None):

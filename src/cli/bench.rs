@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use serde_json::{json, Value};
 
+mod runs;
 mod streams;
 
 use super::{out, out_json, CliError, CliResult, Global};
@@ -82,6 +83,11 @@ pub struct BenchArgs {
     /// when redis-server is installed: scripts/bench-deps.sh), and start-up with 1,000 active runs.
     #[arg(long)]
     streams: bool,
+    /// Measure the run log instead: durable run.log_node and run.ensure_node with 1 and 16
+    /// clients (a run each, one shared run, new and already-logged nodes) against the fsync
+    /// floor of appending a line.
+    #[arg(long, conflicts_with = "streams")]
+    runs: bool,
     /// (Internal) Serve as the echo process of the process-to-process socket floor: accept one
     /// connection on this socket and echo 100-byte messages until it closes.
     #[arg(long, value_name = "SOCKET", hide = true)]
@@ -962,6 +968,9 @@ pub fn run(g: &Global, a: &BenchArgs) -> CliResult {
     }
     if a.streams {
         return streams::run(g, a.quick, a.seconds, a.tmpdir.as_deref());
+    }
+    if a.runs {
+        return runs::run(g, a.quick, a.seconds, a.tmpdir.as_deref());
     }
     let plan = Plan::new(a)?;
     let parent = a.tmpdir.clone().unwrap_or_else(std::env::temp_dir);

@@ -64,6 +64,9 @@ pub fn run(g: &Global, _args: &DaemonArgs) -> CliResult {
             let mut tick = tokio::time::interval(crate::limits::INDEX_FLUSH_INTERVAL);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut last_rescan = tokio::time::Instant::now();
+            // The first retention sweep a minute after start, then hourly.
+            let mut last_prune = tokio::time::Instant::now() + crate::limits::RUN_PRUNE_INTERVAL
+                - std::time::Duration::from_secs(60);
             loop {
                 tick.tick().await;
                 let d = Arc::clone(&flusher);
@@ -71,7 +74,14 @@ pub fn run(g: &Global, _args: &DaemonArgs) -> CliResult {
                 if rescan {
                     last_rescan = tokio::time::Instant::now();
                 }
+                let prune = last_prune.elapsed() >= crate::limits::RUN_PRUNE_INTERVAL;
+                if prune {
+                    last_prune = tokio::time::Instant::now();
+                }
                 let _ = tokio::task::spawn_blocking(move || {
+                    if prune {
+                        d.prune_runs();
+                    }
                     if rescan {
                         d.rewatch();
                         watch::sync_stores(&d, None);

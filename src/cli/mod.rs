@@ -8,6 +8,7 @@ mod daemon;
 mod init;
 mod key;
 mod recovery;
+mod runs;
 mod status;
 mod store;
 mod stream;
@@ -153,6 +154,10 @@ enum Command {
     /// The daemon's streams: list, show one, follow one live.
     #[command(subcommand)]
     Stream(stream::StreamCommand),
+    /// Run logs (node completions, steps, tool calls, summaries): list, show one, its summary,
+    /// prune old runs. Read from the files with the same locks, daemon or not.
+    #[command(subcommand)]
+    Runs(runs::RunsCommand),
 }
 
 /// An error on its way to the user: message plus exit code.
@@ -422,6 +427,7 @@ pub fn main() -> ExitCode {
         Command::Bench(a) => bench::run(g, a),
         Command::Recovery(c) => recovery::run(g, c),
         Command::Stream(c) => stream::run(g, c),
+        Command::Runs(c) => runs::run(g, c),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -46,6 +46,15 @@ pub const METHODS: &[&str] = &[
     "checkpoint.put",
     "checkpoint.get",
     "checkpoint.delete",
+    "run.log_node",
+    "run.ensure_node",
+    "run.log_step",
+    "run.tool_begin",
+    "run.tool_end",
+    "run.end",
+    "run.get",
+    "run.list",
+    "run.prune",
 ];
 
 const DEFAULT_STORE: &str = "default";
@@ -384,6 +393,9 @@ pub async fn dispatch(
 ) -> Result<Value, RpcError> {
     if req.method.starts_with("stream.") || req.method.starts_with("checkpoint.") {
         return super::streams::dispatch(daemon, session, req).await;
+    }
+    if req.method.starts_with("run.") {
+        return super::runs::dispatch(daemon, req).await;
     }
     match req.method.as_str() {
         "cred.get" => {

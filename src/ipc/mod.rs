@@ -8,5 +8,6 @@
 pub mod frame;
 pub mod handlers;
 pub mod protocol;
+pub mod runs;
 pub mod server;
 pub mod streams;

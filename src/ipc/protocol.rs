@@ -315,6 +315,12 @@ impl From<crate::store::Error> for RpcError {
     }
 }
 
+impl From<crate::runlog::RunLogError> for RpcError {
+    fn from(e: crate::runlog::RunLogError) -> Self {
+        RpcError::new(e.kind, e.message)
+    }
+}
+
 impl From<crate::streams::StreamError> for RpcError {
     fn from(e: crate::streams::StreamError) -> Self {
         RpcError::new(e.kind, e.message)

@@ -104,6 +104,8 @@ pub struct Daemon {
     next_lease: AtomicU64,
     /// The streams (opened with the default store's key, on start or on first use).
     streams: Mutex<Option<Arc<Streams>>>,
+    /// The run logs (opened on first use: no key needed, they are not encrypted).
+    run_log: Mutex<Option<Arc<crate::runlog::RunLog>>>,
 }
 
 /// Seals stream records with a store's keys.
@@ -188,6 +190,7 @@ impl Daemon {
             leases: Mutex::new(HashMap::new()),
             next_lease: AtomicU64::new(1),
             streams: Mutex::new(None),
+            run_log: Mutex::new(None),
         })
     }
 
@@ -236,9 +239,55 @@ impl Daemon {
             corrupt = report.corrupt.len(),
             "streams open"
         );
+        // The planner's R2 annotation reads the run log (tool begin/end records).
+        if let Ok(log) = self.run_log() {
+            streams.attach_run_log(log);
+        }
         let streams = Arc::new(streams);
         *guard = Some(Arc::clone(&streams));
         Ok(streams)
+    }
+
+    /// Delete runs idle past `[runs] retention_days` (never one with a live stream).
+    pub fn prune_runs(&self) {
+        let Some(age) = self.config.run_retention() else {
+            return;
+        };
+        let log = match self.run_log() {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, "run retention: the run logs did not open");
+                return;
+            }
+        };
+        let streams = self.streams_if_open();
+        let keep = |id: &str| streams.as_ref().is_some_and(|s| s.is_active(id));
+        match log.prune(age, &keep, false) {
+            Ok(gone) if !gone.is_empty() => {
+                tracing::info!(
+                    runs = gone.len(),
+                    days = age.as_secs() / 86_400,
+                    "run retention: deleted runs idle past retention"
+                );
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "run retention sweep failed"),
+        }
+    }
+
+    /// The run logs under `<data_dir>/runs/`.
+    pub fn run_log(&self) -> Result<Arc<crate::runlog::RunLog>, crate::runlog::RunLogError> {
+        let mut guard = self.run_log.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(l) = guard.as_ref() {
+            return Ok(Arc::clone(l));
+        }
+        let (_, runs_dir) = crate::streams::dirs(&self.data_dir);
+        let log = Arc::new(crate::runlog::RunLog::open(
+            &runs_dir,
+            crate::durable::Faults::none(),
+        )?);
+        *guard = Some(Arc::clone(&log));
+        Ok(log)
     }
 
     /// The streams if they are open (never blocks).

@@ -314,6 +314,8 @@ pub struct Streams {
     config: StreamsConfig,
     faults: Faults,
     replay: ReplayReport,
+    /// The run logs, for the R2 plans' `execution` of each completed tool call.
+    run_log: std::sync::OnceLock<Arc<crate::runlog::RunLog>>,
 }
 
 /// An accepted change waiting for the journal.
@@ -350,6 +352,7 @@ impl Streams {
             config,
             faults,
             replay,
+            run_log: std::sync::OnceLock::new(),
         };
         let mut undecryptable = 0usize;
         {
@@ -402,6 +405,11 @@ impl Streams {
     /// Runs active now.
     pub fn active_runs(&self) -> usize {
         self.lock().runs.len()
+    }
+
+    /// Whether `run_id` has a stream that has not ended (its directory must not be pruned).
+    pub fn is_active(&self, run_id: &str) -> bool {
+        self.lock().runs.contains_key(run_id)
     }
 
     fn seal_record(&self, rec: &impl serde::Serialize) -> Result<Vec<u8>, StreamError> {
@@ -770,6 +778,53 @@ impl Streams {
         stream_id: &str,
         cause: &Value,
     ) -> Result<Ticket, StreamError> {
+        let mut t = self.interrupt_locked(run_id, stream_id, cause)?;
+        self.annotate(run_id, &mut t.answer);
+        Ok(t)
+    }
+
+    /// Read the run logs for R2 plans (see [`Self::annotate`]).
+    pub fn attach_run_log(&self, log: Arc<crate::runlog::RunLog>) {
+        let _ = self.run_log.set(log);
+    }
+
+    /// Fill in each completed call's `execution` from the run log (`executed`, `began`,
+    /// `not_executed`): whether running it again would repeat a side effect. Done after the
+    /// streams' lock is released (it reads files under the run log's own lock); the journaled
+    /// plan does not carry the completed calls, so only the answer changes. If the log cannot
+    /// be read, the calls stay `unknown` and a warning says why.
+    fn annotate(&self, run_id: &str, plan: &mut Value) {
+        let Some(log) = self.run_log.get() else {
+            return;
+        };
+        let Some(calls) = plan.get_mut("completed").and_then(Value::as_array_mut) else {
+            return;
+        };
+        if calls.is_empty() {
+            return;
+        }
+        let ids: Vec<String> = calls
+            .iter()
+            .map(|c| c["id"].as_str().unwrap_or_default().to_owned())
+            .collect();
+        match log.executions(run_id, &ids) {
+            Ok(found) => {
+                for (call, e) in calls.iter_mut().zip(found) {
+                    call["execution"] = e.as_str().into();
+                }
+            }
+            Err(e) => {
+                tracing::warn!(run_id, error = %e, "R2 plan: the run log could not be read; executions left unknown")
+            }
+        }
+    }
+
+    fn interrupt_locked(
+        &self,
+        run_id: &str,
+        stream_id: &str,
+        cause: &Value,
+    ) -> Result<Ticket, StreamError> {
         let mut st = self.lock();
         let run = Self::run_mut(&mut st, run_id, stream_id)?;
         if run.status == Status::Failed {
@@ -892,6 +947,20 @@ impl Streams {
 
     /// `stream.resume`: a new process takes the run over, gets its checkpoint and a plan.
     pub fn resume(
+        &self,
+        run_id: &str,
+        model: Option<String>,
+        thread_id: Option<String>,
+        fail_on_stale: bool,
+    ) -> Result<Ticket, StreamError> {
+        let mut t = self.resume_locked(run_id, model, thread_id, fail_on_stale)?;
+        if let Some(plan) = t.answer.get_mut("plan") {
+            self.annotate(run_id, plan);
+        }
+        Ok(t)
+    }
+
+    fn resume_locked(
         &self,
         run_id: &str,
         model: Option<String>,

@@ -767,3 +767,70 @@ def test_stream_resume_fences_the_old_producer(daemon):
         b.checkpoint_put("py-run-3", {"partial_text": "mine"})
         assert b.checkpoint_get("py-run-3")["partial_text"] == "mine"
         assert b.checkpoint_delete("py-run-3") is True
+
+
+# ---------------------------------------------------------------------------------------------
+# Run logs
+
+
+def _runlog_worker(args):
+    sock, me = args[0], int(args[1])
+    with hc.Client(socket_path=sock, client="runlog-%d" % me) as c:
+        print("ready", flush=True)
+        for line in sys.stdin:
+            node = line.strip()
+            if not node:
+                break
+            if me % 2 == 0:
+                c.run_log_node("py-race", {"node_id": node, "attempt": 1, "success": True,
+                                           "input_tokens": 100, "output_tokens": 10})
+            else:
+                c.run_ensure_node("py-race", node, {"success": True})
+            print("done", flush=True)
+
+
+if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "runlog-worker":
+    _runlog_worker(sys.argv[2:])
+
+
+def test_run_log_race_across_processes_keeps_one_entry_per_node(daemon):
+    """hive's race from Python: 6 processes, half logging a node's completion and half its
+    "ensure logged" fallback, released together each round."""
+    n, rounds = 6, 25
+    procs = [
+        subprocess.Popen([sys.executable, __file__, "runlog-worker", daemon.socket, str(i)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+        for i in range(n)
+    ]
+    try:
+        for p in procs:
+            assert p.stdout.readline().strip() == "ready", p.stderr.read()
+        for r in range(rounds):
+            for p in procs:
+                p.stdin.write("node-%d\n" % r)
+                p.stdin.flush()
+            for p in procs:
+                assert p.stdout.readline().strip() == "done", p.stderr.read()
+        for p in procs:
+            p.stdin.close()
+            assert p.wait(timeout=30) == 0, p.stderr.read()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    with hc.Client(socket_path=daemon.socket, client="check") as c:
+        got = c.run_get("py-race")
+        nodes = [d["node_id"] for d in got["details"]]
+        summary = c.run_end("py-race", "success", agent_id="py")
+        again = c.run_end("py-race", "failure")
+        listed = c.run_list(status="success")
+    dupes = len(nodes) - len(set(nodes))
+    print("python run-log race: %d processes x %d rounds, %d entries, %d duplicates"
+          % (n, rounds, len(nodes), dupes))
+    assert sorted(set(nodes)) == sorted("node-%d" % r for r in range(rounds))
+    assert dupes == 0
+    assert summary["total_input_tokens"] == rounds * 100
+    assert again == summary
+    assert [r["run_id"] for r in listed] == ["py-race"]

@@ -90,7 +90,7 @@ fn append_floor(dir: &Path, n: usize, preallocated: bool) -> CliResult<Stats> {
 }
 
 /// Run `streams` threads for `d`, each calling `op` in a loop after a common start.
-fn timed<S: Send + 'static>(
+pub(super) fn timed<S: Send + 'static>(
     streams: usize,
     d: Duration,
     setup: impl Fn(usize) -> Result<S, String> + Send + Sync + 'static,
@@ -138,14 +138,14 @@ fn timed<S: Send + 'static>(
 /// A minimal protocol client for the load: one JSON line out, one line in, the answer checked
 /// by substring — as light as the RESP client the Redis phase uses, so the two compare the
 /// servers, not the clients (on 2 cores the load generator competes for the same CPUs).
-struct RawConn {
+pub(super) struct RawConn {
     w: std::os::unix::net::UnixStream,
     r: BufReader<std::os::unix::net::UnixStream>,
     line: String,
 }
 
 impl RawConn {
-    fn open(socket: &Path) -> Result<RawConn, String> {
+    pub(super) fn open(socket: &Path) -> Result<RawConn, String> {
         let w = std::os::unix::net::UnixStream::connect(socket).map_err(|e| e.to_string())?;
         let r = BufReader::new(w.try_clone().map_err(|e| e.to_string())?);
         let mut c = RawConn {
@@ -157,7 +157,7 @@ impl RawConn {
         Ok(c)
     }
 
-    fn roundtrip(&mut self, req: &str) -> Result<&str, String> {
+    pub(super) fn roundtrip(&mut self, req: &str) -> Result<&str, String> {
         self.w
             .write_all(req.as_bytes())
             .and_then(|()| self.w.write_all(b"\n"))
