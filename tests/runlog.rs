@@ -226,6 +226,8 @@ fn every_run_method_once() {
     assert_eq!(e["summary"]["node_path"], json!(["plan", "act"]));
     let l = ok(&mut c, "run.list", json!({"status": "success"}));
     assert_eq!(l["runs"].as_array().unwrap().len(), 1);
+    // Idle for "more than zero days": at least a clock tick after the last write.
+    thread::sleep(Duration::from_millis(20));
     let p = ok(
         &mut c,
         "run.prune",
@@ -330,6 +332,29 @@ fn tool_call_records_drive_the_r2_annotation() {
             ("c2".into(), "began".into()),
             ("c3".into(), "not_executed".into())
         ]
+    );
+    // Both plans are in the run's timeline, with their calls' executions.
+    let g = c.ok("run.get", json!({"run_id": "r2"}));
+    let rec = g["recovery_log"].as_array().unwrap();
+    assert_eq!(rec.len(), 2, "{g}");
+    assert_eq!(
+        (&rec[0]["event"], &rec[0]["plan"], &rec[0]["cause"]),
+        (
+            &json!("interrupt"),
+            &json!("R2"),
+            &json!("connection_reset")
+        )
+    );
+    assert_eq!(rec[1]["event"], json!("resume"));
+    assert_eq!(rec[1]["completed"][1]["execution"], json!("began"));
+    assert_eq!(g["interruptions"], json!(1));
+    let show = run(env.holdfast(&["runs", "show", "r2"]), b"");
+    println!("{}", show.stdout);
+    assert!(
+        show.stdout
+            .contains("plan  resume R2 after resumed_from_checkpoint: completed c1 executed, c2 began, c3 not_executed"),
+        "{}",
+        show.stdout
     );
     d.stop();
 }

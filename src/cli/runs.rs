@@ -220,7 +220,7 @@ fn show(g: &Global, run: &str) -> CliResult {
     }
     let s = &r["summary"];
     out(format!(
-        "run {run}: {}{}, {} nodes, {} steps, {} tool calls, {} tokens",
+        "run {run}: {}{}, {} nodes, {} steps, {} tool calls, {} interruptions, {} tokens",
         r["status"].as_str().unwrap_or("?"),
         if r["ended"] == json!(true) {
             ""
@@ -230,6 +230,7 @@ fn show(g: &Global, run: &str) -> CliResult {
         r["nodes"],
         r["steps"],
         r["tool_calls"],
+        r["interruptions"],
         tokens(s)
     ));
     let mut rows: Vec<(u64, u64, String)> = Vec::new();
@@ -293,6 +294,40 @@ fn show(g: &Global, run: &str) -> CliResult {
             at(t),
             seq(t),
             format!("tool  {} {what}", t["tool_use_id"].as_str().unwrap_or("?")),
+        ));
+    }
+    for p in r["recovery_log"].as_array().into_iter().flatten() {
+        let calls = |k: &str| -> String {
+            let v: Vec<String> = p[k]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|c| match c["execution"].as_str() {
+                    Some(e) => format!("{} {e}", c["id"].as_str().unwrap_or("?")),
+                    None => c["id"].as_str().unwrap_or("?").to_owned(),
+                })
+                .collect();
+            if v.is_empty() {
+                "-".into()
+            } else {
+                v.join(", ")
+            }
+        };
+        let cause = match p["status"].as_u64() {
+            Some(code) => format!("{} ({code})", p["cause"].as_str().unwrap_or("?")),
+            None => p["cause"].as_str().unwrap_or("?").to_owned(),
+        };
+        rows.push((
+            at(p),
+            seq(p),
+            format!(
+                "plan  {} {} after {cause}: completed {}; cancelled {}; wait {} ms",
+                p["event"].as_str().unwrap_or("?"),
+                p["plan"].as_str().unwrap_or("?"),
+                calls("completed"),
+                calls("cancelled"),
+                p["wait_ms"].as_u64().unwrap_or(0)
+            ),
         ));
     }
     rows.sort();

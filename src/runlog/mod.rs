@@ -99,9 +99,10 @@ enum Kind {
     Details,
     Steps,
     Tools,
+    Recovery,
 }
 
-const KINDS: [Kind; 3] = [Kind::Details, Kind::Steps, Kind::Tools];
+const KINDS: [Kind; 4] = [Kind::Details, Kind::Steps, Kind::Tools, Kind::Recovery];
 
 impl Kind {
     fn file(self) -> &'static str {
@@ -109,6 +110,7 @@ impl Kind {
             Kind::Details => "details.jsonl",
             Kind::Steps => "tool_logs.jsonl",
             Kind::Tools => "tool_calls.jsonl",
+            Kind::Recovery => "recovery.jsonl",
         }
     }
 
@@ -168,11 +170,13 @@ struct ToolCall {
 /// The parsed view of one run's files.
 #[derive(Clone, Debug, Default)]
 struct Loaded {
-    files: [FileView; 3],
+    files: [FileView; 4],
     next_seq: u64,
     nodes: BTreeMap<(String, i64), Entry>,
     steps: BTreeMap<(String, i64), Entry>,
     tools: BTreeMap<String, ToolCall>,
+    /// The stream's interruptions and resumptions with their plans, in order.
+    recovery: Vec<Entry>,
     summary: Option<Value>,
     report: Report,
     first_ms: Option<u64>,
@@ -348,6 +352,14 @@ impl Loaded {
                     return;
                 }
             },
+            Kind::Recovery => {
+                if !record.get("event").is_some_and(Value::is_string) {
+                    self.report.bad_lines += 1;
+                    return;
+                }
+                self.recovery.push(entry(record));
+                false
+            }
             Kind::Tools => {
                 let id = key_str(&record, "tool_use_id", "tool call");
                 let event = record.get("event").and_then(Value::as_str);
@@ -377,6 +389,7 @@ impl Loaded {
         let mut v: Vec<&Entry> = match kind {
             Kind::Details => self.nodes.values().collect(),
             Kind::Steps => self.steps.values().collect(),
+            Kind::Recovery => self.recovery.iter().collect(),
             Kind::Tools => self
                 .tools
                 .values()
@@ -870,6 +883,24 @@ impl RunLog {
         })
     }
 
+    /// Record a stream's interruption or resumption and its recovery plan (`event`:
+    /// `interrupt` or `resume`), for `runs show`'s timeline. Not idempotent: each plan is its own
+    /// event. Skipped, not refused, once the run has ended.
+    pub fn log_recovery(
+        &self,
+        run_id: &str,
+        record: Map<String, Value>,
+    ) -> Result<(), RunLogError> {
+        self.with_run(run_id, true, |dir, view| {
+            if view.ended() {
+                return Ok(());
+            }
+            let e = self.append(dir, view, Kind::Recovery, record)?;
+            view.recovery.push(e);
+            Ok(())
+        })
+    }
+
     /// What the log says about each tool call id (for the R2 annotation). A run with no log
     /// answers `NotExecuted` for every id.
     pub fn executions(&self, run_id: &str, ids: &[String]) -> Result<Vec<Execution>, RunLogError> {
@@ -944,6 +975,7 @@ impl RunLog {
             "nodes": view.nodes.len(),
             "steps": view.steps.len(),
             "tool_calls": view.tools.len(),
+            "interruptions": view.recovery.iter().filter(|e| e.record.get("event") == Some(&json!("interrupt"))).count(),
             "first_logged_at_ms": view.first_ms,
             "last_logged_at_ms": view.last_ms,
             "report": view.report,
@@ -958,6 +990,7 @@ impl RunLog {
             out["details"] = list(Kind::Details).into();
             out["steps_log"] = list(Kind::Steps).into();
             out["tool_log"] = list(Kind::Tools).into();
+            out["recovery_log"] = list(Kind::Recovery).into();
         }
         out
     }

@@ -780,6 +780,7 @@ impl Streams {
     ) -> Result<Ticket, StreamError> {
         let mut t = self.interrupt_locked(run_id, stream_id, cause)?;
         self.annotate(run_id, &mut t.answer);
+        self.log_plan(run_id, "interrupt", &t.answer);
         Ok(t)
     }
 
@@ -815,6 +816,44 @@ impl Streams {
             }
             Err(e) => {
                 tracing::warn!(run_id, error = %e, "R2 plan: the run log could not be read; executions left unknown")
+            }
+        }
+    }
+
+    /// Put a plan in the run log's `recovery.jsonl` (the timeline of `holdfast runs show`):
+    /// its kind, cause, wait and the calls it completed or cancelled — never the text.
+    fn log_plan(&self, run_id: &str, event: &str, plan: &Value) {
+        let Some(log) = self.run_log.get() else {
+            return;
+        };
+        let ids = |k: &str, extra: &[&str]| -> Vec<Value> {
+            plan[k]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|c| {
+                    let mut m = serde_json::Map::new();
+                    for f in ["id", "name"].iter().chain(extra) {
+                        m.insert((*f).into(), c[*f].clone());
+                    }
+                    Value::Object(m)
+                })
+                .collect()
+        };
+        let rec = json!({
+            "event": event,
+            "plan": plan["plan"],
+            "cause": plan["cause"],
+            "status": plan["status"],
+            "wait_ms": plan["wait_ms"],
+            "attempts": plan["attempts"],
+            "completed": ids("completed", &["execution"]),
+            "cancelled": ids("cancelled", &[]),
+            "hint": plan["hint"],
+        });
+        if let Value::Object(m) = rec {
+            if let Err(e) = log.log_recovery(run_id, m) {
+                tracing::warn!(run_id, error = %e, "the run log did not take the recovery plan");
             }
         }
     }
@@ -956,6 +995,9 @@ impl Streams {
         let mut t = self.resume_locked(run_id, model, thread_id, fail_on_stale)?;
         if let Some(plan) = t.answer.get_mut("plan") {
             self.annotate(run_id, plan);
+        }
+        if let Some(plan) = t.answer.get("plan") {
+            self.log_plan(run_id, "resume", plan);
         }
         Ok(t)
     }
