@@ -782,12 +782,9 @@ impl RunLog {
         }
         let key = node_key(&detail)?;
         self.with_run(run_id, true, |dir, view| {
-            if let Some(e) = view
-                .nodes
-                .iter()
-                .find(|((n, _), _)| n == node_id)
-                .map(|(_, e)| e)
-            {
+            // Any attempt of this node: a range of the (node_id, attempt) keys, not a scan.
+            let any_attempt = (node_id.to_owned(), i64::MIN)..=(node_id.to_owned(), i64::MAX);
+            if let Some(e) = view.nodes.range(any_attempt).next().map(|(_, e)| e) {
                 return Ok(json!({"seq": e.seq, "written": false}));
             }
             Self::refuse_if_ended(run_id, view)?;
