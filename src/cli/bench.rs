@@ -301,6 +301,22 @@ impl Env {
     }
 }
 
+/// A fresh temporary directory under `tmpdir` (else `$TMPDIR`) with an initialized store in
+/// it: the world of one `--streams` or `--runs` bench.
+fn temp_world(tmpdir: Option<&Path>, prefix: &str) -> CliResult<(tempfile::TempDir, Env)> {
+    let parent = tmpdir
+        .map(Path::to_path_buf)
+        .unwrap_or_else(std::env::temp_dir);
+    let tmp = tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in(&parent)
+        .map_err(|e| fail("creating a temp dir", e))?;
+    let env = Env::create(tmp.path())?;
+    init_store(&env.store, &env.key_file, &Faults::none())
+        .map_err(|e| fail("creating the store", e))?;
+    Ok((tmp, env))
+}
+
 /// The file system holding `p` and its mount options, from /proc/self/mounts (fsync cost
 /// depends on both: tmpfs makes it free, `discard` makes freeing blocks cost a TRIM).
 fn filesystem(p: &Path) -> String {

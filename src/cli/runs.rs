@@ -109,6 +109,25 @@ fn open(g: &Global) -> CliResult<RunLog> {
     Ok(RunLog::open(&runs, crate::durable::Faults::none())?)
 }
 
+/// `" (not ended)"` for a run that has not had its `run.end`.
+fn not_ended(r: &Value) -> &'static str {
+    if r["ended"] == json!(true) {
+        ""
+    } else {
+        " (not ended)"
+    }
+}
+
+/// The strings of a JSON array field.
+fn strings<'a>(v: &'a Value, field: &str) -> Vec<&'a str> {
+    v[field]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect()
+}
+
 fn tokens(s: &Value) -> i64 {
     s["total_input_tokens"].as_i64().unwrap_or(0) + s["total_output_tokens"].as_i64().unwrap_or(0)
 }
@@ -159,21 +178,12 @@ pub fn run(g: &Global, c: &RunsCommand) -> CliResult {
                 out_json(s);
                 return Ok(());
             }
-            let path: Vec<&str> = s["node_path"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(Value::as_str)
-                .collect();
+            let path = strings(s, "node_path");
             out(format!("run        {}", a.run));
             out(format!(
                 "status     {}{}",
                 s["status"].as_str().unwrap_or("?"),
-                if r["ended"] == json!(true) {
-                    ""
-                } else {
-                    " (not ended)"
-                }
+                not_ended(&r)
             ));
             out(format!("nodes      {} ({})", path.len(), path.join(" -> ")));
             out(format!(
@@ -185,12 +195,7 @@ pub fn run(g: &Global, c: &RunsCommand) -> CliResult {
                 s["started_at"].as_str().unwrap_or("?")
             ));
             out(format!("duration   {} ms", s["duration_ms"]));
-            let reasons: Vec<&str> = s["attention_reasons"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(Value::as_str)
-                .collect();
+            let reasons = strings(s, "attention_reasons");
             if reasons.is_empty() {
                 out("attention  no");
             } else {
@@ -222,11 +227,7 @@ fn show(g: &Global, run: &str) -> CliResult {
     out(format!(
         "run {run}: {}{}, {} nodes, {} steps, {} tool calls, {} interruptions, {} tokens",
         r["status"].as_str().unwrap_or("?"),
-        if r["ended"] == json!(true) {
-            ""
-        } else {
-            " (not ended)"
-        },
+        not_ended(&r),
         r["nodes"],
         r["steps"],
         r["tool_calls"],
@@ -337,12 +338,7 @@ fn show(g: &Global, run: &str) -> CliResult {
             ms.saturating_sub(t0) as f64 / 1000.0
         ));
     }
-    let reasons: Vec<&str> = s["attention_reasons"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .collect();
+    let reasons = strings(s, "attention_reasons");
     if !reasons.is_empty() {
         out(format!("needs attention: {}", reasons.join("; ")));
     }

@@ -322,6 +322,14 @@ pub fn attention_reasons(detail: &Map<String, Value>) -> Vec<String> {
 }
 
 impl Loaded {
+    /// The keyed entries of `kind` (details or steps).
+    fn keyed(&mut self, kind: Kind) -> &mut BTreeMap<(String, i64), Entry> {
+        match kind {
+            Kind::Steps => &mut self.steps,
+            _ => &mut self.nodes,
+        }
+    }
+
     /// Take one complete line of `kind` into the view.
     fn take_line(&mut self, kind: Kind, line: &[u8]) {
         let pos = self.files[kind.index()].next_pos;
@@ -746,20 +754,33 @@ impl RunLog {
     /// logical entry (the last content wins; the same content writes nothing).
     pub fn log_node(&self, run_id: &str, detail: Map<String, Value>) -> Result<Value, RunLogError> {
         let key = node_key(&detail)?;
+        self.upsert(run_id, Kind::Details, key, detail)
+    }
+
+    /// Log a keyed record (a node detail or a step): nothing if the same content is there,
+    /// a replacement in place if other content is, else an append.
+    fn upsert(
+        &self,
+        run_id: &str,
+        kind: Kind,
+        key: (String, i64),
+        record: Map<String, Value>,
+    ) -> Result<Value, RunLogError> {
         self.with_run(run_id, true, |dir, view| {
             Self::refuse_if_ended(run_id, view)?;
-            match view.nodes.get(&key).cloned() {
-                Some(old) if content(&old.record) == content(&detail) => {
+            match view.keyed(kind).get(&key).cloned() {
+                Some(old) if content(&old.record) == content(&record) => {
                     Ok(json!({"seq": old.seq, "written": false, "replaced": false}))
                 }
                 Some(old) => {
-                    let e = self.replace(dir, view, Kind::Details, &old, detail)?;
+                    let e = self.replace(dir, view, kind, &old, record)?;
                     Ok(json!({"seq": e.seq, "written": true, "replaced": true}))
                 }
                 None => {
-                    let e = self.append(dir, view, Kind::Details, detail)?;
-                    view.nodes.insert(key, e.clone());
-                    Ok(json!({"seq": e.seq, "written": true, "replaced": false}))
+                    let e = self.append(dir, view, kind, record)?;
+                    let seq = e.seq;
+                    view.keyed(kind).insert(key, e);
+                    Ok(json!({"seq": seq, "written": true, "replaced": false}))
                 }
             }
         })
@@ -797,23 +818,7 @@ impl RunLog {
     /// `run.log_step`: idempotent by `(node_id, step_index)` (last content wins).
     pub fn log_step(&self, run_id: &str, step: Map<String, Value>) -> Result<Value, RunLogError> {
         let key = step_key(&step)?;
-        self.with_run(run_id, true, |dir, view| {
-            Self::refuse_if_ended(run_id, view)?;
-            match view.steps.get(&key).cloned() {
-                Some(old) if content(&old.record) == content(&step) => {
-                    Ok(json!({"seq": old.seq, "written": false, "replaced": false}))
-                }
-                Some(old) => {
-                    let e = self.replace(dir, view, Kind::Steps, &old, step)?;
-                    Ok(json!({"seq": e.seq, "written": true, "replaced": true}))
-                }
-                None => {
-                    let e = self.append(dir, view, Kind::Steps, step)?;
-                    view.steps.insert(key, e.clone());
-                    Ok(json!({"seq": e.seq, "written": true, "replaced": false}))
-                }
-            }
-        })
+        self.upsert(run_id, Kind::Steps, key, step)
     }
 
     /// `run.tool_begin`: a tool call starts. Idempotent by `tool_call_id` (the first begin

@@ -14,8 +14,7 @@ use serde_json::{json, Value};
 
 use super::streams::{timed, RawConn};
 use super::{
-    fail, fmt_count, fmt_d, init_store, out, out_json, progress, CliResult, DaemonChild, Env,
-    Faults, Global, Stats,
+    fail, fmt_count, fmt_d, out, out_json, progress, CliResult, DaemonChild, Env, Global, Stats,
 };
 
 const CLIENTS: &[usize] = &[1, 16];
@@ -136,16 +135,7 @@ fn phase(env: &Env, op: Op, clients: usize, d: Duration, tag: &str) -> CliResult
 /// Run `holdfast bench --runs`.
 pub fn run(g: &Global, quick: bool, seconds: Option<f64>, tmpdir: Option<&Path>) -> CliResult {
     let d = Duration::from_secs_f64(seconds.unwrap_or(if quick { 0.5 } else { 3.0 }));
-    let parent = tmpdir
-        .map(Path::to_path_buf)
-        .unwrap_or_else(std::env::temp_dir);
-    let tmp = tempfile::Builder::new()
-        .prefix("holdfast-bench-runs-")
-        .tempdir_in(&parent)
-        .map_err(|e| fail("creating a temp dir", e))?;
-    let env = Env::create(tmp.path())?;
-    init_store(&env.store, &env.key_file, &Faults::none())
-        .map_err(|e| fail("creating the store", e))?;
+    let (tmp, env) = super::temp_world(tmpdir, "holdfast-bench-runs-")?;
     let n_floor = if quick { 100 } else { 1000 };
     progress(&format!(
         "floor: {n_floor} x (300 B line appended + fdatasync)"

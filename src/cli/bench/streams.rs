@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use super::{
-    fail, fmt_count, fmt_d, init_store, out, out_json, progress, round3, CliResult, DaemonChild,
-    Env, Faults, Global, Stats,
+    fail, fmt_count, fmt_d, out, out_json, progress, round3, CliResult, DaemonChild, Env, Global,
+    Stats,
 };
 use crate::client::Client;
 
@@ -502,16 +502,7 @@ fn startup(env: &Env) -> CliResult<(f64, usize)> {
 /// `holdfast bench --streams`.
 pub fn run(g: &Global, quick: bool, seconds: Option<f64>, tmpdir: Option<&Path>) -> CliResult {
     let d = Duration::from_secs_f64(seconds.unwrap_or(if quick { 0.5 } else { 5.0 }));
-    let parent = tmpdir
-        .map(Path::to_path_buf)
-        .unwrap_or_else(std::env::temp_dir);
-    let tmp = tempfile::Builder::new()
-        .prefix("holdfast-bench-streams-")
-        .tempdir_in(&parent)
-        .map_err(|e| fail("creating a temp dir", e))?;
-    let env = Env::create(tmp.path())?;
-    init_store(&env.store, &env.key_file, &Faults::none())
-        .map_err(|e| fail("creating the store", e))?;
+    let (tmp, env) = super::temp_world(tmpdir, "holdfast-bench-streams-")?;
     let n_floor = if quick { 100 } else { 1000 };
     progress(&format!(
         "floors: {n_floor} x (20 B write + fdatasync), preallocated and appending"
