@@ -327,10 +327,12 @@ fn prompt_no_echo(prompt: &str) -> CliResult<Zeroizing<Vec<u8>>> {
     let mut quiet = original.clone();
     quiet.local_modes.remove(LocalModes::ECHO);
     quiet.local_modes.insert(LocalModes::ECHONL);
-    let _ = write!(std::io::stderr(), "{prompt}");
-    let _ = std::io::stderr().flush();
+    // Echo off before the prompt shows: whatever is typed (or pasted) the moment the prompt
+    // appears must not reach the screen (getpass's order).
     termios::tcsetattr(&fd, OptionalActions::Now, &quiet)
         .map_err(|e| CliError::with_code(format!("cannot turn off echo: {e}"), 1))?;
+    let _ = write!(std::io::stderr(), "{prompt}");
+    let _ = std::io::stderr().flush();
     let mut line = Zeroizing::new(Vec::with_capacity(PROMPT_MAX));
     let read = (&mut fd.lock())
         .take(PROMPT_MAX as u64)

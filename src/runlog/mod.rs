@@ -52,7 +52,12 @@ pub const MAX_RECORD_BYTES: usize = 1024 * 1024;
 const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
 /// Runs whose parsed logs the daemon keeps; past this the cache starts over (each run is
 /// reloaded from its files on next use: a cost, never a loss).
-const CACHED_RUNS: usize = 4096;
+const CACHED_RUNS: usize = 256;
+/// Bytes of a file's end remembered to recognize it again (an inode number can be reused).
+const TAIL_BYTES: usize = 64;
+/// A torn last line younger than this may still be being written by a process that does not
+/// take the lock (hive's own logger): wait for it rather than cut it.
+const FRESH_TAIL: Duration = Duration::from_secs(2);
 
 /// hive's thresholds for a node that needs attention.
 pub mod attention {
@@ -152,12 +157,27 @@ struct Entry {
 
 #[derive(Clone, Debug, Default)]
 struct FileView {
-    /// Inode and length when last read (an append grows the length; a replacement changes
-    /// the inode; a cut shrinks it).
+    /// Inode, length and mtime when last read or written (an append grows the length; a
+    /// replacement changes the inode; a cut shrinks it), and the last bytes read, checked
+    /// before reading on: a new file that reused the inode number does not end the same way.
     ino: u64,
     len: u64,
+    mtime_ns: i128,
+    tail: Vec<u8>,
     exists: bool,
     next_pos: u64,
+}
+
+fn mtime_ns(m: &fs::Metadata) -> i128 {
+    i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec())
+}
+
+/// The last [`TAIL_BYTES`] of `a` followed by `b`.
+fn tail_of(a: &[u8], b: &[u8]) -> Vec<u8> {
+    let mut t: Vec<u8> = a.iter().chain(b).copied().collect();
+    let cut = t.len().saturating_sub(TAIL_BYTES);
+    t.drain(..cut);
+    t
 }
 
 /// A tool call as the log knows it.
@@ -179,6 +199,8 @@ struct Loaded {
     recovery: Vec<Entry>,
     summary: Option<Value>,
     report: Report,
+    /// The files changed behind this view (a writer that does not take the lock): reload.
+    stale: bool,
     first_ms: Option<u64>,
     last_ms: Option<u64>,
 }
@@ -190,8 +212,10 @@ pub enum Execution {
     Executed,
     /// `run.tool_begin` without an end: it may have run partly (side effects possible).
     Began,
-    /// Neither: it never started.
+    /// Neither: it never started (the run logs its tool calls, and not this one).
     NotExecuted,
+    /// The run logs no tool calls at all (or has no run log): nothing can be said.
+    Unknown,
 }
 
 impl Execution {
@@ -201,6 +225,7 @@ impl Execution {
             Execution::Executed => "executed",
             Execution::Began => "began",
             Execution::NotExecuted => "not_executed",
+            Execution::Unknown => "unknown",
         }
     }
 }
@@ -509,7 +534,43 @@ impl RunLog {
     ) -> Result<T, RunLogError> {
         validate_run_id(run_id)?;
         let dir = self.run_dir(run_id);
-        match fs::symlink_metadata(&dir) {
+        // Twice at most: a writer that waited for the lock while a prune deleted the run finds
+        // the directory gone once it holds the lock, and starts again (creating it anew).
+        let mut attempts = 0;
+        let lock = loop {
+            attempts += 1;
+            self.ensure_dir(run_id, &dir, create)?;
+            let lock =
+                durable::lock::lock(&dir.join("log.lock"), LockMode::Exclusive, LOCK_TIMEOUT)
+                    .map_err(|e| err(ErrorKind::Busy, e.to_string()))?;
+            if dir.is_dir() || attempts >= 2 {
+                break lock;
+            }
+        };
+        let slot = self.cached(run_id);
+        let mut view = slot.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Err(e) = self.refresh(&dir, &mut view) {
+            // Whatever was half-read is dropped: the next use reloads from the files.
+            *view = Loaded::default();
+            return Err(e);
+        }
+        let out = f(&dir, &mut view);
+        if view.stale
+            || out
+                .as_ref()
+                .is_err_and(|e| matches!(e.kind, ErrorKind::Storage | ErrorKind::Integrity))
+        {
+            // After a failed write the view is not trusted: the next use reloads the files.
+            *view = Loaded::default();
+        }
+        drop(view);
+        drop(lock);
+        out
+    }
+
+    /// The run's directory exists (made now if `create`), or `not_found`.
+    fn ensure_dir(&self, run_id: &str, dir: &Path, create: bool) -> Result<(), RunLogError> {
+        match fs::symlink_metadata(dir) {
             Ok(m) if m.is_dir() => {}
             Ok(_) => return Err(storage(format!("{} is not a directory", dir.display()))),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -519,32 +580,18 @@ impl RunLog {
                         format!("no run log for run {run_id:?}"),
                     ));
                 }
-                durable::create_private_dir(&dir, &self.faults).map_err(storage)?;
+                durable::create_private_dir(dir, &self.faults).map_err(storage)?;
                 durable::fsync_dir(&self.dir, &self.faults).map_err(storage)?;
             }
             Err(e) => return Err(storage(format!("{}: {e}", dir.display()))),
         }
-        let _lock = durable::lock::lock(&dir.join("log.lock"), LockMode::Exclusive, LOCK_TIMEOUT)
-            .map_err(|e| err(ErrorKind::Busy, e.to_string()))?;
-        let slot = self.cached(run_id);
-        let mut view = slot.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Err(e) = self.refresh(&dir, &mut view) {
-            // Whatever was half-read is dropped: the next use reloads from the files.
-            *view = Loaded::default();
-            return Err(e);
-        }
-        let out = f(&dir, &mut view);
-        if out.is_err() {
-            // After a failure the view is not trusted: the next use reloads from the files.
-            *view = Loaded::default();
-        }
-        out
+        Ok(())
     }
 
     /// Bring `view` up to date with the files (the caller holds the run's lock).
     fn refresh(&self, dir: &Path, view: &mut Loaded) -> Result<(), RunLogError> {
-        let mut reload = false;
         let mut metas = Vec::new();
+        let mut reload = false;
         for kind in KINDS {
             let path = dir.join(kind.file());
             let meta = match fs::symlink_metadata(&path) {
@@ -554,49 +601,57 @@ impl RunLog {
                 Err(e) => return Err(storage(format!("{}: {e}", path.display()))),
             };
             let f = &view.files[kind.index()];
-            match &meta {
-                Some(m) if f.exists && (m.ino() != f.ino || m.len() < f.len) => reload = true,
-                None if f.exists => reload = true,
-                _ => {}
-            }
+            reload |= match &meta {
+                Some(m) if f.exists => {
+                    m.ino() != f.ino
+                        || m.len() < f.len
+                        || (m.len() == f.len && mtime_ns(m) != f.mtime_ns)
+                }
+                None => f.exists,
+                Some(_) => false,
+            };
             metas.push(meta);
         }
-        let summary_path = dir.join("summary.json");
         if reload {
             *view = Loaded::default();
         }
-        for (kind, meta) in KINDS.into_iter().zip(metas) {
+        for (kind, meta) in KINDS.into_iter().zip(&metas) {
             let Some(meta) = meta else { continue };
-            let from = view.files[kind.index()].len;
-            if view.files[kind.index()].exists && meta.len() == from {
+            let f = &view.files[kind.index()];
+            if f.exists && meta.len() == f.len {
                 continue;
             }
-            self.read_tail(dir, kind, from, view)?;
+            if !self.read_tail(dir, kind, view)? {
+                // Not the file this view read (its end changed): read everything again.
+                *view = Loaded::default();
+                for (kind, meta) in KINDS.into_iter().zip(&metas) {
+                    if meta.is_some() {
+                        self.read_tail(dir, kind, view)?;
+                    }
+                }
+                break;
+            }
         }
-        if view.summary.is_none() {
-            view.summary = match durable::read_capped(&summary_path, MAX_RECORD_BYTES as u64) {
-                Ok(Some(bytes)) => Some(serde_json::from_slice(&bytes).map_err(|e| {
-                    err(
-                        ErrorKind::Integrity,
-                        format!("{}: not JSON ({e})", summary_path.display()),
-                    )
-                })?),
-                Ok(None) => None,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-                Err(e) => return Err(storage(format!("{}: {e}", summary_path.display()))),
-            };
-        }
+        // Re-read each time: small, and a replaced or deleted summary must be seen.
+        let summary_path = dir.join("summary.json");
+        view.summary = match durable::read_capped(&summary_path, MAX_RECORD_BYTES as u64) {
+            Ok(Some(bytes)) => Some(serde_json::from_slice(&bytes).map_err(|e| {
+                err(
+                    ErrorKind::Integrity,
+                    format!("{}: not JSON ({e})", summary_path.display()),
+                )
+            })?),
+            Ok(None) => None,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(storage(format!("{}: {e}", summary_path.display()))),
+        };
         Ok(())
     }
 
-    /// Read `kind`'s file from byte `from`, taking its complete lines; cut a torn last line.
-    fn read_tail(
-        &self,
-        dir: &Path,
-        kind: Kind,
-        from: u64,
-        view: &mut Loaded,
-    ) -> Result<(), RunLogError> {
+    /// Read what `kind`'s file holds past the view's end, taking its complete lines; cut a torn
+    /// last line (once it is not fresh). `false` if the file does not continue what the view
+    /// read (its remembered end differs): the caller reloads.
+    fn read_tail(&self, dir: &Path, kind: Kind, view: &mut Loaded) -> Result<bool, RunLogError> {
         let path = dir.join(kind.file());
         let mut file = OpenOptions::new()
             .read(true)
@@ -604,12 +659,37 @@ impl RunLog {
             .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
             .open(&path)
             .map_err(|e| storage(format!("opening {}: {e}", path.display())))?;
-        let meta = file.metadata().map_err(storage)?;
-        file.seek(SeekFrom::Start(from)).map_err(storage)?;
-        let mut bytes = Vec::new();
-        file.read_to_end(&mut bytes)
-            .map_err(|e| storage(format!("reading {}: {e}", path.display())))?;
-        let complete = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+        let f = view.files[kind.index()].clone();
+        let (from, known) = if f.exists {
+            (f.len, f.tail.clone())
+        } else {
+            (0, Vec::new())
+        };
+        let waited = std::time::Instant::now();
+        let (bytes, complete) = loop {
+            file.seek(SeekFrom::Start(from - known.len() as u64))
+                .map_err(storage)?;
+            let mut bytes = Vec::new();
+            file.read_to_end(&mut bytes)
+                .map_err(|e| storage(format!("reading {}: {e}", path.display())))?;
+            if !bytes.starts_with(&known) {
+                return Ok(false);
+            }
+            bytes.drain(..known.len());
+            let complete = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+            let fresh = file
+                .metadata()
+                .ok()
+                .and_then(|m| m.modified().ok())
+                .and_then(|t| t.elapsed().ok())
+                .is_none_or(|age| age < FRESH_TAIL);
+            if complete < bytes.len() && fresh && waited.elapsed() < FRESH_TAIL {
+                // Someone may be writing it right now, without the lock: give them time.
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
+            }
+            break (bytes, complete);
+        };
         for line in bytes[..complete].split(|b| *b == b'\n') {
             if !line.iter().all(u8::is_ascii_whitespace) {
                 view.take_line(kind, line);
@@ -617,8 +697,8 @@ impl RunLog {
         }
         let len = from + complete as u64;
         if complete < bytes.len() {
-            // A torn last line: its writer died before the newline (every writer holds this
-            // lock while it writes, so nobody is still writing it). Cut it, durably.
+            // A torn last line: its writer died before the newline (every writer of ours holds
+            // this lock while it writes; others had FRESH_TAIL to finish). Cut it, durably.
             let torn = (bytes.len() - complete) as u64;
             file.set_len(len)
                 .and_then(|()| file.sync_data())
@@ -629,16 +709,21 @@ impl RunLog {
             view.report.torn_tails_cut += 1;
             view.report.torn_bytes += torn;
         }
-        if from == 0 && meta.len() == 0 {
+        let meta = file.metadata().map_err(storage)?;
+        if len == 0 && !f.exists {
             view.report.empty_files += 1;
         }
+        // `take_line` advanced next_pos for each line read: keep that, not the value before.
+        let next_pos = view.files[kind.index()].next_pos;
         view.files[kind.index()] = FileView {
             ino: meta.ino(),
             len,
+            mtime_ns: mtime_ns(&meta),
+            tail: tail_of(&known, &bytes[..complete]),
             exists: true,
-            next_pos: view.files[kind.index()].next_pos,
+            next_pos,
         };
-        Ok(())
+        Ok(true)
     }
 
     /// Append one record to `kind`'s file, durably; returns its seq.
@@ -663,6 +748,7 @@ impl RunLog {
         line.push(b'\n');
         let path = dir.join(kind.file());
         let created = !view.files[kind.index()].exists;
+        let old_len = view.files[kind.index()].len;
         let mut file = OpenOptions::new()
             .append(true)
             .create(true)
@@ -677,18 +763,26 @@ impl RunLog {
             .and_then(|()| self.faults.check(durable::fault::Op::FsyncFile))
             .and_then(|()| file.sync_data());
         if let Err(e) = written {
-            // A partial line is cut by the next holder of the lock; the view is reloaded.
+            // Take the line back out (a retry must not find an unsynced line and call it
+            // logged); if even that fails, the next holder of the lock cuts a partial line.
+            let _ = file.set_len(old_len).and_then(|()| file.sync_data());
             return Err(storage(format!("appending to {}: {e}", path.display())));
         }
         if created {
             durable::fsync_dir(dir, &self.faults).map_err(storage)?;
         }
         let meta = file.metadata().map_err(storage)?;
+        if meta.len() != old_len + line.len() as u64 {
+            // Someone appended without the lock since the refresh: their lines were not read.
+            view.stale = true;
+        }
         let f = &mut view.files[kind.index()];
         let pos = f.next_pos;
         *f = FileView {
             ino: meta.ino(),
             len: meta.len(),
+            mtime_ns: mtime_ns(&meta),
+            tail: tail_of(&f.tail, &line),
             exists: true,
             next_pos: pos + 1,
         };
@@ -767,11 +861,16 @@ impl RunLog {
         record: Map<String, Value>,
     ) -> Result<Value, RunLogError> {
         self.with_run(run_id, true, |dir, view| {
+            let found = view.keyed(kind).get(&key).cloned();
+            if let Some(old) = found
+                .as_ref()
+                .filter(|o| content(&o.record) == content(&record))
+            {
+                // Already logged as it is (a retry, even after the end): nothing to write.
+                return Ok(json!({"seq": old.seq, "written": false, "replaced": false}));
+            }
             Self::refuse_if_ended(run_id, view)?;
-            match view.keyed(kind).get(&key).cloned() {
-                Some(old) if content(&old.record) == content(&record) => {
-                    Ok(json!({"seq": old.seq, "written": false, "replaced": false}))
-                }
+            match found {
                 Some(old) => {
                     let e = self.replace(dir, view, kind, &old, record)?;
                     Ok(json!({"seq": e.seq, "written": true, "replaced": true}))
@@ -903,8 +1002,10 @@ impl RunLog {
         })
     }
 
-    /// What the log says about each tool call id (for the R2 annotation). A run with no log
-    /// answers `NotExecuted` for every id.
+    /// What the log says about each tool call id (for the R2 annotation). `not_executed` is
+    /// only said of a run that logs its tool calls (at least one begin or end in its log); a
+    /// run that logs none, or has no run log, answers `Unknown` for every id — silence is not
+    /// evidence that a call never ran.
     pub fn executions(&self, run_id: &str, ids: &[String]) -> Result<Vec<Execution>, RunLogError> {
         let state = |view: &Loaded, id: &String| match view.tools.get(id) {
             Some(ToolCall { end: Some(_), .. }) => Execution::Executed,
@@ -912,9 +1013,13 @@ impl RunLog {
             _ => Execution::NotExecuted,
         };
         match self.with_run(run_id, false, |_, view| {
-            Ok(ids.iter().map(|id| state(view, id)).collect())
+            Ok(if view.tools.is_empty() {
+                vec![Execution::Unknown; ids.len()]
+            } else {
+                ids.iter().map(|id| state(view, id)).collect()
+            })
         }) {
-            Err(e) if e.kind == ErrorKind::NotFound => Ok(vec![Execution::NotExecuted; ids.len()]),
+            Err(e) if e.kind == ErrorKind::NotFound => Ok(vec![Execution::Unknown; ids.len()]),
             other => other,
         }
     }
@@ -1052,14 +1157,23 @@ impl RunLog {
         Ok(ids)
     }
 
-    /// The newest modification time of anything in a run's directory (ms since the epoch).
+    /// The newest modification time of the files in a run's directory (ms since the epoch),
+    /// not counting `log.lock` (taking the lock creates it) nor the directory itself; the
+    /// directory's time only for an empty one.
     fn last_activity_ms(dir: &Path) -> Option<u64> {
-        let mut newest = fs::symlink_metadata(dir).ok()?.modified().ok()?;
+        let mut newest = None;
         for e in fs::read_dir(dir).ok()?.flatten() {
+            if e.file_name() == "log.lock" {
+                continue;
+            }
             if let Ok(t) = e.metadata().and_then(|m| m.modified()) {
-                newest = newest.max(t);
+                newest = Some(newest.map_or(t, |n: std::time::SystemTime| n.max(t)));
             }
         }
+        let newest = match newest {
+            Some(t) => t,
+            None => fs::symlink_metadata(dir).ok()?.modified().ok()?,
+        };
         newest
             .duration_since(std::time::UNIX_EPOCH)
             .ok()
@@ -1068,16 +1182,20 @@ impl RunLog {
 
     /// Delete the directories of runs with no activity for `older_than` (run log, stream
     /// state, everything under `runs/<id>/`), except those `keep` names (active streams).
-    /// With `dry_run`, only say which. Each run is deleted under its lock, so no writer is
-    /// cut off mid-append; a run written to meanwhile is kept.
+    /// With `dry_run`, only say which. Each run is deleted under its lock after its age is
+    /// checked again, so a writer that got the lock first keeps the run (one waiting behind
+    /// the prune creates it anew). A run that cannot be deleted is reported with its `error`
+    /// and the sweep goes on.
     pub fn prune(
         &self,
         older_than: Duration,
         keep: &dyn Fn(&str) -> bool,
         dry_run: bool,
     ) -> Result<Vec<Value>, RunLogError> {
-        let cutoff = now_ms().saturating_sub(older_than.as_millis() as u64);
+        let age_ms = u64::try_from(older_than.as_millis()).unwrap_or(u64::MAX);
+        let cutoff = now_ms().saturating_sub(age_ms);
         let mut out = Vec::new();
+        let mut deleted = 0;
         for run_id in self.run_ids()? {
             let dir = self.run_dir(&run_id);
             let Some(last) = Self::last_activity_ms(&dir) else {
@@ -1090,23 +1208,38 @@ impl RunLog {
                 out.push(json!({"run_id": run_id, "last_activity_ms": last}));
                 continue;
             }
-            let lock =
-                durable::lock::lock(&dir.join("log.lock"), LockMode::Exclusive, LOCK_TIMEOUT)
-                    .map_err(|e| err(ErrorKind::Busy, e.to_string()))?;
-            // Written to while we waited for the lock: not old any more.
-            if Self::last_activity_ms(&dir).is_some_and(|l| l >= cutoff) {
-                continue;
+            match self.delete_run(&run_id, &dir, cutoff) {
+                Ok(true) => {
+                    deleted += 1;
+                    out.push(json!({"run_id": run_id, "last_activity_ms": last}));
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(run_id, error = %e, "prune: could not delete a run");
+                    out.push(
+                        json!({"run_id": run_id, "last_activity_ms": last, "error": e.message}),
+                    );
+                }
             }
-            fs::remove_dir_all(&dir)
-                .map_err(|e| storage(format!("deleting {}: {e}", dir.display())))?;
-            drop(lock);
-            self.forget(&run_id);
-            out.push(json!({"run_id": run_id, "last_activity_ms": last}));
         }
-        if !out.is_empty() && !dry_run {
+        if deleted > 0 {
             durable::fsync_dir(&self.dir, &self.faults).map_err(storage)?;
         }
         Ok(out)
+    }
+
+    /// Delete one run's directory under its lock if it is still idle since before `cutoff`.
+    fn delete_run(&self, run_id: &str, dir: &Path, cutoff: u64) -> Result<bool, RunLogError> {
+        let lock = durable::lock::lock(&dir.join("log.lock"), LockMode::Exclusive, LOCK_TIMEOUT)
+            .map_err(|e| err(ErrorKind::Busy, e.to_string()))?;
+        // Written to while we waited for the lock: not old any more.
+        if Self::last_activity_ms(dir).is_some_and(|l| l >= cutoff) {
+            return Ok(false);
+        }
+        fs::remove_dir_all(dir).map_err(|e| storage(format!("deleting {}: {e}", dir.display())))?;
+        drop(lock);
+        self.forget(run_id);
+        Ok(true)
     }
 
     /// The load report of a run, if its log is clean or not (for `runs show`).
