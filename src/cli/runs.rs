@@ -362,7 +362,7 @@ fn show(g: &Global, run: &str) -> CliResult {
 
 fn prune(g: &Global, a: &PruneArgs) -> CliResult {
     let days = match a.older_than {
-        Some(d) if d.is_finite() && d >= 0.0 => d,
+        Some(d) if Duration::try_from_secs_f64(d * 86_400.0).is_ok() => d,
         Some(_) => {
             return Err(CliError::usage(
                 "--older-than takes a non-negative number of days",
@@ -385,9 +385,29 @@ fn prune(g: &Global, a: &PruneArgs) -> CliResult {
             "the daemon",
         ),
         None => {
-            let age = Duration::from_secs_f64(days * 86_400.0);
-            // No daemon: no stream is live.
+            // No daemon answers; but one serving this data directory (with --offline, or not
+            // answering yet) would know of live streams that the files do not show.
+            let data_dir = g.data_dir()?;
+            let held = crate::durable::lock::try_lock(
+                &data_dir.join("daemon.lock"),
+                crate::durable::LockMode::Exclusive,
+            )
+            .map_err(|e| CliError::with_code(e.to_string(), 7))?;
+            if held.is_none() {
+                return Err(CliError::with_code(
+                    format!(
+                        "a daemon holds {}: prune through it (without --offline), so runs with a \
+                         live stream are kept",
+                        data_dir.join("daemon.lock").display()
+                    ),
+                    8,
+                ));
+            }
+            let age = Duration::try_from_secs_f64(days * 86_400.0)
+                .map_err(|_| CliError::usage("--older-than: out of range"))?;
+            // No daemon runs: no stream is live.
             let pruned = open(g)?.prune(age, &|_| false, a.dry_run)?;
+            drop(held);
             (
                 json!({"pruned": pruned, "dry_run": a.dry_run}),
                 "the files (no daemon running)",
@@ -400,7 +420,9 @@ fn prune(g: &Global, a: &PruneArgs) -> CliResult {
     }
     let runs = result["pruned"].as_array().cloned().unwrap_or_default();
     let verb = if a.dry_run { "would delete" } else { "deleted" };
-    for r in &runs {
+    let (failed, done): (Vec<&Value>, Vec<&Value>) =
+        runs.iter().partition(|r| r.get("error").is_some());
+    for r in &done {
         out(format!(
             "{verb} {} (idle {})",
             r["run_id"].as_str().unwrap_or("?"),
@@ -409,7 +431,27 @@ fn prune(g: &Global, a: &PruneArgs) -> CliResult {
     }
     out(format!(
         "{verb} {} run(s) idle for more than {days} day(s), via {via}",
-        runs.len()
+        done.len()
     ));
+    if !failed.is_empty() {
+        let why: Vec<String> = failed
+            .iter()
+            .map(|r| {
+                format!(
+                    "{}: {}",
+                    r["run_id"].as_str().unwrap_or("?"),
+                    r["error"].as_str().unwrap_or("?")
+                )
+            })
+            .collect();
+        return Err(CliError::with_code(
+            format!(
+                "{} run(s) could not be deleted: {}",
+                failed.len(),
+                why.join("; ")
+            ),
+            7,
+        ));
+    }
     Ok(())
 }

@@ -156,18 +156,18 @@ pub async fn dispatch(daemon: &Arc<Daemon>, req: Request) -> Result<Value, RpcEr
         }
         "run.prune" => {
             let p: Prune = params(req.params)?;
-            if !(p.older_than_days.is_finite() && p.older_than_days >= 0.0) {
-                return Err(RpcError::invalid_params(
-                    "older_than_days must be a non-negative number",
-                ));
-            }
-            let age = Duration::from_secs_f64(p.older_than_days * 86_400.0);
-            let streams = daemon.streams_if_open();
+            let age = Duration::try_from_secs_f64(p.older_than_days * 86_400.0).map_err(|_| {
+                RpcError::invalid_params(
+                    "older_than_days must be a non-negative number of days (at most ~5e14)",
+                )
+            })?;
+            let d = Arc::clone(daemon);
             blocking(move || {
                 // Runs with a live stream are never pruned, however old their last event.
-                let keep = |id: &str| streams.as_ref().is_some_and(|s| s.is_active(id));
+                let keep = d.live_streams().map_err(RpcError::from)?;
                 log.prune(age, &keep, p.dry_run)
                     .map(|runs| json!({"pruned": runs, "dry_run": p.dry_run}))
+                    .map_err(RpcError::from)
             })
             .await
         }

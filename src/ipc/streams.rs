@@ -140,19 +140,40 @@ pub async fn dispatch(
                 .map_err(rpc)?;
             s.settle(t).await.map_err(rpc)
         }
+        // The plan's R2 annotation reads the run log and, once the plan is durable, the plan
+        // goes into the run log's timeline: file work, on the blocking pool.
         "stream.interrupt" => {
             let p: Interrupt = params(req.params)?;
-            let t = s
-                .interrupt(&p.run_id, &p.stream_id, &p.cause)
-                .map_err(rpc)?;
-            s.settle(t).await.map_err(rpc)
+            let run_id = p.run_id.clone();
+            let s2 = Arc::clone(&s);
+            let t = blocking(move || s2.interrupt(&p.run_id, &p.stream_id, &p.cause).map_err(rpc))
+                .await?;
+            let plan = s.settle(t).await.map_err(rpc)?;
+            let (s2, logged) = (Arc::clone(&s), plan.clone());
+            blocking(move || {
+                s2.log_plan(&run_id, "interrupt", &logged);
+                Ok::<(), RpcError>(())
+            })
+            .await?;
+            Ok(plan)
         }
         "stream.resume" => {
             let p: Resume = params(req.params)?;
-            let t = s
-                .resume(&p.run_id, p.model, p.thread_id, p.fail_on_stale)
-                .map_err(rpc)?;
-            s.settle(t).await.map_err(rpc)
+            let run_id = p.run_id.clone();
+            let s2 = Arc::clone(&s);
+            let t = blocking(move || {
+                s2.resume(&p.run_id, p.model, p.thread_id, p.fail_on_stale)
+                    .map_err(rpc)
+            })
+            .await?;
+            let answer = s.settle(t).await.map_err(rpc)?;
+            let (s2, logged) = (Arc::clone(&s), answer["plan"].clone());
+            blocking(move || {
+                s2.log_plan(&run_id, "resume", &logged);
+                Ok::<(), RpcError>(())
+            })
+            .await?;
+            Ok(answer)
         }
         "stream.commit" | "stream.abort" => {
             let (run_id, stream_id, status, detail) = if req.method == "stream.commit" {

@@ -119,6 +119,10 @@ fn last_wins_rewrites_in_place_and_attempts_are_separate_entries() {
     log.log_node("r", detail("a", 1, 10)).unwrap();
     log.log_node("r", detail("b", 1, 20)).unwrap();
     log.log_node("r", detail("a", 2, 30)).unwrap();
+    // From a fresh view (the positions come from reading the file), an append and then a
+    // replacement: each keeps its own place.
+    let log = open(tmp.path());
+    log.log_node("r", detail("c", 1, 5)).unwrap();
     let r = log.log_node("r", detail("a", 1, 40)).unwrap();
     assert_eq!(r["replaced"], json!(true));
     let l = lines(tmp.path(), "r", "details.jsonl");
@@ -138,12 +142,13 @@ fn last_wins_rewrites_in_place_and_attempts_are_separate_entries() {
         [
             ("a".into(), 1, 40),
             ("b".into(), 1, 20),
-            ("a".into(), 2, 30)
+            ("a".into(), 2, 30),
+            ("c".into(), 1, 5)
         ]
     );
     let s = log.end("r", "success", &Map::new()).unwrap()["summary"].clone();
-    assert_eq!(s["node_path"], json!(["a", "b", "a"]));
-    assert_eq!(s["total_input_tokens"], json!(90));
+    assert_eq!(s["node_path"], json!(["a", "b", "a", "c"]));
+    assert_eq!(s["total_input_tokens"], json!(95));
 }
 
 #[test]
@@ -208,10 +213,15 @@ fn tool_calls_say_what_ran() {
             Execution::NotExecuted
         ]
     );
-    // A run with no log: nothing ran.
+    // A run with no log, or one that logs no tool calls: nothing can be said.
     assert_eq!(
         log.executions("never-logged", &ids).unwrap(),
-        [Execution::NotExecuted; 3]
+        [Execution::Unknown; 3]
+    );
+    log.log_node("nodes-only", detail("a", 1, 1)).unwrap();
+    assert_eq!(
+        log.executions("nodes-only", &ids).unwrap(),
+        [Execution::Unknown; 3]
     );
     let l = lines(tmp.path(), "r", "tool_calls.jsonl");
     assert_eq!(l.len(), 3);
@@ -240,9 +250,11 @@ fn end_is_idempotent_and_final() {
     assert_eq!(fs::metadata(&path).unwrap().modified().unwrap(), stamp);
     assert_eq!(first["summary"]["agent_id"], json!("agent-7"));
     assert!(first["summary"].get("unknown").is_none());
-    // Final: no more entries.
+    // Final: no more entries; a retry of one already there is still answered.
     let late = log.log_node("r", detail("b", 1, 1)).unwrap_err();
     assert_eq!(late.kind, ErrorKind::Conflict);
+    let retry = log.log_node("r", detail("a", 1, 10)).unwrap();
+    assert_eq!(retry["written"], json!(false));
     let bad = log.end("r2", "finished", &Map::new()).unwrap_err();
     assert_eq!(bad.kind, ErrorKind::InvalidParams);
 }
@@ -281,9 +293,11 @@ fn torn_tails_garbage_lines_empty_files_and_hive_duplicates_are_recovered_and_re
     drop(log);
     let path = tmp.path().join("r/details.jsonl");
     let good_len = fs::metadata(&path).unwrap().len();
-    // A writer killed mid-append: half a line, no newline.
+    // A writer killed mid-append: half a line, no newline (some seconds ago).
     let mut f = OpenOptions::new().append(true).open(&path).unwrap();
     f.write_all(br#"{"node_id":"c","attem"#).unwrap();
+    f.set_modified(std::time::SystemTime::now() - Duration::from_secs(10))
+        .unwrap();
     drop(f);
     // An empty step log.
     fs::write(tmp.path().join("r/tool_logs.jsonl"), b"").unwrap();
@@ -387,6 +401,14 @@ fn a_failed_write_or_fsync_is_an_error_and_the_next_call_sees_the_truth() {
         let e = log.ensure_node("r", &node, Map::new()).unwrap_err();
         assert_eq!(e.kind, ErrorKind::Storage, "{op:?}");
         assert_eq!(faults.injected(), 1);
+        // The failed append is not left in the file (a retry must not take an unsynced line
+        // for a logged one).
+        assert!(
+            !lines(tmp.path(), "r", "details.jsonl")
+                .iter()
+                .any(|l| l["node_id"] == json!(node)),
+            "{op:?}"
+        );
         // Retrying is safe: exactly one entry either way (the failed fsync's line may be in
         // the file; the failed write's is not).
         log.ensure_node("r", &node, Map::new()).unwrap();
@@ -441,4 +463,85 @@ fn list_filters_and_prune_deletes_old_runs_but_keeps_active_ones() {
     assert!(!tmp.path().join("done").exists());
     assert!(tmp.path().join("live").exists());
     assert_eq!(log.get("done").unwrap_err().kind, ErrorKind::NotFound);
+}
+
+/// A torn tail written seconds ago is cut; one being written right now (by a process that
+/// does not take the lock) is waited for and read whole.
+#[test]
+fn a_fresh_partial_line_is_waited_for_not_cut() {
+    let tmp = tempfile::tempdir().unwrap();
+    let log = open(tmp.path());
+    log.log_node("r", detail("a", 1, 1)).unwrap();
+    let path = tmp.path().join("r/details.jsonl");
+    let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+    f.write_all(br#"{"node_id":"slow","attempt":1,"#).unwrap();
+    let finisher = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        f.write_all(b"\"input_tokens\":7}\n").unwrap();
+    });
+    let got = open(tmp.path()).get("r").unwrap();
+    finisher.join().unwrap();
+    assert_eq!(got["nodes"], json!(2), "{got}");
+    assert_eq!(got["report"]["torn_tails_cut"], json!(0));
+}
+
+/// Another process rewrote the file in place (same inode) with other content: the cached view
+/// notices (its remembered end differs) and reloads instead of reading on from the middle.
+#[test]
+fn a_file_rewritten_in_place_is_reloaded_not_read_from_the_middle() {
+    let tmp = tempfile::tempdir().unwrap();
+    let log = open(tmp.path());
+    log.log_node("r", detail("a", 1, 1)).unwrap();
+    log.log_node("r", detail("b", 1, 1)).unwrap();
+    let path = tmp.path().join("r/details.jsonl");
+    let ino = std::os::unix::fs::MetadataExt::ino(&fs::metadata(&path).unwrap());
+    let mut other = String::new();
+    for n in ["x", "y", "z"] {
+        other.push_str(&serde_json::to_string(&detail(n, 1, 100)).unwrap());
+        other.push('\n');
+    }
+    let mut f = OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(&path)
+        .unwrap();
+    f.write_all(other.as_bytes()).unwrap();
+    drop(f);
+    assert_eq!(
+        std::os::unix::fs::MetadataExt::ino(&fs::metadata(&path).unwrap()),
+        ino
+    );
+    let got = log.get("r").unwrap();
+    let nodes: Vec<&str> = got["details"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["node_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(nodes, ["x", "y", "z"], "{got}");
+    assert_eq!(got["summary"]["total_input_tokens"], json!(300));
+}
+
+/// A run with only a stream's state file is pruned like any other (taking its lock must not
+/// make it look active), and the dry run lists exactly what the real prune deletes.
+#[test]
+fn prune_counts_what_it_says_and_takes_stream_only_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let log = open(tmp.path());
+    fs::create_dir(tmp.path().join("stream-only")).unwrap();
+    fs::write(tmp.path().join("stream-only/state"), b"sealed").unwrap();
+    log.log_node("logged", detail("a", 1, 1)).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let would = log.prune(Duration::ZERO, &|_| false, true).unwrap();
+    let did = log.prune(Duration::ZERO, &|_| false, false).unwrap();
+    assert_eq!(would.len(), 2, "{would:?}");
+    assert_eq!(did.len(), 2, "{did:?}");
+    assert!(did.iter().all(|r| r.get("error").is_none()), "{did:?}");
+    assert!(!tmp.path().join("stream-only").exists());
+    // An absurd age is "keep everything", not a wrapped-around cutoff.
+    log.log_node("new", detail("a", 1, 1)).unwrap();
+    assert!(log
+        .prune(Duration::from_secs(u64::MAX), &|_| false, false)
+        .unwrap()
+        .is_empty());
 }

@@ -79,6 +79,9 @@ pub struct LeaseAnswer {
     pub expires_in_ms: u64,
 }
 
+/// Whether a run has a live stream (see [`Daemon::live_streams`]).
+pub type LiveStreams = Box<dyn Fn(&str) -> bool + Send>;
+
 /// The daemon's shared state.
 pub struct Daemon {
     /// When it started (monotonic).
@@ -260,8 +263,13 @@ impl Daemon {
                 return;
             }
         };
-        let streams = self.streams_if_open();
-        let keep = |id: &str| streams.as_ref().is_some_and(|s| s.is_active(id));
+        let keep = match self.live_streams() {
+            Ok(k) => k,
+            Err(e) => {
+                tracing::warn!(error = %e, "run retention: skipped (which streams are live is unknown)");
+                return;
+            }
+        };
         match log.prune(age, &keep, false) {
             Ok(gone) if !gone.is_empty() => {
                 tracing::info!(
@@ -272,6 +280,19 @@ impl Daemon {
             }
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "run retention sweep failed"),
+        }
+    }
+
+    /// Which runs have a live stream (their directories must not be pruned): the streams are
+    /// opened if they are not yet. With no default store there are no streams at all; if the
+    /// streams cannot be opened otherwise (sealed), nobody can say: an error.
+    pub fn live_streams(&self) -> Result<LiveStreams, StreamError> {
+        match self.streams() {
+            Ok(s) => Ok(Box::new(move |id: &str| s.is_active(id))),
+            Err(e) if e.kind == crate::error::ErrorKind::Unsupported => {
+                Ok(Box::new(|_: &str| false))
+            }
+            Err(e) => Err(e),
         }
     }
 

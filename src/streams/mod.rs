@@ -780,7 +780,6 @@ impl Streams {
     ) -> Result<Ticket, StreamError> {
         let mut t = self.interrupt_locked(run_id, stream_id, cause)?;
         self.annotate(run_id, &mut t.answer);
-        self.log_plan(run_id, "interrupt", &t.answer);
         Ok(t)
     }
 
@@ -791,7 +790,8 @@ impl Streams {
 
     /// Fill in each completed call's `execution` from the run log (`executed`, `began`,
     /// `not_executed`): whether running it again would repeat a side effect. Done after the
-    /// streams' lock is released (it reads files under the run log's own lock); the journaled
+    /// streams' lock is released (it reads files under the run log's own lock: callers on an
+    /// async task run `interrupt`/`resume` on the blocking pool); the journaled
     /// plan does not carry the completed calls, so only the answer changes. If the log cannot
     /// be read, the calls stay `unknown` and a warning says why.
     fn annotate(&self, run_id: &str, plan: &mut Value) {
@@ -821,8 +821,10 @@ impl Streams {
     }
 
     /// Put a plan in the run log's `recovery.jsonl` (the timeline of `holdfast runs show`):
-    /// its kind, cause, wait and the calls it completed or cancelled — never the text.
-    fn log_plan(&self, run_id: &str, event: &str, plan: &Value) {
+    /// its kind, cause, wait and the calls it completed or cancelled — never the text. Called
+    /// once the plan's journal record is durable (a plan that failed to commit is not in the
+    /// timeline); file work: not on an async task.
+    pub fn log_plan(&self, run_id: &str, event: &str, plan: &Value) {
         let Some(log) = self.run_log.get() else {
             return;
         };
@@ -995,9 +997,6 @@ impl Streams {
         let mut t = self.resume_locked(run_id, model, thread_id, fail_on_stale)?;
         if let Some(plan) = t.answer.get_mut("plan") {
             self.annotate(run_id, plan);
-        }
-        if let Some(plan) = t.answer.get("plan") {
-            self.log_plan(run_id, "resume", plan);
         }
         Ok(t)
     }
