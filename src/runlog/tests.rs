@@ -328,6 +328,20 @@ fn torn_tails_garbage_lines_empty_files_and_hive_duplicates_are_recovered_and_re
     assert_eq!(got["nodes"], json!(3));
     // The summary counts logical entries, not lines (hive's doubled tokens).
     assert_eq!(got["summary"]["total_input_tokens"], json!(30));
+    // Truncated mid-line (a copy or a disk that lost the end of the file).
+    let full = fs::metadata(&path).unwrap().len();
+    let f = OpenOptions::new().write(true).open(&path).unwrap();
+    f.set_len(full - 10).unwrap();
+    f.set_modified(std::time::SystemTime::now() - Duration::from_secs(10))
+        .unwrap();
+    drop(f);
+    let got = open(tmp.path()).get("r").unwrap();
+    println!("truncated mid-line: report {}", got["report"]);
+    assert_eq!(got["report"]["torn_tails_cut"], json!(1));
+    // The last line (the hive-style duplicate) is gone; the three entries are intact.
+    assert_eq!(got["nodes"], json!(3));
+    assert_eq!(got["report"]["duplicate_lines"], json!(0));
+
     // A file that is entirely garbage or empty still works.
     fs::write(&path, b"\n\n   \n{]\n").unwrap();
     let got = open(tmp.path()).get("r").unwrap();
