@@ -192,6 +192,7 @@ fn streams_quick_json_run_reports_every_figure() {
             .find(|r| r["system"] == "holdfast stream.append" && r["streams"] == streams)
             .unwrap_or_else(|| panic!("no holdfast row for {streams}"));
         positive(&row["ops_per_sec"], "holdfast ops_per_sec");
+        positive(&row["server_cpu_us_per_op"], "holdfast server CPU per op");
         check_figures(
             &row["latency"],
             &["n", "p50_us", "p99_us"],

@@ -616,6 +616,10 @@ struct DaemonChild {
 }
 
 impl DaemonChild {
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     fn start(env: &Env) -> CliResult<DaemonChild> {
         let exe = std::env::current_exe().map_err(|e| fail("finding this executable", e))?;
         let log = env.root.join("daemon.log");

@@ -41,6 +41,9 @@ struct Row {
     secs: f64,
     stats: Option<Stats>,
     note: String,
+    /// CPU time the server process used per operation in the phase (user + system, from
+    /// /proc/<pid>/stat), where the server is its own process.
+    server_cpu_us: Option<f64>,
 }
 
 impl Row {
@@ -53,8 +56,24 @@ impl Row {
             "system": self.system, "streams": self.streams, "ops": self.ops,
             "secs": round3(self.secs), "ops_per_sec": self.per_sec().round(),
             "latency": self.stats.map(|s| s.json()), "note": self.note,
+            "server_cpu_us_per_op": self.server_cpu_us.map(|c| (c * 10.0).round() / 10.0),
         })
     }
+}
+
+/// CPU seconds (user + system) process `pid` has used so far, from /proc/<pid>/stat.
+fn cpu_secs(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces) start at the state, field 3.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let (utime, stime): (u64, u64) = (f.get(11)?.parse().ok()?, f.get(12)?.parse().ok()?);
+    Some((utime + stime) as f64 / rustix::param::clock_ticks_per_second() as f64)
+}
+
+/// Server CPU per operation between two [`cpu_secs`] readings.
+fn per_op_us(before: Option<f64>, after: Option<f64>, ops: usize) -> Option<f64> {
+    Some((after? - before?) / ops.max(1) as f64 * 1e6)
 }
 
 /// 20 bytes written at the end of what was written and `fdatasync`ed, `n` times.
@@ -175,8 +194,9 @@ impl RawConn {
 
 /// The daemon's own ceiling for `streams` clients: an unknown method, answered on the
 /// connection's task with no store, journal or fsync. What no append can beat.
-fn noop_phase(env: &Env, streams: usize, d: Duration) -> CliResult<Row> {
+fn noop_phase(env: &Env, pid: u32, streams: usize, d: Duration) -> CliResult<Row> {
     let socket = env.socket.clone();
+    let cpu0 = cpu_secs(pid);
     let (ops, secs, stats) = timed(
         streams,
         d,
@@ -198,6 +218,7 @@ fn noop_phase(env: &Env, streams: usize, d: Duration) -> CliResult<Row> {
         secs,
         stats: Some(stats),
         note: "the request path's ceiling".into(),
+        server_cpu_us: per_op_us(cpu0, cpu_secs(pid), ops),
     })
 }
 
@@ -212,9 +233,10 @@ fn journal_counters(socket: &Path) -> CliResult<(u64, u64)> {
     ))
 }
 
-fn holdfast_phase(env: &Env, streams: usize, d: Duration) -> CliResult<Row> {
+fn holdfast_phase(env: &Env, pid: u32, streams: usize, d: Duration) -> CliResult<Row> {
     let before = journal_counters(&env.socket)?;
     let socket = env.socket.clone();
+    let cpu0 = cpu_secs(pid);
     let tag = format!("b{streams}");
     let (ops, secs, stats) = timed(
         streams,
@@ -244,6 +266,7 @@ fn holdfast_phase(env: &Env, streams: usize, d: Duration) -> CliResult<Row> {
             Ok(())
         },
     )?;
+    let cpu1 = cpu_secs(pid);
     let after = journal_counters(&env.socket)?;
     let per_sync = (after.0 - before.0) as f64 / (after.1 - before.1).max(1) as f64;
     // End the runs, so their journal segments can go.
@@ -269,6 +292,7 @@ fn holdfast_phase(env: &Env, streams: usize, d: Duration) -> CliResult<Row> {
         secs,
         stats: Some(stats),
         note: format!("{per_sync:.1} records per fsync"),
+        server_cpu_us: per_op_us(cpu0, cpu1, ops),
     })
 }
 
@@ -327,6 +351,8 @@ fn sqlite_phase(dir: &Path, streams: usize, d: Duration) -> CliResult<Row> {
             secs: 1.0,
             stats: None,
             note: "not measured: no python3 with sqlite3".into(),
+            // Client and database are one Python process: no server CPU of its own.
+            server_cpu_us: None,
         });
     };
     let o = Command::new(python)
@@ -357,6 +383,8 @@ fn sqlite_phase(dir: &Path, streams: usize, d: Duration) -> CliResult<Row> {
             mean: Duration::ZERO,
         }),
         note: format!("sqlite {}", v["version"].as_str().unwrap_or("?")),
+        // Client and database are one Python process: no server CPU of its own.
+        server_cpu_us: None,
     })
 }
 
@@ -425,6 +453,8 @@ fn start_redis(bin: &str, dir: &Path) -> CliResult<Redis> {
 
 fn redis_phase(redis: &Redis, streams: usize, d: Duration) -> CliResult<Row> {
     let port = redis.port;
+    let pid = redis.child.id();
+    let cpu0 = cpu_secs(pid);
     let (ops, secs, stats) = timed(
         streams,
         d,
@@ -457,6 +487,7 @@ fn redis_phase(redis: &Redis, streams: usize, d: Duration) -> CliResult<Row> {
         secs,
         stats: Some(stats),
         note: String::new(),
+        server_cpu_us: per_op_us(cpu0, cpu_secs(pid), ops),
     })
 }
 
@@ -516,11 +547,16 @@ pub fn run(g: &Global, quick: bool, seconds: Option<f64>, tmpdir: Option<&Path>)
             "holdfast: {n} stream(s) for {:.1} s",
             d.as_secs_f64()
         ));
-        rows.push(holdfast_phase(&env, n, d)?);
+        rows.push(holdfast_phase(&env, child.pid(), n, d)?);
     }
     for &n in STREAMS {
         progress(&format!("holdfast no-op: {n} client(s)"));
-        rows.push(noop_phase(&env, n, d.min(Duration::from_secs(2)))?);
+        rows.push(noop_phase(
+            &env,
+            child.pid(),
+            n,
+            d.min(Duration::from_secs(2)),
+        )?);
     }
     child.stop()?;
     for &n in STREAMS {
@@ -581,9 +617,18 @@ pub fn run(g: &Global, quick: bool, seconds: Option<f64>, tmpdir: Option<&Path>)
                     None,
                 ),
             };
+            // What each server spends per operation: on 2 cores shared with the clients, the
+            // CPU per append bounds the rate once the fsync is no longer the bottleneck.
+            let cpu = |r: Option<&Row>| r.and_then(|r| r.server_cpu_us);
+            let why = match (cpu(Some(h)), cpu(find("holdfast no-op", n)), cpu(find("Redis", n))) {
+                (Some(a), Some(o), Some(r)) => Some(format!(
+                    "server CPU per op: holdfast append {a:.1} µs, holdfast no-op {o:.1} µs, Redis append {r:.1} µs"
+                )),
+                _ => None,
+            };
             targets.push(
                 json!({"target": format!("{n} streams ahead of Redis appendfsync always"),
-                "measured": measured, "pass": pass}),
+                "measured": measured, "pass": pass, "why": why}),
             );
         }
     }
@@ -637,18 +682,22 @@ pub fn run(g: &Global, quick: bool, seconds: Option<f64>, tmpdir: Option<&Path>)
     out(format!(
         "{:<34} {:>7} {:>10} {:>10} {:>10}",
         "durable appends (1 delta each)", "streams", "ops/s", "p50", "p99"
-    ));
+    ) + "   server CPU/op");
     for r in &rows {
         let (p50, p99) = r
             .stats
             .map_or(("-".into(), "-".into()), |s| (fmt_d(s.p50), fmt_d(s.p99)));
+        let cpu = r
+            .server_cpu_us
+            .map_or("-".to_owned(), |c| format!("{c:.1} µs"));
         out(format!(
-            "  {:<32} {:>7} {:>10} {:>10} {:>10}  {}",
+            "  {:<32} {:>7} {:>10} {:>10} {:>10}  {:>14}  {}",
             r.system,
             r.streams,
             fmt_count(r.per_sec()),
             p50,
             p99,
+            cpu,
             r.note
         ));
     }
@@ -672,6 +721,9 @@ pub fn run(g: &Global, quick: bool, seconds: Option<f64>, tmpdir: Option<&Path>)
             t["target"].as_str().unwrap_or(""),
             t["measured"].as_str().unwrap_or("")
         ));
+        if let Some(why) = t["why"].as_str() {
+            out(format!("    {why}"));
+        }
     }
     Ok(())
 }
