@@ -5,8 +5,9 @@ use std::sync::Arc;
 use clap::Args;
 
 use super::{CliError, CliResult, Global};
-use crate::ipc::server;
+use crate::ipc::{activation, server};
 use crate::service::{watch, Daemon};
+use sd_notify::NotifyState;
 
 /// Arguments of `holdfast daemon`.
 #[derive(Args, Debug)]
@@ -14,6 +15,9 @@ pub struct DaemonArgs {}
 
 /// Start the daemon; returns when it has shut down.
 pub fn run(g: &Global, _args: &DaemonArgs) -> CliResult {
+    // First, while this is the only thread: a socket passed by systemd (the LISTEN_* variables
+    // are removed from the environment as it is taken).
+    let inherited = activation::take_listener().map_err(|e| CliError::with_code(e, 1))?;
     let config = g.config()?;
     let limits = config.limits();
     for note in
@@ -22,10 +26,17 @@ pub fn run(g: &Global, _args: &DaemonArgs) -> CliResult {
         tracing::warn!("{note}");
     }
     let data_dir = g.data_dir()?;
-    let socket = g.socket_path()?;
+    let activated = inherited.is_some();
+    let socket = match &inherited {
+        Some(i) => i.path.clone(),
+        None => g.socket_path()?,
+    };
     // Singleton first: a second daemon is refused before it opens (and repairs) any store.
-    let claim =
-        server::claim(&socket, &data_dir).map_err(|e| CliError::with_code(e.to_string(), 1))?;
+    let claim = match inherited {
+        Some(i) => server::claim_inherited(i, &data_dir),
+        None => server::claim(&socket, &data_dir),
+    }
+    .map_err(|e| CliError::with_code(e.to_string(), 1))?;
     let daemon = Daemon::open(socket.clone(), data_dir.clone(), config)
         .map_err(|e| CliError::with_code(e, 1))?;
     let daemon = Arc::new(daemon);
@@ -98,6 +109,10 @@ pub fn run(g: &Global, _args: &DaemonArgs) -> CliResult {
         let (tx, rx) = tokio::sync::watch::channel(false);
         tokio::spawn(async move {
             let reason = wait_for_signal().await;
+            activation::notify(&[
+                NotifyState::Stopping,
+                NotifyState::Status("stopping: finishing requests in flight"),
+            ]);
             tracing::info!(
                 signal = reason,
                 "shutting down: no new connections; finishing requests in flight (signal again to exit at once)"
@@ -114,9 +129,18 @@ pub fn run(g: &Global, _args: &DaemonArgs) -> CliResult {
             data_dir = %data_dir.display(),
             pid = std::process::id(),
             stores = daemon.stores().len(),
+            socket_activated = activated,
             "holdfast daemon listening"
         );
-        let stopped = server::run(bound, Arc::clone(&daemon), limits, rx, true).await;
+        // Ready: the stores are open and reconciled, the streams replayed, the listener live
+        // (connections queue until the loop below accepts them).
+        let status = status_line(&daemon);
+        activation::notify(&[NotifyState::Ready, NotifyState::Status(&status)]);
+        if let Some(every) = activation::watchdog() {
+            tokio::spawn(watchdog(socket.clone(), every));
+        }
+        // A socket systemd passed is never unlinked (it stays systemd's).
+        let stopped = server::run(bound, Arc::clone(&daemon), limits, rx, !activated).await;
         daemon
             .watcher
             .lock()
@@ -150,5 +174,70 @@ async fn wait_for_signal() -> &'static str {
     tokio::select! {
         _ = term.recv() => "SIGTERM",
         _ = int.recv() => "SIGINT",
+    }
+}
+
+/// `STATUS=` for the service manager: what is being served.
+fn status_line(daemon: &Daemon) -> String {
+    let stores = daemon.stores();
+    let sealed = stores
+        .iter()
+        .filter(|(_, slot)| {
+            slot.store
+                .as_ref()
+                .map_or(true, |s| s.sealed_reason().is_some())
+        })
+        .count();
+    let streams = daemon
+        .streams_if_open()
+        .map_or("streams not open".to_owned(), |s| {
+            format!("{} active stream(s)", s.active_runs())
+        });
+    format!(
+        "serving {} store(s) ({sealed} sealed or unopened), {streams}",
+        stores.len()
+    )
+}
+
+/// Ping systemd's watchdog at a third of `WatchdogSec=`, each time only after a real request
+/// made it through the daemon: connect to its own socket, say `hello`, read the answer (the
+/// accept loop, a connection task and the router all working). A daemon that cannot answer
+/// itself within the interval stops pinging, and systemd restarts it.
+async fn watchdog(socket: std::path::PathBuf, every: std::time::Duration) {
+    let period = every / 3;
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let path = socket.clone();
+        let probe = tokio::task::spawn_blocking(move || self_probe(&path, period));
+        match probe.await {
+            Ok(Ok(())) => activation::notify(&[NotifyState::Watchdog]),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "watchdog: the daemon did not answer itself; not pinging systemd")
+            }
+            Err(e) => tracing::warn!(error = %e, "watchdog probe panicked"),
+        }
+    }
+}
+
+/// One request through the daemon's own socket, within `limit`.
+fn self_probe(socket: &std::path::Path, limit: std::time::Duration) -> std::io::Result<()> {
+    use std::io::{BufRead, Write};
+    let s = std::os::unix::net::UnixStream::connect(socket)?;
+    s.set_read_timeout(Some(limit))?;
+    s.set_write_timeout(Some(limit))?;
+    (&s).write_all(
+        b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"hello\",\"params\":{\"client\":\"holdfast-watchdog\"}}\n",
+    )?;
+    let mut line = String::new();
+    std::io::BufReader::new(&s).read_line(&mut line)?;
+    if line.contains("\"result\"") {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(format!(
+            "unexpected answer: {}",
+            line.chars().take(120).collect::<String>()
+        )))
     }
 }

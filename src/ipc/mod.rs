@@ -5,6 +5,7 @@
 //! - [`server`]: bind (singleton, stale socket, 0600), accept (peer uid), connections, shutdown.
 //! - [`handlers`]: method → service; [`streams`]: the `stream.*` and `checkpoint.*` methods.
 
+pub mod activation;
 pub mod frame;
 pub mod handlers;
 pub mod protocol;

@@ -52,8 +52,9 @@ pub struct Bound {
     pub listener: Listener,
     /// Its path.
     pub path: PathBuf,
-    /// The socket file's device and inode, to tell our socket from a replacement.
-    pub ino: (u64, u64),
+    /// The socket file's device and inode, to tell our socket from a replacement; `None` for
+    /// a socket passed by systemd (its file is systemd's to manage).
+    pub ino: Option<(u64, u64)>,
     _locks: Vec<LockGuard>,
 }
 
@@ -71,10 +72,42 @@ fn take_singleton(path: &Path, what: &str) -> Result<LockGuard, ServeError> {
     }
 }
 
-/// The singleton locks, held, and the socket path cleared for binding.
+/// The singleton locks, held, and the socket path cleared for binding (or the socket systemd
+/// passed).
 pub struct Claim {
     path: PathBuf,
     locks: Vec<LockGuard>,
+    inherited: Option<std::os::unix::net::UnixListener>,
+}
+
+/// Take the singleton locks for a socket passed by systemd: the socket file is left alone
+/// (it is systemd's, and it answers: it is the socket we serve).
+pub fn claim_inherited(
+    inherited: super::activation::Inherited,
+    data_dir: &Path,
+) -> Result<Claim, ServeError> {
+    let setup = |e: String| ServeError::Setup(e);
+    let socket = inherited.path.as_path();
+    let dir = socket
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .ok_or_else(|| setup(format!("socket path {} has no directory", socket.display())))?;
+    durable::create_private_dir(data_dir, &Faults::none()).map_err(|e| setup(e.to_string()))?;
+    let locks = vec![
+        take_singleton(
+            &dir.join("holdfast.lock"),
+            &format!("socket {}", socket.display()),
+        )?,
+        take_singleton(
+            &data_dir.join("daemon.lock"),
+            &format!("data directory {}", data_dir.display()),
+        )?,
+    ];
+    Ok(Claim {
+        path: inherited.path,
+        locks,
+        inherited: Some(inherited.listener),
+    })
 }
 
 /// Prepare the socket directory, take the singleton locks (one beside the socket, one in the
@@ -129,6 +162,7 @@ pub fn claim(socket: &Path, data_dir: &Path) -> Result<Claim, ServeError> {
     Ok(Claim {
         path: socket.to_path_buf(),
         locks,
+        inherited: None,
     })
 }
 
@@ -137,6 +171,19 @@ impl Claim {
     /// Needs a tokio runtime.
     pub fn bind(self) -> Result<Bound, ServeError> {
         let setup = ServeError::Setup;
+        if let Some(std_listener) = self.inherited {
+            // No name reclamation: dropping it never unlinks systemd's socket file.
+            let sync = interprocess::os::unix::uds_local_socket::Listener::from(std_listener);
+            let tokio_listener =
+                interprocess::os::unix::uds_local_socket::tokio::Listener::try_from(sync)
+                    .map_err(|e| setup(format!("cannot serve the inherited socket: {e}")))?;
+            return Ok(Bound {
+                listener: Listener::from(tokio_listener),
+                path: self.path,
+                ino: None,
+                _locks: self.locks,
+            });
+        }
         let socket = self.path.as_path();
         let name = socket
             .to_fs_name::<GenericFilePath>()
@@ -152,7 +199,7 @@ impl Claim {
         Ok(Bound {
             listener,
             path: self.path,
-            ino,
+            ino: Some(ino),
             _locks: self.locks,
         })
     }
@@ -438,7 +485,7 @@ pub async fn run(
         tokio::select! {
             _ = shutdown.changed() => break,
             _ = check.tick() => {
-                if socket_ino(&bound.path) != Some(bound.ino) {
+                if bound.ino.is_some() && socket_ino(&bound.path) != bound.ino {
                     tracing::error!(socket = %bound.path.display(), "our socket file was deleted or replaced; stopping (the new file, if any, is left alone)");
                     socket_lost = true;
                     break;
@@ -493,7 +540,7 @@ pub async fn run(
         _locks,
     } = bound;
     drop(listener);
-    if unlink_on_exit && !socket_lost && socket_ino(&path) == Some(ino) {
+    if unlink_on_exit && !socket_lost && ino.is_some() && socket_ino(&path) == ino {
         if let (Some(dir), Ok(name)) = (path.parent(), file_name(&path)) {
             let _ = durable::remove_durably(dir, &name, &Faults::none());
         }

@@ -1,0 +1,257 @@
+//! systemd integration, with systemd's own tools where they exist here: socket activation through
+//! `systemd-socket-activate`, every malformed `LISTEN_*` refused, a fake `NOTIFY_SOCKET`
+//! capturing `READY=1`, `WATCHDOG=1` and `STOPPING=1`, a key from `$CREDENTIALS_DIRECTORY`.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixDatagram;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rustix::process::Signal;
+use serde_json::json;
+
+#[allow(dead_code)] // each test binary uses only some of the shared helpers
+mod common;
+use common::*;
+
+fn have(tool: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// `systemd-socket-activate -l PATH holdfast daemon`: the daemon serves the socket it was
+/// given (fd 3) and leaves the file in place when it stops.
+#[test]
+fn serves_a_socket_from_systemd_socket_activate_and_never_unlinks_it() {
+    assert!(
+        have("systemd-socket-activate"),
+        "systemd-socket-activate missing: scripts/test-deps.sh installs systemd"
+    );
+    let env = DaemonEnv::new("");
+    let dir = env.root.join("activated");
+    fs::create_dir(&dir).unwrap();
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
+    let sock = dir.join("holdfast.sock");
+    let inner = env.holdfast(&["daemon"]);
+    let mut c = Command::new("systemd-socket-activate");
+    c.arg("-l").arg(&sock);
+    // systemd-socket-activate passes only the environment named with -E.
+    for (k, v) in inner.get_envs() {
+        if let Some(v) = v {
+            c.arg("-E")
+                .arg(format!("{}={}", k.to_string_lossy(), v.to_string_lossy()));
+        }
+    }
+    c.arg(inner.get_program()).args(inner.get_args());
+    let log = env.root.join("activate.log");
+    c.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(&log).unwrap());
+    let mut child = c.spawn().unwrap();
+    // The socket exists before the daemon does; the first connection starts it.
+    let start = Instant::now();
+    while !sock.exists() && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut conn = match std::panic::catch_unwind(|| Conn::open(&sock)) {
+        Ok(c) => c,
+        Err(_) => panic!(
+            "no answer on the activated socket:\n{}",
+            fs::read_to_string(&log).unwrap_or_default()
+        ),
+    };
+    let st = conn.ok("admin.status", json!({}));
+    assert_eq!(
+        st["socket"].as_str().map(Path::new),
+        Some(sock.as_path()),
+        "{st}"
+    );
+    drop(conn);
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(child.id() as i32).unwrap(),
+        Signal::TERM,
+    )
+    .unwrap();
+    let status = child.wait().unwrap();
+    let text = strip_ansi(&fs::read_to_string(&log).unwrap());
+    assert!(status.success(), "{status}: {text}");
+    assert!(text.contains("socket_activated=true"), "{text}");
+    assert!(sock.exists(), "the inherited socket was unlinked:\n{text}");
+    println!(
+        "socket activation: served {}, socket kept after SIGTERM",
+        sock.display()
+    );
+}
+
+/// Every malformed hand-over is refused with a message naming the problem; the daemon does not
+/// start (and creates no socket of its own).
+#[test]
+fn malformed_listen_fds_are_refused() {
+    let mut env = DaemonEnv::new("");
+    // fd 3 made by Python (socket kinds the shell cannot make), LISTEN_PID set to its own pid
+    // (execve keeps it), then holdfast exec'd.
+    let py = r#"
+import os, socket, sys
+kind, argv = sys.argv[1], sys.argv[2:]
+if kind == "dgram":
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); s.bind(os.environ["HF_SOCK"])
+elif kind == "unbound-stream":
+    s, _peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+elif kind == "tcp":
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM); s.bind(("127.0.0.1", 0)); s.listen()
+elif kind == "file":
+    s = open("/dev/null")
+os.dup2(s.fileno(), 3)
+os.set_inheritable(3, True)
+env = dict(os.environ, LISTEN_PID=str(os.getpid()), LISTEN_FDS=os.environ.get("HF_FDS", "1"))
+os.execve(argv[0], argv, env)
+"#;
+    type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str);
+    let cases: &[Case] = &[
+        ("file", &[], "not a Unix stream socket"),
+        ("dgram", &[], "not a Unix stream socket"),
+        ("tcp", &[], "not a Unix stream socket"),
+        ("unbound-stream", &[], "not listening"),
+        ("file", &[("HF_FDS", "2")], "exactly one socket"),
+        ("file", &[("HF_FDS", "0")], "exactly one socket"),
+    ];
+    let mut refused = 0;
+    for (i, (kind, extra, want)) in cases.iter().enumerate() {
+        let inner = env.holdfast(&["daemon"]);
+        let mut c = Command::new("/usr/bin/python3");
+        c.arg("-c").arg(py).arg(kind).arg(inner.get_program());
+        c.args(inner.get_args());
+        c.env_clear();
+        for (k, v) in inner.get_envs() {
+            if let Some(v) = v {
+                c.env(k, v);
+            }
+        }
+        c.env("HF_SOCK", env.root.join(format!("dgram-{i}.sock")));
+        for (k, v) in *extra {
+            c.env(k, v);
+        }
+        let out = run(c, b"");
+        let err = strip_ansi(&out.stderr);
+        assert_eq!(out.code, 1, "{kind} {extra:?}: {out}");
+        assert!(
+            err.contains(want),
+            "{kind} {extra:?}: wanted {want:?}: {err}"
+        );
+        assert!(!env.socket.exists(), "{kind}: a socket was created");
+        refused += 1;
+    }
+    // LISTEN_PID of another process, and LISTEN_FDS without LISTEN_PID.
+    for (vars, want) in [
+        (
+            vec![("LISTEN_FDS", "1"), ("LISTEN_PID", "1")],
+            "not this process",
+        ),
+        (vec![("LISTEN_FDS", "1")], "without LISTEN_PID"),
+    ] {
+        let mut c = env.holdfast(&["daemon"]);
+        for (k, v) in &vars {
+            c.env(k, v);
+        }
+        let out = run(c, b"");
+        assert_eq!(out.code, 1, "{vars:?}: {out}");
+        assert!(strip_ansi(&out.stderr).contains(want), "{vars:?}: {out}");
+        refused += 1;
+    }
+    println!("malformed LISTEN_*: {refused} cases, {refused} refused with their reason");
+    // And without LISTEN_* at all the daemon binds its own socket as usual.
+    let d = env.start();
+    d.stop();
+}
+
+/// A fake service manager: a datagram socket as `NOTIFY_SOCKET`. `READY=1` comes once the
+/// socket already answers; `WATCHDOG=1` at under half of `WATCHDOG_USEC`; `STOPPING=1` on
+/// SIGTERM. The key comes from `$CREDENTIALS_DIRECTORY` (LoadCredential=), a 0400 file.
+#[test]
+fn notify_socket_gets_ready_watchdog_and_stopping() {
+    let mut env = DaemonEnv::new("");
+    let notify_path = env.root.join("notify.sock");
+    let manager = UnixDatagram::bind(&notify_path).unwrap();
+    manager
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    // LoadCredential=holdfast-default.key:… puts a copy here, 0400.
+    let creds = env.root.join("credentials");
+    fs::create_dir(&creds).unwrap();
+    let key = fs::read(env.key_file()).unwrap();
+    let cred_key = creds.join("holdfast-default.key");
+    fs::write(&cred_key, &key).unwrap();
+    fs::set_permissions(&cred_key, fs::Permissions::from_mode(0o400)).unwrap();
+    fs::remove_file(env.key_file()).unwrap();
+    let watchdog_usec = 900_000u64;
+    let opts = DaemonOpts {
+        env: vec![
+            ("NOTIFY_SOCKET".into(), notify_path.display().to_string()),
+            ("WATCHDOG_USEC".into(), watchdog_usec.to_string()),
+            ("CREDENTIALS_DIRECTORY".into(), creds.display().to_string()),
+        ],
+        ..Default::default()
+    };
+    let mut d = env.spawn(&opts);
+    let mut buf = [0u8; 4096];
+    let mut recv = || -> (Instant, String) {
+        let n = manager.recv(&mut buf).expect("a notification");
+        (
+            Instant::now(),
+            String::from_utf8_lossy(&buf[..n]).into_owned(),
+        )
+    };
+    let (_, first) = recv();
+    assert!(first.contains("READY=1"), "first message: {first:?}");
+    assert!(first.contains("STATUS=serving 1 store(s)"), "{first:?}");
+    // Ready means serving: the first connection after READY=1 is answered, no retry.
+    let mut c = Conn::open(&d.socket);
+    let st = c.ok("admin.status", json!({}));
+    assert_eq!(st["stores"][0]["sealed"], json!(false), "{st}");
+    let source = st["stores"][0]["key_source"].to_string();
+    assert!(source.contains("credentials"), "key source: {source}");
+    drop(c);
+    // Watchdog pings for ~3 s.
+    let mut pings = Vec::new();
+    let until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < until {
+        let (t, m) = recv();
+        assert!(m.contains("WATCHDOG=1"), "{m:?}");
+        pings.push(t);
+    }
+    let gaps: Vec<u128> = pings
+        .windows(2)
+        .map(|w| (w[1] - w[0]).as_millis())
+        .collect();
+    let mut sorted = gaps.clone();
+    sorted.sort_unstable();
+    let median = sorted[sorted.len() / 2];
+    let limit = u128::from(watchdog_usec / 1000);
+    println!(
+        "watchdog: {} pings in 3 s, gaps median {median} ms, max {} ms (WATCHDOG_USEC {limit} ms)",
+        pings.len(),
+        sorted.last().unwrap()
+    );
+    assert!(median < limit / 2, "median gap {median} ms: {gaps:?}");
+    assert!(
+        *sorted.last().unwrap() < limit,
+        "a gap over the deadline: {gaps:?}"
+    );
+    d.signal(Signal::TERM);
+    let mut stopping = false;
+    for _ in 0..20 {
+        let (_, m) = recv();
+        if m.contains("STOPPING=1") {
+            stopping = true;
+            break;
+        }
+    }
+    assert!(stopping, "no STOPPING=1 after SIGTERM");
+    let st = d.wait_exit(Duration::from_secs(30));
+    assert!(st.is_some_and(|s| s.success()), "{st:?}");
+}
