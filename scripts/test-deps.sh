@@ -3,6 +3,8 @@
 # - Python's `cryptography` (hive's Fernet), for the interop tests in both directions.
 # - strace, for the tests that prove the syscall order of a write and that a rejected id makes
 #   no file-system call (SECURITY-CHECKLIST items 9 and 16).
+# - systemd's tools (systemd-analyze, systemd-socket-activate), for the unit checks and the
+#   socket-activation tests (tests/systemd.rs).
 # - rustfmt and clippy components, for the lint steps.
 # Safe to run again and again: each step checks first and does nothing when satisfied.
 set -euo pipefail
@@ -20,6 +22,16 @@ if ! command -v strace >/dev/null 2>&1; then
       || echo "test-deps: could not install strace; the strace tests will say SKIPPED" >&2
   else
     echo "test-deps: strace missing and cannot be installed here; the strace tests will say SKIPPED" >&2
+  fi
+fi
+
+if ! command -v systemd-analyze >/dev/null 2>&1 || ! command -v systemd-socket-activate >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    echo "test-deps: installing systemd (for systemd-analyze and systemd-socket-activate)" >&2
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd; } >/dev/null
+  else
+    echo "test-deps: systemd-analyze missing and cannot be installed here (needs apt-get as root)" >&2
+    exit 1
   fi
 fi
 

@@ -255,3 +255,130 @@ fn notify_socket_gets_ready_watchdog_and_stopping() {
     let st = d.wait_exit(Duration::from_secs(30));
     assert!(st.is_some_and(|s| s.success()), "{st:?}");
 }
+
+/// Exposure `systemd-analyze security --offline=true` may report for the user unit. Most of
+/// its score is capabilities and namespaces a user service cannot drop or set up without
+/// failing (docs/operations.md): a user service has no capabilities to begin with.
+const USER_EXPOSURE_MAX: f64 = 6.5;
+/// And for the system unit, which can apply every sandboxing option.
+const SYSTEM_EXPOSURE_MAX: f64 = 1.0;
+
+fn analyze(args: &[&str], runtime_dir: &Path) -> (bool, String) {
+    let out = Command::new("systemd-analyze")
+        .args(args)
+        .env("XDG_RUNTIME_DIR", runtime_dir)
+        .env("SYSTEMD_COLORS", "0")
+        .output()
+        .expect("systemd-analyze (scripts/test-deps.sh installs systemd)");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+fn exposure(report: &str) -> f64 {
+    let line = report
+        .lines()
+        .find(|l| l.contains("Overall exposure level"))
+        .unwrap_or_else(|| panic!("no exposure line:\n{report}"));
+    line.split(':')
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("unreadable exposure: {line}"))
+}
+
+/// The shipped units, as `holdfast install-units` writes them: `systemd-analyze verify` says
+/// nothing at all (it exits 0 even on unknown keys, so any output fails), the offline security
+/// exposure stays under the stated thresholds, and the user unit has none of the options that
+/// make a user service fail with 218/CAPABILITIES. install-units is idempotent and keeps files
+/// it did not write.
+#[test]
+fn shipped_units_verify_silently_and_stay_under_the_exposure_thresholds() {
+    let env = DaemonEnv::new("");
+    let runtime = env.home.join("run");
+    for (flag, max) in [
+        ("--user", USER_EXPOSURE_MAX),
+        ("--system", SYSTEM_EXPOSURE_MAX),
+    ] {
+        let dir = env.root.join(format!("units{flag}"));
+        let dir_arg = format!("--dir={}", dir.display());
+        let install = |extra: &[&str]| {
+            let mut c = env.holdfast(&["install-units", flag, &dir_arg]);
+            c.args(extra);
+            run(c, b"")
+        };
+        let first = install(&[]);
+        assert_eq!(first.code, 0, "{first}");
+        assert!(
+            first.stdout.contains("enable --now holdfast.socket"),
+            "{first}"
+        );
+        let again = install(&[]);
+        assert_eq!(again.stdout.matches("unchanged").count(), 2, "{again}");
+        let units: Vec<String> = ["holdfast.socket", "holdfast.service"]
+            .iter()
+            .map(|u| dir.join(u).display().to_string())
+            .collect();
+        let mut args = vec!["verify"];
+        if flag == "--user" {
+            args.push("--user");
+        }
+        args.extend(units.iter().map(String::as_str));
+        let (ok, said) = analyze(&args, &runtime);
+        assert!(ok && said.trim().is_empty(), "verify {flag} said:\n{said}");
+        let service = &units[1];
+        let mut args = vec!["security", "--offline=true"];
+        if flag == "--user" {
+            args.push("--user");
+        }
+        args.push(service);
+        let (_, report) = analyze(&args, &runtime);
+        let level = exposure(&report);
+        println!(
+            "units {flag}: verify silent; security --offline exposure {level} (threshold {max})"
+        );
+        assert!(level <= max, "exposure {level} > {max}:\n{report}");
+        let text = fs::read_to_string(service).unwrap();
+        assert!(text.contains(&format!(
+            "ExecStart={} daemon",
+            env!("CARGO_BIN_EXE_holdfast")
+        )));
+        if flag == "--user" {
+            for bad in [
+                "CapabilityBoundingSet=",
+                "PrivateDevices=",
+                "ProtectKernelModules=",
+                "ProtectKernelLogs=",
+                "ProtectClock=",
+            ] {
+                assert!(
+                    !text.lines().any(|l| l.trim_start().starts_with(bad)),
+                    "{bad} fails user units (218/CAPABILITIES)"
+                );
+            }
+        }
+    }
+    // A unit file install-units did not write is kept unless --force.
+    let dir = env.root.join("foreign");
+    fs::create_dir(&dir).unwrap();
+    fs::write(
+        dir.join("holdfast.service"),
+        "[Service]\nExecStart=/bin/true\n",
+    )
+    .unwrap();
+    let out = run(
+        env.holdfast(&["install-units", &format!("--dir={}", dir.display())]),
+        b"",
+    );
+    assert_eq!(out.code, 4, "{out}");
+    assert!(out.stderr.contains("--force"), "{out}");
+    assert_eq!(
+        fs::read_to_string(dir.join("holdfast.service")).unwrap(),
+        "[Service]\nExecStart=/bin/true\n"
+    );
+}

@@ -12,6 +12,7 @@ mod runs;
 mod status;
 mod store;
 mod stream;
+mod units;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -158,6 +159,10 @@ enum Command {
     /// prune old runs. Read from the files with the same locks, daemon or not.
     #[command(subcommand)]
     Runs(runs::RunsCommand),
+    /// Write the systemd units (socket activation, Type=notify, watchdog, hardening) with
+    /// ExecStart= pointing at this binary: user units by default, --system for a dedicated
+    /// service user. Prints the systemctl command to run next.
+    InstallUnits(units::InstallUnitsArgs),
 }
 
 /// An error on its way to the user: message plus exit code.
@@ -428,6 +433,7 @@ pub fn main() -> ExitCode {
         Command::Recovery(c) => recovery::run(g, c),
         Command::Stream(c) => stream::run(g, c),
         Command::Runs(c) => runs::run(g, c),
+        Command::InstallUnits(a) => units::run(g, a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
