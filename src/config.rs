@@ -5,6 +5,8 @@
 //! data_dir = "~/.local/state/holdfast"
 //! allow_root = true            # root peers may connect to a non-root daemon (ssh-agent's policy)
 //! require_plugin = false       # true: every connection must name a plugin in `hello`
+//! idle_exit_minutes = 0        # socket-activated only: exit after this long with no client and
+//!                              # no active stream (systemd starts it again on the next connect)
 //!
 //! [limits]                     # each optional; see limits.rs for the defaults and why
 //! max_frame_bytes = 1048576
@@ -54,6 +56,9 @@ pub struct Config {
     /// Whether every connection must bind to a plugin.
     #[serde(default)]
     pub require_plugin: bool,
+    /// Under socket activation: exit after this many minutes (fractions allowed) with no
+    /// client connected, no request, and no active stream. 0 or absent: never.
+    pub idle_exit_minutes: Option<f64>,
     /// Limit overrides.
     #[serde(default)]
     pub limits: LimitsConfig,
@@ -353,6 +358,14 @@ impl Config {
             0,
             36_500,
         )?;
+        if self
+            .idle_exit_minutes
+            .is_some_and(|m| !(m.is_finite() && (0.0..=10_080.0).contains(&m)))
+        {
+            return Err(
+                "idle_exit_minutes is a number of minutes from 0 (off) to 10080 (a week)".into(),
+            );
+        }
         for (name, grant) in &self.plugins {
             for m in &grant.methods {
                 let known = m == "*"

@@ -24,17 +24,15 @@ fn have(tool: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// `systemd-socket-activate -l PATH holdfast daemon`: the daemon serves the socket it was
-/// given (fd 3) and leaves the file in place when it stops.
-#[test]
-fn serves_a_socket_from_systemd_socket_activate_and_never_unlinks_it() {
+/// `systemd-socket-activate -l SOCKET holdfast daemon` (the environment passed with -E): the
+/// child, the socket path, the log path.
+fn activate(env: &DaemonEnv) -> (std::process::Child, std::path::PathBuf, std::path::PathBuf) {
     assert!(
         have("systemd-socket-activate"),
         "systemd-socket-activate missing: scripts/test-deps.sh installs systemd"
     );
-    let env = DaemonEnv::new("");
     let dir = env.root.join("activated");
-    fs::create_dir(&dir).unwrap();
+    fs::create_dir_all(&dir).unwrap();
     fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
     let sock = dir.join("holdfast.sock");
     let inner = env.holdfast(&["daemon"]);
@@ -52,7 +50,15 @@ fn serves_a_socket_from_systemd_socket_activate_and_never_unlinks_it() {
     c.stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(fs::File::create(&log).unwrap());
-    let mut child = c.spawn().unwrap();
+    (c.spawn().unwrap(), sock, log)
+}
+
+/// `systemd-socket-activate -l PATH holdfast daemon`: the daemon serves the socket it was
+/// given (fd 3) and leaves the file in place when it stops.
+#[test]
+fn serves_a_socket_from_systemd_socket_activate_and_never_unlinks_it() {
+    let env = DaemonEnv::new("");
+    let (mut child, sock, log) = activate(&env);
     // The socket exists before the daemon does; the first connection starts it.
     let start = Instant::now();
     while !sock.exists() && start.elapsed() < Duration::from_secs(10) {
@@ -381,4 +387,46 @@ fn shipped_units_verify_silently_and_stay_under_the_exposure_thresholds() {
         fs::read_to_string(dir.join("holdfast.service")).unwrap(),
         "[Service]\nExecStart=/bin/true\n"
     );
+}
+
+/// `idle_exit_minutes` under socket activation: a held connection keeps the daemon up; once
+/// nothing is connected and no request comes for the idle time, it exits 0 and leaves the
+/// socket to systemd.
+#[test]
+fn idle_exit_under_socket_activation() {
+    let env = DaemonEnv::new("idle_exit_minutes = 0.05\n"); // 3 s
+    let (mut child, sock, log) = activate(&env);
+    let start = Instant::now();
+    while !sock.exists() && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut conn = Conn::open(&sock);
+    conn.ok("admin.status", json!({}));
+    // Connected and silent for longer than the idle time: still serving.
+    std::thread::sleep(Duration::from_secs(5));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "exited with a client connected"
+    );
+    conn.ok("admin.status", json!({}));
+    let closed = Instant::now();
+    drop(conn);
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            closed.elapsed() < Duration::from_secs(20),
+            "no idle exit:\n{}",
+            fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let after = closed.elapsed();
+    let text = strip_ansi(&fs::read_to_string(&log).unwrap());
+    assert!(status.success(), "{status}: {text}");
+    assert!(text.contains("idle: no client"), "{text}");
+    assert!(sock.exists(), "the socket was removed");
+    assert!(after >= Duration::from_secs(3), "exited after {after:?}");
+    println!("idle exit: kept up 5 s with a client connected; exited {after:.1?} after it left");
 }

@@ -107,6 +107,7 @@ pub fn run(g: &Global, _args: &DaemonArgs) -> CliResult {
             }
         });
         let (tx, rx) = tokio::sync::watch::channel(false);
+        let idle_tx = tx.clone();
         tokio::spawn(async move {
             let reason = wait_for_signal().await;
             activation::notify(&[
@@ -138,6 +139,14 @@ pub fn run(g: &Global, _args: &DaemonArgs) -> CliResult {
         activation::notify(&[NotifyState::Ready, NotifyState::Status(&status)]);
         if let Some(every) = activation::watchdog() {
             tokio::spawn(watchdog(socket.clone(), every));
+        }
+        let idle_minutes = daemon.config.idle_exit_minutes.unwrap_or(0.0);
+        if activated && idle_minutes > 0.0 {
+            tokio::spawn(idle_exit(
+                Arc::clone(&daemon),
+                std::time::Duration::from_secs_f64(idle_minutes * 60.0),
+                idle_tx,
+            ));
         }
         // A socket systemd passed is never unlinked (it stays systemd's).
         let stopped = server::run(bound, Arc::clone(&daemon), limits, rx, !activated).await;
@@ -239,5 +248,48 @@ fn self_probe(socket: &std::path::Path, limit: std::time::Duration) -> std::io::
             "unexpected answer: {}",
             line.chars().take(120).collect::<String>()
         )))
+    }
+}
+
+/// Socket-activated idle exit: once no client has been connected (a connection that lasts under
+/// a second, like the watchdog's own probe, does not count), no request has come and no stream
+/// is active for `after`, stop as on SIGTERM. systemd keeps the socket and starts the daemon
+/// again on the next connection.
+async fn idle_exit(
+    daemon: Arc<Daemon>,
+    after: std::time::Duration,
+    stop: tokio::sync::watch::Sender<bool>,
+) {
+    use std::sync::atomic::Ordering;
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    let mut idle_since = tokio::time::Instant::now();
+    let mut seen_requests = daemon.requests.load(Ordering::Relaxed);
+    let mut connected_last_tick = false;
+    loop {
+        tick.tick().await;
+        let requests = daemon.requests.load(Ordering::Relaxed);
+        let connected = daemon.connections.load(Ordering::SeqCst) > 0;
+        let streaming = daemon
+            .streams_if_open()
+            .is_some_and(|s| s.active_runs() > 0);
+        if requests != seen_requests || (connected && connected_last_tick) || streaming {
+            idle_since = tokio::time::Instant::now();
+        }
+        seen_requests = requests;
+        connected_last_tick = connected;
+        if idle_since.elapsed() >= after {
+            tracing::info!(
+                idle_secs = after.as_secs(),
+                "idle: no client, request or active stream; exiting (the socket stays with systemd)"
+            );
+            activation::notify(&[
+                NotifyState::Stopping,
+                NotifyState::Status(
+                    "idle exit: systemd starts holdfast again on the next connection",
+                ),
+            ]);
+            let _ = stop.send(true);
+            return;
+        }
     }
 }

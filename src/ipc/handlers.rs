@@ -80,6 +80,9 @@ pub enum Routed {
 /// Anything that could wait on the disk goes to the blocking pool; see docs/design.md.
 pub fn route(daemon: &Daemon, session: &Session, line: &[u8]) -> Routed {
     if let Some(a) = super::streams::fast_append(daemon, line) {
+        daemon
+            .requests
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         return match admit(session, "stream.append") {
             Ok(_) => Routed::Append(a),
             Err(e) => Routed::Done(protocol::response_err(&a.id, &e)),
@@ -99,6 +102,9 @@ pub fn route(daemon: &Daemon, session: &Session, line: &[u8]) -> Routed {
         let params = std::mem::take(&mut req.params);
         return answer(&req.id, hello(daemon, session, params));
     }
+    daemon
+        .requests
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let grant = match admit(session, &req.method) {
         Ok(g) => g,
         Err(e) => return answer(&req.id, Err(e)),

@@ -105,6 +105,8 @@ pub struct Daemon {
     pub connections: AtomicUsize,
     leases: Mutex<HashMap<(String, String), Lease>>,
     next_lease: AtomicU64,
+    /// Requests other than `hello` routed so far (the idle-exit check's sign of life).
+    pub requests: AtomicU64,
     /// The streams (opened with the default store's key, on start or on first use).
     streams: Mutex<Option<Arc<Streams>>>,
     /// The run logs (opened on first use: no key needed, they are not encrypted).
@@ -192,6 +194,7 @@ impl Daemon {
             connections: AtomicUsize::new(0),
             leases: Mutex::new(HashMap::new()),
             next_lease: AtomicU64::new(1),
+            requests: AtomicU64::new(0),
             streams: Mutex::new(None),
             run_log: Mutex::new(None),
         })
