@@ -46,11 +46,15 @@ Environment:
   HIVE_HOME, HIVE_CREDENTIAL_KEY  hive's store and key, used with --hive
   HOLDFAST_SOCKET     the daemon's socket (default $XDG_RUNTIME_DIR/holdfast/holdfast.sock)
   HOLDFAST_CONFIG     config file (default $XDG_CONFIG_HOME/holdfast/config.toml)
+  RUST_LOG            log filter (e.g. holdfast=debug); logs never contain secrets
+  STATE_DIRECTORY     data directory under systemd (StateDirectory=)
+  LISTEN_FDS, LISTEN_PID  socket activation: `holdfast daemon` serves the one socket passed
+                      (checked strictly; see docs/operations.md)
+  NOTIFY_SOCKET, WATCHDOG_USEC  systemd readiness and watchdog (Type=notify, WatchdogSec=)
 
 Commands that read or write credentials go through the daemon when one answers on the
 socket (and serves the same data directory); otherwise they open the store directly, with
-the same locks, and say \"(offline)\" on stderr.
-  RUST_LOG            log filter (e.g. holdfast=debug); logs never contain secrets";
+the same locks, and say \"(offline)\" on stderr.";
 
 /// holdfast: keeps the state AI-agent processes must not lose or leak.
 #[derive(Parser, Debug)]
