@@ -430,3 +430,42 @@ fn idle_exit_under_socket_activation() {
     assert!(after >= Duration::from_secs(3), "exited after {after:?}");
     println!("idle exit: kept up 5 s with a client connected; exited {after:.1?} after it left");
 }
+
+/// The watchdog's self-probe counts any answer as alive: with `require_plugin = true` its
+/// plugin-less hello is refused, and the pings must still come (else systemd would restart a
+/// healthy daemon every WatchdogSec).
+#[test]
+fn the_watchdog_pings_when_every_client_must_name_a_plugin() {
+    let mut env = DaemonEnv::new("require_plugin = true\n");
+    let notify_path = env.root.join("notify.sock");
+    let manager = UnixDatagram::bind(&notify_path).unwrap();
+    manager
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let opts = DaemonOpts {
+        env: vec![
+            ("NOTIFY_SOCKET".into(), notify_path.display().to_string()),
+            ("WATCHDOG_USEC".into(), "600000".into()),
+        ],
+        ..Default::default()
+    };
+    let mut d = env.spawn(&opts);
+    let mut buf = [0u8; 4096];
+    let mut pings = 0;
+    let start = Instant::now();
+    while pings < 3 {
+        let n = manager.recv(&mut buf).expect("a notification");
+        if String::from_utf8_lossy(&buf[..n]).contains("WATCHDOG=1") {
+            pings += 1;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "too slow");
+    }
+    println!(
+        "watchdog with require_plugin: {pings} pings in {:.1?}",
+        start.elapsed()
+    );
+    d.signal(Signal::TERM);
+    assert!(d
+        .wait_exit(Duration::from_secs(30))
+        .is_some_and(|s| s.success()));
+}

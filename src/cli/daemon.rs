@@ -241,7 +241,11 @@ fn self_probe(socket: &std::path::Path, limit: std::time::Duration) -> std::io::
     )?;
     let mut line = String::new();
     std::io::BufReader::new(&s).read_line(&mut line)?;
-    if line.contains("\"result\"") {
+    // Any answer to our request proves the path (accept, connection task, router) works: an
+    // error counts too (with `require_plugin = true` a hello without a plugin is refused).
+    let answered = serde_json::from_str::<serde_json::Value>(&line)
+        .is_ok_and(|v| v["id"] == 1 && (v.get("result").is_some() || v.get("error").is_some()));
+    if answered {
         Ok(())
     } else {
         Err(std::io::Error::other(format!(
