@@ -93,6 +93,9 @@ pub const INDEX_FLUSH_INTERVAL: Duration = Duration::from_millis(250);
 /// every 30 s.
 pub const RESCAN_INTERVAL: Duration = Duration::from_secs(30);
 
+/// The `client` name the daemon's watchdog probe says in its `hello` (logged at debug only).
+pub const WATCHDOG_CLIENT: &str = "holdfast-watchdog";
+
 /// How often the daemon deletes runs idle past `[runs] retention_days`: retention is counted
 /// in days, so an hour late is nothing, and the sweep lists every run directory.
 pub const RUN_PRUNE_INTERVAL: Duration = Duration::from_secs(3600);

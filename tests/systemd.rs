@@ -387,6 +387,8 @@ fn shipped_units_verify_silently_and_stay_under_the_exposure_thresholds() {
         fs::read_to_string(dir.join("holdfast.service")).unwrap(),
         "[Service]\nExecStart=/bin/true\n"
     );
+    // Nothing half-installed: the socket unit was not written either.
+    assert!(!dir.join("holdfast.socket").exists());
 }
 
 /// `idle_exit_minutes` under socket activation: a held connection keeps the daemon up; once
@@ -432,11 +434,20 @@ fn idle_exit_under_socket_activation() {
 }
 
 /// The watchdog's self-probe counts any answer as alive: with `require_plugin = true` its
-/// plugin-less hello is refused, and the pings must still come (else systemd would restart a
-/// healthy daemon every WatchdogSec).
+/// plugin-less hello is refused, and at the connection cap the accept loop refuses it `busy`;
+/// the pings must still come (else systemd would restart a healthy daemon every WatchdogSec).
 #[test]
 fn the_watchdog_pings_when_every_client_must_name_a_plugin() {
-    let mut env = DaemonEnv::new("require_plugin = true\n");
+    watchdog_pings_with("require_plugin = true\n", 0);
+}
+
+#[test]
+fn the_watchdog_pings_at_the_connection_cap() {
+    watchdog_pings_with("[limits]\nmax_connections = 2\n", 2);
+}
+
+fn watchdog_pings_with(config: &str, hold: usize) {
+    let mut env = DaemonEnv::new(config);
     let notify_path = env.root.join("notify.sock");
     let manager = UnixDatagram::bind(&notify_path).unwrap();
     manager
@@ -451,6 +462,17 @@ fn the_watchdog_pings_when_every_client_must_name_a_plugin() {
     };
     let mut d = env.spawn(&opts);
     let mut buf = [0u8; 4096];
+    // READY first; then take every connection slot.
+    loop {
+        let n = manager.recv(&mut buf).expect("READY=1");
+        if String::from_utf8_lossy(&buf[..n]).contains("READY=1") {
+            break;
+        }
+    }
+    let held: Vec<std::os::unix::net::UnixStream> = (0..hold)
+        .map(|_| std::os::unix::net::UnixStream::connect(&d.socket).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
     let mut pings = 0;
     let start = Instant::now();
     while pings < 3 {
@@ -461,9 +483,19 @@ fn the_watchdog_pings_when_every_client_must_name_a_plugin() {
         assert!(start.elapsed() < Duration::from_secs(10), "too slow");
     }
     println!(
-        "watchdog with require_plugin: {pings} pings in {:.1?}",
+        "watchdog ({}, {hold} connections held): {pings} pings in {:.1?}",
+        config.trim().replace('\n', " "),
         start.elapsed()
     );
+    if hold > 0 {
+        // The probes really met the cap (and were answered `busy`).
+        assert!(
+            d.log_text().contains("connection cap reached"),
+            "{}",
+            d.log_text()
+        );
+    }
+    drop(held);
     d.signal(Signal::TERM);
     assert!(d
         .wait_exit(Duration::from_secs(30))

@@ -51,7 +51,7 @@ pub fn run(g: &Global, _args: &DaemonArgs) -> CliResult {
         .enable_all()
         .build()
         .map_err(|e| CliError::with_code(format!("cannot start the async runtime: {e}"), 1))?;
-    runtime.block_on(async move {
+    let result = runtime.block_on(async move {
         let bound = claim
             .bind()
             .map_err(|e| CliError::with_code(e.to_string(), 1))?;
@@ -138,7 +138,7 @@ pub fn run(g: &Global, _args: &DaemonArgs) -> CliResult {
         let status = status_line(&daemon);
         activation::notify(&[NotifyState::Ready, NotifyState::Status(&status)]);
         if let Some(every) = activation::watchdog() {
-            tokio::spawn(watchdog(socket.clone(), every));
+            tokio::spawn(watchdog(socket.clone(), every, rx.clone()));
         }
         let idle_minutes = daemon.config.idle_exit_minutes.unwrap_or(0.0);
         if activated && idle_minutes > 0.0 {
@@ -167,7 +167,11 @@ pub fn run(g: &Global, _args: &DaemonArgs) -> CliResult {
                 1,
             )),
         }
-    })
+    });
+    // Blocking tasks still running (a watchdog probe waiting on a socket) must not hold up the
+    // exit: TimeoutStopSec counts.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(2));
+    result
 }
 
 async fn wait_for_signal() -> &'static str {
@@ -212,16 +216,28 @@ fn status_line(daemon: &Daemon) -> String {
 /// made it through the daemon: connect to its own socket, say `hello`, read the answer (the
 /// accept loop, a connection task and the router all working). A daemon that cannot answer
 /// itself within the interval stops pinging, and systemd restarts it.
-async fn watchdog(socket: std::path::PathBuf, every: std::time::Duration) {
+async fn watchdog(
+    socket: std::path::PathBuf,
+    every: std::time::Duration,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
     let period = every / 3;
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tick.tick().await;
+        // Stopping: no more probes (a connection queued on systemd's socket after the listener
+        // is gone would start the service again, and a probe could hold up the exit).
+        tokio::select! {
+            _ = shutdown.changed() => return,
+            _ = tick.tick() => {}
+        }
         let path = socket.clone();
         let probe = tokio::task::spawn_blocking(move || self_probe(&path, period));
         match probe.await {
             Ok(Ok(())) => activation::notify(&[NotifyState::Watchdog]),
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => {
+                tracing::error!(socket = %socket.display(), "watchdog: the socket path is gone (deleted?); not pinging systemd, which will restart the service and recreate it")
+            }
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "watchdog: the daemon did not answer itself; not pinging systemd")
             }
@@ -236,15 +252,17 @@ fn self_probe(socket: &std::path::Path, limit: std::time::Duration) -> std::io::
     let s = std::os::unix::net::UnixStream::connect(socket)?;
     s.set_read_timeout(Some(limit))?;
     s.set_write_timeout(Some(limit))?;
-    (&s).write_all(
-        b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"hello\",\"params\":{\"client\":\"holdfast-watchdog\"}}\n",
-    )?;
+    let hello = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "hello",
+        "params": {"client": crate::limits::WATCHDOG_CLIENT}});
+    (&s).write_all(format!("{hello}\n").as_bytes())?;
     let mut line = String::new();
     std::io::BufReader::new(&s).read_line(&mut line)?;
-    // Any answer to our request proves the path (accept, connection task, router) works: an
-    // error counts too (with `require_plugin = true` a hello without a plugin is refused).
-    let answered = serde_json::from_str::<serde_json::Value>(&line)
-        .is_ok_and(|v| v["id"] == 1 && (v.get("result").is_some() || v.get("error").is_some()));
+    // Any JSON-RPC answer proves the daemon is serving: an error counts too (with
+    // `require_plugin = true` a hello without a plugin is refused; at the connection cap the
+    // accept loop refuses with `busy` and id null — busy is not dead).
+    let answered = serde_json::from_str::<serde_json::Value>(&line).is_ok_and(|v| {
+        v["jsonrpc"] == "2.0" && (v.get("result").is_some() || v.get("error").is_some())
+    });
     if answered {
         Ok(())
     } else {
@@ -281,7 +299,9 @@ async fn idle_exit(
         }
         seen_requests = requests;
         connected_last_tick = connected;
-        if idle_since.elapsed() >= after {
+        // Nobody connected right now either (a client that connected in the last second,
+        // before its first request, is not cut off).
+        if idle_since.elapsed() >= after && !connected {
             tracing::info!(
                 idle_secs = after.as_secs(),
                 "idle: no client, request or active stream; exiting (the socket stays with systemd)"

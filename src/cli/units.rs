@@ -62,11 +62,13 @@ fn user_unit_dir() -> Result<PathBuf, String> {
 pub fn render(template: &str, bin: &Path) -> Result<String, String> {
     let bin = bin
         .to_str()
-        .filter(|b| !b.contains(char::is_whitespace) && !b.contains('%') && !b.contains('\\'))
+        .filter(|b| {
+            !b.contains(char::is_whitespace) && !b.contains(['%', '\\', '"', '\'', '$', ';'])
+        })
         .ok_or_else(|| {
             format!(
-                "{}: a path with spaces, '%' or '\\\\' would need escaping in ExecStart=; install \
-                 the binary at a plain path",
+                "{}: a path with spaces or any of % \\ \" ' $ ; would need escaping in \
+                 ExecStart=; install the binary at a plain path",
                 bin.display()
             )
         })?;
@@ -102,35 +104,59 @@ pub fn run(_g: &Global, a: &InstallUnitsArgs) -> CliResult {
             bin.display()
         )));
     }
+    if system
+        && (bin.starts_with("/home") || bin.starts_with("/root") || bin.starts_with("/run/user"))
+    {
+        return Err(CliError::usage(format!(
+            "{}: the system unit runs with ProtectHome=yes and could not execute a binary under \
+             /home, /root or /run/user (203/EXEC); install it first, e.g. sudo install -m 0755 \
+             {} /usr/local/bin/holdfast, then run /usr/local/bin/holdfast install-units --system",
+            bin.display(),
+            bin.display()
+        )));
+    }
     std::fs::create_dir_all(&dir)
         .map_err(|e| CliError::with_code(format!("creating {}: {e}", dir.display()), 7))?;
-    let mut written = Vec::new();
+    // Decide for every file before writing any: a refusal leaves nothing half-installed.
+    let mut plan = Vec::new();
     for (name, user, sys) in UNITS {
         let text = render(if system { sys } else { user }, &bin).map_err(CliError::usage)?;
         let path = dir.join(name);
-        match std::fs::read_to_string(&path) {
-            Ok(old) if old == text => {
-                out(format!("{}: unchanged", path.display()));
-                continue;
-            }
-            Ok(old) if !old.starts_with(MARK) && !a.force => {
+        let unchanged = match std::fs::read(&path) {
+            Ok(old) if old == text.as_bytes() => true,
+            Ok(old) if old.starts_with(MARK.as_bytes()) || a.force => false,
+            Ok(_) => {
                 return Err(CliError::with_code(
                     format!(
-                        "{} exists and was not written by install-units; keep it, or pass --force \
-                         to replace it (customize with a drop-in instead: systemctl{} edit {name})",
+                        "{} exists and was not written by install-units; nothing was written. \
+                         Keep it, or pass --force to replace it (customize with a drop-in \
+                         instead: systemctl{} edit {name})",
                         path.display(),
                         if system { "" } else { " --user" }
                     ),
                     4,
-                ));
+                ))
             }
-            _ => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+            Err(e) => {
+                return Err(CliError::with_code(
+                    format!("reading {}: {e}; nothing was written", path.display()),
+                    7,
+                ))
+            }
+        };
+        plan.push((name, path, text, unchanged));
+    }
+    for (name, path, text, unchanged) in plan {
+        if unchanged {
+            out(format!("{}: unchanged", path.display()));
+            continue;
         }
         durable::atomic_write(&dir, name, text.as_bytes(), &Faults::none())
             .map_err(|e| CliError::with_code(e.to_string(), 7))?;
         // Unit files are read by the service manager, not secret: 0644 like any unit.
-        let _ =
-            std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644));
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+            .map_err(|e| CliError::with_code(format!("chmod 0644 {}: {e}", path.display()), 7))?;
         if name.ends_with(".service") {
             out(format!(
                 "{}: written (ExecStart={} daemon)",
@@ -140,7 +166,6 @@ pub fn run(_g: &Global, a: &InstallUnitsArgs) -> CliResult {
         } else {
             out(format!("{}: written", path.display()));
         }
-        written.push(name);
     }
     let ctl = if system {
         "systemctl"

@@ -48,6 +48,13 @@ pub fn take_listener() -> Result<Option<Inherited>, String> {
             ))
         }
     }
+    if std::env::var("LISTEN_FDS_FIRST_FD").is_ok_and(|f| f.trim() != "3") {
+        return Err(
+            "socket activation: LISTEN_FDS_FIRST_FD is set to another descriptor than 3; \
+             systemd passes sockets from fd 3"
+                .into(),
+        );
+    }
     if fds.trim() != "1" {
         return Err(format!(
             "socket activation: LISTEN_FDS={fds}; holdfast takes exactly one socket (one \

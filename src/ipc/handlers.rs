@@ -591,7 +591,12 @@ Some(name) => daemon.config.plugins.get(name).cloned().ok_or_else(|| {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(grant);
     let shown = |s: &Option<String>| s.as_deref().map(|s| s.chars().take(64).collect::<String>());
-    tracing::info!(conn = session.id, client = ?shown(&p.client), plugin = ?shown(&p.plugin), "hello");
+    if p.client.as_deref() == Some(crate::limits::WATCHDOG_CLIENT) {
+        // The daemon's own liveness probe, every few seconds: not worth a journal line each.
+        tracing::debug!(conn = session.id, "hello from the watchdog probe");
+    } else {
+        tracing::info!(conn = session.id, client = ?shown(&p.client), plugin = ?shown(&p.plugin), "hello");
+    }
     Ok(json!({
         "server": "holdfast",
         "version": env!("CARGO_PKG_VERSION"),

@@ -80,29 +80,21 @@ pub struct Claim {
     inherited: Option<std::os::unix::net::UnixListener>,
 }
 
-/// Take the singleton locks for a socket passed by systemd: the socket file is left alone
-/// (it is systemd's, and it answers: it is the socket we serve).
+/// Take the data directory's singleton lock for a socket passed by systemd. The socket file
+/// and its directory are left alone: they are systemd's (one socket unit, one service: no
+/// second daemon can be bound to it), and the service may not even be able to write there
+/// (a system unit's `/run/holdfast` is root's, and `ProtectSystem=strict` makes `/run`
+/// read-only).
 pub fn claim_inherited(
     inherited: super::activation::Inherited,
     data_dir: &Path,
 ) -> Result<Claim, ServeError> {
     let setup = |e: String| ServeError::Setup(e);
-    let socket = inherited.path.as_path();
-    let dir = socket
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .ok_or_else(|| setup(format!("socket path {} has no directory", socket.display())))?;
     durable::create_private_dir(data_dir, &Faults::none()).map_err(|e| setup(e.to_string()))?;
-    let locks = vec![
-        take_singleton(
-            &dir.join("holdfast.lock"),
-            &format!("socket {}", socket.display()),
-        )?,
-        take_singleton(
-            &data_dir.join("daemon.lock"),
-            &format!("data directory {}", data_dir.display()),
-        )?,
-    ];
+    let locks = vec![take_singleton(
+        &data_dir.join("daemon.lock"),
+        &format!("data directory {}", data_dir.display()),
+    )?];
     Ok(Claim {
         path: inherited.path,
         locks,
