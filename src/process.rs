@@ -10,10 +10,20 @@ use rustix::process::{self, DumpableBehavior, Resource, Rlimit};
 /// Files needed beyond the connection cap (stores, locks, watcher, logs).
 const SPARE_FDS: u64 = 256;
 
-/// Harden the process. Failures are returned as notes to log (a kernel that refuses
+/// What hardening has to say: warnings (something could not be done) and facts to log once.
+#[derive(Debug, Default)]
+pub struct Notes {
+    /// Something that could not be done (a kernel that refuses `PR_SET_DUMPABLE`, a low
+    /// open-file hard limit): logged as warnings, never fatal.
+    pub warnings: Vec<String>,
+    /// Facts worth one line at start (memory locking).
+    pub info: Vec<String>,
+}
+
+/// Harden the process. Failures are returned as warnings to log (a kernel that refuses
 /// `PR_SET_DUMPABLE` must not stop the daemon); the core limit is required.
-pub fn harden(max_connections: usize) -> Result<Vec<String>, String> {
-    let mut notes = Vec::new();
+pub fn harden(max_connections: usize) -> Result<Notes, String> {
+    let mut notes = Notes::default();
     process::setrlimit(
         Resource::Core,
         Rlimit {
@@ -23,10 +33,20 @@ pub fn harden(max_connections: usize) -> Result<Vec<String>, String> {
     )
     .map_err(|e| format!("cannot set RLIMIT_CORE=0: {e}"))?;
     if let Err(e) = process::set_dumpable_behavior(DumpableBehavior::NotDumpable) {
-        notes.push(format!(
+        notes.warnings.push(format!(
             "PR_SET_DUMPABLE=0 failed ({e}); core dumps are still off"
         ));
     }
+    // Said once per start (SECURITY-CHECKLIST 35): holdfast does not lock its memory, so a tiny
+    // or zero RLIMIT_MEMLOCK changes nothing; what protects secrets in memory is zeroizing them
+    // after use and the two settings above (no core file, no ptrace/proc reads).
+    let memlock = process::getrlimit(Resource::Memlock)
+        .current
+        .map_or("unlimited".to_owned(), |b| format!("{b} bytes"));
+    notes.info.push(format!(
+        "memory is not locked (no mlock; RLIMIT_MEMLOCK {memlock}): secrets are zeroized after \
+         use, core dumps are off and the process is not dumpable"
+    ));
     let want = max_connections as u64 * 2 + SPARE_FDS;
     let nofile = process::getrlimit(Resource::Nofile);
     let current = nofile.current.unwrap_or(u64::MAX);
@@ -41,10 +61,10 @@ pub fn harden(max_connections: usize) -> Result<Vec<String>, String> {
         );
         match raised {
             Ok(()) if target >= want => {}
-            Ok(()) => notes.push(format!(
+            Ok(()) => notes.warnings.push(format!(
                 "open-file limit is {target} (hard limit); fewer than {max_connections} connections may fit"
             )),
-            Err(e) => notes.push(format!("cannot raise the open-file limit from {current}: {e}")),
+            Err(e) => notes.warnings.push(format!("cannot raise the open-file limit from {current}: {e}")),
         }
     }
     Ok(notes)

@@ -20,10 +20,13 @@ pub fn run(g: &Global, _args: &DaemonArgs) -> CliResult {
     let inherited = activation::take_listener().map_err(|e| CliError::with_code(e, 1))?;
     let config = g.config()?;
     let limits = config.limits();
-    for note in
-        crate::process::harden(limits.max_connections).map_err(|e| CliError::with_code(e, 1))?
-    {
+    let notes =
+        crate::process::harden(limits.max_connections).map_err(|e| CliError::with_code(e, 1))?;
+    for note in notes.warnings {
         tracing::warn!("{note}");
+    }
+    for note in notes.info {
+        tracing::info!("{note}");
     }
     let data_dir = g.data_dir()?;
     let activated = inherited.is_some();
