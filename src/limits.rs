@@ -99,3 +99,18 @@ pub const WATCHDOG_CLIENT: &str = "holdfast-watchdog";
 /// How often the daemon deletes runs idle past `[runs] retention_days`: retention is counted
 /// in days, so an hour late is nothing, and the sweep lists every run directory.
 pub const RUN_PRUNE_INTERVAL: Duration = Duration::from_secs(3600);
+
+/// Largest run-log record (a node detail or a step with its text and tool calls): a step's LLM
+/// text and tool results can be long, but a line of more than a mebibyte is a bug upstream, and
+/// a replacement rewrites the whole file.
+pub const MAX_RUN_RECORD_BYTES: usize = 1024 * 1024;
+
+/// Runs whose parsed run logs the daemon keeps in memory; past this the cache starts over (each
+/// run is re-read from its files on next use: a cost, never a loss). Agents work on a handful
+/// of runs at a time.
+pub const RUN_LOG_CACHED_RUNS: usize = 256;
+
+/// A run log's torn last line younger than this may still be being written by a process that
+/// does not take the lock (hive's own logger flushes long lines in pieces): it is waited for,
+/// not cut. Two seconds covers a flush of any sane line on a loaded machine.
+pub const RUN_LOG_FRESH_TAIL: Duration = Duration::from_secs(2);

@@ -46,18 +46,13 @@ use crate::error::ErrorKind;
 #[cfg(test)]
 mod tests;
 
-/// Largest record accepted (a node detail or step with its text and tool calls).
-pub const MAX_RECORD_BYTES: usize = 1024 * 1024;
-/// How long an operation waits for another holder of a run's lock.
-const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
-/// Runs whose parsed logs the daemon keeps; past this the cache starts over (each run is
-/// reloaded from its files on next use: a cost, never a loss).
-const CACHED_RUNS: usize = 256;
+/// Largest record accepted: [`crate::limits::MAX_RUN_RECORD_BYTES`].
+pub const MAX_RECORD_BYTES: usize = crate::limits::MAX_RUN_RECORD_BYTES;
+const LOCK_TIMEOUT: Duration = crate::limits::LOCK_TIMEOUT;
+const CACHED_RUNS: usize = crate::limits::RUN_LOG_CACHED_RUNS;
+const FRESH_TAIL: Duration = crate::limits::RUN_LOG_FRESH_TAIL;
 /// Bytes of a file's end remembered to recognize it again (an inode number can be reused).
 const TAIL_BYTES: usize = 64;
-/// A torn last line younger than this may still be being written by a process that does not
-/// take the lock (hive's own logger): wait for it rather than cut it.
-const FRESH_TAIL: Duration = Duration::from_secs(2);
 
 /// hive's thresholds for a node that needs attention.
 pub mod attention {
