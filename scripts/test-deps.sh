@@ -5,6 +5,8 @@
 #   no file-system call (SECURITY-CHECKLIST items 9 and 16).
 # - systemd's tools (systemd-analyze, systemd-socket-activate), for the unit checks and the
 #   socket-activation tests (tests/systemd.rs).
+# - libfaketime, to jump one process's wall clock (lease expiry follows the monotonic clock:
+#   SECURITY-CHECKLIST 36, tests/limits_env.rs).
 # - rustfmt and clippy components, for the lint steps.
 # Safe to run again and again: each step checks first and does nothing when satisfied.
 set -euo pipefail
@@ -32,6 +34,16 @@ if ! command -v systemd-analyze >/dev/null 2>&1 || ! command -v systemd-socket-a
   else
     echo "test-deps: systemd-analyze missing and cannot be installed here (needs apt-get as root)" >&2
     exit 1
+  fi
+fi
+
+if [ ! -e /usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1 ] && ! command -v faketime >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    echo "test-deps: installing faketime" >&2
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime; } >/dev/null \
+      || echo "test-deps: could not install faketime; the wall-clock test will say SKIPPED" >&2
+  else
+    echo "test-deps: faketime missing and cannot be installed here; the wall-clock test will say SKIPPED" >&2
   fi
 fi
 

@@ -1,5 +1,6 @@
-//! The daemon against a hostile environment (SECURITY-CHECKLIST 21 and 35): a real full disk (a
-//! 256 KiB tmpfs in a private mount namespace) and a zero RLIMIT_MEMLOCK.
+//! The daemon against a hostile environment (SECURITY-CHECKLIST 21, 35 and 36): a real full disk
+//! (a 256 KiB tmpfs in a private mount namespace), a zero RLIMIT_MEMLOCK, and a wall clock that
+//! jumps an hour either way while a lease runs.
 
 use std::process::Command;
 
@@ -145,4 +146,99 @@ fn a_zero_memlock_limit_is_logged_not_fatal() {
     assert_eq!(said, 1, "{log}");
     assert!(log.contains("RLIMIT_MEMLOCK 0 bytes"), "{log}");
     println!("memlock 0: started, served, said so once");
+}
+
+fn libfaketime() -> Option<std::path::PathBuf> {
+    let out = Command::new("sh")
+        .args([
+            "-c",
+            "ls /usr/lib/*/faketime/libfaketimeMT.so.1 2>/dev/null | head -1",
+        ])
+        .output()
+        .ok()?;
+    let p = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    (!p.is_empty()).then(|| p.into())
+}
+
+/// Item 36: a refresh lease's expiry follows the monotonic clock. The daemon runs under
+/// libfaketime with its wall clock read from a file (monotonic left real); while connection A
+/// holds a 3 s lease, the daemon's wall clock jumps +1 h (a wall-clock expiry would free the
+/// lease at once) and then -1 h (it would hold it an hour): B is refused until 3 real seconds
+/// have passed, and granted right after.
+#[test]
+fn lease_expiry_follows_the_monotonic_clock_when_the_wall_clock_jumps() {
+    let Some(lib) = libfaketime() else {
+        println!("wall-clock jump: SKIPPED (libfaketime not installed; scripts/test-deps.sh installs it)");
+        return;
+    };
+    let mut env = DaemonEnv::new("");
+    let clock = env.root.join("faketime");
+    std::fs::write(&clock, "+0\n").unwrap();
+    let d = env.start_with(&DaemonOpts {
+        env: vec![
+            ("LD_PRELOAD".into(), lib.display().to_string()),
+            (
+                "FAKETIME_TIMESTAMP_FILE".into(),
+                clock.display().to_string(),
+            ),
+            ("FAKETIME_NO_CACHE".into(), "1".into()),
+            ("FAKETIME_DONT_FAKE_MONOTONIC".into(), "1".into()),
+        ],
+        ..Default::default()
+    });
+    let mut a = Conn::open(&d.socket);
+    let mut b = Conn::open(&d.socket);
+    a.ok("cred.set", serde_json::json!({"id": "oauth", "value": "v"}));
+    let lease = |c: &mut Conn| -> Value {
+        c.ok(
+            "cred.refresh_lease",
+            serde_json::json!({"id": "oauth", "ttl_ms": 3000}),
+        )
+    };
+    let granted_at = std::time::Instant::now();
+    assert_eq!(lease(&mut a)["granted"], Value::Bool(true));
+    // The daemon's wall clock an hour ahead: the lease is still A's.
+    std::fs::write(&clock, "+1h\n").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    // Proof the daemon's wall clock really moved: a credential written now is stamped an hour
+    // ahead of ours.
+    a.ok("cred.set", serde_json::json!({"id": "stamp", "value": "v"}));
+    let listed = a.ok("cred.list", serde_json::json!({}));
+    let stamp = listed["credentials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["id"] == "stamp")
+        .and_then(|c| c["updated_at"].as_str())
+        .and_then(holdfast::timefmt::parse)
+        .expect("stamp's updated_at");
+    let ahead_s = (stamp - holdfast::timefmt::now_micros()) / 1_000_000;
+    assert!(
+        (3500..=3700).contains(&ahead_s),
+        "the daemon's wall clock is {ahead_s} s off ours, not +1 h: is libfaketime working?"
+    );
+    let b1 = lease(&mut b);
+    assert_eq!(b1["granted"], Value::Bool(false), "after +1 h: {b1}");
+    // An hour behind: still A's, and not for an extra hour either.
+    std::fs::write(&clock, "-1h\n").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let b2 = lease(&mut b);
+    assert_eq!(b2["granted"], Value::Bool(false), "after -1 h: {b2}");
+    let left = b2["expires_in_ms"].as_u64().unwrap();
+    assert!(left <= 3000, "the expiry moved with the wall clock: {b2}");
+    // Three real seconds after the grant: B gets it.
+    std::thread::sleep(std::time::Duration::from_millis(3200).saturating_sub(granted_at.elapsed()));
+    let b3 = lease(&mut b);
+    assert_eq!(
+        b3["granted"],
+        Value::Bool(true),
+        "3 s after the grant: {b3}"
+    );
+    println!(
+        "wall-clock jump: daemon clock {ahead_s} s ahead, then an hour behind; the 3 s lease held \
+         through both and expired after {:.1?} real ({left} ms were left after the jumps)",
+        granted_at.elapsed()
+    );
+    drop((a, b));
+    d.stop();
 }
