@@ -17,35 +17,29 @@ if ! python3 -c 'import cryptography.fernet' 2>/dev/null; then
     || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages cryptography
 fi
 
-if ! command -v strace >/dev/null 2>&1; then
+# apt_install PACKAGE REQUIRED WHAT: install a Debian package (needs apt-get as root). When it
+# cannot: REQUIRED=yes stops here; otherwise the tests that need WHAT say SKIPPED.
+apt_install() {
+  local pkg=$1 required=$2 what=$3
   if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-    echo "test-deps: installing strace" >&2
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq strace; } >/dev/null \
-      || echo "test-deps: could not install strace; the strace tests will say SKIPPED" >&2
-  else
-    echo "test-deps: strace missing and cannot be installed here; the strace tests will say SKIPPED" >&2
+    echo "test-deps: installing ${pkg} (${what})" >&2
+    if { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${pkg}"; } >/dev/null; then
+      return 0
+    fi
   fi
-fi
-
-if ! command -v systemd-analyze >/dev/null 2>&1 || ! command -v systemd-socket-activate >/dev/null 2>&1; then
-  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-    echo "test-deps: installing systemd (for systemd-analyze and systemd-socket-activate)" >&2
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd; } >/dev/null
-  else
-    echo "test-deps: systemd-analyze missing and cannot be installed here (needs apt-get as root)" >&2
+  if [ "${required}" = yes ]; then
+    echo "test-deps: ${pkg} is required (${what}) and could not be installed (needs apt-get as root)" >&2
     exit 1
   fi
-fi
+  echo "test-deps: ${pkg} missing and not installable here; the tests needing ${what} will say SKIPPED" >&2
+}
 
-if [ ! -e /usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1 ] && ! command -v faketime >/dev/null 2>&1; then
-  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-    echo "test-deps: installing faketime" >&2
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime; } >/dev/null \
-      || echo "test-deps: could not install faketime; the wall-clock test will say SKIPPED" >&2
-  else
-    echo "test-deps: faketime missing and cannot be installed here; the wall-clock test will say SKIPPED" >&2
-  fi
-fi
+command -v strace >/dev/null 2>&1 \
+  || apt_install strace no "syscall-order tests"
+{ command -v systemd-analyze && command -v systemd-socket-activate; } >/dev/null 2>&1 \
+  || apt_install systemd yes "systemd-analyze and systemd-socket-activate"
+ls /usr/lib/*/faketime/libfaketimeMT.so.1 >/dev/null 2>&1 \
+  || apt_install faketime no "the wall-clock jump test"
 
 for comp in rustfmt clippy; do
   if ! rustup component list --installed 2>/dev/null | grep -q "^${comp}"; then
