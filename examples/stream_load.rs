@@ -1,61 +1,120 @@
-//! Experiment load: N threads, each a stream, appending one ~20-byte delta per request.
+//! A/B load for `stream.append`: N threads, each its own connection and run, appending one
+//! ~20-byte delta per request for a number of seconds; prints the rate. With `noop`, an unknown
+//! method instead (the daemon's request-path ceiling). Pair it with
+//! `perf stat -e instructions:u,instructions:k -p <daemon pid>` for per-request costs that this
+//! VM's noise does not move (docs/benchmarks.md).
+//!
 //! `cargo run --release --example stream_load -- SOCKET STREAMS SECONDS [noop]`
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-fn main() {
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+const USAGE: &str = "usage: stream_load SOCKET STREAMS SECONDS [noop]";
+
+struct Conn {
+    w: UnixStream,
+    r: BufReader<UnixStream>,
+    line: String,
+}
+
+impl Conn {
+    fn open(socket: &str) -> Result<Conn, Error> {
+        let w = UnixStream::connect(socket).map_err(|e| format!("connect {socket}: {e}"))?;
+        let r = BufReader::new(w.try_clone()?);
+        Ok(Conn {
+            w,
+            r,
+            line: String::new(),
+        })
+    }
+
+    fn call(&mut self, req: &str) -> Result<&str, Error> {
+        self.w.write_all(req.as_bytes())?;
+        self.w.write_all(b"\n")?;
+        self.line.clear();
+        if self.r.read_line(&mut self.line)? == 0 {
+            return Err("the daemon closed the connection".into());
+        }
+        Ok(&self.line)
+    }
+}
+
+/// One stream's loop: begin a run, wait for the others, append (or no-op) until `d` is up.
+fn stream(
+    socket: &str,
+    i: usize,
+    d: Duration,
+    noop: bool,
+    go: &Barrier,
+    started: &mut bool,
+) -> Result<u64, Error> {
+    let mut c = Conn::open(socket)?;
+    c.call(r#"{"jsonrpc":"2.0","id":0,"method":"hello","params":{"client":"stream_load"}}"#)?;
+    let run = format!("load-{}-{i}", std::process::id());
+    let begun = c.call(&format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"stream.begin","params":{{"run_id":"{run}","model":"m"}}}}"#
+    ))?;
+    let v: serde_json::Value = serde_json::from_str(begun)?;
+    let sid = v["result"]["stream_id"]
+        .as_str()
+        .ok_or_else(|| format!("stream.begin answered {v}"))?
+        .to_owned();
+    go.wait();
+    *started = true;
+    let start = Instant::now();
+    let mut seq = 1u64;
+    while start.elapsed() < d {
+        let req = if noop {
+            format!(r#"{{"jsonrpc":"2.0","id":{seq},"method":"bench.noop","params":{{}}}}"#)
+        } else {
+            format!(
+                r#"{{"jsonrpc":"2.0","id":{seq},"method":"stream.append","params":{{"run_id":"{run}","stream_id":"{sid}","seq":{seq},"events":[{{"type":"text","text":"delta {seq:08} text "}}]}}}}"#
+            )
+        };
+        let answer = c.call(&req)?;
+        if !noop && !answer.contains("acked_seq") {
+            return Err(format!("unexpected answer: {answer}").into());
+        }
+        seq += 1;
+    }
+    Ok(seq - 1)
+}
+
+fn main() -> Result<(), Error> {
     let a: Vec<String> = std::env::args().collect();
-    let socket = a[1].clone();
-    let n: usize = a[2].parse().unwrap();
-    let d = Duration::from_secs_f64(a[3].parse().unwrap());
+    let (Some(socket), Some(n), Some(secs)) = (a.get(1), a.get(2), a.get(3)) else {
+        return Err(USAGE.into());
+    };
+    let n: usize = n.parse().map_err(|_| USAGE)?;
+    let d = Duration::try_from_secs_f64(secs.parse().map_err(|_| USAGE)?).map_err(|_| USAGE)?;
     let noop = a.get(4).is_some_and(|s| s == "noop");
-    let barrier = Arc::new(Barrier::new(n + 1));
-    let tag = std::process::id();
-    let hs: Vec<_> = (0..n)
+    let go = Arc::new(Barrier::new(n + 1));
+    let handles: Vec<_> = (0..n)
         .map(|i| {
-            let (socket, barrier) = (socket.clone(), Arc::clone(&barrier));
+            let (socket, go) = (socket.clone(), Arc::clone(&go));
             std::thread::spawn(move || {
-                let w = UnixStream::connect(&socket).unwrap();
-                let mut r = BufReader::new(w.try_clone().unwrap());
-                let mut w = w;
-                let mut line = String::new();
-                let mut rt = |req: String, line: &mut String| {
-                    w.write_all(req.as_bytes()).unwrap();
-                    w.write_all(b"\n").unwrap();
-                    line.clear();
-                    r.read_line(line).unwrap();
-                };
-                rt(r#"{"jsonrpc":"2.0","id":0,"method":"hello","params":{"client":"x"}}"#.into(), &mut line);
-                let run = format!("load-{tag}-{i}");
-                rt(format!(r#"{{"jsonrpc":"2.0","id":1,"method":"stream.begin","params":{{"run_id":"{run}","model":"m"}}}}"#), &mut line);
-                let v: serde_json::Value = serde_json::from_str(&line).unwrap();
-                let sid = v["result"]["stream_id"].as_str().unwrap().to_owned();
-                barrier.wait();
-                let start = Instant::now();
-                let mut seq = 1u64;
-                while start.elapsed() < d {
-                    let req = if noop {
-                        format!(r#"{{"jsonrpc":"2.0","id":{seq},"method":"bench.noop","params":{{}}}}"#)
-                    } else {
-                        format!(r#"{{"jsonrpc":"2.0","id":{seq},"method":"stream.append","params":{{"run_id":"{run}","stream_id":"{sid}","seq":{seq},"events":[{{"type":"text","text":"delta {seq:08} text "}}]}}}}"#)
-                    };
-                    rt(req, &mut line);
-                    if !noop && !line.contains("acked_seq") {
-                        panic!("{line}");
-                    }
-                    seq += 1;
+                let mut started = false;
+                let r = stream(&socket, i, d, noop, &go, &mut started);
+                if !started {
+                    // Failed before the start: still release the others.
+                    go.wait();
                 }
-                seq - 1
+                r
             })
         })
         .collect();
-    barrier.wait();
+    go.wait();
     let t = Instant::now();
-    let total: u64 = hs.into_iter().map(|h| h.join().unwrap()).sum();
+    let mut total = 0;
+    for h in handles {
+        total += h.join().map_err(|_| "a load thread panicked")??;
+    }
     println!(
         "{n} streams: {:.0}/s",
         total as f64 / t.elapsed().as_secs_f64()
     );
+    Ok(())
 }
