@@ -5,6 +5,13 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+/// Milliseconds since the Unix epoch, now (0 if the clock is before 1970).
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 /// Microseconds since the Unix epoch, now.
 pub fn now_micros() -> i64 {
     SystemTime::now()

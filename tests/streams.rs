@@ -243,6 +243,26 @@ fn producer_killed_mid_stream_resumes_and_subscribers_see_each_delta_once() {
     d.stop();
 }
 
+/// A run's text after a daemon restart (and its `stream.get`): everything acknowledged before
+/// the kill, plus at most the one delta in flight at the kill.
+fn text_after_restart(
+    c: &mut holdfast::client::Client,
+    run: &str,
+    acked_text: &str,
+    ctx: &str,
+) -> (String, Value) {
+    let g = c
+        .call("stream.get", json!({"run_id": run, "reveal": true}))
+        .unwrap();
+    let text = g["checkpoint"]["partial_text"].as_str().unwrap().to_owned();
+    assert!(
+        text.starts_with(acked_text),
+        "{ctx}: acknowledged deltas lost"
+    );
+    assert!(text.len() <= acked_text.len() + 6, "{ctx}: {text:?}");
+    (text, g)
+}
+
 #[test]
 fn daemon_killed_mid_stream_keeps_every_acknowledged_delta() {
     let mut env = DaemonEnv::new("");
@@ -260,18 +280,11 @@ fn daemon_killed_mid_stream_keeps_every_acknowledged_delta() {
         // After a kill, everything acknowledged is there.
         let mut c = holdfast::client::Client::connect(&d.socket, "producer", None).unwrap();
         if let Some(s) = &sid {
-            let g = c
-                .call("stream.get", json!({"run_id": run, "reveal": true}))
-                .unwrap();
-            let text = g["checkpoint"]["partial_text"].as_str().unwrap().to_owned();
-            assert!(
-                text.starts_with(&acked_text),
-                "cycle {cycle}: acknowledged deltas lost (seed {seed})"
-            );
-            // At most the one delta in flight at the kill landed without its acknowledgement.
-            assert!(
-                text.len() <= acked_text.len() + 6,
-                "cycle {cycle}: {text:?}"
+            let (text, g) = text_after_restart(
+                &mut c,
+                run,
+                &acked_text,
+                &format!("cycle {cycle}, seed {seed}"),
             );
             if text.len() > acked_text.len() {
                 acked_text = text;
@@ -318,14 +331,7 @@ fn daemon_killed_mid_stream_keeps_every_acknowledged_delta() {
     // Last restart: check, then finish the run.
     let d = env.start();
     let mut c = holdfast::client::Client::connect(&d.socket, "producer", None).unwrap();
-    let g = c
-        .call("stream.get", json!({"run_id": run, "reveal": true}))
-        .unwrap();
-    let text = g["checkpoint"]["partial_text"].as_str().unwrap().to_owned();
-    assert!(
-        text.starts_with(&acked_text),
-        "acknowledged deltas lost (seed {seed})"
-    );
+    let (text, _) = text_after_restart(&mut c, run, &acked_text, &format!("last, seed {seed}"));
     let s = sid.unwrap();
     let r = c
         .call(

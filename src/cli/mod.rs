@@ -169,6 +169,19 @@ enum Command {
     InstallUnits(units::InstallUnitsArgs),
 }
 
+/// How long ago `ms` (since the epoch) was, for tables: `42s`, `17m`, `5h`, `3d`; `-` if unknown.
+fn age(ms: Option<u64>) -> String {
+    let Some(ms) = ms else {
+        return "-".into();
+    };
+    match crate::timefmt::now_ms().saturating_sub(ms) / 1000 {
+        s if s < 120 => format!("{s}s"),
+        s if s < 7200 => format!("{}m", s / 60),
+        s if s < 172_800 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86_400),
+    }
+}
+
 /// An error on its way to the user: message plus exit code.
 #[derive(Debug)]
 pub struct CliError {

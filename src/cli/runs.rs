@@ -86,23 +86,8 @@ impl From<RunLogError> for CliError {
     }
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
-fn age(ms: Option<u64>) -> String {
-    let Some(ms) = ms else {
-        return "-".into();
-    };
-    match now_ms().saturating_sub(ms) / 1000 {
-        s if s < 120 => format!("{s}s"),
-        s if s < 7200 => format!("{}m", s / 60),
-        s if s < 172_800 => format!("{}h", s / 3600),
-        s => format!("{}d", s / 86_400),
-    }
-}
+use super::age;
+use crate::timefmt::now_ms;
 
 fn open(g: &Global) -> CliResult<RunLog> {
     let (_, runs) = crate::streams::dirs(&g.data_dir()?);

@@ -4,7 +4,7 @@ use std::io::Write;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use serde_json::{json, Value};
+use serde_json::json;
 
 use super::{out, out_json, CliError, CliResult, Global};
 use crate::client::Client;
@@ -54,18 +54,6 @@ fn client(g: &Global) -> CliResult<Client> {
     })
 }
 
-fn age(ms: &Value) -> String {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
-    let secs = now.saturating_sub(ms.as_u64().unwrap_or(now)) / 1000;
-    match secs {
-        s if s < 120 => format!("{s}s"),
-        s if s < 7200 => format!("{}m", s / 60),
-        s => format!("{}h", s / 3600),
-    }
-}
-
 /// Run `holdfast stream …`.
 pub fn run(g: &Global, c: &StreamCommand) -> CliResult {
     let mut client = client(g)?;
@@ -98,7 +86,7 @@ pub fn run(g: &Global, c: &StreamCommand) -> CliResult {
                     r["next_seq"],
                     attempts,
                     r["text_chars"],
-                    age(&r["updated_at_ms"]),
+                    super::age(r["updated_at_ms"].as_u64()),
                     r["last_plan"]["plan"].as_str().unwrap_or("-"),
                 ));
             }

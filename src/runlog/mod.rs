@@ -243,11 +243,7 @@ pub fn validate_run_id(id: &str) -> Result<(), RunLogError> {
     crate::streams::validate_run_id(id).map_err(|e| invalid(e.message))
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
+use crate::timefmt::now_ms;
 
 fn iso(ms: u64) -> String {
     crate::timefmt::format_z(ms as i64 * 1000)
@@ -931,15 +927,39 @@ impl RunLog {
         rec.insert("tool_input".into(), input);
         key_str(&rec, "tool_use_id", "params")?;
         key_str(&rec, "tool_name", "params")?;
+        self.tool_event(run_id, tool_call_id, false, rec, |_, rec| {
+            rec.insert("start_timestamp".into(), iso(now_ms()).into());
+        })
+    }
+
+    /// Log a tool call's begin (`end` false) or end, once: an existing one is answered, not
+    /// written again. `complete` adds what depends on the call so far.
+    fn tool_event(
+        &self,
+        run_id: &str,
+        tool_call_id: &str,
+        end: bool,
+        mut rec: Map<String, Value>,
+        complete: impl FnOnce(Option<&ToolCall>, &mut Map<String, Value>),
+    ) -> Result<Value, RunLogError> {
         self.with_run(run_id, true, |dir, view| {
-            if let Some(b) = view.tools.get(tool_call_id).and_then(|t| t.begin.as_ref()) {
-                return Ok(json!({"seq": b.seq, "written": false}));
+            let call = view.tools.get(tool_call_id);
+            let logged = call.and_then(|t| {
+                if end {
+                    t.end.as_ref()
+                } else {
+                    t.begin.as_ref()
+                }
+            });
+            if let Some(e) = logged {
+                return Ok(json!({"seq": e.seq, "written": false}));
             }
             Self::refuse_if_ended(run_id, view)?;
-            rec.insert("start_timestamp".into(), iso(now_ms()).into());
+            complete(call, &mut rec);
             let e = self.append(dir, view, Kind::Tools, rec)?;
             let seq = e.seq;
-            view.tools.entry(tool_call_id.to_owned()).or_default().begin = Some(e);
+            let t = view.tools.entry(tool_call_id.to_owned()).or_default();
+            *(if end { &mut t.end } else { &mut t.begin }) = Some(e);
             Ok(json!({"seq": seq, "written": true}))
         })
     }
@@ -959,12 +979,7 @@ impl RunLog {
         key_str(&rec, "tool_use_id", "params")?;
         rec.insert("result".into(), result);
         rec.insert("is_error".into(), is_error.into());
-        self.with_run(run_id, true, |dir, view| {
-            let call = view.tools.get(tool_call_id);
-            if let Some(e) = call.and_then(|t| t.end.as_ref()) {
-                return Ok(json!({"seq": e.seq, "written": false}));
-            }
-            Self::refuse_if_ended(run_id, view)?;
+        self.tool_event(run_id, tool_call_id, true, rec, |call, rec| {
             let begun = call
                 .and_then(|t| t.begin.as_ref())
                 .and_then(|b| b.record.get("logged_at_ms").and_then(Value::as_u64));
@@ -972,10 +987,6 @@ impl RunLog {
                 let secs = now_ms().saturating_sub(b) as f64 / 1000.0;
                 rec.insert("duration_s".into(), json!(secs));
             }
-            let e = self.append(dir, view, Kind::Tools, rec)?;
-            let seq = e.seq;
-            view.tools.entry(tool_call_id.to_owned()).or_default().end = Some(e);
-            Ok(json!({"seq": seq, "written": true}))
         })
     }
 

@@ -58,54 +58,29 @@ impl Event {
     /// Parse a producer event (`{"type": "text", "text"}`, `{"type": "tool_call_delta", "id",
     /// "name"?, "arguments_delta"}`, `{"type": "tool_call_end", "id"}`).
     pub fn parse(v: &Value) -> Result<Event, String> {
-        let s = |k: &str| -> Result<String, String> {
-            match v.get(k) {
-                Some(Value::String(s)) if s.len() <= MAX_EVENT_TEXT => Ok(s.clone()),
-                Some(Value::String(_)) => Err(format!("{k} is over {MAX_EVENT_TEXT} bytes")),
-                _ => Err(format!("{k} (a string) is required")),
-            }
+        // JSON null reads as absent; any other non-string as "present, not a string".
+        let field = |k: &str| match v.get(k) {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(Ok(Cow::Borrowed(s.as_str()))),
+            Some(_) => Some(Err(NotAString)),
         };
-        let known = |allowed: &[&str]| -> Result<(), String> {
-            match v
-                .as_object()
-                .and_then(|o| o.keys().find(|k| !allowed.contains(&k.as_str())))
-            {
-                Some(k) => Err(format!(
-                    "unknown field {:?} in a {} event",
-                    k.chars().take(40).collect::<String>(),
-                    v["type"].as_str().unwrap_or("")
-                )),
-                None => Ok(()),
-            }
-        };
-        match v.get("type").and_then(Value::as_str) {
-            Some("text") => {
-                known(&["type", "text"])?;
-                Ok(Event::Text(s("text")?))
-            }
-            Some("tool_call_delta") => {
-                known(&["type", "id", "name", "arguments_delta"])?;
-                let name = match v.get("name") {
-                    None | Some(Value::Null) => None,
-                    Some(Value::String(n)) if n.len() <= 256 => Some(n.clone()),
-                    _ => return Err("name must be a string of at most 256 bytes".into()),
-                };
-                let arguments_delta = match v.get("arguments_delta") {
-                    None | Some(Value::Null) => String::new(),
-                    _ => s("arguments_delta")?,
-                };
-                Ok(Event::ToolDelta {
-                    id: call_id(v)?,
-                    name,
-                    arguments_delta,
-                })
-            }
-            Some("tool_call_end") => {
-                known(&["type", "id"])?;
-                Ok(Event::ToolEnd { id: call_id(v)? })
-            }
-            _ => Err("each event needs a type: text, tool_call_delta or tool_call_end".to_string()),
-        }
+        let present: Vec<&str> = v
+            .as_object()
+            .map(|o| {
+                o.keys()
+                    .map(String::as_str)
+                    .filter(|k| *k != "type")
+                    .collect()
+            })
+            .unwrap_or_default();
+        event_from(
+            v.get("type").and_then(Value::as_str),
+            &present,
+            field("text"),
+            field("id"),
+            field("name"),
+            field("arguments_delta"),
+        )
     }
 
     /// The event as published.
@@ -198,56 +173,98 @@ pub struct EventIn<'a> {
     arguments_delta: Option<Str<'a>>,
 }
 
-impl EventIn<'_> {
-    /// The event, if [`Event::parse`] would accept the same JSON and give the same event.
+impl<'a> EventIn<'a> {
+    /// The event, if [`Event::parse`] would accept the same JSON: the same rules
+    /// ([`event_from`]); a refusal here only sends the line the slow way, for its message.
     pub fn into_event(self) -> Option<Event> {
-        let own = |s: Str| s.0.into_owned();
-        let id_ok = |id: &Option<Str>| {
-            id.as_ref()
-                .is_some_and(|s| !s.0.is_empty() && s.0.len() <= 256)
-        };
-        let text_ok = |t: &Option<Str>| t.as_ref().is_none_or(|s| s.0.len() <= MAX_EVENT_TEXT);
-        match &*self.kind.0 {
-            "text"
-                if self.id.is_none()
-                    && self.name.is_none()
-                    && self.arguments_delta.is_none()
-                    && self.text.is_some()
-                    && text_ok(&self.text) =>
-            {
-                self.text.map(|t| Event::Text(own(t)))
+        let mut present = Vec::new();
+        for (k, f) in [
+            ("text", &self.text),
+            ("id", &self.id),
+            ("name", &self.name),
+            ("arguments_delta", &self.arguments_delta),
+        ] {
+            if f.is_some() {
+                present.push(k);
             }
-            "tool_call_delta"
-                if self.text.is_none()
-                    && id_ok(&self.id)
-                    && self.name.as_ref().is_none_or(|n| n.0.len() <= 256)
-                    && text_ok(&self.arguments_delta) =>
-            {
-                Some(Event::ToolDelta {
-                    id: self.id.map(own)?,
-                    name: self.name.map(own),
-                    arguments_delta: self.arguments_delta.map(own).unwrap_or_default(),
-                })
-            }
-            "tool_call_end"
-                if self.text.is_none()
-                    && self.name.is_none()
-                    && self.arguments_delta.is_none()
-                    && id_ok(&self.id) =>
-            {
-                Some(Event::ToolEnd {
-                    id: self.id.map(own)?,
-                })
-            }
-            _ => None,
         }
+        fn ok(f: Option<Str<'_>>) -> Field<'_> {
+            f.map(|s| Ok(s.0))
+        }
+        event_from(
+            Some(&self.kind.0),
+            &present,
+            ok(self.text),
+            ok(self.id),
+            ok(self.name),
+            ok(self.arguments_delta),
+        )
+        .ok()
     }
 }
 
-fn call_id(v: &Value) -> Result<String, String> {
-    match v.get("id") {
-        Some(Value::String(s)) if !s.is_empty() && s.len() <= 256 => Ok(s.clone()),
-        _ => Err("id (a non-empty string of at most 256 bytes) is required".into()),
+/// A field present with a value that is neither a string nor null.
+struct NotAString;
+
+/// An event field as read: absent (or null), a string, or something else.
+type Field<'a> = Option<Result<Cow<'a, str>, NotAString>>;
+
+/// The rules of a producer event, in one place for both readers ([`Event::parse`] and the
+/// socket's fast path, [`EventIn`]): the type, the fields each type takes (`present`: every
+/// field given besides `type`), and their bounds.
+fn event_from(
+    kind: Option<&str>,
+    present: &[&str],
+    text: Field<'_>,
+    id: Field<'_>,
+    name: Field<'_>,
+    arguments_delta: Field<'_>,
+) -> Result<Event, String> {
+    let allowed: &[&str] = match kind {
+        Some("text") => &["text"],
+        Some("tool_call_delta") => &["id", "name", "arguments_delta"],
+        Some("tool_call_end") => &["id"],
+        _ => {
+            return Err(
+                "each event needs a type: text, tool_call_delta or tool_call_end".to_string(),
+            )
+        }
+    };
+    if let Some(k) = present.iter().find(|k| !allowed.contains(k)) {
+        return Err(format!(
+            "unknown field {:?} in a {} event",
+            k.chars().take(40).collect::<String>(),
+            kind.unwrap_or("")
+        ));
+    }
+    let bounded = |k: &str, f: Field<'_>| match f {
+        Some(Ok(s)) if s.len() <= MAX_EVENT_TEXT => Ok(s.into_owned()),
+        Some(Ok(_)) => Err(format!("{k} is over {MAX_EVENT_TEXT} bytes")),
+        _ => Err(format!("{k} (a string) is required")),
+    };
+    let call_id = |f: Field<'_>| match f {
+        Some(Ok(s)) if !s.is_empty() && s.len() <= 256 => Ok(s.into_owned()),
+        _ => Err("id (a non-empty string of at most 256 bytes) is required".to_string()),
+    };
+    match kind {
+        Some("text") => Ok(Event::Text(bounded("text", text)?)),
+        Some("tool_call_delta") => {
+            let name = match name {
+                None => None,
+                Some(Ok(n)) if n.len() <= 256 => Some(n.into_owned()),
+                _ => return Err("name must be a string of at most 256 bytes".into()),
+            };
+            let arguments_delta = match arguments_delta {
+                None => String::new(),
+                given => bounded("arguments_delta", given)?,
+            };
+            Ok(Event::ToolDelta {
+                id: call_id(id)?,
+                name,
+                arguments_delta,
+            })
+        }
+        _ => Ok(Event::ToolEnd { id: call_id(id)? }),
     }
 }
 

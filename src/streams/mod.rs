@@ -130,11 +130,7 @@ pub fn validate_run_id(id: &str) -> Result<(), StreamError> {
     }
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
+use crate::timefmt::now_ms;
 
 fn new_stream_id() -> String {
     let mut b = [0u8; 12];
