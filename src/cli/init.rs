@@ -20,7 +20,10 @@ pub fn run(g: &Global, _args: &InitArgs) -> CliResult {
         ));
     };
     let created = match init_store(&config, &key_file, &Faults::none()) {
-        Ok(()) => true,
+        Ok(fixes) => {
+            super::permission_note(&fixes);
+            true
+        }
         Err(crate::store::Error::Key(crate::crypto::KeyError::Exists(_))) => false,
         Err(e) => return Err(e.into()),
     };

@@ -369,6 +369,7 @@ impl Global {
                 ..StoreOptions::default()
             },
         )?;
+        permission_note(store.permission_fixes());
         if let Some(reason) = store.sealed_reason() {
             return Err(crate::store::Error::Sealed {
                 store: store.config().name.clone(),
@@ -395,6 +396,13 @@ fn init_logging(g: &Global, daemon: bool) {
         LogFormat::Human => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
     };
+}
+
+/// Say on stderr which permissions opening a store tightened (nothing if none).
+fn permission_note(fixes: &crate::store::PermFixes) {
+    if !fixes.is_empty() {
+        let _ = writeln!(std::io::stderr(), "holdfast: note: {fixes}");
+    }
 }
 
 /// Say on stderr that this command works on the store directly, not through a daemon.

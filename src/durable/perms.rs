@@ -1,8 +1,17 @@
-//! Permission checks for directories and key files holding secrets.
+//! Permission checks for directories and key files holding secrets, and the tightening of a
+//! store that is ours but too open.
 //!
 //! A data directory, store directory or key file must be owned by the user holdfast runs as,
 //! must not be a symlink (an attacker-controlled link could redirect writes or reads), and must
 //! not be accessible to group or other. The error names the path, what is wrong and the fix.
+//!
+//! Two policies sit on these checks. Key files (and the data and socket directories holdfast
+//! makes itself) are *refused* when too open, as ssh refuses a private key others can read:
+//! once a key has been readable, making it private again does not make it secret again. A
+//! credential store's directories and files hold only ciphertext, and the tools that make them
+//! (hive creates them with a plain `mkdir`, 0755 under umask 022) are not wrong to: those are
+//! [`tighten`]ed — group and other bits cleared — and the store is used. Only what is unsafe to
+//! touch is refused either way: a symlink, the wrong file type, another owner.
 
 use std::fs;
 use std::io;
@@ -48,7 +57,13 @@ pub enum PermError {
         /// Our effective uid.
         me: u32,
     },
-    /// It could not be inspected.
+    /// It was replaced between being checked and being changed (a race with another process).
+    #[error("{} changed while its permissions were being tightened; nothing was changed (try again)", path.display())]
+    Raced {
+        /// The path.
+        path: PathBuf,
+    },
+    /// It could not be inspected or tightened.
     #[error("cannot inspect {}: {source}", path.display())]
     Io {
         /// The path.
@@ -64,7 +79,22 @@ pub fn euid() -> u32 {
     rustix::process::geteuid().as_raw()
 }
 
-fn check(path: &Path, want_dir: bool) -> Result<(), PermError> {
+/// A change [`tighten`] made: `path` went from mode `from` to mode `to`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tightened {
+    /// The path.
+    pub path: PathBuf,
+    /// Its permission bits before.
+    pub from: u32,
+    /// Its permission bits after (`from` without group and other bits).
+    pub to: u32,
+    /// Whether it is a directory.
+    pub dir: bool,
+}
+
+/// The checks every policy shares: `path` exists, is not a symlink, is a directory (or a
+/// regular file) and is ours. Returns its metadata.
+fn owned(path: &Path, want_dir: bool) -> Result<fs::Metadata, PermError> {
     let kind = if want_dir { "directory" } else { "file" };
     let meta = fs::symlink_metadata(path).map_err(|source| PermError::Io {
         path: path.to_path_buf(),
@@ -90,6 +120,11 @@ fn check(path: &Path, want_dir: bool) -> Result<(), PermError> {
             me,
         });
     }
+    Ok(meta)
+}
+
+fn check(path: &Path, want_dir: bool) -> Result<(), PermError> {
+    let meta = owned(path, want_dir)?;
     let mode = meta.mode() & 0o7777;
     if mode & 0o077 != 0 {
         return Err(PermError::Mode {
@@ -110,6 +145,58 @@ pub fn check_private_dir(path: &Path) -> Result<(), PermError> {
 /// (0600 and systemd's 0400 both pass).
 pub fn check_private_file(path: &Path) -> Result<(), PermError> {
     check(path, false)
+}
+
+/// Whether `path` (a directory, or a regular file) is ours but lets group or other in.
+/// Refuses, as [`check_private_dir`] does, a symlink, the wrong type or another owner.
+pub fn is_too_open(path: &Path, want_dir: bool) -> Result<bool, PermError> {
+    Ok(owned(path, want_dir)?.mode() & 0o077 != 0)
+}
+
+/// Make `path` private if it is ours but too open: clear its group and other bits (0755 →
+/// 0700, 0644 → 0600; the owner's bits are kept). Refuses a symlink, the wrong type or another
+/// owner. The change is made with `fchmod` on a descriptor opened with `O_NOFOLLOW` and checked
+/// to be the inode inspected, so a path swapped for a link in between cannot redirect it.
+/// Returns the change, or `None` if the path was already private.
+pub fn tighten(path: &Path, want_dir: bool) -> Result<Option<Tightened>, PermError> {
+    use rustix::fs::{Mode, OFlags};
+    let meta = owned(path, want_dir)?;
+    let from = meta.mode() & 0o7777;
+    if from & 0o077 == 0 {
+        return Ok(None);
+    }
+    let io = |e: rustix::io::Errno| PermError::Io {
+        path: path.to_path_buf(),
+        source: e.into(),
+    };
+    // NONBLOCK: opening cannot hang on a FIFO swapped in; the fstat below then refuses it.
+    let mut flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK;
+    if want_dir {
+        flags |= OFlags::DIRECTORY;
+    }
+    let fd = rustix::fs::open(path, flags, Mode::empty()).map_err(|e| {
+        if e == rustix::io::Errno::LOOP {
+            PermError::Raced {
+                path: path.to_path_buf(),
+            }
+        } else {
+            io(e)
+        }
+    })?;
+    let st = rustix::fs::fstat(&fd).map_err(io)?;
+    if st.st_dev != meta.dev() || st.st_ino != meta.ino() || st.st_uid != meta.uid() {
+        return Err(PermError::Raced {
+            path: path.to_path_buf(),
+        });
+    }
+    let to = from & !0o077;
+    rustix::fs::fchmod(&fd, Mode::from_raw_mode(to)).map_err(io)?;
+    Ok(Some(Tightened {
+        path: path.to_path_buf(),
+        from,
+        to,
+        dir: want_dir,
+    }))
 }
 
 #[cfg(test)]
@@ -154,5 +241,69 @@ mod tests {
             check_private_dir(&link),
             Err(PermError::Symlink { .. })
         ));
+    }
+
+    #[test]
+    fn tighten_clears_group_and_other_and_keeps_the_owner_bits() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join("s");
+        fs::create_dir(&dir).unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+        let file = dir.join("a.enc");
+        fs::write(&file, "x").unwrap();
+        fs::set_permissions(&file, fs::Permissions::from_mode(0o644)).unwrap();
+
+        assert!(is_too_open(&dir, true).unwrap());
+        let t = tighten(&dir, true).unwrap().expect("a change");
+        assert_eq!((t.from, t.to), (0o755, 0o700));
+        let t = tighten(&file, false).unwrap().expect("a change");
+        assert_eq!((t.from, t.to), (0o644, 0o600));
+        let mode = |p: &Path| fs::metadata(p).unwrap().mode() & 0o7777;
+        assert_eq!(mode(&dir), 0o700);
+        assert_eq!(mode(&file), 0o600);
+        // Already private: nothing to do.
+        assert_eq!(tighten(&dir, true).unwrap(), None);
+        assert!(!is_too_open(&file, false).unwrap());
+        // The owner's bits stay as they were (a read-only file stays read-only).
+        fs::set_permissions(&file, fs::Permissions::from_mode(0o444)).unwrap();
+        assert_eq!(tighten(&file, false).unwrap().unwrap().to, 0o400);
+    }
+
+    #[test]
+    fn tighten_refuses_links_other_types_and_other_owners() {
+        let d = tempfile::tempdir().unwrap();
+        let real = d.path().join("real");
+        fs::create_dir(&real).unwrap();
+        fs::set_permissions(&real, fs::Permissions::from_mode(0o755)).unwrap();
+        let link = d.path().join("link");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        assert!(matches!(
+            tighten(&link, true),
+            Err(PermError::Symlink { .. })
+        ));
+        assert!(matches!(
+            is_too_open(&link, true),
+            Err(PermError::Symlink { .. })
+        ));
+        // The link's target was not touched.
+        assert_eq!(fs::metadata(&real).unwrap().mode() & 0o777, 0o755);
+        let file = d.path().join("f");
+        fs::write(&file, "x").unwrap();
+        assert!(matches!(
+            tighten(&file, true),
+            Err(PermError::WrongType { .. })
+        ));
+        if euid() == 0 {
+            // Root can make a file another user owns: it must be refused, not chmod-ed.
+            rustix::fs::chown(&real, Some(rustix::process::Uid::from_raw(65534)), None).unwrap();
+            let msg = tighten(&real, true).unwrap_err().to_string();
+            assert!(msg.contains("owned by uid 65534"), "{msg}");
+            assert_eq!(fs::metadata(&real).unwrap().mode() & 0o777, 0o755);
+        } else {
+            eprintln!(
+                "SKIPPED: the other-owner case needs root to chown (running as uid {})",
+                euid()
+            );
+        }
     }
 }

@@ -563,6 +563,12 @@ fn open_slot(cfg: StoreConfig) -> StoreSlot {
     )
     .map(Arc::new)
     .map_err(|e| e.to_string());
+    if let Ok(s) = &store {
+        let fixes = s.permission_fixes();
+        if !fixes.is_empty() {
+            tracing::warn!(store = %name, "{fixes}");
+        }
+    }
     match &store {
         Ok(s) => match s.sealed_reason() {
             Some(reason) => tracing::warn!(store = %name, %reason, "store is sealed"),

@@ -28,7 +28,7 @@ use super::id;
 use super::index::{write_index, EntryRef, Index, IndexState};
 use super::{Error, Result, SealedReason};
 use crate::crypto::{keys, DecryptError, KeySource, Keyring, LoadedKeys};
-use crate::durable::{self, lock, perms, Faults, FileStamp, IoError, LockGuard, LockMode};
+use crate::durable::{self, lock, Faults, FileStamp, IoError, LockGuard, LockMode};
 use crate::limits::{
     KEY_CHECK_SAMPLE, LOCK_TIMEOUT, MAX_CREDENTIAL_FILE_BYTES, MAX_INDEX_FILE_BYTES,
 };
@@ -227,6 +227,8 @@ pub struct CredentialStore {
     waiting_writers: AtomicUsize,
     batch_depth: AtomicUsize,
     open_report: Report,
+    /// Permissions tightened at open (see `private.rs`).
+    perm_fixes: super::PermFixes,
     /// Replaced credential files kept for reuse (`StoreOptions::recycle_files`).
     spares: Option<durable::Spares>,
     /// Cached credential files (`StoreOptions::cache_files`).
@@ -304,8 +306,11 @@ fn is_eloop(e: &io::Error) -> bool {
 }
 
 impl CredentialStore {
-    /// Open a store: check permissions, load the key (or seal), and reconcile the index with
-    /// the files. See [`OpenMode`] for what may be modified.
+    /// Open a store: make it private (refusing links and other owners, tightening what is ours
+    /// but too open: [`CredentialStore::permission_fixes`] says what changed), load the key (or
+    /// seal), and reconcile the index with the files. See [`OpenMode`] for what may be
+    /// modified; permissions are tightened in every mode, read-only included: they are not the
+    /// store's data, and leaving a store others can read is the greater harm.
     pub fn open(config: StoreConfig, opts: StoreOptions) -> Result<Self> {
         let base = config.base.clone();
         match fs::symlink_metadata(&base) {
@@ -313,14 +318,9 @@ impl CredentialStore {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(Error::NoStore(base)),
             Err(source) => return Err(Error::Read { path: base, source }),
         }
-        perms::check_private_dir(&base)?;
+        let perm_fixes = super::private::make_private(&base)?;
         let cred_dir = base.join("credentials");
         let meta_dir = base.join("metadata");
-        for d in [&cred_dir, &meta_dir] {
-            if fs::symlink_metadata(d).is_ok() {
-                perms::check_private_dir(d)?;
-            }
-        }
         let mut store = CredentialStore {
             lock_path: meta_dir.join("index.lock"),
             quarantine_dir: base.join("quarantine"),
@@ -335,6 +335,7 @@ impl CredentialStore {
             waiting_writers: AtomicUsize::new(0),
             batch_depth: AtomicUsize::new(0),
             open_report: Report::default(),
+            perm_fixes,
             spares: opts
                 .recycle_files
                 .then(|| durable::Spares::new(&base.join("credentials"))),
@@ -370,6 +371,12 @@ impl CredentialStore {
     /// The report of the reconciliation done at open.
     pub fn open_report(&self) -> &Report {
         &self.open_report
+    }
+
+    /// The permissions tightened at open: empty if the store was private already. The caller
+    /// tells the user (the CLI on stderr, the daemon in its log).
+    pub fn permission_fixes(&self) -> &super::PermFixes {
+        &self.perm_fixes
     }
 
     /// The store's configuration.
@@ -1566,11 +1573,18 @@ impl Drop for CredentialStore {
 /// store already holds credential files or a key already exists (never mint a key while
 /// encrypted data exists). Runs under the store lock, and the key file is created with a
 /// no-replace link, so two racing `init`s cannot both create a key.
-pub fn init_store(config: &StoreConfig, key_file: &Path, faults: &Faults) -> Result<()> {
+///
+/// A base directory that exists but is too open (made by hand with `mkdir`) is tightened as
+/// [`CredentialStore::open`] does; the changes are returned for the caller to report.
+pub fn init_store(
+    config: &StoreConfig,
+    key_file: &Path,
+    faults: &Faults,
+) -> Result<super::PermFixes> {
     let cred_dir = config.base.join("credentials");
     let meta_dir = config.base.join("metadata");
     durable::create_private_dir(&config.base, faults)?;
-    perms::check_private_dir(&config.base)?;
+    let fixes = super::private::make_private(&config.base)?;
     durable::create_private_dir(&cred_dir, faults)?;
     durable::create_private_dir(&meta_dir, faults)?;
     let _guard = lock::lock(
@@ -1608,5 +1622,5 @@ pub fn init_store(config: &StoreConfig, key_file: &Path, faults: &Faults) -> Res
         });
     }
     keys::create_key_file(key_file, &crate::crypto::generate_key(), faults)?;
-    Ok(())
+    Ok(fixes)
 }

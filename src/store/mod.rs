@@ -12,6 +12,7 @@ mod credentials;
 pub mod fsck;
 pub mod id;
 pub mod index;
+mod private;
 mod rotate;
 
 pub use credential::Credential;
@@ -20,6 +21,7 @@ pub use credentials::{
     StoreConfig, StoreOptions,
 };
 pub use fsck::Report;
+pub use private::PermFixes;
 pub use rotate::RotateReport;
 
 use std::path::PathBuf;
