@@ -369,6 +369,9 @@ fn the_runs_cli_with_and_without_the_daemon() {
     for (run, ok) in [("cli-good", true), ("cli-bad", false)] {
         let mut det = completion("plan");
         det["success"] = json!(ok);
+        if !ok {
+            det["error"] = json!("search failed");
+        }
         c.ok("run.log_node", json!({"run_id": run, "detail": det}));
         c.ok(
             "run.log_step",
@@ -395,6 +398,12 @@ fn the_runs_cli_with_and_without_the_daemon() {
     assert_eq!(l["runs"][0]["run_id"], json!("cli-bad"), "{l}");
     let s = json_of(&["runs", "summary", "cli-bad", "--json"]);
     assert_eq!(s["needs_attention"], json!(true), "{s}");
+    // hive's words, so hive's tooling shows what hive's own logger would have written.
+    assert_eq!(
+        s["attention_reasons"],
+        json!(["Node plan failed: search failed"]),
+        "{s}"
+    );
     let table = run(env.holdfast(&["runs", "list"]), b"");
     println!("{}", table.stdout);
     assert!(table.stdout.contains("cli-bad") && table.stdout.contains("yes (1)"));

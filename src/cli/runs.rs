@@ -103,6 +103,16 @@ fn not_ended(r: &Value) -> &'static str {
     }
 }
 
+/// Whether a summary needs attention (hive's flag: a node may need it without a reason, when
+/// it failed without an error message) and its reasons.
+fn attention(s: &Value) -> (bool, Vec<&str>) {
+    let reasons = strings(s, "attention_reasons");
+    (
+        s["needs_attention"] == Value::Bool(true) || !reasons.is_empty(),
+        reasons,
+    )
+}
+
 /// The strings of a JSON array field.
 fn strings<'a>(v: &'a Value, field: &str) -> Vec<&'a str> {
     v[field]
@@ -139,17 +149,17 @@ pub fn run(g: &Global, c: &RunsCommand) -> CliResult {
             ));
             for r in &runs {
                 let s = &r["summary"];
-                let reasons = s["attention_reasons"].as_array().map_or(0, Vec::len);
+                let (attention, reasons) = attention(s);
                 out(format!(
                     "{:<36} {:<10} {:>6} {:>10} {:<9} {:>5}",
                     r["run_id"].as_str().unwrap_or("?"),
                     r["status"].as_str().unwrap_or("?"),
                     r["nodes"],
                     tokens(s),
-                    if reasons > 0 {
-                        format!("yes ({reasons})")
-                    } else {
-                        "-".into()
+                    match (attention, reasons.len()) {
+                        (false, _) => "-".into(),
+                        (true, 0) => "yes".into(),
+                        (true, n) => format!("yes ({n})"),
                     },
                     age(r["last_logged_at_ms"].as_u64()),
                 ));
@@ -170,7 +180,11 @@ pub fn run(g: &Global, c: &RunsCommand) -> CliResult {
                 s["status"].as_str().unwrap_or("?"),
                 not_ended(&r)
             ));
-            out(format!("nodes      {} ({})", path.len(), path.join(" -> ")));
+            out(format!(
+                "nodes      {} ({})",
+                s["total_nodes_executed"],
+                path.join(" -> ")
+            ));
             out(format!(
                 "tokens     {} in, {} out",
                 s["total_input_tokens"], s["total_output_tokens"]
@@ -180,13 +194,16 @@ pub fn run(g: &Global, c: &RunsCommand) -> CliResult {
                 s["started_at"].as_str().unwrap_or("?")
             ));
             out(format!("duration   {} ms", s["duration_ms"]));
-            let reasons = strings(s, "attention_reasons");
-            if reasons.is_empty() {
-                out("attention  no");
-            } else {
-                out("attention  yes:");
-                for r in reasons {
-                    out(format!("  - {r}"));
+            match attention(s) {
+                (false, _) => out("attention  no"),
+                (true, reasons) if reasons.is_empty() => {
+                    out("attention  yes (a node failed without an error message, or said so)")
+                }
+                (true, reasons) => {
+                    out("attention  yes:");
+                    for r in reasons {
+                        out(format!("  - {r}"));
+                    }
                 }
             }
             Ok(())
@@ -323,9 +340,10 @@ fn show(g: &Global, run: &str) -> CliResult {
             ms.saturating_sub(t0) as f64 / 1000.0
         ));
     }
-    let reasons = strings(s, "attention_reasons");
-    if !reasons.is_empty() {
-        out(format!("needs attention: {}", reasons.join("; ")));
+    match attention(s) {
+        (true, reasons) if reasons.is_empty() => out("needs attention: yes"),
+        (true, reasons) => out(format!("needs attention: {}", reasons.join("; "))),
+        (false, _) => {}
     }
     if let Some(st) = r.get("stream") {
         let a = &st["attempts"];

@@ -66,15 +66,21 @@ struct End {
     run_id: String,
     status: String,
     #[serde(default)]
-    agent_id: Option<Value>,
+    agent_id: Option<String>,
     #[serde(default)]
-    goal_id: Option<Value>,
+    goal_id: Option<String>,
     #[serde(default)]
-    execution_quality: Option<Value>,
+    execution_quality: Option<String>,
     #[serde(default)]
-    trace_id: Option<Value>,
+    trace_id: Option<String>,
     #[serde(default)]
-    execution_id: Option<Value>,
+    execution_id: Option<String>,
+    #[serde(default)]
+    started_at: Option<String>,
+    #[serde(default)]
+    duration_ms: Option<u64>,
+    #[serde(default)]
+    node_path: Option<Vec<String>>,
 }
 
 #[derive(Deserialize)]
@@ -128,19 +134,17 @@ pub async fn dispatch(daemon: &Arc<Daemon>, req: Request) -> Result<Value, RpcEr
         }
         "run.end" => {
             let p: End = params(req.params)?;
-            let mut extra = Map::new();
-            for (k, v) in [
-                ("agent_id", p.agent_id),
-                ("goal_id", p.goal_id),
-                ("execution_quality", p.execution_quality),
-                ("trace_id", p.trace_id),
-                ("execution_id", p.execution_id),
-            ] {
-                if let Some(v) = v {
-                    extra.insert(k.into(), v);
-                }
-            }
-            blocking(move || log.end(&p.run_id, &p.status, &extra)).await
+            let given = crate::runlog::EndFields {
+                agent_id: p.agent_id,
+                goal_id: p.goal_id,
+                execution_quality: p.execution_quality,
+                trace_id: p.trace_id,
+                execution_id: p.execution_id,
+                started_at: p.started_at,
+                duration_ms: p.duration_ms,
+                node_path: p.node_path,
+            };
+            blocking(move || log.end(&p.run_id, &p.status, &given)).await
         }
         "run.get" => {
             let p: Get = params(req.params)?;

@@ -305,36 +305,60 @@ fn int(v: Option<&Value>) -> i64 {
         .unwrap_or(0)
 }
 
-/// Why a node needs attention (hive's rules), empty if it does not.
+/// Why a node needs attention, in hive's own words (`RuntimeLogger.log_node_complete`): a
+/// failure with an error, then each threshold passed; then the reasons the detail carries
+/// itself that are not among them. A client that computes hive's reasons (hive's logger, the
+/// Python drop-in) therefore gets back exactly hive's list, and its summary reads as hive's.
 pub fn attention_reasons(detail: &Map<String, Value>) -> Vec<String> {
     let node = detail.get("node_id").and_then(Value::as_str).unwrap_or("?");
     let mut out = Vec::new();
     if detail.get("success") == Some(&Value::Bool(false)) {
-        out.push(format!("{node}: failed"));
-    }
-    let checks = [
-        ("retry_count", attention::RETRY_COUNT),
-        ("escalate_count", attention::ESCALATE_COUNT),
-        ("latency_ms", attention::LATENCY_MS),
-        ("tokens_used", attention::TOKENS_USED),
-        ("total_steps", attention::TOTAL_STEPS),
-    ];
-    for (field, limit) in checks {
-        let n = int(detail.get(field));
-        if n > limit {
-            out.push(format!("{node}: {field} {n} > {limit}"));
+        match detail.get("error") {
+            Some(Value::String(e)) if !e.is_empty() => {
+                out.push(format!("Node {node} failed: {e}"));
+            }
+            _ => {}
         }
     }
-    // A node may carry its own verdict too.
+    let checks: [(&str, i64, fn(i64) -> String); 5] = [
+        ("retry_count", attention::RETRY_COUNT, |n| {
+            format!("Excessive retries: {n}")
+        }),
+        ("escalate_count", attention::ESCALATE_COUNT, |n| {
+            format!("Excessive escalations: {n}")
+        }),
+        ("latency_ms", attention::LATENCY_MS, |n| {
+            format!("High latency: {n}ms")
+        }),
+        ("tokens_used", attention::TOKENS_USED, |n| {
+            format!("High token usage: {n}")
+        }),
+        ("total_steps", attention::TOTAL_STEPS, |n| {
+            format!("Many iterations: {n}")
+        }),
+    ];
+    for (field, limit, say) in checks {
+        let n = int(detail.get(field));
+        if n > limit {
+            out.push(say(n));
+        }
+    }
     if let Some(Value::Array(reasons)) = detail.get("attention_reasons") {
         for r in reasons.iter().filter_map(Value::as_str) {
-            let r = format!("{node}: {r}");
-            if !out.contains(&r) {
-                out.push(r);
+            if !out.iter().any(|o| o == r) {
+                out.push(r.to_owned());
             }
         }
     }
     out
+}
+
+/// Whether a node needs attention (hive's rule): it failed (with or without an error message),
+/// passed a threshold, carries a reason, or says so itself.
+pub fn needs_attention(detail: &Map<String, Value>) -> bool {
+    detail.get("success") == Some(&Value::Bool(false))
+        || detail.get("needs_attention") == Some(&Value::Bool(true))
+        || !attention_reasons(detail).is_empty()
 }
 
 impl Loaded {
@@ -429,53 +453,65 @@ impl Loaded {
     }
 }
 
-/// The summary of a run's logical entries (hive's `summary.json` fields).
-fn summarize(
-    run_id: &str,
-    l: &Loaded,
-    status: &str,
-    extra: &Map<String, Value>,
-    now: u64,
-) -> Value {
+/// What `run.end` may say about the run beyond its status: hive's `RuntimeLogger.end_run`
+/// arguments and its own notes. Absent fields take hive's defaults (`""`, or what the log
+/// itself shows: the first record's time, the time since, the nodes in order).
+#[derive(Clone, Debug, Default)]
+pub struct EndFields {
+    /// hive's `agent_id`.
+    pub agent_id: Option<String>,
+    /// hive's `goal_id`.
+    pub goal_id: Option<String>,
+    /// hive's `execution_quality` (`clean`, `degraded`, `failed`).
+    pub execution_quality: Option<String>,
+    /// OpenTelemetry trace id.
+    pub trace_id: Option<String>,
+    /// Session / execution correlation id.
+    pub execution_id: Option<String>,
+    /// When the run started, as the caller records it (hive: `start_run`'s `isoformat()`).
+    pub started_at: Option<String>,
+    /// How long the run took, as the caller measured it.
+    pub duration_ms: Option<u64>,
+    /// The nodes in the order the graph visited them (may repeat a node; hive's executor
+    /// passes it). Default: the logged nodes in log order.
+    pub node_path: Option<Vec<String>>,
+}
+
+/// The summary of a run's logical entries: hive's `summary.json`, field for field, every string
+/// field a string (hive's `RunSummaryLog` refuses `null` there).
+fn summarize(run_id: &str, l: &Loaded, status: &str, given: &EndFields, now: u64) -> Value {
     let nodes = l.records(Kind::Details);
     let mut reasons = Vec::new();
+    let mut attention = false;
     let (mut input, mut output) = (0i64, 0i64);
     let mut path = Vec::new();
     for e in &nodes {
-        input += int(e.record.get("input_tokens"));
-        output += int(e.record.get("output_tokens"));
+        input = input.saturating_add(int(e.record.get("input_tokens")));
+        output = output.saturating_add(int(e.record.get("output_tokens")));
+        attention |= needs_attention(&e.record);
         reasons.extend(attention_reasons(&e.record));
         path.push(e.record.get("node_id").cloned().unwrap_or(Value::Null));
     }
     let started = l.first_ms.unwrap_or(now);
-    let field = |k: &str| extra.get(k).cloned().unwrap_or(Value::Null);
+    let text = |v: &Option<String>| v.clone().unwrap_or_default();
     json!({
         "run_id": run_id,
-        "agent_id": field("agent_id"),
-        "goal_id": field("goal_id"),
+        "agent_id": text(&given.agent_id),
+        "goal_id": text(&given.goal_id),
         "status": status,
         "total_nodes_executed": nodes.len(),
-        "node_path": path,
+        "node_path": given.node_path.as_ref().map_or(Value::Array(path), |p| json!(p)),
         "total_input_tokens": input,
         "total_output_tokens": output,
-        "needs_attention": !reasons.is_empty(),
+        "needs_attention": attention,
         "attention_reasons": reasons,
-        "started_at": iso(started),
-        "duration_ms": now.saturating_sub(started),
-        "execution_quality": field("execution_quality"),
-        "trace_id": field("trace_id"),
-        "execution_id": field("execution_id"),
+        "started_at": given.started_at.clone().unwrap_or_else(|| iso(started)),
+        "duration_ms": given.duration_ms.unwrap_or_else(|| now.saturating_sub(started)),
+        "execution_quality": text(&given.execution_quality),
+        "trace_id": text(&given.trace_id),
+        "execution_id": text(&given.execution_id),
     })
 }
-
-/// The `run.end` fields copied into the summary as given.
-const END_FIELDS: [&str; 5] = [
-    "agent_id",
-    "goal_id",
-    "execution_quality",
-    "trace_id",
-    "execution_id",
-];
 
 /// Statuses `run.end` accepts (hive's).
 pub const STATUSES: [&str; 5] = ["success", "failure", "degraded", "cancelled", "timeout"];
@@ -1032,12 +1068,7 @@ impl RunLog {
 
     /// `run.end`: write `summary.json` from the logical entries. Idempotent: a second end
     /// returns the same summary and writes nothing.
-    pub fn end(
-        &self,
-        run_id: &str,
-        status: &str,
-        extra: &Map<String, Value>,
-    ) -> Result<Value, RunLogError> {
+    pub fn end(&self, run_id: &str, status: &str, given: &EndFields) -> Result<Value, RunLogError> {
         if !STATUSES.contains(&status) {
             return Err(invalid(format!(
                 "status must be one of {}",
@@ -1048,13 +1079,7 @@ impl RunLog {
             if let Some(s) = &view.summary {
                 return Ok(json!({"summary": s, "written": false}));
             }
-            let mut given = Map::new();
-            for k in END_FIELDS {
-                if let Some(v) = extra.get(k) {
-                    given.insert(k.into(), v.clone());
-                }
-            }
-            let summary = summarize(run_id, view, status, &given, now_ms());
+            let summary = summarize(run_id, view, status, given, now_ms());
             let bytes = serde_json::to_vec_pretty(&summary).map_err(storage)?;
             durable::atomic_write(dir, "summary.json", &bytes, &self.faults).map_err(storage)?;
             view.summary = Some(summary.clone());
@@ -1076,7 +1101,7 @@ impl RunLog {
                 run_id,
                 view,
                 "running",
-                &Map::new(),
+                &EndFields::default(),
                 view.last_ms.unwrap_or(now),
             )
         });

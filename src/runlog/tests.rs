@@ -79,7 +79,7 @@ fn the_hive_race_leaves_exactly_one_entry_per_node() {
     assert_eq!(written.len(), rounds);
     // Whoever came first, the completion's detail is the entry: it replaces a fallback, and a
     // fallback after it writes nothing.
-    let summary = log.end("race", "success", &Map::new()).unwrap()["summary"].clone();
+    let summary = log.end("race", "success", &EndFields::default()).unwrap()["summary"].clone();
     assert_eq!(summary["total_nodes_executed"], json!(rounds));
     assert_eq!(summary["total_input_tokens"], json!(rounds as i64 * 100));
     assert_eq!(summary["total_output_tokens"], json!(rounds as i64 * 50));
@@ -146,7 +146,7 @@ fn last_wins_rewrites_in_place_and_attempts_are_separate_entries() {
             ("c".into(), 1, 5)
         ]
     );
-    let s = log.end("r", "success", &Map::new()).unwrap()["summary"].clone();
+    let s = log.end("r", "success", &EndFields::default()).unwrap()["summary"].clone();
     assert_eq!(s["node_path"], json!(["a", "b", "a", "c"]));
     assert_eq!(s["total_input_tokens"], json!(95));
 }
@@ -236,52 +236,121 @@ fn end_is_idempotent_and_final() {
     let tmp = tempfile::tempdir().unwrap();
     let log = open(tmp.path());
     log.log_node("r", detail("a", 1, 10)).unwrap();
-    let extra = obj(json!({"agent_id": "agent-7", "goal_id": "g", "unknown": 1}));
-    let first = log.end("r", "success", &extra).unwrap();
+    let given = EndFields {
+        agent_id: Some("agent-7".into()),
+        goal_id: Some("g".into()),
+        ..EndFields::default()
+    };
+    let first = log.end("r", "success", &given).unwrap();
     assert_eq!(first["written"], json!(true));
     let path = tmp.path().join("r/summary.json");
     let bytes = fs::read(&path).unwrap();
     let stamp = fs::metadata(&path).unwrap().modified().unwrap();
     // Again, even with another status and from a fresh process: the same summary, no write.
-    let again = open(tmp.path()).end("r", "failure", &Map::new()).unwrap();
+    let again = open(tmp.path())
+        .end("r", "failure", &EndFields::default())
+        .unwrap();
     assert_eq!(again["written"], json!(false));
     assert_eq!(again["summary"], first["summary"]);
     assert_eq!(fs::read(&path).unwrap(), bytes);
     assert_eq!(fs::metadata(&path).unwrap().modified().unwrap(), stamp);
     assert_eq!(first["summary"]["agent_id"], json!("agent-7"));
-    assert!(first["summary"].get("unknown").is_none());
+    // Fields not given are hive's defaults: strings, never null (hive's RunSummaryLog refuses
+    // null there, and hive's tooling must load this file).
+    for k in ["execution_quality", "trace_id", "execution_id"] {
+        assert_eq!(first["summary"][k], json!(""), "{k}");
+    }
     // Final: no more entries; a retry of one already there is still answered.
     let late = log.log_node("r", detail("b", 1, 1)).unwrap_err();
     assert_eq!(late.kind, ErrorKind::Conflict);
     let retry = log.log_node("r", detail("a", 1, 10)).unwrap();
     assert_eq!(retry["written"], json!(false));
-    let bad = log.end("r2", "finished", &Map::new()).unwrap_err();
+    let bad = log
+        .end("r2", "finished", &EndFields::default())
+        .unwrap_err();
     assert_eq!(bad.kind, ErrorKind::InvalidParams);
 }
 
 #[test]
-fn needs_attention_follows_hives_thresholds() {
-    let cases: &[(Value, bool)] = &[
-        (json!({"success": true}), false),
-        (json!({"success": false}), true),
-        (json!({"retry_count": 3}), false),
-        (json!({"retry_count": 4}), true),
-        (json!({"escalate_count": 2}), false),
-        (json!({"escalate_count": 3}), true),
-        (json!({"latency_ms": 60000}), false),
-        (json!({"latency_ms": 60001}), true),
-        (json!({"tokens_used": 100000}), false),
-        (json!({"tokens_used": 100001}), true),
-        (json!({"total_steps": 20}), false),
-        (json!({"total_steps": 21}), true),
-        (json!({"attention_reasons": ["flagged by node"]}), true),
+fn needs_attention_follows_hives_thresholds_in_hives_words() {
+    // (fields, needs attention, reasons): hive's RuntimeLogger.log_node_complete, verbatim.
+    let cases: &[(Value, bool, &[&str])] = &[
+        (json!({"success": true}), false, &[]),
+        // hive flags a failure without an error message but gives no reason for it.
+        (json!({"success": false}), true, &[]),
+        (
+            json!({"success": false, "error": "boom"}),
+            true,
+            &["Node n failed: boom"],
+        ),
+        (json!({"retry_count": 3}), false, &[]),
+        (json!({"retry_count": 4}), true, &["Excessive retries: 4"]),
+        (json!({"escalate_count": 2}), false, &[]),
+        (
+            json!({"escalate_count": 3}),
+            true,
+            &["Excessive escalations: 3"],
+        ),
+        (json!({"latency_ms": 60000}), false, &[]),
+        (
+            json!({"latency_ms": 60001}),
+            true,
+            &["High latency: 60001ms"],
+        ),
+        (json!({"tokens_used": 100000}), false, &[]),
+        (
+            json!({"tokens_used": 100001}),
+            true,
+            &["High token usage: 100001"],
+        ),
+        (json!({"total_steps": 20}), false, &[]),
+        (json!({"total_steps": 21}), true, &["Many iterations: 21"]),
+        (
+            json!({"attention_reasons": ["flagged by node"]}),
+            true,
+            &["flagged by node"],
+        ),
+        (json!({"needs_attention": true}), true, &[]),
+        // A client that computed hive's reasons itself gets each once, in hive's order.
+        (
+            json!({"success": false, "error": "x", "retry_count": 5,
+                   "attention_reasons": ["Node n failed: x", "Excessive retries: 5"]}),
+            true,
+            &["Node n failed: x", "Excessive retries: 5"],
+        ),
     ];
-    for (fields, expect) in cases {
+    for (fields, expect, want) in cases {
         let mut d = obj(json!({"node_id": "n"}));
         d.extend(obj(fields.clone()));
-        let reasons = attention_reasons(&d);
-        assert_eq!(!reasons.is_empty(), *expect, "{fields}: {reasons:?}");
+        assert_eq!(attention_reasons(&d), *want, "{fields}");
+        assert_eq!(needs_attention(&d), *expect, "{fields}");
     }
+}
+
+#[test]
+fn end_takes_the_callers_start_duration_and_path() {
+    let tmp = tempfile::tempdir().unwrap();
+    let log = open(tmp.path());
+    log.log_node("r", detail("a", 1, 10)).unwrap();
+    log.log_node("r", detail("b", 1, 10)).unwrap();
+    let given = EndFields {
+        started_at: Some("2026-11-23T06:00:00.000001+00:00".into()),
+        duration_ms: Some(1234),
+        node_path: Some(vec!["a".into(), "b".into(), "a".into()]),
+        execution_quality: Some("clean".into()),
+        ..EndFields::default()
+    };
+    let s = log.end("r", "success", &given).unwrap()["summary"].clone();
+    assert_eq!(s["started_at"], json!("2026-11-23T06:00:00.000001+00:00"));
+    assert_eq!(s["duration_ms"], json!(1234));
+    assert_eq!(s["node_path"], json!(["a", "b", "a"]));
+    assert_eq!(s["execution_quality"], json!("clean"));
+    assert_eq!(s["total_nodes_executed"], json!(2));
+    // Not given: the log's own view.
+    log.log_node("r2", detail("x", 1, 1)).unwrap();
+    let s = log.end("r2", "success", &EndFields::default()).unwrap()["summary"].clone();
+    assert_eq!(s["node_path"], json!(["x"]));
+    assert!(s["started_at"].as_str().unwrap().ends_with('Z'), "{s}");
 }
 
 #[test]
@@ -445,11 +514,11 @@ fn list_filters_and_prune_deletes_old_runs_but_keeps_active_ones() {
     let tmp = tempfile::tempdir().unwrap();
     let log = open(tmp.path());
     log.log_node("done", detail("a", 1, 1)).unwrap();
-    log.end("done", "success", &Map::new()).unwrap();
+    log.end("done", "success", &EndFields::default()).unwrap();
     log.log_node("live", detail("a", 1, 1)).unwrap();
     log.log_node("failed", obj(json!({"node_id": "a", "success": false})))
         .unwrap();
-    log.end("failed", "failure", &Map::new()).unwrap();
+    log.end("failed", "failure", &EndFields::default()).unwrap();
     let all = log.list(None, None, None).unwrap();
     assert_eq!(all.len(), 3);
     let failed = log.list(Some("failure"), None, None).unwrap();
