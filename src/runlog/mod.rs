@@ -320,27 +320,38 @@ pub fn attention_reasons(detail: &Map<String, Value>) -> Vec<String> {
             _ => {}
         }
     }
-    let checks: [(&str, i64, fn(i64) -> String); 5] = [
-        ("retry_count", attention::RETRY_COUNT, |n| {
-            format!("Excessive retries: {n}")
-        }),
-        ("escalate_count", attention::ESCALATE_COUNT, |n| {
-            format!("Excessive escalations: {n}")
-        }),
-        ("latency_ms", attention::LATENCY_MS, |n| {
-            format!("High latency: {n}ms")
-        }),
-        ("tokens_used", attention::TOKENS_USED, |n| {
-            format!("High token usage: {n}")
-        }),
-        ("total_steps", attention::TOTAL_STEPS, |n| {
-            format!("Many iterations: {n}")
-        }),
+    // (field, threshold, hive's words before and after the number)
+    let checks = [
+        (
+            "retry_count",
+            attention::RETRY_COUNT,
+            "Excessive retries: ",
+            "",
+        ),
+        (
+            "escalate_count",
+            attention::ESCALATE_COUNT,
+            "Excessive escalations: ",
+            "",
+        ),
+        ("latency_ms", attention::LATENCY_MS, "High latency: ", "ms"),
+        (
+            "tokens_used",
+            attention::TOKENS_USED,
+            "High token usage: ",
+            "",
+        ),
+        (
+            "total_steps",
+            attention::TOTAL_STEPS,
+            "Many iterations: ",
+            "",
+        ),
     ];
-    for (field, limit, say) in checks {
+    for (field, limit, before, after) in checks {
         let n = int(detail.get(field));
         if n > limit {
-            out.push(say(n));
+            out.push(format!("{before}{n}{after}"));
         }
     }
     if let Some(Value::Array(reasons)) = detail.get("attention_reasons") {
