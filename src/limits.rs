@@ -23,6 +23,12 @@ pub const MAX_ID_BYTES: usize = 200;
 /// Longest store name (`--store NAME`); it becomes a directory and a key-file name.
 pub const MAX_STORE_NAME_BYTES: usize = 64;
 
+/// Most subscriptions (`cred.watch`, `stream.subscribe`) one connection may hold at once: each
+/// is a forwarder task and a receiver every event fans out to. A client needs one watch per
+/// store (or one for all) and one subscription per run it shows; more is a leak, refused with
+/// `busy` (a client frees one with `unsubscribe`, or when its run finishes).
+pub const MAX_SUBSCRIPTIONS_PER_CONNECTION: usize = 16;
+
 /// How long a writer waits for `metadata/index.lock` before answering `busy`. Writes hold the
 /// lock for one file write plus fsyncs (milliseconds); ten seconds means something is stuck,
 /// and the caller should hear about it rather than hang.

@@ -642,3 +642,103 @@ fn key_rotation_through_the_daemon_keeps_the_streams_readable() {
     assert!(o.stderr.contains("through the daemon"), "{o}");
     println!("key rotation: active run continued and committed run read after a restart with only the new key; offline rotation refused");
 }
+
+/// `unsubscribe` is exact and frees the slot at once: once it is answered no event of that
+/// subscription follows, a connection at the cap can subscribe again right away, and it works
+/// for `cred.watch` as for `stream.subscribe`. `content_from_stream` stores the streamed text.
+#[test]
+fn unsubscribe_is_exact_and_frees_the_slot() {
+    let mut env = DaemonEnv::new("");
+    let d = env.start();
+    let mut p = Conn::open(&d.socket);
+    let mut w = Conn::open(&d.socket);
+    let sid = p.ok("stream.begin", json!({"run_id": "u1"}))["stream_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let sub = w.ok("stream.subscribe", json!({"run_id": "u1"}))["subscription"].clone();
+    let watch = w.ok("cred.watch", json!({}))["subscription"].clone();
+    // Events keep coming while the unsubscribe is on its way: a producer on another connection.
+    let socket = d.socket.clone();
+    let producer = std::thread::spawn(move || {
+        let mut p = Conn::open(&socket);
+        for seq in 1..=400u64 {
+            p.ok(
+                "stream.append",
+                json!({"run_id": "u1", "stream_id": sid, "seq": seq,
+                       "events": [{"type": "text", "text": "x"}]}),
+            );
+        }
+        sid
+    });
+    // Let some events flow, then unsubscribe mid-stream.
+    let mut before = 0;
+    while before < 20 {
+        if w.next_event(Duration::from_secs(5)).is_some() {
+            before += 1;
+        }
+    }
+    let r = w.ok("unsubscribe", json!({"subscription": sub}));
+    assert_eq!(r["unsubscribed"], true);
+    // Events read while waiting for the answer were ahead of it: they are fine. After it:
+    // nothing of this subscription, however long the producer goes on.
+    let queued_before_answer = {
+        let mut n = 0;
+        while w.next_event(Duration::ZERO).is_some() {
+            n += 1;
+        }
+        n
+    };
+    let sid = producer.join().unwrap();
+    let late = w.next_event(Duration::from_millis(300));
+    assert!(
+        late.is_none(),
+        "an event after unsubscribe answered: {late:?}"
+    );
+    println!(
+        "unsubscribe: {before} events read, {queued_before_answer} queued ahead of the answer, \
+         0 after it (producer appended 400)"
+    );
+    // Unknown or already closed: false, nothing else happens.
+    assert_eq!(
+        w.ok("unsubscribe", json!({"subscription": sub}))["unsubscribed"],
+        false
+    );
+    assert_eq!(
+        w.ok("unsubscribe", json!({"subscription": 9999}))["unsubscribed"],
+        false
+    );
+    assert_eq!(
+        w.ok("unsubscribe", json!({"subscription": watch}))["unsubscribed"],
+        true
+    );
+    // The cap: 16 at once; each unsubscribe frees a slot immediately.
+    let mut subs = Vec::new();
+    for _ in 0..16 {
+        subs.push(w.ok("cred.watch", json!({}))["subscription"].clone());
+    }
+    let busy = w.err("cred.watch", json!({}));
+    assert_eq!(busy["data"]["kind"], "busy", "{busy}");
+    for s in subs {
+        assert_eq!(
+            w.ok("unsubscribe", json!({"subscription": s}))["unsubscribed"],
+            true
+        );
+        w.ok(
+            "stream.subscribe",
+            json!({"run_id": "u1", "after_seq": 400}),
+        );
+    }
+    let bad = w.err("unsubscribe", json!({"subscription": "x"}));
+    assert_eq!(bad["data"]["kind"], "invalid_params", "{bad}");
+    // The commit stores what was streamed.
+    let e = p.ok(
+        "stream.commit",
+        json!({"run_id": "u1", "stream_id": sid, "final_message": {"role": "assistant"},
+               "content_from_stream": true}),
+    );
+    assert_eq!(e["status"], "committed");
+    let g = p.ok("stream.get", json!({"run_id": "u1", "reveal": true}));
+    assert_eq!(g["final_message"]["content"], json!("x".repeat(400)));
+    d.stop();
+}

@@ -30,6 +30,7 @@ pub const METHODS: &[&str] = &[
     "cred.watch",
     "cred.refresh_lease",
     "cred.release_lease",
+    "unsubscribe",
     "admin.status",
     "admin.fsck",
     "admin.reindex",
@@ -59,9 +60,9 @@ pub const METHODS: &[&str] = &[
 
 const DEFAULT_STORE: &str = "default";
 
-/// Most `cred.watch` subscriptions one connection may hold (each is a task and a receiver that
-/// every event fans out to; one per store, or one for all, is all a client needs).
-pub const MAX_SUBSCRIPTIONS_PER_CONNECTION: usize = 16;
+/// Methods every connection may call whatever its plugin grant: they concern only the
+/// connection itself.
+const ALWAYS_ALLOWED: &[&str] = &["hello", "unsubscribe"];
 
 /// What a connection's reader does with one request line.
 pub enum Routed {
@@ -166,7 +167,7 @@ fn admit(session: &Session, method: &str) -> Result<PluginGrant, RpcError> {
             "send `hello` first (it says which protocol you speak and binds a plugin grant)",
         ));
     };
-    if !grant.allows_method(method) {
+    if !ALWAYS_ALLOWED.contains(&method) && !grant.allows_method(method) {
         return Err(RpcError::new(
             ErrorKind::Forbidden,
             format!("this connection's plugin grant does not include {method}"),
@@ -457,6 +458,7 @@ pub async fn dispatch(
             Ok(json!({"credentials": credentials, "unreadable": listing.unreadable}))
         }
         "cred.watch" => cred_watch(daemon, session, &grant, req.params).await,
+        "unsubscribe" => unsubscribe(session, req.params),
         "cred.refresh_lease" => {
             let p: LeaseParams = params(req.params)?;
             crate::store::id::validate(&p.id)
@@ -584,7 +586,7 @@ Some(name) => daemon.config.plugins.get(name).cloned().ok_or_else(|| {
     let methods: Vec<&str> = METHODS
         .iter()
         .copied()
-        .filter(|m| *m == "hello" || grant.allows_method(m))
+        .filter(|m| ALWAYS_ALLOWED.contains(m) || grant.allows_method(m))
         .collect();
     *session
         .grant
@@ -677,21 +679,18 @@ async fn cred_watch(
         Some(s) => Some(store_of(daemon, grant, Some(s)).await?.0),
         None => None,
     };
-    if session.watching.fetch_add(1, Ordering::SeqCst) >= MAX_SUBSCRIPTIONS_PER_CONNECTION {
-        session.watching.fetch_sub(1, Ordering::SeqCst);
-        return Err(RpcError::new(
-            ErrorKind::Busy,
-            format!(
-                "this connection already has {MAX_SUBSCRIPTIONS_PER_CONNECTION} subscriptions; one per store (or one for all) is enough"
-            ),
-        ));
-    }
-    let sub = session.subscription_id();
+    let (sub, gate) = open_subscription(session)?;
     let mut rx = daemon.events.subscribe();
     let (session_f, grant_f) = (Arc::clone(session), grant.clone());
     tokio::spawn(async move {
         loop {
-            let Some(received) = session_f.unless_ended(rx.recv()).await else {
+            let next = async {
+                tokio::select! {
+                    r = rx.recv() => Some(r),
+                    () = gate.closed() => None,
+                }
+            };
+            let Some(Some(received)) = session_f.unless_ended(next).await else {
                 break;
             };
             let ev: CredEvent = match received {
@@ -701,7 +700,7 @@ async fn cred_watch(
                         "subscription": sub, "type": "resync", "missed": n,
                         "hint": "events were dropped because this client fell behind: list again",
                     }));
-                    if !session_f.outbox.send(line) {
+                    if !gate.send(&session_f.outbox, line) {
                         break;
                     }
                     continue;
@@ -731,13 +730,43 @@ async fn cred_watch(
                 })
             };
             let line = protocol::notification(params);
-            if !session_f.outbox.send(line) {
+            if !gate.send(&session_f.outbox, line) {
                 break;
             }
         }
-        session_f.watching.fetch_sub(1, Ordering::SeqCst);
+        session_f.subscriptions.ended(sub);
     });
     Ok(json!({"subscription": sub}))
+}
+
+/// A new subscription of this connection, or `busy` at the cap.
+pub fn open_subscription(
+    session: &Session,
+) -> Result<(u64, Arc<super::subscriptions::Gate>), RpcError> {
+    session.subscriptions.open().ok_or_else(|| {
+        RpcError::new(
+            ErrorKind::Busy,
+            format!(
+                "this connection already has {} subscriptions (one per store or run shown is \
+                 enough; `unsubscribe` frees one)",
+                crate::limits::MAX_SUBSCRIPTIONS_PER_CONNECTION
+            ),
+        )
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Unsubscribe {
+    subscription: u64,
+}
+
+/// `unsubscribe`: close one of this connection's subscriptions. Once answered, no event of it
+/// follows (see `subscriptions.rs`). `unsubscribed: false`: there was no such open
+/// subscription (a run's subscription ends by itself with `finish`).
+fn unsubscribe(session: &Session, raw: Map<String, Value>) -> Result<Value, RpcError> {
+    let p: Unsubscribe = params(raw)?;
+    Ok(json!({"unsubscribed": session.subscriptions.close(p.subscription)}))
 }
 
 /// `admin.status`: only the stores `grant` covers.

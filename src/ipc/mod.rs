@@ -4,6 +4,7 @@
 //! - [`protocol`]: request parsing, response/notification lines, error codes and kinds.
 //! - [`server`]: bind (singleton, stale socket, 0600), accept (peer uid), connections, shutdown.
 //! - [`handlers`]: method → service; [`streams`]: the `stream.*` and `checkpoint.*` methods.
+//! - [`subscriptions`]: a connection's subscriptions, their cap and `unsubscribe`.
 
 pub mod activation;
 pub mod frame;
@@ -12,3 +13,4 @@ pub mod protocol;
 pub mod runs;
 pub mod server;
 pub mod streams;
+pub mod subscriptions;

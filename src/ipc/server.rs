@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -217,11 +217,10 @@ pub struct Session {
     pub id: u64,
     /// The grant bound by `hello` (`None` until hello).
     pub grant: Mutex<Option<PluginGrant>>,
-    /// Open `cred.watch` subscriptions.
-    pub watching: AtomicUsize,
+    /// Open subscriptions (`cred.watch`, `stream.subscribe`).
+    pub subscriptions: super::subscriptions::Subscriptions,
     /// Responses and events to send.
     pub outbox: Outbox,
-    next_subscription: AtomicU64,
     ended: AtomicBool,
     /// Notified when the connection ends (subscription forwarders stop).
     pub ended_notify: Notify,
@@ -269,11 +268,6 @@ impl Session {
     fn end(&self) {
         self.ended.store(true, Ordering::SeqCst);
         self.ended_notify.notify_waiters();
-    }
-
-    /// A new subscription number for this connection.
-    pub fn subscription_id(&self) -> u64 {
-        self.next_subscription.fetch_add(1, Ordering::Relaxed) + 1
     }
 }
 
@@ -582,9 +576,8 @@ async fn connection(
     let session = Arc::new(Session {
         id: conn,
         grant: Mutex::new(None),
-        watching: AtomicUsize::new(0),
+        subscriptions: Default::default(),
         outbox: Outbox::new(limits.max_output, Arc::clone(&closed)),
-        next_subscription: AtomicU64::new(0),
         ended: AtomicBool::new(false),
         ended_notify: Notify::new(),
         sock: Arc::clone(&stream),
@@ -608,7 +601,7 @@ async fn connection(
     loop {
         let idle_ok = || {
             inflight.available_permits() == limits.max_inflight
-                && session.watching.load(Ordering::SeqCst) == 0
+                && session.subscriptions.count() == 0
         };
         let frame = tokio::select! {
             _ = shutdown.changed() => break,

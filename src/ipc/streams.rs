@@ -6,10 +6,9 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use super::handlers::{blocking, MAX_SUBSCRIPTIONS_PER_CONNECTION};
+use super::handlers::{blocking, open_subscription};
 use super::protocol::{self, Request, RpcError};
 use super::server::Session;
-use crate::error::ErrorKind;
 use crate::service::Daemon;
 use crate::streams::{Event, EventIn, Str};
 use crate::streams::{StreamError, Streams, Ticket};
@@ -80,6 +79,8 @@ struct Commit {
     run_id: String,
     stream_id: String,
     final_message: Value,
+    #[serde(default)]
+    content_from_stream: bool,
 }
 
 #[derive(Deserialize)]
@@ -175,26 +176,26 @@ pub async fn dispatch(
             .await?;
             Ok(answer)
         }
-        "stream.commit" | "stream.abort" => {
-            let (run_id, stream_id, status, detail) = if req.method == "stream.commit" {
-                let p: Commit = params(req.params)?;
-                if p.final_message.is_null() {
-                    return Err(RpcError::invalid_params("final_message is required"));
-                }
-                let detail = json!({"final_message": p.final_message});
-                (p.run_id, p.stream_id, "committed", detail)
-            } else {
-                let p: Abort = params(req.params)?;
-                (
-                    p.run_id,
-                    p.stream_id,
-                    "aborted",
-                    json!({"reason": p.reason}),
+        // The commit point is an atomic file replacement: blocking pool.
+        "stream.commit" => {
+            let p: Commit = params(req.params)?;
+            if p.final_message.is_null() {
+                return Err(RpcError::invalid_params("final_message is required"));
+            }
+            blocking(move || {
+                s.commit(
+                    &p.run_id,
+                    &p.stream_id,
+                    p.final_message,
+                    p.content_from_stream,
                 )
-            };
-            // The commit point is an atomic file replacement: blocking pool.
-            let s2 = Arc::clone(&s);
-            blocking(move || s2.end(&run_id, &stream_id, status, detail)).await
+            })
+            .await
+        }
+        "stream.abort" => {
+            let p: Abort = params(req.params)?;
+            let detail = json!({"reason": p.reason});
+            blocking(move || s.end(&p.run_id, &p.stream_id, "aborted", detail)).await
         }
         "stream.subscribe" => {
             let p: Subscribe = params(req.params)?;
@@ -405,36 +406,35 @@ fn subscribe(
     run_id: &str,
     after_seq: u64,
 ) -> Result<Value, RpcError> {
-    if session.watching.fetch_add(1, Ordering::SeqCst) >= MAX_SUBSCRIPTIONS_PER_CONNECTION {
-        session.watching.fetch_sub(1, Ordering::SeqCst);
-        return Err(RpcError::new(
-            ErrorKind::Busy,
-            format!("this connection already has {MAX_SUBSCRIPTIONS_PER_CONNECTION} subscriptions"),
-        ));
-    }
+    let (sub, gate) = open_subscription(session)?;
     let mut rx = match s.subscribe(run_id, after_seq) {
         Ok(rx) => rx,
         Err(e) => {
-            session.watching.fetch_sub(1, Ordering::SeqCst);
+            session.subscriptions.ended(sub);
             return Err(rpc(e));
         }
     };
-    let sub = session.subscription_id();
     let (session_f, run) = (Arc::clone(session), run_id.to_owned());
     tokio::spawn(async move {
         loop {
-            let Some(Some((seq, event))) = session_f.unless_ended(rx.recv()).await else {
+            let next = async {
+                tokio::select! {
+                    r = rx.recv() => r,
+                    () = gate.closed() => None,
+                }
+            };
+            let Some(Some((seq, event))) = session_f.unless_ended(next).await else {
                 break;
             };
             let finish = event["type"] == "finish";
             let line = protocol::notification(
                 json!({"subscription": sub, "run_id": run, "seq": seq, "event": event}),
             );
-            if !session_f.outbox.send(line) || finish {
+            if !gate.send(&session_f.outbox, line) || finish {
                 break;
             }
         }
-        session_f.watching.fetch_sub(1, Ordering::SeqCst);
+        session_f.subscriptions.ended(sub);
     });
     Ok(json!({"subscription": sub, "run_id": run_id, "after_seq": after_seq}))
 }

@@ -1113,8 +1113,36 @@ impl Streams {
         n
     }
 
-    /// `stream.commit` / `stream.abort`: one atomic step ends the run; then `finish` is
-    /// published and the run leaves memory. A failed commit leaves it resumable.
+    /// `stream.commit`: the final message durable and the run ended in one step (see
+    /// [`Streams::end`]). With `content_from_stream`, the message's `content` is set to the
+    /// text the run's subscribers are shown — everything published, plus what the overlap
+    /// trimmer still holds as its last decision will publish it — so the stored message and
+    /// the streamed text can never differ (a producer composing it itself cannot see that
+    /// decision: it is made after the commit point).
+    pub fn commit(
+        &self,
+        run_id: &str,
+        stream_id: &str,
+        final_message: Value,
+        content_from_stream: bool,
+    ) -> Result<Value, StreamError> {
+        if content_from_stream && !final_message.is_object() {
+            return Err(StreamError {
+                kind: ErrorKind::InvalidParams,
+                message: "content_from_stream needs final_message to be an object".into(),
+            });
+        }
+        self.end_with(
+            run_id,
+            stream_id,
+            "committed",
+            json!({"final_message": final_message}),
+            content_from_stream,
+        )
+    }
+
+    /// `stream.abort` (and expiry): one atomic step ends the run; then `finish` is published and
+    /// the run leaves memory. A failed end leaves it resumable.
     pub fn end(
         &self,
         run_id: &str,
@@ -1122,11 +1150,29 @@ impl Streams {
         status: &str,
         detail: Value,
     ) -> Result<Value, StreamError> {
+        self.end_with(run_id, stream_id, status, detail, false)
+    }
+
+    fn end_with(
+        &self,
+        run_id: &str,
+        stream_id: &str,
+        status: &str,
+        mut detail: Value,
+        content_from_stream: bool,
+    ) -> Result<Value, StreamError> {
         let (finish_seq, events_total) = {
             let mut st = self.lock();
             let run = Self::run_mut(&mut st, run_id, stream_id)?;
             // From here until the state file is written (or not), nothing else touches the run.
             run.ending = true;
+            if content_from_stream {
+                // The trimmer's decision, taken on a copy: the real one is made (identically)
+                // after the commit point, when the held text is published.
+                let mut acc = run.acc.clone();
+                acc.flush_trim();
+                detail["final_message"]["content"] = Value::String(acc.text);
+            }
             let summary = run.summary();
             (run.next_seq, (run.events.len(), summary))
         };

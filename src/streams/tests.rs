@@ -689,3 +689,54 @@ fn failed_runs_are_not_restarted_and_unreadable_state_files_count_as_ended() {
         ErrorKind::Conflict
     );
 }
+
+/// The overlap trimmer decides on held text after the commit point; a producer composing the
+/// final message itself cannot know that decision. `content_from_stream` makes the stored
+/// message the text subscribers are shown, in both of the trimmer's outcomes.
+#[test]
+fn commit_with_content_from_stream_stores_exactly_what_subscribers_saw() {
+    let env = Env::new();
+    let s = env.open();
+    // (continuation after "Hello, wor", what subscribers see in all)
+    let cases = [
+        // Held ("lo, " occurs in the tail), then published at the commit: not an overlap.
+        ("lo, ", "Hello, worlo, "),
+        // Held, then dropped at the commit: a repeat of the tail's end.
+        ("wor", "Hello, wor"),
+    ];
+    for (i, (cont, want)) in cases.iter().enumerate() {
+        let run = format!("run-c{i}");
+        let sid = begin(&s, &run);
+        ok(&s, s.append(&run, &sid, 1, &[text("Hello, wor")]));
+        let plan = ok(&s, s.interrupt(&run, &sid, &json!("connection_reset")));
+        let next = plan["next_seq"].as_u64().unwrap();
+        let mut rx = s.subscribe(&run, 0).unwrap();
+        ok(&s, s.append(&run, &sid, next, &[text(cont)]));
+        let before_commit = drain(&mut rx);
+        let end = s
+            .commit(
+                &run,
+                &sid,
+                json!({"role": "assistant", "content": null}),
+                true,
+            )
+            .unwrap();
+        assert_eq!(end["status"], "committed");
+        let mut seen = String::new();
+        for (_, e) in before_commit.iter().chain(drain(&mut rx).iter()) {
+            if e["type"] == "text" {
+                seen.push_str(e["text"].as_str().unwrap());
+            }
+        }
+        let stored = s.get(&run, true).unwrap()["final_message"].clone();
+        println!("continuation {cont:?}: subscribers saw {seen:?}, stored {stored}");
+        assert_eq!(seen, *want, "{cont:?}");
+        assert_eq!(stored["content"], json!(want), "{cont:?}");
+        assert_eq!(stored["role"], "assistant");
+    }
+    // Only an object can take the content.
+    let sid = begin(&s, "run-bad");
+    let e = s.commit("run-bad", &sid, json!("text"), true).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::InvalidParams);
+    assert!(s.get("run-bad", false).unwrap().get("status").is_some());
+}
