@@ -822,3 +822,211 @@ fn recovery_plan_offline() {
         "the planner touched the data dir"
     );
 }
+
+/// `holdfast import --from-hive`: serving in place edits the config once and safely; copying
+/// re-encrypts into a holdfast store; dry runs change nothing; bad sources and targets say why.
+#[test]
+fn import_from_hive_serves_in_place_or_copies() {
+    let t = TempHome::new();
+    let hive = t.home.join(".hive");
+    let base = hive.join("credentials");
+    let key = hive.join("secrets/credential_key");
+    fs::create_dir_all(key.parent().unwrap()).unwrap();
+    fs::set_permissions(key.parent().unwrap(), fs::Permissions::from_mode(0o700)).unwrap();
+    let hf = |args: &[&str], stdin: &[u8]| {
+        let mut c = t.cmd();
+        c.arg("--store-dir").arg(&base).arg("--key-file").arg(&key);
+        c.args(args);
+        run(c, stdin)
+    };
+    hf(&["init"], b"").ok();
+    for (id, v) in [
+        ("openai", "sk-1"),
+        ("team/github", "ghp-2"),
+        ("slack", "xoxb-3"),
+    ] {
+        hf(&["cred", "set", id], format!("{v}\n").as_bytes()).ok();
+    }
+    // Made the way hive makes it: open directories and files.
+    for d in ["", "credentials", "metadata"] {
+        fs::set_permissions(base.join(d), fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let config = t.home.join("config/holdfast/config.toml");
+    let modes = || {
+        let mut v: Vec<(String, u32)> = walk(&base)
+            .into_iter()
+            .map(|p| {
+                let m = fs::symlink_metadata(&p).unwrap().permissions().mode() & 0o777;
+                (p.display().to_string(), m)
+            })
+            .collect();
+        v.sort();
+        v
+    };
+
+    // A dry run: nothing changes, not even hive's permissions.
+    let before = modes();
+    let o = t.run(&["import", "--from-hive", "--dry-run"], b"").ok();
+    assert!(o.stdout.contains("dry run: would add"), "{o}");
+    assert!(
+        o.stdout.contains("[stores.hive]") && o.stdout.contains("3 credential(s)"),
+        "{o}"
+    );
+    assert!(
+        o.stderr.contains("nothing was changed (looking only)"),
+        "{o}"
+    );
+    assert!(!config.exists());
+    assert_eq!(modes(), before);
+
+    // Serve in place: the entry is added, the store tightened, the config private.
+    let o = t.run(&["import", "--from-hive"], b"").ok();
+    assert!(o.stdout.contains("is now store \"hive\""), "{o}");
+    assert!(o.stderr.contains("tightened permissions"), "{o}");
+    let text = fs::read_to_string(&config).unwrap();
+    let parsed: toml::Table = toml::from_str(&text).unwrap();
+    assert_eq!(
+        parsed["stores"]["hive"]["path"].as_str(),
+        Some(base.to_str().unwrap())
+    );
+    assert_eq!(parsed["stores"]["hive"]["hive"].as_bool(), Some(true));
+    assert_eq!(
+        fs::metadata(&config).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    assert_eq!(
+        fs::metadata(&base).unwrap().permissions().mode() & 0o777,
+        0o700
+    );
+    // Again: already served, nothing added.
+    let o = t.run(&["import", "--from-hive"], b"").ok();
+    assert!(o.stdout.contains("already served"), "{o}");
+    assert_eq!(fs::read_to_string(&config).unwrap(), text);
+    // The same name for another directory: a conflict, the config unchanged.
+    let other = t.home.join("other");
+    fs::create_dir_all(other.join("credentials")).unwrap();
+    fs::set_permissions(&other, fs::Permissions::from_mode(0o700)).unwrap();
+    let o = t.run(
+        &[
+            "--key-file",
+            key.to_str().unwrap(),
+            "import",
+            "--from-hive",
+            other.to_str().unwrap(),
+        ],
+        b"",
+    );
+    let o = o.code(4);
+    assert!(o.stderr.contains("already has [stores.hive]"), "{o}");
+    assert_eq!(fs::read_to_string(&config).unwrap(), text);
+    // A config that does not parse is refused before anything is written.
+    let broken = t.home.join("broken.toml");
+    fs::write(&broken, "this is = = not toml\n").unwrap();
+    let o = t
+        .run(
+            &[
+                "--config",
+                broken.to_str().unwrap(),
+                "import",
+                "--from-hive",
+                "--name",
+                "h2",
+            ],
+            b"",
+        )
+        .code(2);
+    assert!(o.stderr.contains("broken.toml"), "{o}");
+    assert_eq!(
+        fs::read_to_string(&broken).unwrap(),
+        "this is = = not toml\n"
+    );
+    // Not a hive store at all.
+    let o = t
+        .run(&["import", "--from-hive", t.home.to_str().unwrap()], b"")
+        .code(3);
+    assert!(o.stderr.contains("not a hive credential store"), "{o}");
+
+    // Copy: the target must exist first.
+    let o = t.run(&["import", "--from-hive", "--copy"], b"").code(3);
+    assert!(o.stderr.contains("holdfast --store default init"), "{o}");
+    t.init();
+    let o = t
+        .run(&["import", "--from-hive", "--copy", "--dry-run"], b"")
+        .ok();
+    assert!(o.stdout.contains("3 would be copied"), "{o}");
+    t.run(&["cred", "get", "openai"], b"").code(3);
+    let o = t.run(&["import", "--from-hive", "--copy"], b"").ok();
+    assert!(o.stdout.contains("copied 3 (3 new, 0 replaced)"), "{o}");
+    for (id, v) in [
+        ("openai", "sk-1"),
+        ("team/github", "ghp-2"),
+        ("slack", "xoxb-3"),
+    ] {
+        assert_eq!(t.run(&["cred", "get", id], b"").ok().stdout.trim(), v);
+    }
+    // The copy is under holdfast's key, not hive's.
+    assert_ne!(
+        fs::read(t.key()).unwrap(),
+        fs::read(&key).unwrap(),
+        "the target has its own key"
+    );
+    // A changed target is kept, then replaced with --overwrite; identical ones are left.
+    t.set("slack", "mine");
+    let o = t.run(&["import", "--from-hive", "--copy"], b"").ok();
+    assert!(o.stdout.contains("differs    slack"), "{o}");
+    assert!(o.stdout.contains("2 identical, 1 kept"), "{o}");
+    assert_eq!(
+        t.run(&["cred", "get", "slack"], b"").ok().stdout.trim(),
+        "mine"
+    );
+    let j = t
+        .run(
+            &["import", "--from-hive", "--copy", "--overwrite", "--json"],
+            b"",
+        )
+        .ok()
+        .json();
+    let outcomes: Vec<(&str, &str)> = j["credentials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["id"].as_str().unwrap(), c["outcome"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        outcomes,
+        vec![
+            ("openai", "same"),
+            ("slack", "replaced"),
+            ("team/github", "same")
+        ]
+    );
+    assert_eq!(
+        t.run(&["cred", "get", "slack"], b"").ok().stdout.trim(),
+        "xoxb-3"
+    );
+    // A source file that does not decrypt: reported, the others still compared, exit 6.
+    fs::write(base.join("credentials/openai.enc"), b"gAAAAAnot-a-token").unwrap();
+    let o = t.run(&["import", "--from-hive", "--copy"], b"").code(6);
+    assert!(
+        o.stdout.contains("unreadable") || o.stdout.contains("could not be read"),
+        "{o}"
+    );
+    assert!(o.stdout.contains("same       team/github"), "{o}");
+    println!("import: dry runs, serve in place (added, again, conflict, broken config, not a store), copy (new, same, kept, replaced, unreadable source) checked");
+}
+
+/// Every path under `dir`, `dir` included.
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = vec![dir.to_path_buf()];
+    if let Ok(rd) = fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() && !p.is_symlink() {
+                out.extend(walk(&p));
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}

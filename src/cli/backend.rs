@@ -34,12 +34,22 @@ fn from_json<T: serde::de::DeserializeOwned>(v: Value) -> CliResult<T> {
 impl Backend {
     /// Connect to the daemon, or open the store in `mode`.
     pub fn open(g: &Global, mode: OpenMode) -> CliResult<Self> {
+        Self::open_with(g, mode, true)
+    }
+
+    /// [`Backend::open`]; with `fix_permissions` false a store opened directly is only looked
+    /// at: too-open permissions are reported, not tightened (`store fsck` without `--repair`).
+    pub fn open_with(g: &Global, mode: OpenMode, fix_permissions: bool) -> CliResult<Self> {
         match g.daemon()? {
             Some(client) => Ok(Backend::Daemon {
                 client: Box::new(client),
                 store: g.store.clone(),
             }),
-            None => Ok(Backend::Local(Box::new(g.open(mode)?))),
+            None => Ok(Backend::Local(Box::new(super::open_store(
+                g.store_config()?.0,
+                mode,
+                fix_permissions,
+            )?))),
         }
     }
 

@@ -5,6 +5,7 @@ mod backend;
 mod bench;
 mod cred;
 mod daemon;
+mod import;
 mod init;
 mod key;
 mod recovery;
@@ -140,6 +141,9 @@ enum Command {
     /// Create a store and its key. Only for an empty store: holdfast never mints a key while
     /// encrypted data exists. Running it again on an initialized store changes nothing.
     Init(init::InitArgs),
+    /// Bring hive's credential store to holdfast: serve it in place (a [stores.NAME] entry in
+    /// the config file; hive keeps using the same files) or --copy it into a holdfast store.
+    Import(import::ImportArgs),
     /// Credentials: set, get, list, delete, exists.
     #[command(subcommand)]
     Cred(cred::CredCommand),
@@ -361,24 +365,34 @@ impl Global {
     }
 
     fn open(&self, mode: OpenMode) -> CliResult<CredentialStore> {
-        let (config, _) = self.store_config()?;
-        let store = CredentialStore::open(
-            config,
-            StoreOptions {
-                mode,
-                ..StoreOptions::default()
-            },
-        )?;
-        permission_note(store.permission_fixes());
-        if let Some(reason) = store.sealed_reason() {
-            return Err(crate::store::Error::Sealed {
-                store: store.config().name.clone(),
-                reason,
-            }
-            .into());
-        }
-        Ok(store)
+        open_store(self.store_config()?.0, mode, true)
     }
+}
+
+/// Open the store at `config` in `mode`, saying on stderr what permissions were tightened (or,
+/// with `fix_permissions` false, would be), and refusing a sealed store.
+fn open_store(
+    config: StoreConfig,
+    mode: OpenMode,
+    fix_permissions: bool,
+) -> CliResult<CredentialStore> {
+    let store = CredentialStore::open(
+        config,
+        StoreOptions {
+            mode,
+            fix_permissions,
+            ..StoreOptions::default()
+        },
+    )?;
+    permission_note(store.permission_fixes());
+    if let Some(reason) = store.sealed_reason() {
+        return Err(crate::store::Error::Sealed {
+            store: store.config().name.clone(),
+            reason,
+        }
+        .into());
+    }
+    Ok(store)
 }
 
 fn init_logging(g: &Global, daemon: bool) {
@@ -451,6 +465,7 @@ pub fn main() -> ExitCode {
         Command::Daemon(a) => daemon::run(g, a),
         Command::Status => status::run(g),
         Command::Init(a) => init::run(g, a),
+        Command::Import(a) => import::run(g, a),
         Command::Cred(c) => cred::run(g, c),
         Command::Store(c) => store::run(g, c),
         Command::Key(c) => key::run(g, c),

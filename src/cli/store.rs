@@ -23,14 +23,11 @@ pub enum StoreCommand {
 pub fn run(g: &Global, cmd: &StoreCommand) -> CliResult {
     match cmd {
         StoreCommand::Fsck { repair } => {
-            let mut store = Backend::open(
-                g,
-                if *repair {
-                    OpenMode::Deferred
-                } else {
-                    OpenMode::ReadOnly
-                },
-            )?;
+            let mut store = if *repair {
+                Backend::open(g, OpenMode::Deferred)?
+            } else {
+                Backend::open_with(g, OpenMode::ReadOnly, false)?
+            };
             let report = store.fsck(*repair)?;
             let remaining = if *repair {
                 report.clock_skew.len() + report.old_key.len()

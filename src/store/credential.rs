@@ -213,6 +213,19 @@ impl Credential {
         Value::Object(self.doc.clone())
     }
 
+    /// Whether two documents hold the same content: every field equal except the bookkeeping
+    /// every write stamps (`updated_at`, holdfast's generation counter).
+    pub fn same_content(&self, other: &Credential) -> bool {
+        let content = |k: &&String| *k != GENERATION_FIELD && *k != "updated_at";
+        let fields = |c: &Credential| c.doc.keys().filter(content).count();
+        fields(self) == fields(other)
+            && self
+                .doc
+                .iter()
+                .filter(|(k, _)| content(k))
+                .all(|(k, v)| other.doc.get(k) == Some(v))
+    }
+
     /// The credential id (authoritative over the file name).
     pub fn id(&self) -> &str {
         self.doc.get("id").and_then(Value::as_str).unwrap_or("")

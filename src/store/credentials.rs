@@ -89,6 +89,9 @@ pub struct StoreOptions {
     /// Cache credential files' bytes (ciphertext), vouched for by a `stat` on every read
     /// ([`durable::FileCache`]). For the daemon, which reads the same files over and over.
     pub cache_files: bool,
+    /// Tighten a store directory or file of ours that is too open (the default). False: only
+    /// report what would be tightened (`fsck` without `--repair`, dry runs), change nothing.
+    pub fix_permissions: bool,
 }
 
 impl Default for StoreOptions {
@@ -100,6 +103,7 @@ impl Default for StoreOptions {
             lock_timeout: LOCK_TIMEOUT,
             recycle_files: false,
             cache_files: false,
+            fix_permissions: true,
         }
     }
 }
@@ -309,8 +313,9 @@ impl CredentialStore {
     /// Open a store: make it private (refusing links and other owners, tightening what is ours
     /// but too open: [`CredentialStore::permission_fixes`] says what changed), load the key (or
     /// seal), and reconcile the index with the files. See [`OpenMode`] for what may be
-    /// modified; permissions are tightened in every mode, read-only included: they are not the
-    /// store's data, and leaving a store others can read is the greater harm.
+    /// modified; permissions are tightened in every mode, read-only commands included (they
+    /// are not the store's data, and leaving a store others can read is the greater harm),
+    /// unless [`StoreOptions::fix_permissions`] is false.
     pub fn open(config: StoreConfig, opts: StoreOptions) -> Result<Self> {
         let base = config.base.clone();
         match fs::symlink_metadata(&base) {
@@ -318,7 +323,7 @@ impl CredentialStore {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(Error::NoStore(base)),
             Err(source) => return Err(Error::Read { path: base, source }),
         }
-        let perm_fixes = super::private::make_private(&base)?;
+        let perm_fixes = super::private::make_private(&base, opts.fix_permissions)?;
         let cred_dir = base.join("credentials");
         let meta_dir = base.join("metadata");
         let mut store = CredentialStore {
@@ -1584,7 +1589,7 @@ pub fn init_store(
     let cred_dir = config.base.join("credentials");
     let meta_dir = config.base.join("metadata");
     durable::create_private_dir(&config.base, faults)?;
-    let fixes = super::private::make_private(&config.base)?;
+    let fixes = super::private::make_private(&config.base, true)?;
     durable::create_private_dir(&cred_dir, faults)?;
     durable::create_private_dir(&meta_dir, faults)?;
     let _guard = lock::lock(

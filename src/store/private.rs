@@ -30,13 +30,16 @@ const SUBDIRS: [&str; 3] = ["credentials", "metadata", "quarantine"];
 /// How many file names one notice lists before it says "and N more".
 const NAMED_FILES: usize = 5;
 
-/// What was tightened when a store was opened: one notice for the user.
+/// What was tightened when a store was opened (or, looking only, what would be): one notice
+/// for the user.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PermFixes {
     /// The store's base directory.
     pub base: PathBuf,
     /// Each change, directories first.
     pub changes: Vec<Tightened>,
+    /// Whether the changes were made (false: looking only, nothing was changed).
+    pub applied: bool,
 }
 
 impl PermFixes {
@@ -58,12 +61,21 @@ impl fmt::Display for PermFixes {
     /// `tightened permissions of /x (group or other could read it): directories 0755 → 0700
     /// (., credentials, metadata); files 0644 → 0600 (credentials/a.enc, metadata/index.json)`
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "tightened permissions of {} (group or other could reach it; its files are \
-             ciphertext, the key is kept elsewhere):",
-            self.base.display()
-        )?;
+        if self.applied {
+            write!(
+                f,
+                "tightened permissions of {} (group or other could reach it; its files are \
+                 ciphertext, the key is kept elsewhere):",
+                self.base.display()
+            )?;
+        } else {
+            write!(
+                f,
+                "{} is open to group or other; nothing was changed (looking only), the next \
+                 open that may change the store tightens:",
+                self.base.display()
+            )?;
+        }
         // Group by (is_dir, from, to) in order of first appearance.
         let mut groups: Vec<((bool, u32, u32), Vec<String>)> = Vec::new();
         for c in &self.changes {
@@ -103,11 +115,14 @@ impl fmt::Display for PermFixes {
 /// Check the store at `base` and make it private (see the module docs). `base` must exist.
 /// Refuses (`Error::Unsafe`) a symlink, a non-directory or another owner anywhere in the
 /// store's directories; tightens what is ours but too open, holding the store lock
-/// (`metadata/index.lock`) while it does when the store has a `metadata/` directory.
-pub(super) fn make_private(base: &Path) -> Result<PermFixes> {
+/// (`metadata/index.lock`) while it does when the store has a `metadata/` directory. With
+/// `apply` false, changes nothing (takes no lock, creates no lock file) and returns what it
+/// would tighten.
+pub(super) fn make_private(base: &Path, apply: bool) -> Result<PermFixes> {
     let mut fixes = PermFixes {
         base: base.to_path_buf(),
         changes: Vec::new(),
+        applied: apply,
     };
     let mut dirs = vec![base.to_path_buf()];
     dirs.extend(
@@ -124,6 +139,9 @@ pub(super) fn make_private(base: &Path) -> Result<PermFixes> {
     }
     if open.is_empty() {
         return Ok(fixes);
+    }
+    if !apply {
+        return would_tighten(fixes, &dirs, &open);
     }
     // The base is ours and not a link (checked above), as is metadata/ if present: taking the
     // lock there creates nothing outside the store. The base goes first so the lock file is
@@ -146,30 +164,7 @@ pub(super) fn make_private(base: &Path) -> Result<PermFixes> {
             fixes.changes.push(t);
         }
     }
-    // Files of every directory that was open (an open base exposed everything below it).
-    let exposed: Vec<&PathBuf> = if open.first() == Some(&dirs[0]) {
-        dirs.iter().collect()
-    } else {
-        open.iter().collect()
-    };
-    let mut files = Vec::new();
-    for d in exposed {
-        let rd = fs::read_dir(d).map_err(|source| Error::Read {
-            path: d.clone(),
-            source,
-        })?;
-        for e in rd.flatten() {
-            // Only regular files of ours: links and other owners' files are the scans' business
-            // (a link in credentials/ is quarantined there), not a reason to refuse the store.
-            let Ok(m) = e.path().symlink_metadata() else {
-                continue;
-            };
-            if m.is_file() && std::os::unix::fs::MetadataExt::uid(&m) == perms::euid() {
-                files.push(e.path());
-            }
-        }
-    }
-    files.sort();
+    let files = exposed_files(&dirs, &open)?;
     for f in files {
         match perms::tighten(&f, false) {
             Ok(Some(t)) => fixes.changes.push(t),
@@ -180,6 +175,59 @@ pub(super) fn make_private(base: &Path) -> Result<PermFixes> {
                 if source.kind() == std::io::ErrorKind::NotFound => {}
             Err(perms::PermError::Raced { .. }) => {}
             Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(fixes)
+}
+
+/// The regular files of ours in every directory that was open (an open base exposed
+/// everything below it), sorted. Links and other owners' files are not ours to judge here: the
+/// scans deal with them (a link in credentials/ is quarantined there), and they are no reason
+/// to refuse the store.
+fn exposed_files(dirs: &[PathBuf], open: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    let exposed = if open.first() == dirs.first() {
+        dirs
+    } else {
+        open
+    };
+    let mut files = Vec::new();
+    for d in exposed {
+        let rd = fs::read_dir(d).map_err(|source| Error::Read {
+            path: d.clone(),
+            source,
+        })?;
+        for e in rd.flatten() {
+            let Ok(m) = e.path().symlink_metadata() else {
+                continue;
+            };
+            if m.is_file() && std::os::unix::fs::MetadataExt::uid(&m) == perms::euid() {
+                files.push(e.path());
+            }
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// Looking only: the open directories and the exposed files that are open, as changes not made.
+fn would_tighten(mut fixes: PermFixes, dirs: &[PathBuf], open: &[PathBuf]) -> Result<PermFixes> {
+    let files = exposed_files(dirs, open)?;
+    let paths = open
+        .iter()
+        .map(|d| (d, true))
+        .chain(files.iter().map(|f| (f, false)));
+    for (path, dir) in paths {
+        let Ok(m) = fs::symlink_metadata(path) else {
+            continue;
+        };
+        let from = std::os::unix::fs::MetadataExt::mode(&m) & 0o7777;
+        if from & 0o077 != 0 {
+            fixes.changes.push(Tightened {
+                path: path.clone(),
+                from,
+                to: from & !0o077,
+                dir,
+            });
         }
     }
     Ok(fixes)
@@ -216,7 +264,7 @@ mod tests {
     fn an_open_store_is_tightened_with_one_notice_naming_every_change() {
         let d = tempfile::tempdir().unwrap();
         let base = hive_like(d.path());
-        let fixes = make_private(&base).unwrap();
+        let fixes = make_private(&base, true).unwrap();
         for p in ["", "credentials", "metadata"] {
             assert_eq!(mode(&base.join(p)), 0o700, "{p}");
         }
@@ -242,14 +290,37 @@ mod tests {
             "{text}"
         );
         // Private now: the second open changes nothing and says nothing.
-        assert!(make_private(&base).unwrap().is_empty());
+        assert!(make_private(&base, true).unwrap().is_empty());
+    }
+
+    #[test]
+    fn looking_only_changes_nothing_and_says_what_it_would_tighten() {
+        let d = tempfile::tempdir().unwrap();
+        let base = hive_like(d.path());
+        let fixes = make_private(&base, false).unwrap();
+        assert!(!fixes.applied);
+        assert_eq!(fixes.changes.len(), 6, "{fixes}");
+        for p in ["", "credentials", "metadata"] {
+            assert_eq!(mode(&base.join(p)), 0o755, "{p}");
+        }
+        assert_eq!(mode(&base.join("metadata/index.json")), 0o644);
+        assert!(
+            !base.join("metadata/index.lock").exists(),
+            "looking only must not even create the lock file"
+        );
+        let text = fixes.to_string();
+        assert!(text.contains("nothing was changed"), "{text}");
+        assert!(text.contains("3 directories 0755 → 0700"), "{text}");
+        // Applying afterwards makes exactly the changes announced.
+        let applied = make_private(&base, true).unwrap();
+        assert_eq!(applied.changes, fixes.changes);
     }
 
     #[test]
     fn files_inside_private_directories_are_left_alone() {
         let d = tempfile::tempdir().unwrap();
         let base = hive_like(d.path());
-        make_private(&base).unwrap();
+        make_private(&base, true).unwrap();
         // hive writes a new credential after the tightening: 0644 inside a 0700 directory.
         fs::write(base.join("credentials/new.enc"), "x").unwrap();
         fs::set_permissions(
@@ -257,10 +328,10 @@ mod tests {
             fs::Permissions::from_mode(0o644),
         )
         .unwrap();
-        assert!(make_private(&base).unwrap().is_empty());
+        assert!(make_private(&base, true).unwrap().is_empty());
         // But a directory opened again exposes its files: they are tightened with it.
         fs::set_permissions(base.join("credentials"), fs::Permissions::from_mode(0o750)).unwrap();
-        let fixes = make_private(&base).unwrap();
+        let fixes = make_private(&base, true).unwrap();
         assert_eq!(
             fixes
                 .changes
@@ -284,7 +355,7 @@ mod tests {
         fs::set_permissions(&elsewhere, fs::Permissions::from_mode(0o755)).unwrap();
         fs::remove_dir_all(base.join("credentials")).unwrap();
         std::os::unix::fs::symlink(&elsewhere, base.join("credentials")).unwrap();
-        let err = make_private(&base).unwrap_err().to_string();
+        let err = make_private(&base, true).unwrap_err().to_string();
         assert!(err.contains("is a symlink"), "{err}");
         assert_eq!(mode(&base), 0o755, "nothing is changed before the refusal");
         assert_eq!(mode(&elsewhere), 0o755);
@@ -296,7 +367,7 @@ mod tests {
         fs::write(&target, "x").unwrap();
         fs::set_permissions(&target, fs::Permissions::from_mode(0o644)).unwrap();
         std::os::unix::fs::symlink(&target, base.join("credentials/l.enc")).unwrap();
-        make_private(&base).unwrap();
+        make_private(&base, true).unwrap();
         assert_eq!(mode(&target), 0o644);
 
         if perms::euid() == 0 {
@@ -304,7 +375,7 @@ mod tests {
             fs::create_dir(&other).unwrap();
             fs::set_permissions(&other, fs::Permissions::from_mode(0o755)).unwrap();
             rustix::fs::chown(&other, Some(rustix::process::Uid::from_raw(65534)), None).unwrap();
-            let err = make_private(&other).unwrap_err().to_string();
+            let err = make_private(&other, true).unwrap_err().to_string();
             assert!(err.contains("owned by uid 65534"), "{err}");
             assert_eq!(fs::metadata(&other).unwrap().mode() & 0o777, 0o755);
         } else {
