@@ -348,6 +348,23 @@ fn every_method_once_with_its_result_shape() {
     .expect("deleted event");
     assert_eq!(ev["generation"], Value::Null, "{ev}");
 
+    // unsubscribe: the watch ends; later changes send it nothing; a second time says false.
+    assert_eq!(
+        c1.ok("unsubscribe", json!({"subscription": sub})),
+        json!({"unsubscribed": true})
+    );
+    seen.insert("unsubscribe");
+    c2.ok("cred.set", json!({"id": "watched-2", "value": secret("w")}));
+    assert!(
+        wait_event(&mut c1, Duration::from_millis(300), |e| e["id"] == "watched-2").is_none(),
+        "an event after unsubscribe"
+    );
+    c2.ok("cred.delete", json!({"id": "watched-2"}));
+    assert_eq!(
+        c1.ok("unsubscribe", json!({"subscription": sub})),
+        json!({"unsubscribed": false})
+    );
+
     // cred.refresh_lease: single flight.
     let mut c3 = Conn::open(&d.socket);
     let l = c2.ok(
@@ -2146,7 +2163,8 @@ fn plugin_grants_limit_methods_and_stores() {
     let h = r.ok("hello", json!({"client": "t", "plugin": "reader"}));
     assert_eq!(
         h["methods"],
-        json!(["hello", "cred.get", "cred.list"]),
+        // hello and unsubscribe concern only the connection itself: every grant has them.
+        json!(["hello", "cred.get", "cred.list", "unsubscribe"]),
         "{h}"
     );
     assert_eq!(

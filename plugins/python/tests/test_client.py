@@ -10,158 +10,15 @@ Run as a script with ``refresh-worker`` this file is one process of the single-f
 
 import json
 import os
-import shutil
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-import traceback
 import uuid
-from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-
-import holdfast_client as hc  # noqa: E402
-
-REPO = HERE.parents[2]
-BIN = os.environ.get("HOLDFAST_BIN") or str(REPO / "target" / "debug" / "holdfast")
-
-# A fake secret that is easy to search for in messages.
-SECRET = "sk-test-DO-NOT-LEAK-" + "7f3a9c" * 4
-
-
-# ---------------------------------------------------------------------------------------------
-# The daemon under test
-
-
-def clean_env(home):
-    """The caller's environment less anything pointing at real stores, keys or daemons, with
-    HOME and XDG_* under ``home``."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("HOLDFAST_", "HIVE_"))
-        and k not in ("CREDENTIALS_DIRECTORY", "STATE_DIRECTORY", "RUST_LOG", "XDG_RUNTIME_DIR")
-    }
-    env.update(
-        HOME=str(home),
-        XDG_CONFIG_HOME=str(home / "config"),
-        XDG_STATE_HOME=str(home / "state"),
-        XDG_RUNTIME_DIR=str(home / "run"),
-    )
-    return env
-
-
-class Daemon:
-    """``holdfast init`` then ``holdfast daemon`` in a fresh temp HOME."""
-
-    def __init__(self, config=None):
-        # mkdtemp (0700, short path): a socket path must fit in 108 bytes.
-        self.root = Path(tempfile.mkdtemp(prefix="hf-py-"))
-        self.home = self.root / "home"
-        (self.home / "run").mkdir(parents=True, mode=0o700)
-        os.chmod(self.home / "run", 0o700)
-        self.env = clean_env(self.home)
-        self.socket = str(self.home / "run" / "holdfast" / "holdfast.sock")
-        out = self.cli("init")
-        assert out.returncode == 0, "holdfast init failed:\n%s" % out.stderr
-        if config is not None:
-            cfg_dir = self.home / "config" / "holdfast"
-            cfg_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-            (cfg_dir / "config.toml").write_text(config)
-        self.log_path = self.root / "daemon.log"
-        self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(
-            [BIN, "daemon"],
-            env=self.env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=self._log,
-        )
-        self._wait_ready()
-
-    def _wait_ready(self, timeout=20.0):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(
-                    "daemon exited with %s:\n%s" % (self.proc.returncode, self.log())
-                )
-            s = socket.socket(socket.AF_UNIX)
-            try:
-                s.connect(self.socket)
-                return
-            except OSError:
-                time.sleep(0.05)
-            finally:
-                s.close()
-        raise AssertionError("daemon did not listen within %ss:\n%s" % (timeout, self.log()))
-
-    def log(self):
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-
-    def cli(self, *args, input=None):
-        return subprocess.run(
-            [BIN, *args],
-            env=self.env,
-            input=input,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-
-    def client(self, name="pytest", plugin=None, **kw):
-        return hc.Client(self.socket, client=name, plugin=plugin, **kw)
-
-    def stop(self):
-        """SIGTERM; returns the exit code."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            rc = self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            rc = self.proc.wait()
-        self._log.close()
-        return rc
-
-    def cleanup(self):
-        shutil.rmtree(self.root, ignore_errors=True)
-
-
-@pytest.fixture
-def make_daemon():
-    started = []
-
-    def make(config=None):
-        d = Daemon(config)
-        started.append(d)
-        return d
-
-    yield make
-    failures = []
-    for d in started:
-        rc = d.stop()
-        if rc != 0:
-            failures.append("daemon exited %s after SIGTERM:\n%s" % (rc, d.log()))
-        if SECRET in d.log():
-            failures.append("the daemon's log contains the test secret")
-        d.cleanup()
-    assert not failures, "\n".join(failures)
-
-
-@pytest.fixture
-def daemon(make_daemon):
-    return make_daemon()
+from harness import SECRET, assert_no_secret, hc
 
 
 def oauth_doc(cid, access, refresh):
@@ -174,18 +31,6 @@ def oauth_doc(cid, access, refresh):
         },
         "description": "an OAuth-style test credential",
     }
-
-
-def assert_no_secret(exc, secret=SECRET):
-    shown = [
-        str(exc),
-        repr(exc),
-        repr(exc.args),
-        json.dumps(exc.data),
-        "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
-    ]
-    for s in shown:
-        assert secret not in s, "secret leaked into an exception: %s" % s
 
 
 # ---------------------------------------------------------------------------------------------
@@ -386,7 +231,9 @@ methods = ["*"]
         admin.set_value("shared", SECRET)
     with d.client("reader", plugin="reader") as r:
         assert r.hello["grant"] == {"plugin": "reader", "stores": ["default"]}
-        assert set(r.hello["methods"]) == {"hello", "cred.get", "cred.list", "cred.watch"}
+        # hello and unsubscribe concern only the connection itself: every grant has them.
+        assert set(r.hello["methods"]) == {
+            "hello", "unsubscribe", "cred.get", "cred.list", "cred.watch"}
         assert r.get("shared").value() == SECRET
         assert [e["id"] for e in r.list()] == ["shared"]
         for call in (

@@ -1,0 +1,728 @@
+"""The thread-safe client: one connection, any number of threads, pipelined requests."""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+import os
+import socket
+import threading
+import time
+from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
+
+from ._errors import (
+    CallTimeout,
+    ConnectionClosed,
+    HoldfastError,
+    StorageError,
+    error_from_response,
+    scrub,
+)
+from ._paths import default_socket_path
+from ._protocol import (
+    CLOSED,
+    DEFAULT_STORE,
+    PROTOCOL_VERSION,
+    CredentialRecord,
+    Lease,
+    SetResult,
+    SubQueue,
+    SubscriptionTable,
+    check_peer,
+    encode_request,
+    lease,
+    record,
+    set_result,
+)
+
+_CLOSED = CLOSED  # end-of-events marker in an event queue
+
+Event = Dict[str, Any]
+Sink = Callable[[Event], None]
+
+
+class _Pending:
+    __slots__ = ("event", "result", "error", "on_answer")
+
+    def __init__(self, on_answer: Optional[Callable[[Any], None]] = None) -> None:
+        self.event = threading.Event()
+        self.result: Any = None
+        self.error: Optional[HoldfastError] = None
+        # For subscriptions: run by the reader thread when the answer arrives, before it reads
+        # the next line (so no event of the subscription is misfiled).
+        self.on_answer = on_answer
+
+
+class Subscription:
+    """The events of one subscription (``stream.subscribe`` or ``cred.watch``), in order, from
+    a queue of its own: iterate over it (blocking), or call ``next(timeout)``.
+
+    A stream subscription ends after its run's ``finish`` event; iteration stops there. Should
+    its queue fill up (``max_queued`` events not taken), no event is lost: the subscription is
+    renewed from the last seq taken once the queue is drained, so every event still arrives
+    exactly once and in order. A credential watch that overflows yields a ``{"type":
+    "resync"}`` event instead (list again).
+
+    ``close()`` unsubscribes: once it returns, no further event of it arrives.
+    """
+
+    def __init__(self, client: "Client", kind: str, params: Dict[str, Any],
+                 max_queued: int) -> None:
+        self._client = client
+        self._params = dict(params)
+        self._q = SubQueue(kind, max_queued, int(params.get("after_seq") or 0))
+        self._cv = threading.Condition(threading.Lock())
+        self.id: Any = None
+        self._start()
+
+    @property
+    def kind(self) -> str:
+        return self._q.kind
+
+    @property
+    def last_seq(self) -> int:
+        """The seq of the last stream event taken (``after_seq`` to resume from)."""
+        return self._q.last_seq
+
+    def _start(self) -> None:
+        method = "stream.subscribe" if self.kind == "stream" else "cred.watch"
+        params = dict(self._params)
+        if self.kind == "stream":
+            params["after_seq"] = self._q.last_seq
+        self.id = self._client._subscribe(method, params, self._push, self)["subscription"]
+
+    def _push(self, params: Event) -> None:  # the reader thread
+        with self._cv:
+            self._q.push(params)
+            self._cv.notify_all()
+
+    def next(self, timeout: Optional[float] = None) -> Optional[Event]:
+        """The next event's ``params`` (for a stream: ``{"subscription", "run_id", "seq",
+        "event"}``), or ``None`` if none comes within ``timeout`` seconds or the subscription
+        has ended (after ``finish``, or ``close()``). ``ConnectionClosed`` if the connection is
+        gone and every queued event has been taken."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._cv:
+                what, ev = self._q.take(self.id)
+                if what == "empty":
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        return None
+                    self._cv.wait(remaining)
+                    continue
+            if what == "event":
+                if self._q.done:
+                    self._client._forget(self.id)
+                return ev
+            if what == "done":
+                return None
+            if what == "closed":
+                raise ConnectionClosed(
+                    message=self._client._close_reason or "the connection is closed"
+                )
+            # "renew": the queue overflowed and is drained now.
+            self._client.unsubscribe(self.id)
+            with self._cv:
+                self._q.renewed()
+            self._start()
+
+    def __iter__(self) -> Iterator[Event]:
+        while True:
+            ev = self.next()
+            if ev is None:
+                return
+            yield ev
+
+    def close(self) -> None:
+        """Unsubscribe (if the connection is still open); the queue is dropped."""
+        with self._cv:
+            was_open = self._q.close()
+        if was_open and not self._client.closed:
+            try:
+                self._client.unsubscribe(self.id)
+            except ConnectionClosed:
+                pass
+
+    def __enter__(self) -> "Subscription":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return "Subscription(kind=%r, id=%r, last_seq=%r)" % (self.kind, self.id, self.last_seq)
+
+
+class Client:
+    """One connection to the daemon, said hello to.
+
+    ``socket_path``: default ``default_socket_path()``. ``client``: a name for the daemon's
+    logs. ``plugin``: bind this connection to a plugin grant from the daemon's config file
+    (``Forbidden`` if there is no such plugin). ``timeout``: seconds to wait for each response
+    (``None``: forever). ``on_event``: called with each event's ``params`` from the reader
+    thread (keep it short; it must not call this client and wait). ``max_queued_events``: events
+    kept for ``events()``; past that the oldest are dropped and a ``{"type": "resync"}`` event
+    says how many.
+
+    The daemon's answer to ``hello`` is in ``.hello`` (its version, the methods it serves, and
+    this connection's grant).
+    """
+
+    def __init__(
+        self,
+        socket_path: Optional[str] = None,
+        client: str = "python",
+        plugin: Optional[str] = None,
+        *,
+        timeout: Optional[float] = 60.0,
+        on_event: Optional[Sink] = None,
+        max_queued_events: int = 10000,
+    ) -> None:
+        self.socket_path = os.fspath(socket_path) if socket_path else default_socket_path()
+        self.timeout = timeout
+        self.on_event = on_event
+        self.max_pending = 0  # the most requests this client has had in flight at once
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()  # pending map, closed flag, subscriptions
+        self._send_lock = threading.Lock()
+        self._pending: Dict[int, _Pending] = {}
+        self._closed = False
+        self._close_reason: Optional[str] = None
+        self._events: Deque[Any] = collections.deque()
+        self._events_cv = threading.Condition(threading.Lock())
+        self._max_events = max(1, int(max_queued_events))
+        self._dropped_events = 0
+        # Subscriptions (reader thread only): "user" ones feed events(), Subscription objects
+        # their own queues, "internal" ones (single_flight_refresh) only the generation table.
+        self._table = SubscriptionTable()
+        self._own: Dict[Any, Subscription] = {}  # subscription id -> Subscription (reader)
+        self._internal_watches: Dict[str, Any] = {}  # store name -> internal subscription id
+        self._changes: Dict[Tuple[Any, Any], Any] = {}  # (store, id) -> last generation seen
+        self._changes_cv = threading.Condition(threading.Lock())
+
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(self.socket_path)
+        except OSError as e:
+            sock.close()
+            raise ConnectionClosed(
+                message="cannot connect to the holdfast daemon at %s: %s"
+                % (self.socket_path, e.strerror or type(e).__name__)
+            ) from None
+        try:
+            check_peer(sock)
+        except BaseException:
+            sock.close()
+            raise
+        self._sock = sock
+        self._rfile = sock.makefile("rb")
+        self._reader = threading.Thread(
+            target=self._read_loop, name="holdfast-client-reader", daemon=True
+        )
+        self._reader.start()
+        params: Dict[str, Any] = {"client": client, "protocol": PROTOCOL_VERSION}
+        if plugin is not None:
+            params["plugin"] = plugin
+        try:
+            self.hello: Dict[str, Any] = self.call("hello", **params)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- connection ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the connection; calls in flight fail with ``ConnectionClosed``."""
+        with self._lock:
+            already = self._closed
+            self._closed = True
+            if self._close_reason is None:
+                self._close_reason = "the client closed the connection"
+        if not already:
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        if self._reader is not threading.current_thread():
+            self._reader.join(timeout=5)
+        try:
+            self._rfile.close()
+        except OSError:
+            pass
+        self._sock.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return "Client(socket_path=%r, closed=%r)" % (self.socket_path, self._closed)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- reader thread -------------------------------------------------------------------------
+
+    def _read_loop(self) -> None:
+        reason = "the daemon closed the connection"
+        try:
+            for line in self._rfile:
+                if not line.strip():
+                    continue
+                try:
+                    msg = json.loads(line)
+                except ValueError:
+                    reason = "the daemon sent a line that is not JSON"
+                    break
+                finally:
+                    line = None
+                if not isinstance(msg, dict):
+                    continue
+                if msg.get("method") == "event" and "id" not in msg:
+                    self._dispatch_event(msg.get("params"))
+                    continue
+                self._dispatch_response(msg)
+        except (OSError, ValueError):
+            reason = "the connection to the daemon failed"
+        self._fail_all(reason)
+
+    def _dispatch_response(self, msg: Dict[str, Any]) -> None:
+        mid = msg.get("id")
+        with self._lock:
+            waiter = self._pending.pop(mid, None) if isinstance(mid, int) else None
+            if waiter is None:
+                # An answer to no request of ours: the daemon's refusal of the connection or of
+                # a line it could not attribute (id null). Keep its message for the callers that
+                # will see the connection close.
+                err = msg.get("error")
+                if isinstance(err, dict) and isinstance(err.get("message"), str):
+                    self._close_reason = "the daemon said: %s" % err["message"]
+                return
+        if "error" in msg:
+            waiter.error = error_from_response(msg["error"])
+        elif "result" in msg:
+            waiter.result = msg["result"]
+            if waiter.on_answer is not None:
+                waiter.on_answer(waiter.result)
+        else:
+            waiter.error = StorageError(message="a response with neither result nor error")
+        waiter.event.set()
+
+    def _dispatch_event(self, params: Any) -> None:
+        if not isinstance(params, dict):
+            return
+        if params.get("type") == "cred.changed":
+            key = (params.get("store"), params.get("id"))
+            with self._changes_cv:
+                self._changes[key] = params.get("generation")
+                self._changes_cv.notify_all()
+        elif params.get("type") == "resync":
+            with self._changes_cv:
+                self._changes_cv.notify_all()
+        self._table.route(params)
+
+    def _deliver(self, params: Event) -> None:
+        with self._events_cv:
+            if len(self._events) >= self._max_events:
+                self._events.popleft()
+                self._dropped_events += 1
+            self._events.append(params)
+            self._events_cv.notify_all()
+        cb = self.on_event
+        if cb is not None:
+            try:
+                cb(params)
+            except Exception:  # a callback's bug must not kill the reader
+                pass
+
+    def _fail_all(self, reason: str) -> None:
+        with self._lock:
+            self._closed = True
+            if self._close_reason is None:
+                self._close_reason = reason
+            reason = self._close_reason
+            pending, self._pending = self._pending, {}
+        for w in pending.values():
+            w.error = ConnectionClosed(message=reason)
+            w.event.set()
+        with self._events_cv:
+            self._events.append(_CLOSED)
+            self._events_cv.notify_all()
+        with self._lock:
+            own = list(self._own.values())
+        for sub in own:
+            sub._push(_CLOSED)  # type: ignore[arg-type]
+        with self._changes_cv:
+            self._changes_cv.notify_all()
+
+    # -- calls ---------------------------------------------------------------------------------
+
+    def call(self, method: str, /, **params: Any) -> Any:
+        """Call ``method`` with ``params`` and return its ``result``; raises ``HoldfastError``.
+        Parameters whose value is ``None`` are left out. (For ``cred.watch`` use ``watch()``,
+        which routes the subscription's events to ``events()``.)"""
+        if method in ("cred.watch", "stream.subscribe"):
+            return self._subscribe(method, params, self._deliver)
+        return self._call(method, params)
+
+    def _call(
+        self,
+        method: str,
+        params: Dict[str, Any],
+        on_answer: Optional[Callable[[Any], None]] = None,
+    ) -> Any:
+        rid = next(self._ids)
+        line: Optional[bytes] = encode_request(rid, method, params)
+        waiter = _Pending(on_answer)
+        with self._lock:
+            if self._closed:
+                raise ConnectionClosed(message=self._close_reason or "the connection is closed")
+            self._pending[rid] = waiter
+            if len(self._pending) > self.max_pending:
+                self.max_pending = len(self._pending)
+        try:
+            with self._send_lock:
+                self._sock.sendall(line)  # type: ignore[arg-type]
+        except OSError:
+            with self._lock:
+                self._pending.pop(rid, None)
+            raise ConnectionClosed(message="sending to the daemon failed") from None
+        finally:
+            line = None
+        if not waiter.event.wait(self.timeout):
+            with self._lock:
+                self._pending.pop(rid, None)
+            raise CallTimeout(message="no answer to %s within %ss" % (method, self.timeout))
+        if waiter.error is not None:
+            err, waiter.error = waiter.error, None
+            scrub(err, params)
+            raise err
+        return waiter.result
+
+    def _subscribe(
+        self,
+        method: str,
+        params: Dict[str, Any],
+        sink: Sink,
+        owner: Optional[Subscription] = None,
+    ) -> Any:
+        """Subscribe, routing the subscription's events to ``sink`` from the moment its answer
+        is read (``owner``: the ``Subscription`` told when the connection closes)."""
+
+        def claim(result: Any) -> None:
+            if isinstance(result, dict):
+                sub = result.get("subscription")
+                if owner is not None:
+                    with self._lock:
+                        self._own[sub] = owner
+                self._table.claim(sub, sink)
+
+        return self._call(method, params, claim)
+
+    def _forget(self, sub: Any) -> None:
+        """A subscription ended (its run finished, or unsubscribed): stop routing to it."""
+        with self._lock:
+            self._own.pop(sub, None)
+        self._table.release(sub)
+
+    # -- subscriptions -------------------------------------------------------------------------
+
+    def subscribe_stream(
+        self, run_id: str, after_seq: int = 0, *, max_queued: int = 10000
+    ) -> Subscription:
+        """``stream.subscribe`` into a queue of its own: the run's events with seq >
+        ``after_seq``, each once and in order, ending with ``finish``. Iterate over the
+        returned ``Subscription``; ``close()`` it to stop early."""
+        return Subscription(self, "stream", {"run_id": run_id, "after_seq": after_seq},
+                            max_queued)
+
+    def subscribe_cred(self, store: Optional[str] = None, *, max_queued: int = 10000
+                       ) -> Subscription:
+        """``cred.watch`` into a queue of its own (``watch()`` feeds ``events()`` instead)."""
+        return Subscription(self, "cred", {"store": store}, max_queued)
+
+    def unsubscribe(self, subscription: Any) -> bool:
+        """``unsubscribe``: once it returns, no event of ``subscription`` arrives. Returns
+        whether it was open (a stream subscription ends by itself with ``finish``)."""
+        done = bool(self._call("unsubscribe", {"subscription": subscription})["unsubscribed"])
+        self._forget(subscription)
+        return done
+
+    # -- typed helpers -------------------------------------------------------------------------
+
+    def get(self, id: str, store: Optional[str] = None) -> CredentialRecord:
+        """``cred.get`` -> ``CredentialRecord``."""
+        return record(self.call("cred.get", id=id, store=store))
+
+    def set(
+        self,
+        credential: Dict[str, Any],
+        if_generation: Optional[int] = None,
+        store: Optional[str] = None,
+    ) -> SetResult:
+        """``cred.set`` with a whole credential document (``{"id", "credential_type"?, "keys":
+        {name: {"value", …}}, …}``); with ``if_generation``, only if the stored generation is
+        that (``Conflict`` otherwise; 0: only if it does not exist). -> ``SetResult``."""
+        return set_result(
+            self.call("cred.set", credential=credential, if_generation=if_generation, store=store)
+        )
+
+    def set_value(
+        self,
+        id: str,
+        value: str,
+        if_generation: Optional[int] = None,
+        store: Optional[str] = None,
+    ) -> SetResult:
+        """``cred.set`` shorthand: an ``api_key`` credential with one key ``api_key``."""
+        return set_result(
+            self.call("cred.set", id=id, value=value, if_generation=if_generation, store=store)
+        )
+
+    def delete(self, id: str, store: Optional[str] = None) -> bool:
+        """``cred.delete`` -> whether it existed."""
+        return bool(self.call("cred.delete", id=id, store=store)["deleted"])
+
+    def list(self, store: Optional[str] = None) -> List[Dict[str, Any]]:
+        """``cred.list`` -> a list of ``{id, generation, …metadata}`` (no secret values)."""
+        return self.call("cred.list", store=store)["credentials"]
+
+    def exists(self, id: str, store: Optional[str] = None) -> bool:
+        """``cred.exists`` -> bool."""
+        return bool(self.call("cred.exists", id=id, store=store)["exists"])
+
+    def watch(self, store: Optional[str] = None) -> Any:
+        """``cred.watch``: subscribe to change events of ``store`` (default: every store this
+        connection may touch). Returns the subscription id; events arrive through
+        ``events()`` / ``next_event()`` / ``on_event``."""
+        return self._subscribe("cred.watch", {"store": store}, self._deliver)["subscription"]
+
+    def refresh_lease(self, id: str, ttl_ms: int, store: Optional[str] = None) -> Lease:
+        """``cred.refresh_lease`` -> ``Lease``. Granted: refresh the credential and write it
+        (with ``if_generation``) within ``ttl_ms``; the write releases the lease."""
+        return lease(self.call("cred.refresh_lease", id=id, ttl_ms=ttl_ms, store=store))
+
+    def release_lease(self, id: str, store: Optional[str] = None) -> bool:
+        """``cred.release_lease`` -> whether this connection held it."""
+        return bool(self.call("cred.release_lease", id=id, store=store)["released"])
+
+    def status(self) -> Dict[str, Any]:
+        """``admin.status`` -> dict (uptime, stores, sealed state, counts, connections)."""
+        return self.call("admin.status")
+
+    # -- streams (docs/protocol.md "Streams") --------------------------------------------------
+
+    def stream_begin(
+        self,
+        run_id: str,
+        thread_id: Optional[str] = None,
+        model: Optional[str] = None,
+        takeover: bool = False,
+    ) -> Dict[str, Any]:
+        """``stream.begin`` -> ``{stream_id, epoch, next_seq}``. ``Conflict`` if the run is
+        streaming and ``takeover`` is false, or if it already ended."""
+        return self.call(
+            "stream.begin", run_id=run_id, thread_id=thread_id, model=model,
+            takeover=takeover or None,
+        )
+
+    def stream_append(self, run_id: str, stream_id: str, seq: int,
+                      events: List[Dict[str, Any]]) -> int:
+        """``stream.append`` -> the last seq acknowledged (durable). A batch already taken is
+        acknowledged again and dropped, so retrying after a lost answer is safe."""
+        return self.call(
+            "stream.append", run_id=run_id, stream_id=stream_id, seq=seq, events=events
+        )["acked_seq"]
+
+    def stream_interrupt(self, run_id: str, stream_id: str, cause: Any) -> Dict[str, Any]:
+        """``stream.interrupt`` -> the recovery plan (``plan``, ``wait_ms``, ``next_seq``, …).
+        ``cause``: a cause name, or ``{"status", "message", "retry_after"}``."""
+        return self.call("stream.interrupt", run_id=run_id, stream_id=stream_id, cause=cause)
+
+    def stream_resume(
+        self,
+        run_id: str,
+        model: Optional[str] = None,
+        thread_id: Optional[str] = None,
+        fail_on_stale: bool = False,
+    ) -> Dict[str, Any]:
+        """``stream.resume`` -> ``{stream_id, epoch, next_seq, checkpoint, plan}``."""
+        return self.call(
+            "stream.resume", run_id=run_id, model=model, thread_id=thread_id,
+            fail_on_stale=fail_on_stale or None,
+        )
+
+    def stream_commit(
+        self,
+        run_id: str,
+        stream_id: str,
+        final_message: Any,
+        content_from_stream: bool = False,
+    ) -> Dict[str, Any]:
+        """``stream.commit``: the final message durable and the run ended, in one step. With
+        ``content_from_stream``, the message's ``content`` is the text the run streamed."""
+        return self.call(
+            "stream.commit", run_id=run_id, stream_id=stream_id, final_message=final_message,
+            content_from_stream=content_from_stream or None,
+        )
+
+    def stream_abort(self, run_id: str, stream_id: str,
+                     reason: Optional[str] = None) -> Dict[str, Any]:
+        """``stream.abort``."""
+        return self.call("stream.abort", run_id=run_id, stream_id=stream_id, reason=reason)
+
+    def stream_subscribe(self, run_id: str, after_seq: int = 0) -> Any:
+        """``stream.subscribe``: the run's events with seq > ``after_seq`` arrive through
+        ``events()`` / ``next_event()`` as ``{"subscription", "run_id", "seq", "event"}``,
+        ending with an event of type ``finish``. Returns the subscription id. If this client's
+        event queue overflows (a ``resync``), subscribe again from the last seq seen. (For a
+        queue of its own that never loses an event: ``subscribe_stream``.)"""
+        return self._subscribe(
+            "stream.subscribe", {"run_id": run_id, "after_seq": after_seq}, self._deliver
+        )["subscription"]
+
+    def stream_get(self, run_id: str, reveal: bool = False) -> Dict[str, Any]:
+        """``stream.get``."""
+        return self.call("stream.get", run_id=run_id, reveal=reveal or None)
+
+    def stream_list(self) -> List[Dict[str, Any]]:
+        """``stream.list`` -> the active runs."""
+        return self.call("stream.list")["runs"]
+
+    def checkpoint_put(self, run_id: str, snapshot: Dict[str, Any]) -> Dict[str, Any]:
+        """``checkpoint.put``: an idempotent upsert of a runtime's own snapshot."""
+        return self.call("checkpoint.put", run_id=run_id, snapshot=snapshot)
+
+    def checkpoint_get(self, run_id: str) -> Dict[str, Any]:
+        """``checkpoint.get`` -> the snapshot (``NotFound`` if none)."""
+        return self.call("checkpoint.get", run_id=run_id)
+
+    def checkpoint_delete(self, run_id: str) -> bool:
+        """``checkpoint.delete`` -> whether there was one."""
+        return bool(self.call("checkpoint.delete", run_id=run_id)["deleted"])
+
+    # -- run logs (docs/protocol.md "Run logs") ------------------------------------------------
+
+    def run_log_node(self, run_id: str, detail: Dict[str, Any]) -> Dict[str, Any]:
+        """``run.log_node``: a node completion (hive's NodeDetail fields). The same
+        ``(node_id, attempt)`` again keeps one entry: the same content writes nothing, other
+        content replaces it. -> ``{seq, written, replaced}``."""
+        return self.call("run.log_node", run_id=run_id, detail=detail)
+
+    def run_ensure_node(self, run_id: str, node_id: str,
+                        detail: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+        """``run.ensure_node``: log ``detail`` only if the log has no entry for ``node_id``;
+        atomic against every other writer (threads, processes, restarts). -> ``{seq, written}``."""
+        return self.call("run.ensure_node", run_id=run_id, node_id=node_id, detail=detail or {})
+
+    def run_log_step(self, run_id: str, step: Dict[str, Any]) -> Dict[str, Any]:
+        """``run.log_step``: a step (hive's NodeStepLog), idempotent by
+        ``(node_id, step_index)``."""
+        return self.call("run.log_step", run_id=run_id, step=step)
+
+    def run_tool_begin(self, run_id: str, tool_call_id: str, name: str,
+                       input: Any = None) -> Dict[str, Any]:
+        """``run.tool_begin``: call it before running a tool, so a resumed stream's R2 plan
+        knows the call began."""
+        return self.call(
+            "run.tool_begin", run_id=run_id, tool_call_id=tool_call_id, name=name, input=input
+        )
+
+    def run_tool_end(self, run_id: str, tool_call_id: str, result: Any = None,
+                     is_error: bool = False) -> Dict[str, Any]:
+        """``run.tool_end``: the tool finished (the first end is kept)."""
+        return self.call(
+            "run.tool_end", run_id=run_id, tool_call_id=tool_call_id, result=result,
+            is_error=is_error,
+        )
+
+    def run_end(self, run_id: str, status: str, **fields: Any) -> Dict[str, Any]:
+        """``run.end`` -> the summary (hive's summary.json). Idempotent: a second end returns
+        the same summary. ``fields``: agent_id, goal_id, execution_quality, trace_id,
+        execution_id, started_at, duration_ms, node_path."""
+        return self.call("run.end", run_id=run_id, status=status, **fields)["summary"]
+
+    def run_get(self, run_id: str) -> Dict[str, Any]:
+        """``run.get`` -> the run's entries, summary (so far) and load report."""
+        return self.call("run.get", run_id=run_id)
+
+    def run_list(self, status: Optional[str] = None, since_ms: Optional[int] = None,
+                 until_ms: Optional[int] = None) -> List[Dict[str, Any]]:
+        """``run.list`` -> runs, newest activity first."""
+        return self.call("run.list", status=status, since_ms=since_ms, until_ms=until_ms)["runs"]
+
+    # -- events --------------------------------------------------------------------------------
+
+    def next_event(self, timeout: Optional[float] = None) -> Optional[Event]:
+        """The next event's ``params`` (``{"subscription", "type": "cred.changed", "store",
+        "id", "generation", "deleted", "source"}`` or a ``resync``), or ``None`` if none comes
+        within ``timeout`` seconds. ``ConnectionClosed`` once the connection is gone and every
+        queued event has been taken."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._events_cv:
+            while True:
+                if self._dropped_events:
+                    n, self._dropped_events = self._dropped_events, 0
+                    return {
+                        "subscription": None,
+                        "type": "resync",
+                        "missed": n,
+                        "hint": "the client's event queue overflowed: list again",
+                    }
+                if self._events:
+                    ev = self._events[0]
+                    if ev is _CLOSED:
+                        raise ConnectionClosed(
+                            message=self._close_reason or "the connection is closed"
+                        )
+                    return self._events.popleft()
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return None
+                self._events_cv.wait(remaining)
+
+    def events(self, timeout: Optional[float] = None) -> Iterator[Event]:
+        """Iterate over event ``params`` as they arrive; stop when none arrives for ``timeout``
+        seconds (``None``: never; the iteration then ends only by ``ConnectionClosed``)."""
+        while True:
+            ev = self.next_event(timeout)
+            if ev is None:
+                return
+            yield ev
+
+    # -- for single_flight_refresh -------------------------------------------------------------
+
+    def _internal_watch(self, store: Optional[str]) -> Any:
+        """A subscription whose events feed only the generation table (not ``events()``)."""
+        key = store or DEFAULT_STORE
+        with self._lock:
+            sub = self._internal_watches.get(key)
+        if sub is None:
+            sub = self._subscribe("cred.watch", {"store": store}, lambda _ev: None)["subscription"]
+            with self._lock:
+                self._internal_watches.setdefault(key, sub)
+        return sub
+
+    def _wait_for_change(self, store: Optional[str], id: str, newer_than: int,
+                         timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for an event saying ``(store, id)`` is past
+        generation ``newer_than`` (or deleted). Returns whether one came."""
+        deadline = time.monotonic() + timeout
+        key = (store or DEFAULT_STORE, id)
+        with self._changes_cv:
+            while True:
+                if key in self._changes:
+                    gen = self._changes[key]
+                    if gen is None or gen > newer_than:
+                        return True
+                if self._closed:
+                    return False
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._changes_cv.wait(remaining)

@@ -1,0 +1,269 @@
+"""What both clients share: the wire format of a request, the peer check, the result types, and
+the table that routes event notifications to their subscription."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import socket
+import struct
+import threading
+from typing import Any, Callable, Deque, Dict, List, Mapping, NamedTuple, Optional, Set
+
+from ._errors import Forbidden, InvalidParams
+
+PROTOCOL_VERSION = 1
+
+#: The store a request without ``store`` means.
+DEFAULT_STORE = "default"
+
+#: Events of a subscription kept while its subscribe answer has not been read yet (the daemon
+#: may send a subscription's first events before the answer that names it).
+MAX_UNCLAIMED = 1000
+
+
+def encode_request(rid: int, method: str, params: Mapping[str, Any]) -> bytes:
+    """One request line. Parameters whose value is ``None`` are left out."""
+    params = {k: v for k, v in params.items() if v is not None}
+    try:
+        line = json.dumps(
+            {"jsonrpc": "2.0", "id": rid, "method": method, "params": params},
+            separators=(",", ":"),
+            ensure_ascii=False,
+        ).encode("utf-8")
+    except (TypeError, ValueError):
+        # json's message names the type only; still, never pass it on.
+        raise InvalidParams(message="parameters of %s are not JSON-serializable" % method) from None
+    return line + b"\n"
+
+
+def check_peer(sock: socket.socket) -> None:
+    """The peer must run as our uid (the daemon checks the same of us): never hand a credential
+    to a process that took over the socket path."""
+    opt = getattr(socket, "SO_PEERCRED", None)
+    if opt is None:
+        return  # not Linux: rely on the socket directory's permissions
+    creds = sock.getsockopt(socket.SOL_SOCKET, opt, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    if uid != os.geteuid():
+        raise Forbidden(
+            message="the process on the socket runs as uid %d, not %d: refusing to talk to it"
+            % (uid, os.geteuid())
+        )
+
+
+class SubscriptionTable:
+    """Routes each event notification to the sink of its subscription. Events are routed and
+    subscriptions claimed by the connection's one reader (a thread or a task): a
+    subscription's sink is claimed when its subscribe answer is read, before the next line, so
+    no event of it is misfiled; events that come before that answer are held (at most
+    ``MAX_UNCLAIMED``) and handed over with it. ``release`` may come from any thread; sinks
+    are called outside the table's lock, so a sink may take locks of its own."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sinks: Dict[Any, Callable[[Dict[str, Any]], None]] = {}
+        self._early: Dict[Any, List[Dict[str, Any]]] = {}
+        # Recently released ids: a guard only (the daemon sends nothing of a subscription after
+        # its unsubscribe answer or its finish), so a bounded memory is enough.
+        self._released: Set[Any] = set()
+        self._released_order: Deque[Any] = collections.deque()
+
+    def route(self, params: Dict[str, Any]) -> None:
+        sub = params.get("subscription")
+        with self._lock:
+            sink = self._sinks.get(sub)
+            if sink is None:
+                if sub is not None and sub not in self._released:
+                    held = self._early.setdefault(sub, [])
+                    if len(held) < MAX_UNCLAIMED:
+                        held.append(params)
+                return
+        sink(params)
+
+    def claim(self, sub: Any, sink: Callable[[Dict[str, Any]], None]) -> None:
+        with self._lock:
+            self._sinks[sub] = sink
+            early = self._early.pop(sub, [])
+        for ev in early:
+            sink(ev)
+
+    def release(self, sub: Any) -> None:
+        """Stop routing ``sub``: its late events (sent before an unsubscribe was answered) are
+        dropped, not held."""
+        with self._lock:
+            self._sinks.pop(sub, None)
+            self._early.pop(sub, None)
+            if sub not in self._released:
+                self._released.add(sub)
+                self._released_order.append(sub)
+                if len(self._released_order) > MAX_UNCLAIMED:
+                    self._released.discard(self._released_order.popleft())
+
+
+# ---------------------------------------------------------------------------------------------
+# Results
+
+
+class CredentialRecord:
+    """A credential as ``cred.get`` returns it: ``credential`` (the whole document, secrets
+    included) and ``generation``. Its ``repr`` shows the id, type, generation and key names,
+    never a value."""
+
+    __slots__ = ("credential", "generation")
+
+    def __init__(self, credential: Dict[str, Any], generation: int) -> None:
+        self.credential = credential
+        self.generation = generation
+
+    @property
+    def id(self) -> Optional[str]:
+        return self.credential.get("id")
+
+    @property
+    def credential_type(self) -> Optional[str]:
+        return self.credential.get("credential_type")
+
+    @property
+    def keys(self) -> List[str]:
+        """The key names."""
+        keys = self.credential.get("keys") or {}
+        return sorted(keys)
+
+    def value(self, key: str = "api_key") -> str:
+        """The value of key ``key`` (``KeyError`` naming only the key if there is none)."""
+        keys = self.credential.get("keys") or {}
+        if key not in keys:
+            raise KeyError(key)
+        return keys[key]["value"]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, CredentialRecord):
+            return NotImplemented
+        return self.generation == other.generation and self.credential == other.credential
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return "CredentialRecord(id=%r, credential_type=%r, generation=%r, keys=%r)" % (
+            self.id,
+            self.credential_type,
+            self.generation,
+            self.keys,
+        )
+
+
+class SetResult(NamedTuple):
+    """What ``cred.set`` answers: the credential id and its new generation."""
+
+    id: str
+    generation: int
+
+
+class Lease(NamedTuple):
+    """What ``cred.refresh_lease`` answers. ``granted``: this connection holds the lease for
+    ``expires_in_ms``; otherwise another does, for ``expires_in_ms`` more at most."""
+
+    granted: bool
+    lease_id: Optional[str]
+    expires_in_ms: int
+
+    def __bool__(self) -> bool:
+        return bool(self.granted)
+
+
+def record(result: Dict[str, Any]) -> CredentialRecord:
+    return CredentialRecord(result["credential"], result["generation"])
+
+
+def set_result(result: Dict[str, Any]) -> SetResult:
+    return SetResult(result["id"], result["generation"])
+
+
+def lease(result: Dict[str, Any]) -> Lease:
+    return Lease(bool(result.get("granted")), result.get("lease_id"), result.get("expires_in_ms", 0))
+
+
+# ---------------------------------------------------------------------------------------------
+# One subscription's queue (no I/O, no locking: the sync and asyncio clients wrap it)
+
+#: Marks the end of the connection in a queue.
+CLOSED: Any = object()
+
+
+class SubQueue:
+    """The events of one subscription waiting to be taken, and what to do when there are none.
+
+    A stream subscription never loses an event: when ``max_queued`` are waiting, later ones
+    are not queued and ``take`` answers ``"renew"`` once the queue is drained — the owner then
+    unsubscribes and subscribes again after ``last_seq`` — and events at or below ``last_seq``
+    (the overlap) are skipped. A credential watch drops its oldest events instead and reports
+    how many with a ``resync`` event (list again).
+    """
+
+    def __init__(self, kind: str, max_queued: int, after_seq: int = 0) -> None:
+        self.kind = kind  # "stream" or "cred"
+        self.max = max(1, int(max_queued))
+        self.items: Deque[Any] = collections.deque()
+        self.overflowed = False
+        self.dropped = 0
+        self.done = False
+        #: The seq of the last stream event taken (``after_seq`` to resume from).
+        self.last_seq = int(after_seq or 0)
+
+    def push(self, params: Any) -> None:
+        if params is CLOSED:
+            self.items.append(params)
+        elif len(self.items) >= self.max:
+            if self.kind == "stream":
+                self.overflowed = True
+            else:
+                self.items.popleft()
+                self.dropped += 1
+                self.items.append(params)
+        elif not self.overflowed and not self.done:
+            self.items.append(params)
+
+    def take(self, sub_id: Any) -> "tuple[str, Optional[Dict[str, Any]]]":
+        """``("event", ev)``, ``("empty", None)`` (wait), ``("renew", None)``, ``("done",
+        None)`` (after ``finish`` or ``close``) or ``("closed", None)`` (the connection)."""
+        if self.dropped:
+            n, self.dropped = self.dropped, 0
+            return "event", {
+                "subscription": sub_id,
+                "type": "resync",
+                "missed": n,
+                "hint": "the client's event queue overflowed: list again",
+            }
+        while self.items:
+            ev = self.items[0]
+            if ev is CLOSED:
+                return "closed", None
+            self.items.popleft()
+            if self.kind == "stream":
+                seq = ev.get("seq")
+                if isinstance(seq, int):
+                    if seq <= self.last_seq:
+                        continue  # already taken: the overlap of a renewal
+                    self.last_seq = seq
+                if (ev.get("event") or {}).get("type") == "finish":
+                    self.done = True
+            return "event", ev
+        if self.done:
+            return "done", None
+        if self.overflowed:
+            return "renew", None
+        return "empty", None
+
+    def renewed(self) -> None:
+        """The owner subscribed again after ``last_seq``."""
+        self.overflowed = False
+        self.items.clear()
+
+    def close(self) -> bool:
+        """Stop; whether it was still open (an unsubscribe is due)."""
+        was_open = not self.done
+        self.done = True
+        self.items.clear()
+        return was_open

@@ -1,0 +1,709 @@
+"""LLM streams that survive a broken connection without showing the user a token twice.
+
+The bug this ends: a provider answers 429 or drops the connection after K chunks were already
+shown; the retry streams the answer again from its first token, and the user sees the partial
+answer followed by the whole answer. ``RecoveringStream`` wraps a provider stream and a reopen
+function and yields exactly what a UI should render::
+
+    from holdfast_client import Client
+    from holdfast_client.streaming import RecoveringStream
+
+    def reopen(prefix):              # prefix: the assistant text so far (R1/R3), or None (R4)
+        return client.chat.completions.create(..., messages=msgs + continue_from(prefix),
+                                              stream=True)
+
+    with Client(client="my-agent") as hf:
+        rs = RecoveringStream(hf, "run-42", first_stream, reopen=reopen, model="gpt-x")
+        for ev in rs:
+            if ev.type == "text":
+                print(ev.text, end="", flush=True)
+            elif ev.type == "stream_reset":       # R4: the turn starts over; clear it
+                ...
+        rs.final_message                           # what was stored, exactly what was shown
+
+What it renders comes from the run's own subscription — the daemon's published events, each
+once, in order — so it is also exactly what a browser following the run sees. Every chunk is
+durable before the next is read. When the provider raises, the exception is reported as the
+run's interruption (HTTP status and Retry-After taken from it when it has them), the plan is
+waited for and followed: continue from the text so far (R1, R3: ``reopen(prefix)``), end the
+turn with the completed tool calls (R2), start over (R4: ``reopen(None)``, after a
+``stream_reset`` event), or give up (``StreamFailed``). A tool call that stalls again and again
+raises ``SplitToolCall`` with the planner's message for the model instead of looping. The
+stream ends with ``stream.commit``: the final message and the end of resumability in one step,
+its content the text that was streamed.
+
+``StreamProducer`` is the lower-level producer of one run, for code that drives the plans
+itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import socket
+import time
+from typing import (
+    Any,
+    AsyncIterator,
+    Callable,
+    Dict,
+    Iterator,
+    List,
+    Optional,
+    Tuple,
+    Union,
+)
+
+from ._errors import HoldfastError
+
+#: The event types a provider stream may hand over already in holdfast's form.
+PRODUCER_EVENTS = ("text", "tool_call_delta", "tool_call_end")
+
+#: Most characters of a provider's error message sent as the interruption's cause: enough for
+#: the planner to recognize "prompt is too long" or a content filter, not a whole body.
+MAX_CAUSE_MESSAGE = 1000
+
+Cause = Union[str, Dict[str, Any]]
+
+
+# ---------------------------------------------------------------------------------------------
+# The producer of one run
+
+
+class StreamProducer:
+    """The producer of one run: numbers its events, keeps the fencing token, follows the plans.
+
+        p = StreamProducer(hf, "run-42", model="m")       # stream.begin
+        p.text("Hello, ")                                 # durable when it returns
+        plan = p.interrupt("connection_reset")            # the stream from the model broke
+        time.sleep(plan["wait_ms"] / 1000)                # ... then continue per plan["plan"]
+        p.text("world")
+        p.commit({"role": "assistant", "content": "Hello, world"})
+
+    ``StreamProducer(hf, run_id, resume=True)`` takes a run over from a process that died:
+    ``.checkpoint`` is what was streamed, ``.plan`` what to do. After a takeover by someone
+    else, every call raises ``Conflict``: stop producing.
+    """
+
+    def __init__(self, client: Any, run_id: str, *, thread_id: Optional[str] = None,
+                 model: Optional[str] = None, takeover: bool = False, resume: bool = False,
+                 fail_on_stale: bool = False) -> None:
+        self.client = client
+        self.run_id = run_id
+        self.checkpoint: Optional[Dict[str, Any]] = None
+        self.plan: Optional[Dict[str, Any]] = None
+        if resume:
+            r = client.stream_resume(run_id, model=model, thread_id=thread_id,
+                                     fail_on_stale=fail_on_stale)
+            self.checkpoint = r["checkpoint"]
+            self.plan = r["plan"]
+        else:
+            r = client.stream_begin(run_id, thread_id=thread_id, model=model, takeover=takeover)
+        self.stream_id: str = r["stream_id"]
+        self.epoch: int = r["epoch"]
+        self.next_seq: int = r["next_seq"]
+
+    def append(self, events: List[Dict[str, Any]]) -> int:
+        """Append a batch of events; returns the last seq acknowledged."""
+        acked = self.client.stream_append(self.run_id, self.stream_id, self.next_seq, events)
+        self.next_seq = acked + 1
+        return acked
+
+    def text(self, text: str) -> int:
+        """Append assistant text."""
+        return self.append([{"type": "text", "text": text}])
+
+    def tool_delta(self, id: str, arguments_delta: str, name: Optional[str] = None) -> int:
+        """Append part of a tool call's arguments (``name`` on its first delta)."""
+        ev: Dict[str, Any] = {"type": "tool_call_delta", "id": id,
+                              "arguments_delta": arguments_delta}
+        if name is not None:
+            ev["name"] = name
+        return self.append([ev])
+
+    def tool_end(self, id: str) -> int:
+        """A tool call's arguments are complete."""
+        return self.append([{"type": "tool_call_end", "id": id}])
+
+    def interrupt(self, cause: Cause) -> Dict[str, Any]:
+        """Report the break; returns the plan and moves ``next_seq`` past its events."""
+        self.plan = self.client.stream_interrupt(self.run_id, self.stream_id, cause)
+        self.next_seq = self.plan["next_seq"]
+        return self.plan
+
+    def commit(self, final_message: Any, content_from_stream: bool = False) -> Dict[str, Any]:
+        """End the run with its final message (one atomic step). ``content_from_stream``: the
+        message's ``content`` is the text the run streamed (what subscribers were shown)."""
+        return self.client.stream_commit(self.run_id, self.stream_id, final_message,
+                                         content_from_stream)
+
+    def abort(self, reason: Optional[str] = None) -> Dict[str, Any]:
+        """End the run without a final message."""
+        return self.client.stream_abort(self.run_id, self.stream_id, reason)
+
+
+# ---------------------------------------------------------------------------------------------
+# Provider chunks → holdfast events
+
+
+def _field(obj: Any, name: str) -> Any:
+    """``obj[name]`` for a dict, ``obj.name`` otherwise; None if absent."""
+    if isinstance(obj, dict):
+        return obj.get(name)
+    return getattr(obj, name, None)
+
+
+class ChunkAdapter:
+    """Turns one provider response's chunks into holdfast events.
+
+    Accepted chunks: a ``str`` (assistant text); an event already in holdfast's form (``{"type":
+    "text" | "tool_call_delta" | "tool_call_end", …}``); an OpenAI / LiteLLM chat-completion
+    chunk, as an object or a dict: ``choices[0].delta.content`` is text,
+    ``choices[0].delta.tool_calls[]`` are tool-call deltas (by ``index``; ``id`` and
+    ``function.name`` on the first), and a ``finish_reason`` (or a new index) ends the calls
+    still open. Anything else is a ``TypeError``. One adapter per response: a reopened stream
+    numbers its calls from 0 again.
+    """
+
+    def __init__(self, attempt: int = 0) -> None:
+        self._attempt = attempt
+        self._ids: Dict[int, str] = {}
+        self._open: List[str] = []
+
+    def events(self, chunk: Any) -> List[Dict[str, Any]]:
+        if isinstance(chunk, str):
+            return [{"type": "text", "text": chunk}] if chunk else []
+        if isinstance(chunk, dict) and chunk.get("type") in PRODUCER_EVENTS:
+            ev = dict(chunk)
+            if ev["type"] == "tool_call_delta" and ev.get("id") not in self._open:
+                self._open.append(ev.get("id"))
+            elif ev["type"] == "tool_call_end" and ev.get("id") in self._open:
+                self._open.remove(ev.get("id"))
+            return [ev]
+        choices = _field(chunk, "choices")
+        if not isinstance(choices, (list, tuple)):
+            raise TypeError(
+                "a provider chunk must be a str, a holdfast event or an OpenAI-shaped chunk "
+                "(with choices[0].delta); got %s" % type(chunk).__name__
+            )
+        out: List[Dict[str, Any]] = []
+        if not choices:
+            return out  # usage-only chunks
+        choice = choices[0]
+        delta = _field(choice, "delta")
+        content = _field(delta, "content") if delta is not None else None
+        if isinstance(content, str) and content:
+            out.append({"type": "text", "text": content})
+        for tc in (_field(delta, "tool_calls") or []) if delta is not None else []:
+            index = _field(tc, "index")
+            index = index if isinstance(index, int) else len(self._ids)
+            fn = _field(tc, "function")
+            name = _field(fn, "name") if fn is not None else None
+            args = _field(fn, "arguments") if fn is not None else None
+            if index not in self._ids:
+                # A new call: the ones before it are complete (calls stream one after another).
+                out.extend(self._end_all())
+                self._ids[index] = _field(tc, "id") or "call_%d_%d" % (self._attempt, index)
+                self._open.append(self._ids[index])
+            ev: Dict[str, Any] = {"type": "tool_call_delta", "id": self._ids[index],
+                                  "arguments_delta": args if isinstance(args, str) else ""}
+            if isinstance(name, str) and name:
+                ev["name"] = name
+            out.append(ev)
+        if _field(choice, "finish_reason"):
+            out.extend(self._end_all())
+        return out
+
+    def _end_all(self) -> List[Dict[str, Any]]:
+        ended = [{"type": "tool_call_end", "id": i} for i in self._open]
+        self._open = []
+        return ended
+
+    def finish(self) -> List[Dict[str, Any]]:
+        """The response ended cleanly: end the calls still open."""
+        return self._end_all()
+
+
+# ---------------------------------------------------------------------------------------------
+# Provider exceptions → interruption causes
+
+
+def _status_of(exc: BaseException) -> Optional[int]:
+    for holder in (exc, _field(exc, "response")):
+        if holder is None:
+            continue
+        for name in ("status_code", "status", "http_status"):
+            v = _field(holder, name)
+            if isinstance(v, int) and not isinstance(v, bool) and 100 <= v <= 599:
+                return v
+    return None
+
+
+def _retry_after_of(exc: BaseException) -> Any:
+    v = _field(exc, "retry_after")
+    if isinstance(v, (int, float, str)) and not isinstance(v, bool):
+        return v
+    for holder in (_field(exc, "response"), exc):
+        headers = _field(holder, "headers") if holder is not None else None
+        if headers is None:
+            continue
+        try:
+            for key in ("retry-after", "Retry-After"):
+                got = headers.get(key)
+                if got is not None:
+                    return got
+        except (AttributeError, TypeError):
+            continue
+    return None
+
+
+def classify_error(exc: BaseException, mid_stream: bool) -> Optional[Cause]:
+    """The interruption cause of a provider exception, or ``None`` when it is not a stream
+    failure this module should recover from (a bug in the caller's code, say): then it
+    propagates and the run stays resumable.
+
+    An HTTP status (``status_code`` / ``status`` / ``http_status`` on the exception or its
+    ``response``) becomes ``{"status", "message", "retry_after"}`` for the planner to classify
+    (429 rate limited, 529 overloaded, 413 or "prompt is too long" context overflow, …), with
+    Retry-After from ``retry_after`` or the response headers. A dropped connection
+    (``ConnectionError``; httpx's ``RemoteProtocolError`` / ``ReadError``; openai's
+    ``APIConnectionError``) is ``connection_reset``; a timeout is ``idle_stall`` once chunks
+    were flowing (``mid_stream``), else ``timeout``."""
+    status = _status_of(exc)
+    if status is not None:
+        cause: Dict[str, Any] = {"status": status, "message": str(exc)[:MAX_CAUSE_MESSAGE]}
+        retry_after = _retry_after_of(exc)
+        if retry_after is not None:
+            cause["retry_after"] = retry_after
+        return cause
+    names = {c.__name__ for c in type(exc).__mro__}
+    timeout_names = {"TimeoutError", "ReadTimeout", "TimeoutException", "APITimeoutError",
+                     "timeout"}
+    if isinstance(exc, (TimeoutError, socket.timeout)) or names & timeout_names:
+        return "idle_stall" if mid_stream else "timeout"
+    connection_names = {"APIConnectionError", "RemoteProtocolError", "ReadError",
+                        "ConnectError", "ChunkedEncodingError", "IncompleteRead"}
+    if isinstance(exc, ConnectionError) or names & connection_names:
+        return "connection_reset"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# What RecoveringStream yields, and how it can end
+
+
+class StreamEvent:
+    """One event of the run as its subscribers see it: ``seq``, ``type`` (``text``,
+    ``tool_call_delta``, ``tool_call_end``, ``tool_call_cancel``, ``stream_reset``,
+    ``interrupted``, ``finish``) and ``data`` (the event's fields). ``text`` is the text of a
+    ``text`` event ("" otherwise)."""
+
+    __slots__ = ("seq", "type", "data")
+
+    def __init__(self, seq: int, data: Dict[str, Any]) -> None:
+        self.seq = seq
+        self.type: str = data.get("type", "")
+        self.data = data
+
+    @property
+    def text(self) -> str:
+        t = self.data.get("text") if self.type == "text" else None
+        return t if isinstance(t, str) else ""
+
+    def __repr__(self) -> str:
+        return "StreamEvent(seq=%d, type=%r, chars=%d)" % (self.seq, self.type, len(self.text))
+
+
+class StreamFailed(Exception):
+    """The planner gave up (a permanent cause such as 401 or a context overflow, or a spent
+    retry budget): the run was aborted. ``plan`` is the plan; the provider's exception is the
+    ``__cause__``."""
+
+    def __init__(self, plan: Dict[str, Any]) -> None:
+        super().__init__("stream failed: %s (%s)" % (plan.get("cause"), plan.get("reason")))
+        self.plan = plan
+
+
+class SplitToolCall(Exception):
+    """The same tool call stalled again and again while its arguments were being written
+    (typically one huge ``write_file``): retrying would loop. The run was aborted; tell the
+    model ``message`` (split the output into several smaller calls of ``tool``) and start a
+    new turn."""
+
+    def __init__(self, hint: Dict[str, Any], plan: Dict[str, Any]) -> None:
+        self.hint = hint
+        self.plan = plan
+        self.tool: Optional[str] = hint.get("tool")
+        self.message: str = hint.get("message") or "split the tool call into smaller calls"
+        super().__init__(self.message)
+
+
+# ---------------------------------------------------------------------------------------------
+# The decisions, without I/O (shared by the sync and async drivers)
+
+
+class _Core:
+    """What the run shows (from its published events) and what to do with each plan."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.calls: Dict[str, Dict[str, Any]] = {}
+        self.plans: List[Dict[str, Any]] = []
+        self.attempt = 0
+
+    def seen(self, params: Dict[str, Any]) -> StreamEvent:
+        ev = StreamEvent(int(params.get("seq") or 0), params.get("event") or {})
+        d = ev.data
+        if ev.type == "text":
+            self.text += ev.text
+        elif ev.type == "stream_reset":
+            self.text = ""
+            self.calls.clear()
+        elif ev.type == "tool_call_delta":
+            call = self.calls.setdefault(d.get("id"), {"id": d.get("id"), "name": "",
+                                                       "arguments": ""})
+            if d.get("name") and not call["name"]:
+                call["name"] = d["name"]
+            call["arguments"] += d.get("arguments_delta") or ""
+        elif ev.type == "tool_call_cancel":
+            self.calls.pop(d.get("id"), None)
+        return ev
+
+    def completed_calls(self) -> List[Dict[str, Any]]:
+        """The calls whose name is set and whose arguments parse (the planner's rule)."""
+        out = []
+        for c in self.calls.values():
+            try:
+                args = json.loads(c["arguments"])
+            except ValueError:
+                continue
+            if c["name"] and args is not None:
+                out.append({"id": c["id"], "name": c["name"], "arguments": args})
+        return out
+
+    def decide(self, plan: Dict[str, Any]) -> Tuple[str, Any]:
+        """``("fail", None)``, ``("split", hint)``, ``("tools", calls)`` (R2: end the turn with
+        these calls) or ``("reopen", prefix)`` (``None`` for R4)."""
+        self.plans.append(plan)
+        kind = plan.get("plan")
+        if kind == "fail":
+            return "fail", None
+        if kind == "R2":
+            return "tools", [{"id": c["id"], "name": c["name"], "arguments": c["arguments"]}
+                             for c in plan.get("completed") or []]
+        for h in plan.get("hints") or []:
+            if h.get("kind") == "split_tool_call":
+                return "split", h
+        self.attempt += 1
+        return "reopen", (plan.get("assistant_prefix") if kind in ("R1", "R3") else None)
+
+    @staticmethod
+    def message(tool_calls: List[Dict[str, Any]]) -> Dict[str, Any]:
+        """The final message (its content filled in by the daemon from the stream)."""
+        msg: Dict[str, Any] = {"role": "assistant"}
+        if tool_calls:
+            msg["tool_calls"] = tool_calls
+        return msg
+
+
+# ---------------------------------------------------------------------------------------------
+# RecoveringStream
+
+
+class RecoveringStream:
+    """A provider stream made recoverable through holdfast (see the module docs).
+
+    ``client``: a ``Client`` (iterate with ``for``) or an ``AsyncClient`` (``async for``).
+    ``stream``: the first provider response — an iterable (or async iterable) of chunks, or a
+    callable returning one; not needed with ``resume``. ``reopen(prefix)``: a new provider
+    response continuing after ``prefix`` (R1/R3: the assistant text so far, to send as an
+    assistant prefill or a "continue" turn) or from scratch (R4: ``None``); may return an
+    iterable, an async iterable, or (async) a coroutine giving one.
+
+    ``resume=True`` takes over a run whose producer died (another process): the plan for the
+    checkpoint is followed with ``reopen``. ``after_seq``: the last seq this UI already
+    rendered (0: render the run from its start). ``classify(exc, mid_stream)``: your own cause
+    for an exception (``None`` falls back to ``classify_error``). ``sleep``: how to wait a
+    plan's ``wait_ms`` (tests pass a fake).
+
+    After iterating: ``final_message`` (as stored by the commit), ``text`` (what was
+    rendered: equal to the final content), ``tool_calls`` (the completed calls of a tool-use
+    turn, with ``execution`` for R2 plans), ``plans`` (every plan followed), ``stream_id``.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        run_id: str,
+        stream: Any = None,
+        *,
+        reopen: Callable[[Optional[str]], Any],
+        model: Optional[str] = None,
+        thread_id: Optional[str] = None,
+        resume: bool = False,
+        takeover: bool = False,
+        after_seq: int = 0,
+        classify: Optional[Callable[[BaseException, bool], Optional[Cause]]] = None,
+        sleep: Optional[Callable[[float], Any]] = None,
+    ) -> None:
+        if stream is None and not resume:
+            raise TypeError("RecoveringStream needs the provider stream (or resume=True)")
+        if not callable(reopen):
+            raise TypeError("reopen must be a function of the assistant prefix")
+        self.client = client
+        self.run_id = run_id
+        self._stream = stream
+        self._reopen = reopen
+        self._model = model
+        self._thread_id = thread_id
+        self._resume = resume
+        self._takeover = takeover
+        self._after_seq = after_seq
+        self._classify = classify
+        self._sleep = sleep
+        self._core = _Core()
+        self.stream_id: Optional[str] = None
+        self.final_message: Optional[Dict[str, Any]] = None
+        self.tool_calls: List[Dict[str, Any]] = []
+        self.stop_reason: Optional[str] = None
+
+    @property
+    def text(self) -> str:
+        """The text rendered so far (since the last ``stream_reset``)."""
+        return self._core.text
+
+    @property
+    def plans(self) -> List[Dict[str, Any]]:
+        return self._core.plans
+
+    def _cause(self, exc: BaseException, mid_stream: bool) -> Optional[Cause]:
+        if isinstance(exc, HoldfastError):
+            return None  # the daemon's answer (fenced, sealed, …), not the provider's
+        if self._classify is not None:
+            c = self._classify(exc, mid_stream)
+            if c is not None:
+                return c
+        return classify_error(exc, mid_stream)
+
+    def _source(self, prefix: Any, first: bool) -> Any:
+        if first:
+            s = self._stream
+            return s() if callable(s) else s
+        return self._reopen(prefix)
+
+    # -- sync ----------------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[StreamEvent]:
+        if inspect.iscoroutinefunction(getattr(self.client, "call", None)):
+            raise TypeError("an AsyncClient's stream is iterated with `async for`")
+        return self._run()
+
+    def _run(self) -> Iterator[StreamEvent]:
+        c, run = self.client, self.run_id
+        sleep = self._sleep or time.sleep
+        if self._resume:
+            r = c.stream_resume(run, model=self._model, thread_id=self._thread_id)
+            plan: Optional[Dict[str, Any]] = r["plan"]
+        else:
+            r = c.stream_begin(run, thread_id=self._thread_id, model=self._model,
+                               takeover=self._takeover)
+            plan = None
+        self.stream_id, next_seq = r["stream_id"], r["next_seq"]
+        sub = c.subscribe_stream(run, self._after_seq)
+        try:
+            pending: Tuple[bool, Any] = (True, None)  # (first response?, prefix)
+            cause_exc: Optional[BaseException] = None
+            while True:
+                if plan is not None:
+                    what, arg = self._core.decide(plan)
+                    plan = None
+                    if what == "reopen":
+                        sleep(self._wait(self._core.plans[-1]))
+                        pending = (False, arg)
+                    else:
+                        yield from self._finish_sync(what, arg, sub, cause_exc)
+                        return
+                adapter = ChunkAdapter(self._core.attempt)
+                mid = False
+                try:
+                    for chunk in self._source(pending[1], pending[0]):
+                        mid = True
+                        evs = adapter.events(chunk)
+                        if evs:
+                            next_seq = c.stream_append(run, self.stream_id, next_seq, evs) + 1
+                        yield from self._drain_sync(sub)
+                    evs = adapter.finish()
+                    if evs:
+                        next_seq = c.stream_append(run, self.stream_id, next_seq, evs) + 1
+                except Exception as exc:  # noqa: BLE001 - classified, else re-raised
+                    cause = self._cause(exc, mid)
+                    if cause is None:
+                        raise
+                    plan = c.stream_interrupt(run, self.stream_id, cause)
+                    next_seq = plan["next_seq"]
+                    cause_exc = exc
+                    continue
+                yield from self._finish_sync("done", self._core.completed_calls(), sub, None)
+                return
+        finally:
+            sub.close()
+
+    def _drain_sync(self, sub: Any) -> Iterator[StreamEvent]:
+        while True:
+            ev = sub.next(0)
+            if ev is None:
+                return
+            yield self._core.seen(ev)
+
+    def _finish_sync(self, what: str, arg: Any, sub: Any,
+                     exc: Optional[BaseException]) -> Iterator[StreamEvent]:
+        c, run = self.client, self.run_id
+        if what in ("done", "tools"):
+            c.stream_commit(run, self.stream_id, _Core.message(arg), True)
+        else:
+            c.stream_abort(run, self.stream_id, self._abort_reason(what, arg))
+        for ev in sub:  # to finish
+            yield self._core.seen(ev)
+        self._ended(what, arg)
+        if what in ("done", "tools"):
+            self.final_message = c.stream_get(run, reveal=True).get("final_message")
+        else:
+            raise self._error(what, arg) from exc
+
+    # -- async ---------------------------------------------------------------------------------
+
+    def __aiter__(self) -> AsyncIterator[StreamEvent]:
+        return self._arun()
+
+    async def _arun(self) -> AsyncIterator[StreamEvent]:
+        c, run = self.client, self.run_id
+        if self._resume:
+            r = await c.stream_resume(run, model=self._model, thread_id=self._thread_id)
+            plan: Optional[Dict[str, Any]] = r["plan"]
+        else:
+            r = await c.stream_begin(run, thread_id=self._thread_id, model=self._model,
+                                     takeover=self._takeover)
+            plan = None
+        self.stream_id, next_seq = r["stream_id"], r["next_seq"]
+        sub = await c.subscribe_stream(run, self._after_seq)
+        try:
+            pending: Tuple[bool, Any] = (True, None)
+            cause_exc: Optional[BaseException] = None
+            while True:
+                if plan is not None:
+                    what, arg = self._core.decide(plan)
+                    plan = None
+                    if what == "reopen":
+                        await self._asleep(self._wait(self._core.plans[-1]))
+                        pending = (False, arg)
+                    else:
+                        async for ev in self._finish_async(what, arg, sub, cause_exc):
+                            yield ev
+                        return
+                adapter = ChunkAdapter(self._core.attempt)
+                mid = False
+                try:
+                    source = self._source(pending[1], pending[0])
+                    if inspect.isawaitable(source):
+                        source = await source
+                    async for chunk in _aiter(source):
+                        mid = True
+                        evs = adapter.events(chunk)
+                        if evs:
+                            next_seq = await c.stream_append(run, self.stream_id, next_seq,
+                                                             evs) + 1
+                        while True:
+                            got = await sub.next(0)
+                            if got is None:
+                                break
+                            yield self._core.seen(got)
+                    evs = adapter.finish()
+                    if evs:
+                        next_seq = await c.stream_append(run, self.stream_id, next_seq, evs) + 1
+                except Exception as exc:  # noqa: BLE001 - classified, else re-raised
+                    cause = self._cause(exc, mid)
+                    if cause is None:
+                        raise
+                    plan = await c.stream_interrupt(run, self.stream_id, cause)
+                    next_seq = plan["next_seq"]
+                    cause_exc = exc
+                    continue
+                async for ev in self._finish_async("done", self._core.completed_calls(), sub,
+                                                   None):
+                    yield ev
+                return
+        finally:
+            await sub.close()
+
+    async def _finish_async(self, what: str, arg: Any, sub: Any,
+                            exc: Optional[BaseException]) -> AsyncIterator[StreamEvent]:
+        c, run = self.client, self.run_id
+        if what in ("done", "tools"):
+            await c.stream_commit(run, self.stream_id, _Core.message(arg), True)
+        else:
+            await c.stream_abort(run, self.stream_id, self._abort_reason(what, arg))
+        async for ev in sub:
+            yield self._core.seen(ev)
+        self._ended(what, arg)
+        if what in ("done", "tools"):
+            self.final_message = (await c.stream_get(run, reveal=True)).get("final_message")
+        else:
+            raise self._error(what, arg) from exc
+
+    async def _asleep(self, seconds: float) -> None:
+        if self._sleep is None:
+            await asyncio.sleep(seconds)
+        else:
+            r = self._sleep(seconds)
+            if inspect.isawaitable(r):
+                await r
+
+    # -- shared --------------------------------------------------------------------------------
+
+    @staticmethod
+    def _wait(plan: Dict[str, Any]) -> float:
+        return max(0, int(plan.get("wait_ms") or 0)) / 1000.0
+
+    def _abort_reason(self, what: str, arg: Any) -> str:
+        plan = self._core.plans[-1] if self._core.plans else {}
+        if what == "split":
+            return "split_tool_call: %s" % (arg.get("tool") or "?")
+        return "recovery failed: %s (%s)" % (plan.get("cause"), plan.get("reason"))
+
+    def _ended(self, what: str, arg: Any) -> None:
+        if what in ("done", "tools"):
+            self.tool_calls = list(arg or [])
+            if what == "tools":
+                # The R2 plan's calls carry their execution state from the run log.
+                self.tool_calls = list(self._core.plans[-1].get("completed") or [])
+            self.stop_reason = "tool_use" if self.tool_calls else "end_turn"
+        else:
+            self.stop_reason = what
+
+    def _error(self, what: str, arg: Any) -> Exception:
+        plan = self._core.plans[-1] if self._core.plans else {}
+        if what == "split":
+            return SplitToolCall(arg, plan)
+        return StreamFailed(plan)
+
+
+async def _aiter(source: Any) -> AsyncIterator[Any]:
+    """Iterate a sync or async iterable from async code."""
+    if hasattr(source, "__aiter__"):
+        async for x in source:
+            yield x
+    else:
+        for x in source:
+            yield x
+
+
+__all__ = [
+    "ChunkAdapter",
+    "RecoveringStream",
+    "SplitToolCall",
+    "StreamEvent",
+    "StreamFailed",
+    "StreamProducer",
+    "classify_error",
+]
