@@ -58,11 +58,10 @@ class Subscription:
     """The events of one subscription (``stream.subscribe`` or ``cred.watch``), in order, from
     a queue of its own: iterate over it (blocking), or call ``next(timeout)``.
 
-    A stream subscription ends after its run's ``finish`` event; iteration stops there. Should
-    its queue fill up (``max_queued`` events not taken), no event is lost: the subscription is
-    renewed from the last seq taken once the queue is drained, so every event still arrives
-    exactly once and in order. A credential watch that overflows yields a ``{"type":
-    "resync"}`` event instead (list again).
+    A stream subscription ends after its run's ``finish`` event; iteration stops there. It
+    drops nothing, however slowly it is read: every event arrives exactly once and in order. A
+    credential watch keeps at most ``max_queued`` events; past that the oldest are dropped and
+    a ``{"type": "resync"}`` event says how many (list again).
 
     ``close()`` unsubscribes: once it returns, no further event of it arrives.
     """
@@ -87,10 +86,7 @@ class Subscription:
 
     def _start(self) -> None:
         method = "stream.subscribe" if self.kind == "stream" else "cred.watch"
-        params = dict(self._params)
-        if self.kind == "stream":
-            params["after_seq"] = self._q.last_seq
-        self.id = self._client._subscribe(method, params, self._push, self)["subscription"]
+        self.id = self._client._subscribe(method, self._params, self._push, self)["subscription"]
 
     def _push(self, params: Event) -> None:  # the reader thread
         with self._cv:
@@ -118,15 +114,9 @@ class Subscription:
                 return ev
             if what == "done":
                 return None
-            if what == "closed":
-                raise ConnectionClosed(
-                    message=self._client._close_reason or "the connection is closed"
-                )
-            # "renew": the queue overflowed and is drained now.
-            self._client.unsubscribe(self.id)
-            with self._cv:
-                self._q.renewed()
-            self._start()
+            raise ConnectionClosed(
+                message=self._client._close_reason or "the connection is closed"
+            )
 
     def __iter__(self) -> Iterator[Event]:
         while True:
@@ -436,8 +426,10 @@ class Client:
         self, run_id: str, after_seq: int = 0, *, max_queued: int = 10000
     ) -> Subscription:
         """``stream.subscribe`` into a queue of its own: the run's events with seq >
-        ``after_seq``, each once and in order, ending with ``finish``. Iterate over the
-        returned ``Subscription``; ``close()`` it to stop early."""
+        ``after_seq``, each once and in order, ending with ``finish`` (an ended run: ``finish``
+        alone; read its final message with ``stream_get(reveal=True)``). Iterate over the
+        returned ``Subscription``; ``close()`` it to stop early. ``max_queued`` applies to
+        credential watches only."""
         return Subscription(self, "stream", {"run_id": run_id, "after_seq": after_seq},
                             max_queued)
 
@@ -581,7 +573,7 @@ class Client:
         ``events()`` / ``next_event()`` as ``{"subscription", "run_id", "seq", "event"}``,
         ending with an event of type ``finish``. Returns the subscription id. If this client's
         event queue overflows (a ``resync``), subscribe again from the last seq seen. (For a
-        queue of its own that never loses an event: ``subscribe_stream``.)"""
+        queue of its own that never drops an event: ``subscribe_stream``.)"""
         return self._subscribe(
             "stream.subscribe", {"run_id": run_id, "after_seq": after_seq}, self._deliver
         )["subscription"]

@@ -193,41 +193,37 @@ CLOSED: Any = object()
 
 
 class SubQueue:
-    """The events of one subscription waiting to be taken, and what to do when there are none.
+    """The events of one subscription waiting to be taken.
 
-    A stream subscription never loses an event: when ``max_queued`` are waiting, later ones
-    are not queued and ``take`` answers ``"renew"`` once the queue is drained — the owner then
-    unsubscribes and subscribes again after ``last_seq`` — and events at or below ``last_seq``
-    (the overlap) are skipped. A credential watch drops its oldest events instead and reports
-    how many with a ``resync`` event (list again).
+    A stream subscription never drops an event: its queue holds at most the run, which the
+    daemon holds in memory too until the run ends (and after the end the events are gone from
+    the daemon — a late subscriber gets ``finish`` alone — so a subscription that dropped
+    events could not get them back). A credential watch runs for as long as the connection:
+    past ``max_queued`` waiting events it drops the oldest and reports how many with a
+    ``resync`` event (list again).
     """
 
     def __init__(self, kind: str, max_queued: int, after_seq: int = 0) -> None:
         self.kind = kind  # "stream" or "cred"
         self.max = max(1, int(max_queued))
         self.items: Deque[Any] = collections.deque()
-        self.overflowed = False
         self.dropped = 0
         self.done = False
         #: The seq of the last stream event taken (``after_seq`` to resume from).
         self.last_seq = int(after_seq or 0)
 
     def push(self, params: Any) -> None:
-        if params is CLOSED:
-            self.items.append(params)
-        elif len(self.items) >= self.max:
-            if self.kind == "stream":
-                self.overflowed = True
-            else:
-                self.items.popleft()
-                self.dropped += 1
+        if params is CLOSED or self.kind == "stream" or len(self.items) < self.max:
+            if not self.done or params is CLOSED:
                 self.items.append(params)
-        elif not self.overflowed and not self.done:
+        else:
+            self.items.popleft()
+            self.dropped += 1
             self.items.append(params)
 
     def take(self, sub_id: Any) -> "tuple[str, Optional[Dict[str, Any]]]":
-        """``("event", ev)``, ``("empty", None)`` (wait), ``("renew", None)``, ``("done",
-        None)`` (after ``finish`` or ``close``) or ``("closed", None)`` (the connection)."""
+        """``("event", ev)``, ``("empty", None)`` (wait), ``("done", None)`` (after ``finish``
+        or ``close``) or ``("closed", None)`` (the connection)."""
         if self.dropped:
             n, self.dropped = self.dropped, 0
             return "event", {
@@ -244,22 +240,13 @@ class SubQueue:
             if self.kind == "stream":
                 seq = ev.get("seq")
                 if isinstance(seq, int):
-                    if seq <= self.last_seq:
-                        continue  # already taken: the overlap of a renewal
                     self.last_seq = seq
                 if (ev.get("event") or {}).get("type") == "finish":
                     self.done = True
             return "event", ev
         if self.done:
             return "done", None
-        if self.overflowed:
-            return "renew", None
         return "empty", None
-
-    def renewed(self) -> None:
-        """The owner subscribed again after ``last_seq``."""
-        self.overflowed = False
-        self.items.clear()
 
     def close(self) -> bool:
         """Stop; whether it was still open (an unsubscribe is due)."""

@@ -45,8 +45,8 @@ MAX_LINE_BYTES = 256 * 1024 * 1024
 class AsyncSubscription:
     """The events of one subscription, in order, from a queue of its own: ``async for ev in
     sub`` (a stream subscription ends after ``finish``), or ``await sub.next(timeout)``. Like
-    ``Subscription``: a stream subscription that falls behind is renewed from its last seq, so
-    no event is lost or repeated; ``await sub.close()`` unsubscribes."""
+    ``Subscription``: a stream subscription drops nothing however slowly it is read;
+    ``await sub.close()`` unsubscribes."""
 
     def __init__(self, client: "AsyncClient", kind: str, params: Dict[str, Any],
                  max_queued: int) -> None:
@@ -67,10 +67,7 @@ class AsyncSubscription:
 
     async def _start(self) -> "AsyncSubscription":
         method = "stream.subscribe" if self.kind == "stream" else "cred.watch"
-        params = dict(self._params)
-        if self.kind == "stream":
-            params["after_seq"] = self._q.last_seq
-        result = await self._client._subscribe(method, params, self._push, self)
+        result = await self._client._subscribe(method, self._params, self._push, self)
         self.id = result["subscription"]
         return self
 
@@ -95,11 +92,6 @@ class AsyncSubscription:
                 raise ConnectionClosed(
                     message=self._client._close_reason or "the connection is closed"
                 )
-            if what == "renew":
-                await self._client.unsubscribe(self.id)
-                self._q.renewed()
-                await self._start()
-                continue
             self._wake.clear()
             remaining = None if deadline is None else deadline - loop.time()
             if remaining is not None and remaining <= 0:
