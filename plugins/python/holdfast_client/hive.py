@@ -1,0 +1,449 @@
+"""Drop-ins for hive (``aden-hive`` on PyPI, import path ``framework``): its credential storage
+and its runtime logger, served by holdfast. Switching is one line each::
+
+    from framework.credentials import CredentialStore
+    from holdfast_client.hive import HoldfastCredentialStorage, HoldfastRuntimeLogger
+
+    store = CredentialStore(storage=HoldfastCredentialStorage())        # was EncryptedFileStorage()
+    orchestrator = Orchestrator(..., runtime_logger=HoldfastRuntimeLogger(agent_id="my-agent"))
+
+``HoldfastCredentialStorage`` is hive's ``CredentialStorage`` (it subclasses hive's base class)
+over ``cred.*``: hive's own ``CredentialObject`` in and out, secrets as ``SecretStr``; every save
+atomic and durable, concurrent writers from any number of processes safe, the listing always
+the files' truth (hive's ``EncryptedFileStorage`` loses index entries when two processes save
+at once). ``HoldfastRuntimeLogger`` is hive's ``RuntimeLogger`` surface over ``run.*``: each node
+logged exactly once however ``log_node_complete`` and ``ensure_node_logged`` race (hive's check
+and append are separate steps, so a race logs a node twice and doubles its tokens in the
+summary).
+
+This module imports hive when it is imported itself (``import holdfast_client`` never does);
+without hive installed it still imports, and the classes say what to install when used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import uuid
+from datetime import datetime, timezone
+from typing import Any, Dict, List, Optional
+
+from ._client import Client
+from ._errors import IntegrityError, NotFound
+
+logger = logging.getLogger(__name__)
+
+try:  # hive is optional: only these drop-ins need it.
+    from framework.credentials.models import CredentialDecryptionError, CredentialObject
+    from framework.credentials.storage import CredentialStorage as _StorageBase
+    from pydantic import SecretStr
+
+    HIVE_IMPORT_ERROR: Optional[BaseException] = None
+except ImportError as _e:  # pragma: no cover - exercised by the no-hive test
+    _StorageBase = object  # type: ignore[assignment,misc]
+    HIVE_IMPORT_ERROR = _e
+
+#: The field holdfast adds to a stored document (a write counter, not hive's).
+GENERATION_FIELD = "holdfast_generation"
+
+
+def _need_hive(what: str) -> None:
+    if HIVE_IMPORT_ERROR is not None:
+        raise ImportError(
+            "%s needs hive's package (pip install aden-hive; import path `framework`): %s"
+            % (what, HIVE_IMPORT_ERROR)
+        )
+
+
+class _Connection:
+    """One ``Client`` per process, made on first use; a forked child makes its own (a
+    connection must not be shared across ``fork()``)."""
+
+    def __init__(self, client: Optional[Client], socket_path: Optional[str], name: str) -> None:
+        self._given = client
+        self._socket_path = socket_path
+        self._name = name
+        self._lock = threading.Lock()
+        self._client: Optional[Client] = None
+        self._pid = 0
+
+    def get(self) -> Client:
+        if self._given is not None:
+            return self._given
+        with self._lock:
+            if self._client is None or self._pid != os.getpid() or self._client.closed:
+                self._client = Client(self._socket_path, client=self._name)
+                self._pid = os.getpid()
+            return self._client
+
+    def close(self) -> None:
+        with self._lock:
+            if self._client is not None and self._pid == os.getpid():
+                self._client.close()
+            self._client = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Credentials
+
+
+class HoldfastCredentialStorage(_StorageBase):  # type: ignore[misc,valid-type]
+    """hive's ``CredentialStorage``, served by the holdfast daemon.
+
+    ``store``: the holdfast store (default ``"default"``; ``"hive"`` after ``holdfast import
+    --from-hive`` serves hive's own directory). ``client``: a ``Client`` to use (default: one
+    connection per process to ``socket_path`` or the default socket, made on first use).
+
+    ``save`` and ``delete`` are durable when they return; ``load`` returns ``None`` for a
+    credential that does not exist and raises hive's ``CredentialDecryptionError`` for one that
+    cannot be decrypted, as ``EncryptedFileStorage`` does. An id holdfast refuses (longer than
+    200 bytes, or with a NUL) raises ``holdfast_client.InvalidParams`` (a ``ValueError``).
+    """
+
+    def __init__(self, store: Optional[str] = None, *, client: Optional[Client] = None,
+                 socket_path: Optional[str] = None) -> None:
+        _need_hive("HoldfastCredentialStorage")
+        self.store = store
+        self._conn = _Connection(client, socket_path, "hive-credentials")
+
+    def _client(self) -> Client:
+        return self._conn.get()
+
+    def close(self) -> None:
+        """Close the connection this storage made (not one it was given)."""
+        self._conn.close()
+
+    # -- hive's interface ----------------------------------------------------------------------
+
+    def save(self, credential: "CredentialObject") -> None:
+        """Store the credential (a whole document; holdfast stamps ``updated_at``)."""
+        self._client().set(_document_of(credential), store=self.store)
+
+    def load(self, credential_id: str) -> "Optional[CredentialObject]":
+        try:
+            rec = self._client().get(credential_id, store=self.store)
+        except NotFound:
+            return None
+        except IntegrityError as e:
+            raise CredentialDecryptionError(
+                "Failed to decrypt credential '%s': %s" % (credential_id, e.message)
+            ) from None
+        return _object_of(rec.credential)
+
+    def delete(self, credential_id: str) -> bool:
+        return self._client().delete(credential_id, store=self.store)
+
+    def list_all(self) -> List[str]:
+        return [c["id"] for c in self._client().list(store=self.store)]
+
+    def exists(self, credential_id: str) -> bool:
+        return self._client().exists(credential_id, store=self.store)
+
+    # -- what hive's CredentialStore uses when a storage has it ------------------------------------
+
+    def load_all_for_provider(self, provider_name: str) -> "List[CredentialObject]":
+        """Every credential whose ``_integration_type`` key is ``provider_name`` (hive's
+        multi-account routing), found from the listing's metadata, then loaded."""
+        out = []
+        for entry in self._client().list(store=self.store):
+            if entry.get("provider") == provider_name:
+                cred = self.load(entry["id"])
+                if cred is not None:
+                    out.append(cred)
+        return out
+
+    def load_by_alias(self, provider_name: str, alias: str) -> "Optional[CredentialObject]":
+        """The credential of ``provider_name`` whose ``_alias`` key is ``alias``."""
+        for entry in self._client().list(store=self.store):
+            if entry.get("provider") == provider_name and entry.get("alias") == alias:
+                cred = self.load(entry["id"])
+                if cred is not None:
+                    return cred
+        return None
+
+    def __repr__(self) -> str:
+        return "HoldfastCredentialStorage(store=%r)" % (self.store or "default")
+
+
+def _document_of(credential: "CredentialObject") -> Dict[str, Any]:
+    """hive's own serialization (``EncryptedFileStorage._serialize_credential``): the model's
+    JSON form with the real secret values in place of ``SecretStr``'s mask."""
+    data = credential.model_dump(mode="json")
+    for name, key_data in (data.get("keys") or {}).items():
+        key = credential.keys.get(name)
+        if key is not None and "value" in key_data:
+            key_data["value"] = key.get_secret_value()
+    data.pop(GENERATION_FIELD, None)
+    return data
+
+
+def _object_of(doc: Dict[str, Any]) -> "CredentialObject":
+    """hive's own deserialization: values wrapped in ``SecretStr``, then validated."""
+    data = dict(doc)
+    data.pop(GENERATION_FIELD, None)
+    keys = {}
+    for name, key_data in (data.get("keys") or {}).items():
+        key_data = dict(key_data)
+        if isinstance(key_data.get("value"), str):
+            key_data["value"] = SecretStr(key_data["value"])
+        keys[name] = key_data
+    data["keys"] = keys
+    return CredentialObject.model_validate(data)
+
+
+# ---------------------------------------------------------------------------------------------
+# Runtime logs
+
+
+def _trace_context() -> Dict[str, str]:
+    try:
+        from framework.observability import get_trace_context
+    except ImportError:
+        return {}
+    try:
+        ctx = get_trace_context()
+    except Exception:  # a tracing problem must not stop logging
+        return {}
+    return ctx if isinstance(ctx, dict) else {}
+
+
+def node_attention(node_id: str, success: bool, error: Optional[str], retry_count: int,
+                   escalate_count: int, latency_ms: int, tokens_used: int,
+                   total_steps: int) -> "tuple[bool, List[str]]":
+    """hive's verdict for a node (``RuntimeLogger.log_node_complete``), in hive's words."""
+    needs = not success
+    reasons: List[str] = []
+    if not success and error:
+        reasons.append("Node %s failed: %s" % (node_id, error))
+    for cond, text in (
+        (retry_count > 3, "Excessive retries: %s" % retry_count),
+        (escalate_count > 2, "Excessive escalations: %s" % escalate_count),
+        (latency_ms > 60000, "High latency: %sms" % latency_ms),
+        (tokens_used > 100000, "High token usage: %s" % tokens_used),
+        (total_steps > 20, "Many iterations: %s" % total_steps),
+    ):
+        if cond:
+            needs = True
+            reasons.append(text)
+    return needs, reasons
+
+
+class HoldfastRuntimeLogger:
+    """hive's ``RuntimeLogger``, writing to holdfast's run log (``run.*``).
+
+    The same methods, arguments and return values: ``start_run(goal_id, session_id) ->
+    run_id``, ``log_step(...)``, ``log_node_complete(...)``, ``ensure_node_logged(...)``,
+    ``await end_run(status, duration_ms, node_path, execution_quality)``. What differs is what
+    hive could not promise: each node is logged exactly once, whoever logs it first and however
+    many threads, tasks or processes race (``ensure_node_logged`` is one atomic check-and-write
+    in the daemon; a later ``log_node_complete`` of the same node and attempt replaces the
+    fallback entry instead of adding a second), every line is fsynced before the call returns,
+    and the summary counts each node once.
+
+    ``store`` is accepted (and not used) so that hive's own construction,
+    ``RuntimeLogger(store=..., agent_id=...)``, works unchanged; the logs are holdfast's
+    (``holdfast runs show RUN_ID``; ``<data dir>/runs/<run_id>/`` in hive's file layout).
+    ``client`` / ``socket_path``: as for ``HoldfastCredentialStorage``.
+
+    Like hive's, ``end_run`` never raises (a failure is logged); the other methods raise when
+    the daemon cannot be reached, as hive's raise when its disk cannot be written.
+    """
+
+    def __init__(self, store: Any = None, agent_id: str = "", *, client: Optional[Client] = None,
+                 socket_path: Optional[str] = None) -> None:
+        self._conn = _Connection(client, socket_path, "hive-runtime-logger")
+        self._agent_id = agent_id
+        self._run_id = ""
+        self._goal_id = ""
+        self._started_at = ""
+
+    @property
+    def run_id(self) -> str:
+        return self._run_id
+
+    def close(self) -> None:
+        """Close the connection this logger made (not one it was given)."""
+        self._conn.close()
+
+    def start_run(self, goal_id: str = "", session_id: str = "") -> str:
+        """Start a run: ``session_id`` is its id when given, else hive's ``<ts>_<8 hex>``."""
+        if session_id:
+            self._run_id = session_id
+        else:
+            ts = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+            self._run_id = "%s_%s" % (ts, uuid.uuid4().hex[:8])
+        self._goal_id = goal_id
+        self._started_at = datetime.now(timezone.utc).isoformat()
+        return self._run_id
+
+    def log_step(
+        self,
+        node_id: str,
+        node_type: str,
+        step_index: int,
+        llm_text: str = "",
+        tool_calls: Optional[List[Dict[str, Any]]] = None,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+        latency_ms: int = 0,
+        verdict: str = "",
+        verdict_feedback: str = "",
+        error: str = "",
+        stacktrace: str = "",
+        is_partial: bool = False,
+    ) -> None:
+        """One step within a node (idempotent by ``(node_id, step_index)``)."""
+        calls = []
+        for tc in tool_calls or []:
+            calls.append({
+                "tool_use_id": tc.get("tool_use_id", ""),
+                "tool_name": tc.get("tool_name", ""),
+                "tool_input": tc.get("tool_input", {}),
+                "result": tc.get("content", ""),
+                "is_error": tc.get("is_error", False),
+                "start_timestamp": tc.get("start_timestamp", ""),
+                "duration_s": tc.get("duration_s", 0.0),
+            })
+        ctx = _trace_context()
+        step = {
+            "node_id": node_id,
+            "node_type": node_type,
+            "step_index": step_index,
+            "llm_text": llm_text,
+            "tool_calls": calls,
+            "input_tokens": input_tokens,
+            "output_tokens": output_tokens,
+            "latency_ms": latency_ms,
+            "verdict": verdict,
+            "verdict_feedback": verdict_feedback,
+            "error": error,
+            "stacktrace": stacktrace,
+            "is_partial": is_partial,
+            "trace_id": ctx.get("trace_id", ""),
+            "span_id": uuid.uuid4().hex[:16],
+            "parent_span_id": "",
+            "execution_id": ctx.get("execution_id", ""),
+        }
+        self._conn.get().run_log_step(self._run_id, step)
+
+    def _detail(self, node_id: str, node_name: str, node_type: str, success: bool,
+                error: Optional[str], stacktrace: str, total_steps: int, tokens_used: int,
+                input_tokens: int, output_tokens: int, latency_ms: int, attempt: int,
+                exit_status: str, accept_count: int, retry_count: int, escalate_count: int,
+                continue_count: int) -> Dict[str, Any]:
+        needs, reasons = node_attention(node_id, success, error, retry_count, escalate_count,
+                                        latency_ms, tokens_used, total_steps)
+        return {
+            "node_id": node_id,
+            "node_name": node_name,
+            "node_type": node_type,
+            "success": success,
+            "error": error,
+            "stacktrace": stacktrace,
+            "total_steps": total_steps,
+            "tokens_used": tokens_used,
+            "input_tokens": input_tokens,
+            "output_tokens": output_tokens,
+            "latency_ms": latency_ms,
+            "attempt": attempt,
+            "exit_status": exit_status,
+            "accept_count": accept_count,
+            "retry_count": retry_count,
+            "escalate_count": escalate_count,
+            "continue_count": continue_count,
+            "needs_attention": needs,
+            "attention_reasons": reasons,
+            "trace_id": _trace_context().get("trace_id", ""),
+            "span_id": uuid.uuid4().hex[:16],
+        }
+
+    def log_node_complete(
+        self,
+        node_id: str,
+        node_name: str,
+        node_type: str,
+        success: bool,
+        error: Optional[str] = None,
+        stacktrace: str = "",
+        total_steps: int = 0,
+        tokens_used: int = 0,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+        latency_ms: int = 0,
+        attempt: int = 1,
+        exit_status: str = "",
+        accept_count: int = 0,
+        retry_count: int = 0,
+        escalate_count: int = 0,
+        continue_count: int = 0,
+    ) -> None:
+        """A node completed: one entry per ``(node_id, attempt)``, this one replacing a
+        fallback entry ``ensure_node_logged`` may have written first."""
+        detail = self._detail(node_id, node_name, node_type, success, error, stacktrace,
+                              total_steps, tokens_used, input_tokens, output_tokens, latency_ms,
+                              attempt, exit_status, accept_count, retry_count, escalate_count,
+                              continue_count)
+        self._conn.get().run_log_node(self._run_id, detail)
+
+    def ensure_node_logged(
+        self,
+        node_id: str,
+        node_name: str,
+        node_type: str,
+        success: bool,
+        error: Optional[str] = None,
+        stacktrace: str = "",
+        tokens_used: int = 0,
+        latency_ms: int = 0,
+    ) -> None:
+        """The fallback: a basic entry only if the node has none yet, decided by the daemon
+        against the log itself (not this object's memory), atomically."""
+        detail = self._detail(node_id, node_name, node_type, success, error, stacktrace,
+                              0, tokens_used, 0, 0, latency_ms, 1, "", 0, 0, 0, 0)
+        self._conn.get().run_ensure_node(self._run_id, node_id, detail)
+
+    async def end_run(
+        self,
+        status: str,
+        duration_ms: int,
+        node_path: Optional[List[str]] = None,
+        execution_quality: str = "",
+    ) -> None:
+        """Write the summary (hive's ``summary.json``). Never raises: a failure is logged."""
+        ctx = _trace_context()
+        fields = {
+            "agent_id": self._agent_id,
+            "goal_id": self._goal_id,
+            "started_at": self._started_at or None,
+            "duration_ms": int(duration_ms),
+            "node_path": list(node_path or []),
+            "execution_quality": execution_quality,
+            "trace_id": ctx.get("trace_id", ""),
+            "execution_id": ctx.get("execution_id", ""),
+        }
+        try:
+            loop = asyncio.get_running_loop()
+            client = self._conn.get()
+            summary = await loop.run_in_executor(
+                None, lambda: client.run_end(self._run_id, status, **fields)
+            )
+            logger.info(
+                "Runtime logs saved: run_id=%s status=%s nodes=%d",
+                self._run_id, status, summary.get("total_nodes_executed", 0),
+            )
+        except Exception:
+            logger.exception("Failed to save runtime logs for run_id=%s (non-fatal)",
+                             self._run_id)
+
+    def __repr__(self) -> str:
+        return "HoldfastRuntimeLogger(run_id=%r, agent_id=%r)" % (self._run_id, self._agent_id)
+
+
+__all__ = [
+    "HIVE_IMPORT_ERROR",
+    "HoldfastCredentialStorage",
+    "HoldfastRuntimeLogger",
+    "node_attention",
+]
