@@ -65,6 +65,7 @@ def main():
         b.call("cred.release_lease", {"id": "github/bot"})
         a.call("cred.delete", {"id": "openai"})
         b.event()
+        b.call("unsubscribe", {"subscription": 1})
         a.call("cred.delete", {"id": "openai"})
         a.call("cred.get", {"id": "../etc/passwd"})
         a.call("cred.get", {"id": "nope"})
@@ -99,8 +100,10 @@ def runs_examples(sock_path):
     a.call("run.tool_end", {"run_id": "run-7", "tool_call_id": "toolu_01", "result": "3 results", "is_error": False})
     a.call("run.log_node", {"run_id": "run-7", "detail": {
         "node_id": "act", "node_type": "tool", "success": False, "attempt": 1, "retry_count": 4,
-        "input_tokens": 10, "output_tokens": 2}})
-    a.call("run.end", {"run_id": "run-7", "status": "degraded", "agent_id": "researcher"})
+        "error": "search API returned 500", "input_tokens": 10, "output_tokens": 2}})
+    a.call("run.end", {"run_id": "run-7", "status": "degraded", "agent_id": "researcher",
+                       "duration_ms": 2350, "node_path": ["plan", "act"],
+                       "execution_quality": "degraded"})
     a.call("run.end", {"run_id": "run-7", "status": "success"})
     a.call("run.log_node", {"run_id": "run-7", "detail": {"node_id": "late"}})
     a.call("run.get", {"run_id": "run-7"})
@@ -143,12 +146,13 @@ def streams_examples(sock_path):
     w.event()
     sid2 = r["result"]["stream_id"]
     p.call("stream.append", {"run_id": "run-42", "stream_id": sid, "seq": 9, "events": [{"type": "text", "text": "zombie"}]})
-    z.call("stream.commit", {"run_id": "run-42", "stream_id": sid2,
-                             "final_message": {"role": "assistant", "content": "Let me check the file and fix the bug.",
+    z.call("stream.commit", {"run_id": "run-42", "stream_id": sid2, "content_from_stream": True,
+                             "final_message": {"role": "assistant",
                                                "tool_calls": [{"id": "call_1", "name": "read_file", "arguments": {"path": "src/x"}}]}})
     w.event()
     z.call("stream.resume", {"run_id": "run-42"})
     z.call("stream.get", {"run_id": "run-42"})
+    z.call("stream.get", {"run_id": "run-42", "reveal": True})
     r = z.call("stream.begin", {"run_id": "run-43"})
     z.call("stream.abort", {"run_id": "run-43", "stream_id": r["result"]["stream_id"], "reason": "user closed the tab"})
     z.call("checkpoint.put", {"run_id": "run-44", "snapshot": {"thread_id": "t-9", "upstream_model": "claude-x",
