@@ -18,7 +18,8 @@ pub fn run(g: &Global, _args: &DaemonArgs) -> CliResult {
     // First, while this is the only thread: a socket passed by systemd (the LISTEN_* variables
     // are removed from the environment as it is taken).
     let inherited = activation::take_listener().map_err(|e| CliError::with_code(e, 1))?;
-    let config = g.config()?;
+    let mut config = g.config()?;
+    serve_hive_flag(g, &mut config)?;
     let limits = config.limits();
     let notes =
         crate::process::harden(limits.max_connections).map_err(|e| CliError::with_code(e, 1))?;
@@ -319,4 +320,45 @@ async fn idle_exit(
             return;
         }
     }
+}
+
+/// `holdfast --hive daemon`: serve hive's store (`$HIVE_HOME/credentials`) as store `hive` too,
+/// as a `[stores.hive]` entry would (key: --key-file / --key-env, else hive's own). A directory
+/// given with --store-dir has no name to be served under: say how to give it one.
+fn serve_hive_flag(g: &Global, config: &mut crate::config::Config) -> CliResult {
+    if g.store_dir.is_some() {
+        return Err(CliError::usage(
+            "the daemon serves named stores: add [stores.NAME] with path = \"DIR\" to the config \
+             file (or run `holdfast import --from-hive DIR`), or use --hive for hive's own store",
+        ));
+    }
+    if !g.hive {
+        return Ok(());
+    }
+    let path = crate::paths::hive_home()
+        .map_err(CliError::usage)?
+        .join("credentials");
+    if let Some(existing) = config.stores.get("hive") {
+        if existing.path != path {
+            return Err(CliError::with_code(
+                format!(
+                    "--hive serves {} as store \"hive\", but the config's [stores.hive] is {}",
+                    path.display(),
+                    existing.path.display()
+                ),
+                crate::error::ErrorKind::Conflict.exit_code(),
+            ));
+        }
+        return Ok(());
+    }
+    config.stores.insert(
+        "hive".into(),
+        crate::config::StoreEntry {
+            path,
+            key_file: g.key_file.clone(),
+            key_env: g.key_env.clone(),
+            hive: g.key_file.is_none() && g.key_env.is_none(),
+        },
+    );
+    Ok(())
 }

@@ -133,8 +133,10 @@ enum Command {
     /// socket is 0600 in a 0700 directory). One daemon per socket and per data directory: a
     /// second exits 1 with "already running (pid N)". SIGTERM/SIGINT: stop accepting, finish the
     /// requests in flight, flush, exit 0. The protocol is in docs/protocol.md; limits and
-    /// plugin grants come from the config file (see --config). Logs go to stderr (info by
-    /// default; --log-format json; RUST_LOG) and never contain secrets.
+    /// plugin grants come from the config file (see --config). With --hive, hive's own store
+    /// ($HIVE_HOME/credentials, key from --key-file/--key-env or hive's) is served too, as store
+    /// "hive" (a store of yours that is too open is tightened, and the log says so). Logs go to
+    /// stderr (info by default; --log-format json; RUST_LOG) and never contain secrets.
     Daemon(daemon::DaemonArgs),
     /// Show the daemon's state (or, with no daemon, the store's).
     Status,

@@ -9,8 +9,8 @@ from harness import SECRET, Daemon
 def make_daemon():
     started = []
 
-    def make(config=None):
-        d = Daemon(config)
+    def make(config=None, args=(), setup=None):
+        d = Daemon(config, args, setup)
         started.append(d)
         return d
 

@@ -59,7 +59,7 @@ def clean_env(home):
 class Daemon:
     """``holdfast init`` then ``holdfast daemon`` in a fresh temp HOME."""
 
-    def __init__(self, config=None):
+    def __init__(self, config=None, args=(), setup=None):
         # mkdtemp (0700, short path): a socket path must fit in 108 bytes.
         self.root = Path(tempfile.mkdtemp(prefix="hf-py-"))
         self.home = self.root / "home"
@@ -73,10 +73,12 @@ class Daemon:
             cfg_dir = self.home / "config" / "holdfast"
             cfg_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             (cfg_dir / "config.toml").write_text(config)
+        if setup is not None:
+            setup(self.home)  # files the daemon must find when it starts
         self.log_path = self.root / "daemon.log"
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            [BIN, "daemon"],
+            [BIN, *args, "daemon"],
             env=self.env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,

@@ -251,6 +251,26 @@ def test_a_hive_store_made_under_umask_022_is_served_repaired_and_still_hives(ma
     d.cleanup()
 
 
+def test_holdfast_hive_daemon_serves_hives_own_store(make_daemon):
+    made = {}
+
+    def setup(home):  # hive's store in the daemon's HOME, where --hive looks ($HOME/.hive)
+        made["base"], _, made["key"] = hive_store_umask_022(home, n=2)
+
+    d = make_daemon(args=["--hive"], setup=setup)
+    with d.client("agent") as hf:
+        assert [c["id"] for c in hf.list(store="hive")] == ["svc/0", "svc/1"]
+        assert hf.get("svc/0", store="hive").value() == "sk-hive-0"
+        hf.set_value("from-holdfast", "sk-x", store="hive")
+        names = [s["name"] for s in hf.status()["stores"]]
+        assert names == ["default", "hive"], names
+    assert "tightened permissions" in d.log()
+    hive = EncryptedFileStorage(made["base"], encryption_key=made["key"])
+    assert hive.load("from-holdfast").keys["api_key"].get_secret_value() == "sk-x"
+    out = d.cli("--store-dir", str(made["base"]), "daemon")
+    assert out.returncode == 2 and "[stores.NAME]" in out.stderr, out.stderr
+
+
 # ---------------------------------------------------------------------------------------------
 # Runtime logs
 
