@@ -25,7 +25,18 @@ say() { echo "plugins/run-tests.sh: $*" >&2; }
 
 if [ ! -x "$VENV/bin/python" ]; then
   say "making the Python venv $VENV"
-  "$PYTHON" -m venv --system-site-packages "$VENV"
+  if ! "$PYTHON" -m venv --system-site-packages "$VENV"; then
+    # Debian's python3 has venv in a package of its own.
+    rm -rf "$VENV"
+    if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+      say "installing python3-venv"
+      { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv; } >/dev/null
+      "$PYTHON" -m venv --system-site-packages "$VENV"
+    else
+      say "$PYTHON cannot make a venv (Debian: apt-get install python3-venv, as root)"
+      exit 1
+    fi
+  fi
 fi
 PY="$VENV/bin/python"
 

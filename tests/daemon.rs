@@ -356,7 +356,9 @@ fn every_method_once_with_its_result_shape() {
     seen.insert("unsubscribe");
     c2.ok("cred.set", json!({"id": "watched-2", "value": secret("w")}));
     assert!(
-        wait_event(&mut c1, Duration::from_millis(300), |e| e["id"] == "watched-2").is_none(),
+        wait_event(&mut c1, Duration::from_millis(300), |e| e["id"]
+            == "watched-2")
+        .is_none(),
         "an event after unsubscribe"
     );
     c2.ok("cred.delete", json!({"id": "watched-2"}));
