@@ -25,6 +25,7 @@ one rendered) together render the answer exactly once: that is what the test che
 import argparse
 import json
 import os
+import re
 import sys
 import time
 import uuid
@@ -65,15 +66,8 @@ def chunk(content=None, tool_calls=None, finish=None):
 
 
 def words(text):
-    out, cur = [], ""
-    for ch in text:
-        cur += ch
-        if ch == " ":
-            out.append(cur)
-            cur = ""
-    if cur:
-        out.append(cur)
-    return out
+    """The words of ``text``, each with the spaces after it (joined: ``text`` again)."""
+    return re.findall(r"\S+\s*|\s+", text)
 
 
 class FakeModel:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import collections
 import itertools
 import json
 import os
 import socket
 import threading
 import time
-from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from ._errors import (
     CallTimeout,
@@ -36,7 +35,6 @@ from ._protocol import (
     set_result,
 )
 
-_CLOSED = CLOSED  # end-of-events marker in an event queue
 
 Event = Dict[str, Any]
 Sink = Callable[[Event], None]
@@ -180,10 +178,9 @@ class Client:
         self._pending: Dict[int, _Pending] = {}
         self._closed = False
         self._close_reason: Optional[str] = None
-        self._events: Deque[Any] = collections.deque()
+        # The shared queue of events(): drop-oldest with a resync, as a credential watch's.
+        self._events = SubQueue("cred", max_queued_events)
         self._events_cv = threading.Condition(threading.Lock())
-        self._max_events = max(1, int(max_queued_events))
-        self._dropped_events = 0
         # Subscriptions (reader thread only): "user" ones feed events(), Subscription objects
         # their own queues, "internal" ones (single_flight_refresh) only the generation table.
         self._table = SubscriptionTable()
@@ -318,10 +315,7 @@ class Client:
 
     def _deliver(self, params: Event) -> None:
         with self._events_cv:
-            if len(self._events) >= self._max_events:
-                self._events.popleft()
-                self._dropped_events += 1
-            self._events.append(params)
+            self._events.push(params)
             self._events_cv.notify_all()
         cb = self.on_event
         if cb is not None:
@@ -341,12 +335,12 @@ class Client:
             w.error = ConnectionClosed(message=reason)
             w.event.set()
         with self._events_cv:
-            self._events.append(_CLOSED)
+            self._events.push(CLOSED)
             self._events_cv.notify_all()
         with self._lock:
             own = list(self._own.values())
         for sub in own:
-            sub._push(_CLOSED)  # type: ignore[arg-type]
+            sub._push(CLOSED)
         with self._changes_cv:
             self._changes_cv.notify_all()
 
@@ -658,21 +652,13 @@ class Client:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._events_cv:
             while True:
-                if self._dropped_events:
-                    n, self._dropped_events = self._dropped_events, 0
-                    return {
-                        "subscription": None,
-                        "type": "resync",
-                        "missed": n,
-                        "hint": "the client's event queue overflowed: list again",
-                    }
-                if self._events:
-                    ev = self._events[0]
-                    if ev is _CLOSED:
-                        raise ConnectionClosed(
-                            message=self._close_reason or "the connection is closed"
-                        )
-                    return self._events.popleft()
+                what, ev = self._events.take(None)
+                if what == "event":
+                    return ev
+                if what == "closed":
+                    raise ConnectionClosed(
+                        message=self._close_reason or "the connection is closed"
+                    )
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return None

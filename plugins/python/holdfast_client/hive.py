@@ -328,11 +328,14 @@ class HoldfastRuntimeLogger:
         }
         self._conn.get().run_log_step(self._run_id, step)
 
-    def _detail(self, node_id: str, node_name: str, node_type: str, success: bool,
-                error: Optional[str], stacktrace: str, total_steps: int, tokens_used: int,
-                input_tokens: int, output_tokens: int, latency_ms: int, attempt: int,
-                exit_status: str, accept_count: int, retry_count: int, escalate_count: int,
-                continue_count: int) -> Dict[str, Any]:
+    @staticmethod
+    def _detail(node_id: str, node_name: str, node_type: str, success: bool,
+                error: Optional[str] = None, stacktrace: str = "", total_steps: int = 0,
+                tokens_used: int = 0, input_tokens: int = 0, output_tokens: int = 0,
+                latency_ms: int = 0, attempt: int = 1, exit_status: str = "",
+                accept_count: int = 0, retry_count: int = 0, escalate_count: int = 0,
+                continue_count: int = 0) -> Dict[str, Any]:
+        """hive's ``NodeDetail`` as its logger fills it in (defaults are hive's)."""
         needs, reasons = node_attention(node_id, success, error, retry_count, escalate_count,
                                         latency_ms, tokens_used, total_steps)
         return {
@@ -381,10 +384,12 @@ class HoldfastRuntimeLogger:
     ) -> None:
         """A node completed: one entry per ``(node_id, attempt)``, this one replacing a
         fallback entry ``ensure_node_logged`` may have written first."""
-        detail = self._detail(node_id, node_name, node_type, success, error, stacktrace,
-                              total_steps, tokens_used, input_tokens, output_tokens, latency_ms,
-                              attempt, exit_status, accept_count, retry_count, escalate_count,
-                              continue_count)
+        detail = self._detail(
+            node_id, node_name, node_type, success, error=error, stacktrace=stacktrace,
+            total_steps=total_steps, tokens_used=tokens_used, input_tokens=input_tokens,
+            output_tokens=output_tokens, latency_ms=latency_ms, attempt=attempt,
+            exit_status=exit_status, accept_count=accept_count, retry_count=retry_count,
+            escalate_count=escalate_count, continue_count=continue_count)
         self._conn.get().run_log_node(self._run_id, detail)
 
     def ensure_node_logged(
@@ -400,8 +405,9 @@ class HoldfastRuntimeLogger:
     ) -> None:
         """The fallback: a basic entry only if the node has none yet, decided by the daemon
         against the log itself (not this object's memory), atomically."""
-        detail = self._detail(node_id, node_name, node_type, success, error, stacktrace,
-                              0, tokens_used, 0, 0, latency_ms, 1, "", 0, 0, 0, 0)
+        detail = self._detail(node_id, node_name, node_type, success, error=error,
+                              stacktrace=stacktrace, tokens_used=tokens_used,
+                              latency_ms=latency_ms)
         self._conn.get().run_ensure_node(self._run_id, node_id, detail)
 
     async def end_run(

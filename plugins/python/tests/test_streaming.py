@@ -5,6 +5,7 @@ agent process killed with SIGKILL and a new one resuming."""
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -36,21 +37,10 @@ class Http(Exception):
 def provider(fail_at=None, exc=None, prefix=None, text=ANSWER):
     """Words of ``text`` after ``prefix``; raises ``exc`` before word ``fail_at``."""
     start = len(prefix) if prefix else 0
-    ws = [w for w in _words(text[start:])]
-    for i, w in enumerate(ws):
+    for i, w in enumerate(re.findall(r"\S+\s*|\s+", text[start:])):
         if fail_at is not None and i == fail_at:
             raise exc
         yield w
-
-
-def _words(text):
-    out, cur = [], ""
-    for ch in text:
-        cur += ch
-        if ch == " ":
-            out.append(cur)
-            cur = ""
-    return out + ([cur] if cur else [])
 
 
 def render(events):
