@@ -24,7 +24,7 @@ Serving in place (the default) adds to the config file:
 
   [stores.hive]
   path = \"/home/me/.hive/credentials\"
-  hive = true                      # key: HIVE_CREDENTIAL_KEY, then $HIVE_HOME/secrets/credential_key
+  hive = true                      # hive's key (see below)
 
 The daemon then serves hive's store as store \"hive\" (after a restart), repairing it on open;
 hive keeps reading and writing the same files. --copy instead re-encrypts every credential
