@@ -251,6 +251,40 @@ def test_a_hive_store_made_under_umask_022_is_served_repaired_and_still_hives(ma
     d.cleanup()
 
 
+def test_the_cli_opens_a_store_hive_made_and_imports_it(daemon):
+    root = Path(tempfile.mkdtemp(prefix="hf-hive-cli-"))
+    base, _, key = hive_store_umask_022(root)
+    env = dict(daemon.env, HIVE_HOME=str(root / ".hive"))
+
+    def hf(*args):
+        return subprocess.run([BIN, *args], env=env, capture_output=True, text=True,
+                              timeout=60)
+
+    out = hf("--hive", "cred", "list", "--json")
+    assert out.returncode == 0, out.stderr
+    assert sorted(c["id"] for c in json.loads(out.stdout)["credentials"]) == \
+        ["svc/0", "svc/1", "svc/2"]
+    assert out.stderr.count("tightened permissions") == 1, out.stderr
+    assert "3 directories 0755 → 0700" in out.stderr, out.stderr
+    out = hf("--hive", "cred", "get", "svc/1")
+    assert (out.returncode, out.stdout.strip()) == (0, "sk-hive-1"), out.stderr
+    assert "tightened" not in out.stderr, "the notice is said once"
+    # import: a dry run, then a copy into the daemon's default store (through the daemon).
+    out = hf("import", "--from-hive", "--copy", "--dry-run")
+    assert out.returncode == 0 and "3 would be copied" in out.stdout, out.stdout + out.stderr
+    out = hf("import", "--from-hive", "--copy")
+    assert out.returncode == 0 and "copied 3 (3 new" in out.stdout, out.stdout + out.stderr
+    storage = HoldfastCredentialStorage(socket_path=daemon.socket)
+    assert secrets_of(storage.load("svc/2")) == {"api_key": "sk-hive-2"}
+    storage.close()
+    # hive still reads its store, and writes to it.
+    hive = EncryptedFileStorage(base, encryption_key=key)
+    hive.save(cred("svc/3", "sk-hive-3"))
+    assert sorted(hive.list_all()) == ["svc/0", "svc/1", "svc/2", "svc/3"]
+    out = hf("--hive", "cred", "get", "svc/3")
+    assert out.stdout.strip() == "sk-hive-3", out.stderr
+
+
 def test_holdfast_hive_daemon_serves_hives_own_store(make_daemon):
     made = {}
 
