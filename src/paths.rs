@@ -77,6 +77,11 @@ pub fn hive_home() -> Result<PathBuf, String> {
     }
 }
 
+/// hive's credential store: `$HIVE_HOME/credentials` (`~/.hive/credentials`).
+pub fn hive_store_dir() -> Result<PathBuf, String> {
+    Ok(hive_home()?.join("credentials"))
+}
+
 /// hive's key sources, in hive's order: `HIVE_CREDENTIAL_KEY`, then
 /// `$HIVE_HOME/secrets/credential_key`.
 pub fn hive_key_sources() -> Result<Vec<KeySource>, String> {

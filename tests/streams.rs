@@ -658,11 +658,17 @@ fn unsubscribe_is_exact_and_frees_the_slot() {
         .to_owned();
     let sub = w.ok("stream.subscribe", json!({"run_id": "u1"}))["subscription"].clone();
     let watch = w.ok("cred.watch", json!({}))["subscription"].clone();
-    // Events keep coming while the unsubscribe is on its way: a producer on another connection.
+    // A producer on another connection: 50 events, then (once the unsubscribe has been
+    // answered) 350 more, so "nothing after the answer" is checked against events that were
+    // certainly made after it.
     let socket = d.socket.clone();
+    let (answered_tx, answered_rx) = std::sync::mpsc::channel::<()>();
     let producer = std::thread::spawn(move || {
         let mut p = Conn::open(&socket);
         for seq in 1..=400u64 {
+            if seq == 51 {
+                answered_rx.recv().expect("the test thread signals");
+            }
             p.ok(
                 "stream.append",
                 json!({"run_id": "u1", "stream_id": sid, "seq": seq,
@@ -680,6 +686,7 @@ fn unsubscribe_is_exact_and_frees_the_slot() {
     }
     let r = w.ok("unsubscribe", json!({"subscription": sub}));
     assert_eq!(r["unsubscribed"], true);
+    answered_tx.send(()).unwrap();
     // Events read while waiting for the answer were ahead of it: they are fine. After it:
     // nothing of this subscription, however long the producer goes on.
     let queued_before_answer = {
@@ -697,7 +704,7 @@ fn unsubscribe_is_exact_and_frees_the_slot() {
     );
     println!(
         "unsubscribe: {before} events read, {queued_before_answer} queued ahead of the answer, \
-         0 after it (producer appended 400)"
+         0 of the 350 appended after it"
     );
     // Unknown or already closed: false, nothing else happens.
     assert_eq!(

@@ -335,9 +335,7 @@ fn serve_hive_flag(g: &Global, config: &mut crate::config::Config) -> CliResult 
     if !g.hive {
         return Ok(());
     }
-    let path = crate::paths::hive_home()
-        .map_err(CliError::usage)?
-        .join("credentials");
+    let path = crate::paths::hive_store_dir().map_err(CliError::usage)?;
     if let Some(existing) = config.stores.get("hive") {
         if existing.path != path {
             return Err(CliError::with_code(

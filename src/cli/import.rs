@@ -78,9 +78,7 @@ pub fn run(g: &Global, a: &ImportArgs) -> CliResult {
     }
     let dir = match &a.from_hive {
         Some(Some(p)) => p.clone(),
-        _ => paths::hive_home()
-            .map_err(CliError::usage)?
-            .join("credentials"),
+        _ => paths::hive_store_dir().map_err(CliError::usage)?,
     };
     let dir = absolute(&dir)?;
     if !dir.join("credentials").is_dir() {
@@ -125,7 +123,10 @@ enum Outcome {
     Same,
     Differs,
     Replaced,
+    /// The hive store's file could not be read.
     Unreadable,
+    /// The write into the target failed (a conflict with another writer, an I/O error).
+    Failed,
 }
 
 impl Outcome {
@@ -136,6 +137,7 @@ impl Outcome {
             Outcome::Differs => "differs",
             Outcome::Replaced => "replaced",
             Outcome::Unreadable => "unreadable",
+            Outcome::Failed => "failed",
         }
     }
 }
@@ -193,7 +195,7 @@ fn copy(g: &Global, a: &ImportArgs, source: &CredentialStore) -> CliResult {
             // got in between is a conflict, reported, never overwritten unseen.
             let expect = existing.as_ref().map_or(0, |c| c.generation());
             if let Err(e) = target.set(cred, Some(expect)) {
-                rows.push((info.id.clone(), Outcome::Unreadable, e.message.clone()));
+                rows.push((info.id.clone(), Outcome::Failed, e.message.clone()));
                 first_error.get_or_insert(e);
                 continue;
             }
@@ -226,7 +228,7 @@ fn copy(g: &Global, a: &ImportArgs, source: &CredentialStore) -> CliResult {
             let note = match o {
                 Outcome::Same => "already there, identical".to_string(),
                 Outcome::Differs => "the target's is kept; --overwrite replaces it".to_string(),
-                Outcome::Unreadable => why.clone(),
+                Outcome::Unreadable | Outcome::Failed => why.clone(),
                 _ => String::new(),
             };
             out(format!("  {:<10} {id}  {note}", o.label()).trim_end());
@@ -265,7 +267,7 @@ fn copy(g: &Global, a: &ImportArgs, source: &CredentialStore) -> CliResult {
         Some(e) => Err(CliError::with_code(
             format!(
                 "{} credential(s) could not be copied (first: {})",
-                count(Outcome::Unreadable),
+                count(Outcome::Unreadable) + count(Outcome::Failed),
                 e.message
             ),
             e.code,

@@ -231,11 +231,7 @@ impl Global {
             (None, None) => None,
         };
         let foreign_dir = if self.hive {
-            Some(
-                paths::hive_home()
-                    .map_err(CliError::usage)?
-                    .join("credentials"),
-            )
+            Some(paths::hive_store_dir().map_err(CliError::usage)?)
         } else {
             self.store_dir.clone()
         };

@@ -157,13 +157,23 @@ pub fn is_too_open(path: &Path, want_dir: bool) -> Result<bool, PermError> {
 /// 0700, 0644 → 0600; the owner's bits are kept). Refuses a symlink, the wrong type or another
 /// owner. The change is made with `fchmod` on a descriptor opened with `O_NOFOLLOW` and checked
 /// to be the inode inspected, so a path swapped for a link in between cannot redirect it.
-/// Returns the change, or `None` if the path was already private.
-pub fn tighten(path: &Path, want_dir: bool) -> Result<Option<Tightened>, PermError> {
+/// Returns the change, or `None` if the path was already private. With `apply` false nothing
+/// is changed (nothing is even opened): the change it would make is returned.
+pub fn tighten(path: &Path, want_dir: bool, apply: bool) -> Result<Option<Tightened>, PermError> {
     use rustix::fs::{Mode, OFlags};
     let meta = owned(path, want_dir)?;
     let from = meta.mode() & 0o7777;
     if from & 0o077 == 0 {
         return Ok(None);
+    }
+    let change = Tightened {
+        path: path.to_path_buf(),
+        from,
+        to: from & !0o077,
+        dir: want_dir,
+    };
+    if !apply {
+        return Ok(Some(change));
     }
     let io = |e: rustix::io::Errno| PermError::Io {
         path: path.to_path_buf(),
@@ -189,14 +199,8 @@ pub fn tighten(path: &Path, want_dir: bool) -> Result<Option<Tightened>, PermErr
             path: path.to_path_buf(),
         });
     }
-    let to = from & !0o077;
-    rustix::fs::fchmod(&fd, Mode::from_raw_mode(to)).map_err(io)?;
-    Ok(Some(Tightened {
-        path: path.to_path_buf(),
-        from,
-        to,
-        dir: want_dir,
-    }))
+    rustix::fs::fchmod(&fd, Mode::from_raw_mode(change.to)).map_err(io)?;
+    Ok(Some(change))
 }
 
 #[cfg(test)]
@@ -254,19 +258,24 @@ mod tests {
         fs::set_permissions(&file, fs::Permissions::from_mode(0o644)).unwrap();
 
         assert!(is_too_open(&dir, true).unwrap());
-        let t = tighten(&dir, true).unwrap().expect("a change");
+        // Looking only: the change it would make, and nothing changed.
+        let would = tighten(&dir, true, false).unwrap().expect("a change");
+        assert_eq!((would.from, would.to), (0o755, 0o700));
+        assert_eq!(fs::metadata(&dir).unwrap().mode() & 0o7777, 0o755);
+        let t = tighten(&dir, true, true).unwrap().expect("a change");
+        assert_eq!(t, would);
         assert_eq!((t.from, t.to), (0o755, 0o700));
-        let t = tighten(&file, false).unwrap().expect("a change");
+        let t = tighten(&file, false, true).unwrap().expect("a change");
         assert_eq!((t.from, t.to), (0o644, 0o600));
         let mode = |p: &Path| fs::metadata(p).unwrap().mode() & 0o7777;
         assert_eq!(mode(&dir), 0o700);
         assert_eq!(mode(&file), 0o600);
         // Already private: nothing to do.
-        assert_eq!(tighten(&dir, true).unwrap(), None);
+        assert_eq!(tighten(&dir, true, true).unwrap(), None);
         assert!(!is_too_open(&file, false).unwrap());
         // The owner's bits stay as they were (a read-only file stays read-only).
         fs::set_permissions(&file, fs::Permissions::from_mode(0o444)).unwrap();
-        assert_eq!(tighten(&file, false).unwrap().unwrap().to, 0o400);
+        assert_eq!(tighten(&file, false, true).unwrap().unwrap().to, 0o400);
     }
 
     #[test]
@@ -278,7 +287,7 @@ mod tests {
         let link = d.path().join("link");
         std::os::unix::fs::symlink(&real, &link).unwrap();
         assert!(matches!(
-            tighten(&link, true),
+            tighten(&link, true, true),
             Err(PermError::Symlink { .. })
         ));
         assert!(matches!(
@@ -290,13 +299,13 @@ mod tests {
         let file = d.path().join("f");
         fs::write(&file, "x").unwrap();
         assert!(matches!(
-            tighten(&file, true),
+            tighten(&file, true, true),
             Err(PermError::WrongType { .. })
         ));
         if euid() == 0 {
             // Root can make a file another user owns: it must be refused, not chmod-ed.
             rustix::fs::chown(&real, Some(rustix::process::Uid::from_raw(65534)), None).unwrap();
-            let msg = tighten(&real, true).unwrap_err().to_string();
+            let msg = tighten(&real, true, true).unwrap_err().to_string();
             assert!(msg.contains("owned by uid 65534"), "{msg}");
             assert_eq!(fs::metadata(&real).unwrap().mode() & 0o777, 0o755);
         } else {

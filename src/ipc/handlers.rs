@@ -684,13 +684,8 @@ async fn cred_watch(
     let (session_f, grant_f) = (Arc::clone(session), grant.clone());
     tokio::spawn(async move {
         loop {
-            let next = async {
-                tokio::select! {
-                    r = rx.recv() => Some(r),
-                    () = gate.closed() => None,
-                }
-            };
-            let Some(Some(received)) = session_f.unless_ended(next).await else {
+            let next = session_f.unless_ended(gate.until_closed(rx.recv())).await;
+            let Some(received) = next.flatten() else {
                 break;
             };
             let ev: CredEvent = match received {

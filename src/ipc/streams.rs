@@ -417,13 +417,8 @@ fn subscribe(
     let (session_f, run) = (Arc::clone(session), run_id.to_owned());
     tokio::spawn(async move {
         loop {
-            let next = async {
-                tokio::select! {
-                    r = rx.recv() => r,
-                    () = gate.closed() => None,
-                }
-            };
-            let Some(Some((seq, event))) = session_f.unless_ended(next).await else {
+            let next = session_f.unless_ended(gate.until_closed(rx.recv())).await;
+            let Some((seq, event)) = next.flatten().flatten() else {
                 break;
             };
             let finish = event["type"] == "finish";

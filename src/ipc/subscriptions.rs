@@ -41,9 +41,18 @@ impl Gate {
         !*closed && outbox.send(line)
     }
 
-    /// Wait until the subscription is closed (`unsubscribe`). Armed before the flag is read, so
-    /// a close between the two is not missed.
-    pub async fn closed(&self) {
+    /// `fut`'s output, or `None` if the subscription is closed (`unsubscribe`) first: what a
+    /// forwarder waits on for its next event.
+    pub async fn until_closed<F: std::future::Future>(&self, fut: F) -> Option<F::Output> {
+        tokio::select! {
+            v = fut => Some(v),
+            () = self.closed() => None,
+        }
+    }
+
+    /// Wait until the subscription is closed. Armed before the flag is read, so a close between
+    /// the two is not missed.
+    async fn closed(&self) {
         let woken = self.wake.notified();
         tokio::pin!(woken);
         woken.as_mut().enable();

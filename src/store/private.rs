@@ -140,17 +140,15 @@ pub(super) fn make_private(base: &Path, apply: bool) -> Result<PermFixes> {
     if open.is_empty() {
         return Ok(fixes);
     }
-    if !apply {
-        return would_tighten(fixes, &dirs, &open);
-    }
     // The base is ours and not a link (checked above), as is metadata/ if present: taking the
     // lock there creates nothing outside the store. The base goes first so the lock file is
-    // never made in a directory others can enter.
-    if let Some(t) = perms::tighten(base, true)? {
+    // never made in a directory others can enter. Looking only takes no lock (and so creates no
+    // lock file): it changes nothing a writer could race with.
+    if let Some(t) = perms::tighten(base, true, apply)? {
         fixes.changes.push(t);
     }
     let meta = base.join("metadata");
-    let _guard = if meta.is_dir() {
+    let _guard = if apply && meta.is_dir() {
         Some(lock::lock(
             &meta.join("index.lock"),
             LockMode::Exclusive,
@@ -160,13 +158,12 @@ pub(super) fn make_private(base: &Path, apply: bool) -> Result<PermFixes> {
         None
     };
     for d in dirs.iter().skip(1) {
-        if let Some(t) = perms::tighten(d, true)? {
+        if let Some(t) = perms::tighten(d, true, apply)? {
             fixes.changes.push(t);
         }
     }
-    let files = exposed_files(&dirs, &open)?;
-    for f in files {
-        match perms::tighten(&f, false) {
+    for f in exposed_files(&dirs, &open)? {
+        match perms::tighten(&f, false, apply) {
             Ok(Some(t)) => fixes.changes.push(t),
             Ok(None) => {}
             // Gone (a writer replaced or deleted it meanwhile): its replacement is made 0600
@@ -207,30 +204,6 @@ fn exposed_files(dirs: &[PathBuf], open: &[PathBuf]) -> Result<Vec<PathBuf>> {
     }
     files.sort();
     Ok(files)
-}
-
-/// Looking only: the open directories and the exposed files that are open, as changes not made.
-fn would_tighten(mut fixes: PermFixes, dirs: &[PathBuf], open: &[PathBuf]) -> Result<PermFixes> {
-    let files = exposed_files(dirs, open)?;
-    let paths = open
-        .iter()
-        .map(|d| (d, true))
-        .chain(files.iter().map(|f| (f, false)));
-    for (path, dir) in paths {
-        let Ok(m) = fs::symlink_metadata(path) else {
-            continue;
-        };
-        let from = std::os::unix::fs::MetadataExt::mode(&m) & 0o7777;
-        if from & 0o077 != 0 {
-            fixes.changes.push(Tightened {
-                path: path.clone(),
-                from,
-                to: from & !0o077,
-                dir,
-            });
-        }
-    }
-    Ok(fixes)
 }
 
 #[cfg(test)]

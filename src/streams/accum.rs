@@ -413,6 +413,18 @@ impl Accumulator {
         self.flush_trim()
     }
 
+    /// The text subscribers will have been shown once the trimmer decides on what it holds:
+    /// `text`, plus the held text less its repeat of the tail — what [`Self::flush_trim`]
+    /// publishes — without changing anything (the commit stores it before the decision is made).
+    pub fn text_when_flushed(&self) -> String {
+        let mut text = self.text.clone();
+        if let Some(trim) = &self.trim {
+            let held = trim.held_text();
+            text.push_str(&held[overlap(&trim.tail, &held)..]);
+        }
+        text
+    }
+
     /// Decide on held text: drop the longest repeat of the prefix's tail, publish the rest.
     pub fn flush_trim(&mut self) -> Vec<(u64, Value)> {
         let Some(trim) = self.trim.take() else {
@@ -610,6 +622,33 @@ mod tests {
         // Later text is not trimmed again.
         let out = acc.apply(5, &Event::Text("Hello".into())).unwrap();
         assert_eq!(texts(&out), vec![(5, "Hello".to_string())]);
+    }
+
+    #[test]
+    fn the_text_when_flushed_is_what_the_flush_then_shows() {
+        // Held text the flush drops, publishes (a 2-char repeat is below the minimum), partly
+        // drops ("abc" repeats the tail's end, "X" does not); and nothing held.
+        for (first, held, want) in [
+            ("Hello, wor", vec!["wor"], "Hello, wor"),
+            ("Hello, wor", vec!["lo, "], "Hello, worlo, "),
+            ("Hello, wor", vec!["w", "o"], "Hello, worwo"),
+            ("abcXabc", vec!["ab", "cX"], "abcXabcX"),
+            ("Hello, wor", vec![], "Hello, wor"),
+        ] {
+            let mut acc = Accumulator::default();
+            acc.apply(1, &Event::Text(first.into())).unwrap();
+            r1(&mut acc);
+            for (i, t) in held.iter().enumerate() {
+                assert!(acc
+                    .apply(2 + i as u64, &Event::Text((*t).into()))
+                    .unwrap()
+                    .is_empty());
+            }
+            let foreseen = acc.text_when_flushed();
+            acc.flush_trim();
+            assert_eq!(foreseen, acc.text, "{held:?}");
+            assert_eq!(foreseen, want, "{held:?}");
+        }
     }
 
     #[test]

@@ -1167,11 +1167,9 @@ impl Streams {
             // From here until the state file is written (or not), nothing else touches the run.
             run.ending = true;
             if content_from_stream {
-                // The trimmer's decision, taken on a copy: the real one is made (identically)
-                // after the commit point, when the held text is published.
-                let mut acc = run.acc.clone();
-                acc.flush_trim();
-                detail["final_message"]["content"] = Value::String(acc.text);
+                // The trimmer's decision, foreseen: the real one is made (identically) after the
+                // commit point, when the held text is published.
+                detail["final_message"]["content"] = Value::String(run.acc.text_when_flushed());
             }
             let summary = run.summary();
             (run.next_seq, (run.events.len(), summary))

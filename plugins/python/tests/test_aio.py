@@ -153,6 +153,15 @@ def test_close_unsubscribes_exactly_and_frees_the_slot(daemon):
         sub.close()
         prod.text("b")
         assert sub.next(0.3) is None, "an event after close()"
+        # That holds by the closed queue alone; what can go wrong is routing: events of the
+        # closed subscription must not reach another queue of this client, and a new one gets
+        # its own events once each.
+        assert w.next_event(0.2) is None, "a closed subscription's event reached events()"
+        again = w.subscribe_stream("u1")
+        got = [(ev["seq"], ev["event"]["text"]) for ev in (again.next(5), again.next(5))]
+        assert got == [(1, "a"), (2, "b")], got
+        assert again.next(0.2) is None
+        again.close()
         # Credential watches too, and the legacy events() queue stays empty of them.
         cw = w.subscribe_cred()
         with daemon.client("writer") as wr:
