@@ -1,0 +1,644 @@
+// A promise-based client of the holdfast daemon: one Unix-socket connection, pipelined
+// requests, typed errors, subscriptions as async iterators, and reconnection.
+import { lstatSync } from 'node:fs';
+import net from 'node:net';
+import { inspect } from 'node:util';
+
+import {
+  CallTimeout, ConnectionClosed, Forbidden, InvalidParams, StorageError, errorFromResponse, scrub,
+} from './errors.js';
+import { defaultSocketPath } from './paths.js';
+
+export const PROTOCOL_VERSION = 1;
+/** The largest line the client accepts from the daemon (a cred.list of a huge store is a few
+ * MiB): a longer one closes the connection instead of growing memory without end. */
+export const MAX_LINE_BYTES = 64 * 1024 * 1024;
+const EARLY_EVENTS_CAP = 4096;
+const RECONNECT_FIRST_MS = 50;
+const RECONNECT_MAX_MS = 1000;
+
+const OWN_RESYNC = Symbol('holdfast.ownResync');
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+/** The peer must run as our uid. Node cannot read SO_PEERCRED, so the client checks what decides
+ * it: the socket file was created by the process that bound it, so its owner is the daemon's
+ * uid, and it must be ours (a socket someone else put at the path is refused before a byte of
+ * a request is sent). */
+function checkSocketOwner(path) {
+  let st;
+  try {
+    st = lstatSync(path);
+  } catch (e) {
+    throw new ConnectionClosed(`cannot connect to the holdfast daemon at ${path}: ${e.code ?? e.message} (is it running? \`holdfast daemon\`)`);
+  }
+  if (!st.isSocket()) {
+    throw new ConnectionClosed(`${path} is not a socket (is the daemon's socket path right?)`);
+  }
+  const me = process.geteuid();
+  if (st.uid !== me) {
+    throw new Forbidden(`the socket ${path} belongs to uid ${st.uid}, not ${me}: refusing to talk to it`);
+  }
+}
+
+/** A credential as the daemon returned it. `inspect` (console.log) hides the secret values;
+ * `credential` holds them for the code that needs them. */
+export class CredentialRecord {
+  constructor(credential, generation) {
+    this.credential = credential;
+    this.generation = generation;
+  }
+
+  get id() {
+    return this.credential?.id;
+  }
+
+  /** The value of key `name` (default `api_key`, else the only key), or undefined. */
+  value(name) {
+    const keys = this.credential?.keys ?? {};
+    const k = name ?? (Object.hasOwn(keys, 'api_key') ? 'api_key' : Object.keys(keys)[0]);
+    return keys[k]?.value;
+  }
+
+  [inspect.custom]() {
+    const keys = Object.keys(this.credential?.keys ?? {});
+    return `CredentialRecord { id: ${inspect(this.id)}, generation: ${this.generation}, keys: ${inspect(keys)} (values hidden) }`;
+  }
+}
+
+/**
+ * One subscription: an async iterator of its events (`for await (const ev of sub)`).
+ * A stream subscription (`kind: 'stream'`) ends after its run's `finish` event and never drops
+ * an event; across a reconnection it is made again after the last seq it delivered, so nothing
+ * is missed or repeated. A credential watch (`kind: 'cred'`) keeps at most `maxQueued` events
+ * (past that the oldest go and a `{type: 'resync', missed}` event says how many), and after a
+ * reconnection yields `{type: 'resync', reason: 'reconnected'}`: list again.
+ * `return()` (a `break` out of the loop) or `close()` unsubscribes.
+ */
+export class Subscription {
+  constructor(client, kind, params, maxQueued) {
+    this.client = client;
+    this.kind = kind;
+    this.params = params;
+    this.id = null; // the daemon's number on the current connection
+    this.runId = params.run_id ?? null;
+    this.lastSeq = kind === 'stream' ? (params.after_seq ?? 0) : null;
+    this.maxQueued = maxQueued;
+    this.queue = [];
+    this.waiters = [];
+    this.done = false; // no more events will be queued
+    this.error = null;
+    this.dropped = 0;
+    this.needsResubscribe = false;
+  }
+
+  _push(ev) {
+    if (this.done) return;
+    if (this.kind === 'stream') {
+      if (typeof ev.seq === 'number') {
+        if (ev.seq <= this.lastSeq) return; // seen before a reconnection: never twice
+        this.lastSeq = ev.seq;
+      }
+      this._deliver(ev);
+      if (ev.event?.type === 'finish') this._end(null);
+      return;
+    }
+    if (this.queue.length >= this.maxQueued) {
+      // Drop the oldest; one resync event at the head counts every event dropped.
+      this.dropped += 1;
+      if (this.queue[0]?.[OWN_RESYNC]) {
+        this.queue.splice(1, 1);
+        this.queue[0].missed += 1;
+      } else {
+        this.queue[0] = { type: 'resync', missed: 1, subscription: this.id, [OWN_RESYNC]: true };
+      }
+      this.queue.push(ev);
+      return;
+    }
+    this._deliver(ev);
+  }
+
+  _deliver(ev) {
+    const w = this.waiters.shift();
+    if (w) w.resolve({ value: ev, done: false });
+    else this.queue.push(ev);
+  }
+
+  _end(error) {
+    if (this.done) return;
+    this.done = true;
+    this.error = error;
+    this.client._forget(this);
+    if (this.queue.length === 0) this._flushWaiters();
+  }
+
+  _flushWaiters() {
+    for (const w of this.waiters.splice(0)) {
+      if (this.error) w.reject(this.error);
+      else w.resolve({ value: undefined, done: true });
+    }
+  }
+
+  next() {
+    if (this.queue.length) {
+      const value = this.queue.shift();
+      if (this.done && this.queue.length === 0) queueMicrotask(() => this._flushWaiters());
+      return Promise.resolve({ value, done: false });
+    }
+    if (this.done) {
+      if (this.error) {
+        const e = this.error;
+        this.error = null;
+        return Promise.reject(e);
+      }
+      return Promise.resolve({ value: undefined, done: true });
+    }
+    return new Promise((resolve, reject) => this.waiters.push({ resolve, reject }));
+  }
+
+  /** Unsubscribe (exact: no event of it follows the daemon's answer). Idempotent. */
+  async close() {
+    if (this.done) return false;
+    const id = this.id;
+    this.queue.length = 0;
+    this._end(null);
+    if (id === null || this.client.closed || !this.client._connected()) return false;
+    try {
+      const r = await this.client.call('unsubscribe', { subscription: id });
+      return r.unsubscribed === true;
+    } catch (e) {
+      if (e instanceof ConnectionClosed) return false;
+      throw e;
+    }
+  }
+
+  async return() {
+    await this.close();
+    return { value: undefined, done: true };
+  }
+
+  [Symbol.asyncIterator]() {
+    return this;
+  }
+}
+
+/**
+ * One connection to the daemon, said hello to. Create it with `await Client.connect(options)`.
+ *
+ * Options: `socketPath` (default: found as the CLI finds it), `client` (a name for the
+ * daemon's logs), `plugin` (bind to a plugin grant), `timeoutMs` (per call; default 60 s;
+ * `null`: wait forever), `reconnect` (default true: after the connection drops, the next call
+ * connects again, and open subscriptions are made again at once), `reconnectTimeoutMs` (how long
+ * to keep trying, default 30 s).
+ *
+ * Calls may be made concurrently: they are pipelined on the one connection. A call in flight
+ * when the connection drops fails with `ConnectionClosed` (it may or may not have been done:
+ * stream appends are safe to retry with the same seq; `StreamProducer` does so).
+ */
+export class Client {
+  static async connect(options = {}) {
+    const c = new Client(options);
+    await c._ensure();
+    return c;
+  }
+
+  constructor({
+    socketPath, client = 'node', plugin, timeoutMs = 60_000, reconnect = true,
+    reconnectTimeoutMs = 30_000,
+  } = {}) {
+    this.socketPath = socketPath ?? defaultSocketPath();
+    this.clientName = client;
+    this.plugin = plugin;
+    this.timeoutMs = timeoutMs;
+    this.reconnect = reconnect;
+    this.reconnectTimeoutMs = reconnectTimeoutMs;
+    /** The daemon's answer to `hello` on the current connection. */
+    this.hello = null;
+    /** How many times a dropped connection was made again. */
+    this.reconnects = 0;
+    this.closed = false;
+    this._conn = null;
+    this._connecting = null;
+    this._nextId = 1;
+    this._subs = new Set(); // every open Subscription
+  }
+
+  _connected() {
+    return this._conn !== null && !this._conn.dead;
+  }
+
+  /** The live connection, connecting (again) first if needed. */
+  async _ensure() {
+    if (this.closed) throw new ConnectionClosed('the client is closed');
+    if (this._connected()) return this._conn;
+    if (!this._connecting) {
+      const first = this.hello === null;
+      this._connecting = (first || !this.reconnect ? this._open() : this._openRetrying())
+        .finally(() => { this._connecting = null; });
+      if (!first) {
+        this._connecting.then(() => { this.reconnects += 1; }, () => {});
+      }
+    }
+    return this._connecting;
+  }
+
+  async _openRetrying() {
+    const deadline = Date.now() + this.reconnectTimeoutMs;
+    let wait = RECONNECT_FIRST_MS;
+    for (;;) {
+      try {
+        return await this._open();
+      } catch (e) {
+        if (!(e instanceof ConnectionClosed) || this.closed || Date.now() + wait > deadline) throw e;
+      }
+      await sleep(wait);
+      wait = Math.min(wait * 2, RECONNECT_MAX_MS);
+    }
+  }
+
+  async _open() {
+    checkSocketOwner(this.socketPath);
+    const sock = net.createConnection(this.socketPath);
+    const conn = {
+      sock, dead: false, pending: new Map(), routes: new Map(), early: new Map(), subscribing: 0,
+      chunks: [], size: 0, reason: null,
+    };
+    await new Promise((resolve, reject) => {
+      const fail = (e) => reject(new ConnectionClosed(`cannot connect to the holdfast daemon at ${this.socketPath}: ${e.code ?? e.message}`));
+      sock.once('error', fail);
+      sock.once('connect', () => { sock.off('error', fail); resolve(); });
+    });
+    sock.on('data', (chunk) => this._onData(conn, chunk));
+    sock.on('error', (e) => { conn.reason ??= `the connection to the daemon failed (${e.code ?? e.message})`; });
+    sock.on('close', () => this._onClose(conn));
+    const params = { client: this.clientName, protocol: PROTOCOL_VERSION };
+    if (this.plugin !== undefined && this.plugin !== null) params.plugin = this.plugin;
+    try {
+      this.hello = await this._send(conn, 'hello', params);
+    } catch (e) {
+      sock.destroy();
+      throw e;
+    }
+    this._conn = conn;
+    // Subscriptions open on a connection that dropped are made again on this one.
+    for (const sub of this._subs) {
+      if (sub.needsResubscribe) {
+        sub.needsResubscribe = false;
+        this._resubscribe(sub);
+      }
+    }
+    return conn;
+  }
+
+  _onData(conn, chunk) {
+    let start = 0;
+    for (;;) {
+      const nl = chunk.indexOf(10, start);
+      if (nl < 0) break;
+      let line = chunk.subarray(start, nl);
+      if (conn.chunks.length) {
+        conn.chunks.push(line);
+        line = Buffer.concat(conn.chunks);
+        conn.chunks = [];
+        conn.size = 0;
+      }
+      start = nl + 1;
+      this._onLine(conn, line);
+      if (conn.dead) return;
+    }
+    if (start < chunk.length) {
+      conn.chunks.push(chunk.subarray(start));
+      conn.size += chunk.length - start;
+      if (conn.size > MAX_LINE_BYTES) {
+        conn.reason = `the daemon sent a line over ${MAX_LINE_BYTES} bytes`;
+        conn.sock.destroy();
+      }
+    }
+  }
+
+  _onLine(conn, line) {
+    if (line.length === 0 || (line.length === 1 && line[0] === 13)) return;
+    let msg;
+    try {
+      msg = JSON.parse(line.toString('utf8'));
+    } catch {
+      conn.reason = 'the daemon sent a line that is not JSON';
+      conn.sock.destroy();
+      return;
+    }
+    if (msg === null || typeof msg !== 'object') return;
+    if (msg.method === 'event' && !('id' in msg)) {
+      this._onEvent(conn, msg.params);
+      return;
+    }
+    const waiter = Number.isInteger(msg.id) ? conn.pending.get(msg.id) : undefined;
+    if (!waiter) {
+      // The daemon's refusal of the connection or of a line it could not attribute (id null):
+      // keep its message for the callers that will see the connection close.
+      if (typeof msg.error?.message === 'string') conn.reason = `the daemon said: ${msg.error.message}`;
+      return;
+    }
+    conn.pending.delete(msg.id);
+    clearTimeout(waiter.timer);
+    if ('error' in msg) waiter.reject(scrub(errorFromResponse(msg.error), waiter.params));
+    else if ('result' in msg) {
+      // Claimed here, before the next line is read, so no event of a new subscription is
+      // misfiled.
+      if (waiter.onAnswer) waiter.onAnswer(msg.result, conn);
+      waiter.resolve(msg.result);
+    } else waiter.reject(new StorageError('a response with neither result nor error'));
+  }
+
+  _onEvent(conn, params) {
+    if (params === null || typeof params !== 'object') return;
+    const sub = conn.routes.get(params.subscription);
+    if (sub) {
+      sub._push(params);
+      return;
+    }
+    // An event may come before its subscribe answer: hold it for the claim (only while a
+    // subscribe is in flight; anything else is a subscription already given up).
+    if (conn.subscribing === 0) return;
+    const held = conn.early.get(params.subscription) ?? [];
+    if (held.length < EARLY_EVENTS_CAP) held.push(params);
+    conn.early.set(params.subscription, held);
+  }
+
+  _onClose(conn) {
+    if (conn.dead) return;
+    conn.dead = true;
+    const reason = conn.reason ?? (this.closed ? 'the client closed the connection' : 'the daemon closed the connection');
+    for (const w of conn.pending.values()) {
+      clearTimeout(w.timer);
+      w.reject(new ConnectionClosed(reason));
+    }
+    conn.pending.clear();
+    if (this._conn !== conn) return; // never became the connection (hello failed)
+    this._conn = null;
+    const subs = [...this._subs];
+    if (!subs.length) return;
+    if (this.closed || !this.reconnect) {
+      for (const sub of subs) sub._end(new ConnectionClosed(reason));
+      return;
+    }
+    for (const sub of subs) {
+      sub.id = null;
+      sub.needsResubscribe = true;
+    }
+    // Open subscriptions are worth a connection at once (a call would make one anyway).
+    this._ensure().catch((e) => {
+      for (const sub of [...this._subs]) if (sub.needsResubscribe) sub._end(e);
+    });
+  }
+
+  _send(conn, method, params, onAnswer) {
+    const id = this._nextId++;
+    const line = `${JSON.stringify({ jsonrpc: '2.0', id, method, params })}\n`;
+    return new Promise((resolve, reject) => {
+      const waiter = { resolve, reject, params, onAnswer, timer: null };
+      if (this.timeoutMs !== null && this.timeoutMs !== undefined) {
+        waiter.timer = setTimeout(() => {
+          conn.pending.delete(id);
+          reject(new CallTimeout(`no answer to ${method} within ${this.timeoutMs} ms`));
+        }, this.timeoutMs);
+      }
+      if (conn.dead) {
+        clearTimeout(waiter.timer);
+        reject(new ConnectionClosed(conn.reason ?? 'the connection to the daemon closed'));
+        return;
+      }
+      conn.pending.set(id, waiter);
+      conn.sock.write(line);
+    });
+  }
+
+  /**
+   * Call `method` with `params` and resolve to its `result`; rejects with a `HoldfastError`
+   * subclass per `data.kind`. Parameters whose value is `undefined` are left out. (For
+   * subscriptions use `subscribeStream()` and `watch()`.)
+   */
+  async call(method, params = {}) {
+    if (method === 'stream.subscribe' || method === 'cred.watch') {
+      throw new InvalidParams(`use ${method === 'cred.watch' ? 'watch()' : 'subscribeStream()'} for ${method}: its events need a Subscription`);
+    }
+    const conn = await this._ensure();
+    return this._send(conn, method, params);
+  }
+
+  async _subscribe(sub) {
+    const conn = await this._ensure();
+    const params = sub.kind === 'stream'
+      ? { run_id: sub.runId, after_seq: sub.lastSeq } : { ...sub.params };
+    conn.subscribing += 1;
+    try {
+      return await this._send(conn, sub.kind === 'stream' ? 'stream.subscribe' : 'cred.watch',
+        params, (result, c) => this._claim(c, sub, result));
+    } finally {
+      conn.subscribing -= 1;
+      if (conn.subscribing === 0) conn.early.clear();
+    }
+  }
+
+  _claim(conn, sub, result) {
+    const held = conn.early.get(result.subscription);
+    conn.early.delete(result.subscription);
+    if (sub.done) {
+      // Closed while subscribing: give the daemon's slot back.
+      this._send(conn, 'unsubscribe', { subscription: result.subscription }).catch(() => {});
+      return;
+    }
+    sub.id = result.subscription;
+    conn.routes.set(sub.id, sub);
+    for (const ev of held ?? []) sub._push(ev);
+  }
+
+  _resubscribe(sub) {
+    sub.id = null;
+    if (sub.kind === 'cred') sub._push({ type: 'resync', missed: null, reason: 'reconnected' });
+    this._subscribe(sub).catch((e) => {
+      // A connection that dropped again makes it again (its close handler flagged it).
+      if (!(e instanceof ConnectionClosed) || this.closed || !this.reconnect) sub._end(e);
+    });
+  }
+
+  _forget(sub) {
+    this._subs.delete(sub);
+    if (this._conn && sub.id !== null && this._conn.routes.get(sub.id) === sub) {
+      this._conn.routes.delete(sub.id);
+    }
+  }
+
+  /** Close the connection; calls in flight fail with `ConnectionClosed`, subscriptions end. */
+  close() {
+    if (this.closed) return;
+    this.closed = true;
+    for (const sub of [...this._subs]) sub._end(null);
+    if (this._conn) this._conn.sock.destroy();
+    this._conn = null;
+  }
+
+  async [Symbol.asyncDispose]() {
+    this.close();
+  }
+
+  // -- subscriptions --------------------------------------------------------------------------
+
+  /** Events of run `runId` with seq > `afterSeq`, then live ones, ending with `finish`. */
+  async subscribeStream(runId, afterSeq = 0) {
+    const sub = new Subscription(this, 'stream', { run_id: runId, after_seq: afterSeq }, Infinity);
+    this._subs.add(sub);
+    try {
+      await this._subscribe(sub);
+    } catch (e) {
+      this._subs.delete(sub);
+      throw e;
+    }
+    return sub;
+  }
+
+  /** `cred.changed` / `lease.released` events of `store` (or of every store of the grant). */
+  async watch(store, { maxQueued = 10_000 } = {}) {
+    const sub = new Subscription(this, 'cred', store === undefined ? {} : { store }, maxQueued);
+    this._subs.add(sub);
+    try {
+      await this._subscribe(sub);
+    } catch (e) {
+      this._subs.delete(sub);
+      throw e;
+    }
+    return sub;
+  }
+
+  // -- credentials ----------------------------------------------------------------------------
+
+  async get(id, store) {
+    const r = await this.call('cred.get', { id, store });
+    return new CredentialRecord(r.credential, r.generation);
+  }
+
+  /** Write a whole credential document; `ifGeneration` (0: only if absent) makes it a CAS. */
+  async set(credential, { store, ifGeneration } = {}) {
+    return this.call('cred.set', { credential, store, if_generation: ifGeneration });
+  }
+
+  /** The shorthand: an `api_key` credential with one key `api_key`. */
+  async setValue(id, value, { store, ifGeneration } = {}) {
+    return this.call('cred.set', { id, value, store, if_generation: ifGeneration });
+  }
+
+  async delete(id, store) {
+    return (await this.call('cred.delete', { id, store })).deleted;
+  }
+
+  async list(store) {
+    return (await this.call('cred.list', { store })).credentials;
+  }
+
+  async exists(id, store) {
+    return (await this.call('cred.exists', { id, store })).exists;
+  }
+
+  async refreshLease(id, ttlMs, store) {
+    return this.call('cred.refresh_lease', { id, ttl_ms: ttlMs, store });
+  }
+
+  async releaseLease(id, store) {
+    return (await this.call('cred.release_lease', { id, store })).released;
+  }
+
+  async status() {
+    return this.call('admin.status', {});
+  }
+
+  // -- streams --------------------------------------------------------------------------------
+
+  async streamBegin(runId, { threadId, model, takeover } = {}) {
+    return this.call('stream.begin', { run_id: runId, thread_id: threadId, model, takeover });
+  }
+
+  async streamAppend(runId, streamId, seq, events) {
+    return this.call('stream.append', { run_id: runId, stream_id: streamId, seq, events });
+  }
+
+  async streamInterrupt(runId, streamId, cause) {
+    return this.call('stream.interrupt', { run_id: runId, stream_id: streamId, cause });
+  }
+
+  async streamResume(runId, { model, threadId, failOnStale } = {}) {
+    return this.call('stream.resume', {
+      run_id: runId, model, thread_id: threadId, fail_on_stale: failOnStale,
+    });
+  }
+
+  async streamCommit(runId, streamId, finalMessage, { contentFromStream } = {}) {
+    return this.call('stream.commit', {
+      run_id: runId, stream_id: streamId, final_message: finalMessage,
+      content_from_stream: contentFromStream,
+    });
+  }
+
+  async streamAbort(runId, streamId, reason) {
+    return this.call('stream.abort', { run_id: runId, stream_id: streamId, reason });
+  }
+
+  async streamGet(runId, { reveal } = {}) {
+    return this.call('stream.get', { run_id: runId, reveal });
+  }
+
+  async streamList() {
+    return (await this.call('stream.list', {})).runs;
+  }
+
+  async checkpointPut(runId, snapshot) {
+    return this.call('checkpoint.put', { run_id: runId, snapshot });
+  }
+
+  async checkpointGet(runId) {
+    return this.call('checkpoint.get', { run_id: runId });
+  }
+
+  async checkpointDelete(runId) {
+    return (await this.call('checkpoint.delete', { run_id: runId })).deleted;
+  }
+
+  // -- run logs -------------------------------------------------------------------------------
+
+  async runLogNode(runId, detail) {
+    return this.call('run.log_node', { run_id: runId, detail });
+  }
+
+  async runEnsureNode(runId, nodeId, detail) {
+    return this.call('run.ensure_node', { run_id: runId, node_id: nodeId, detail });
+  }
+
+  async runLogStep(runId, step) {
+    return this.call('run.log_step', { run_id: runId, step });
+  }
+
+  async runToolBegin(runId, toolCallId, name, input) {
+    return this.call('run.tool_begin', { run_id: runId, tool_call_id: toolCallId, name, input });
+  }
+
+  async runToolEnd(runId, toolCallId, { result, isError } = {}) {
+    return this.call('run.tool_end', {
+      run_id: runId, tool_call_id: toolCallId, result, is_error: isError,
+    });
+  }
+
+  /** End the run: `fields` are `agent_id`, `goal_id`, `execution_quality`, `trace_id`,
+   * `execution_id`, `started_at`, `duration_ms`, `node_path`, as the protocol names them. */
+  async runEnd(runId, status, fields = {}) {
+    return this.call('run.end', { ...fields, run_id: runId, status });
+  }
+
+  async runGet(runId) {
+    return this.call('run.get', { run_id: runId });
+  }
+
+  async runList({ status, sinceMs, untilMs } = {}) {
+    return (await this.call('run.list', { status, since_ms: sinceMs, until_ms: untilMs })).runs;
+  }
+
+  async runPrune(olderThanDays, { dryRun } = {}) {
+    return this.call('run.prune', { older_than_days: olderThanDays, dry_run: dryRun });
+  }
+}

@@ -1,0 +1,9 @@
+// holdfast-client for Node: the daemon's client, the stream producer, and SSE for browsers.
+export { Client, CredentialRecord, Subscription, PROTOCOL_VERSION, MAX_LINE_BYTES } from './client.js';
+export {
+  KINDS, HoldfastError, InvalidParams, NotFound, Conflict, Forbidden, Sealed, IntegrityError,
+  StorageError, Busy, Unsupported, ConnectionClosed, CallTimeout, errorFromResponse,
+} from './errors.js';
+export { defaultSocketPath } from './paths.js';
+export { StreamProducer, MAX_BATCH_EVENTS } from './producer.js';
+export { sseHandler, sseMessage, lastEventId, SSE_HEADERS, ENDED } from './sse.js';

@@ -1,0 +1,175 @@
+// The producer's side of a durable stream: begin or resume a run, append its deltas (batched
+// while an append is in flight, retried across daemon restarts without ever doubling a token),
+// interrupt it when the model's stream breaks, commit or abort it.
+import { Conflict, ConnectionClosed, NotFound } from './errors.js';
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+/** The most events one `stream.append` carries (the daemon's cap is 1,024). */
+export const MAX_BATCH_EVENTS = 1024;
+
+/**
+ * Produce one run. `await StreamProducer.begin(client, runId, {threadId, model})` for a new run,
+ * `await StreamProducer.resume(client, runId, {model})` to take over one whose producer died
+ * (`producer.plan` then says how to go on: R1/R3 continue after `plan.assistant_prefix`, R2
+ * ends the turn with `plan.completed`, R4 restarts, `fail` ends it).
+ *
+ * `append(events)` resolves once those events are durable. Events given while an append is in
+ * flight go together in the next one (one round trip and one fsync for many tokens). When the
+ * connection drops (a daemon restart), the batch is sent again with the same seq: the daemon
+ * acknowledges what it already had and drops it, so no text is doubled. `retryTimeoutMs` (30 s)
+ * bounds how long it keeps trying.
+ */
+export class StreamProducer {
+  constructor(client, runId, streamId, nextSeq, { retryTimeoutMs = 30_000 } = {}) {
+    this.client = client;
+    this.runId = runId;
+    this.streamId = streamId;
+    this.nextSeq = nextSeq; // the seq of the next event to send
+    this.ackedSeq = nextSeq - 1;
+    this.retryTimeoutMs = retryTimeoutMs;
+    this.plan = null;
+    this.checkpoint = null;
+    /** Appends sent (round trips) and events in them. */
+    this.appends = 0;
+    this.events = 0;
+    this._queue = []; // [{event, resolve, reject}]
+    this._flushing = null;
+    this._failed = null;
+  }
+
+  static async begin(client, runId, { threadId, model, takeover, ...options } = {}) {
+    const r = await client.streamBegin(runId, { threadId, model, takeover });
+    return new StreamProducer(client, runId, r.stream_id, r.next_seq, options);
+  }
+
+  static async resume(client, runId, { model, threadId, failOnStale, ...options } = {}) {
+    const r = await client.streamResume(runId, { model, threadId, failOnStale });
+    const p = new StreamProducer(client, runId, r.stream_id, r.next_seq, options);
+    p.plan = r.plan;
+    p.checkpoint = r.checkpoint;
+    return p;
+  }
+
+  /** Append events (`{type: 'text', text}`, `{type: 'tool_call_delta', id, name?,
+   * arguments_delta}`, `{type: 'tool_call_end', id}`); resolves to the acked seq once they are
+   * durable. */
+  append(events) {
+    const list = Array.isArray(events) ? events : [events];
+    if (this._failed) return Promise.reject(this._failed);
+    const done = Promise.all(list.map((event) => new Promise((resolve, reject) => {
+      this._queue.push({ event, resolve, reject });
+    })));
+    this._kick();
+    return done.then(() => this.ackedSeq);
+  }
+
+  /** Append one text delta. */
+  text(text) {
+    return this.append({ type: 'text', text });
+  }
+
+  /** Resolves when everything appended so far is durable. */
+  async flush() {
+    while (this._flushing) await this._flushing;
+    if (this._failed) throw this._failed;
+  }
+
+  _kick() {
+    if (this._flushing || this._queue.length === 0) return;
+    this._flushing = this._drain().finally(() => {
+      this._flushing = null;
+      this._kick();
+    });
+  }
+
+  async _drain() {
+    while (this._queue.length) {
+      const batch = this._queue.splice(0, MAX_BATCH_EVENTS);
+      const seq = this.nextSeq;
+      try {
+        const r = await this._retrying(() => this.client.streamAppend(
+          this.runId, this.streamId, seq, batch.map((b) => b.event)));
+        this.appends += 1;
+        this.events += batch.length;
+        this.nextSeq = seq + batch.length;
+        this.ackedSeq = r.acked_seq;
+        for (const b of batch) b.resolve();
+      } catch (e) {
+        // Nothing after a refused batch may go out (its seqs would be a gap): fail the rest.
+        this._failed = e;
+        for (const b of batch.concat(this._queue.splice(0))) b.reject(e);
+        return;
+      }
+    }
+  }
+
+  /** Run `op`, again while the connection drops (the daemon restarting), up to the timeout. */
+  async _retrying(op) {
+    const deadline = Date.now() + this.retryTimeoutMs;
+    let wait = 50;
+    for (;;) {
+      try {
+        return await op();
+      } catch (e) {
+        if (!(e instanceof ConnectionClosed) || Date.now() + wait > deadline) throw e;
+      }
+      await sleep(wait);
+      wait = Math.min(wait * 2, 1000);
+    }
+  }
+
+  /** The model's stream broke: returns the plan (docs/recovery.md); appends go on from its
+   * `next_seq`. `cause`: a cause name or `{status, message, retry_after}`. */
+  async interrupt(cause) {
+    await this.flush();
+    const plan = await this.client.streamInterrupt(this.runId, this.streamId, cause);
+    this.plan = plan;
+    this.nextSeq = plan.next_seq;
+    this.ackedSeq = plan.next_seq - 1;
+    return plan;
+  }
+
+  /** Make `finalMessage` the run's durable final message and end it, in one step. With
+   * `contentFromStream` (default true for an object message) its `content` is the text the run
+   * published, exactly what subscribers were shown. A commit whose answer was lost to a daemon
+   * restart is confirmed with `stream.get`, never done twice. */
+  async commit(finalMessage, { contentFromStream } = {}) {
+    await this.flush();
+    const fromStream = contentFromStream ?? (finalMessage !== null && typeof finalMessage === 'object'
+      && !Array.isArray(finalMessage));
+    return this._ending(() => this.client.streamCommit(this.runId, this.streamId, finalMessage,
+      { contentFromStream: fromStream || undefined }), 'committed');
+  }
+
+  /** End the run without a final message (the user stopped it). */
+  async abort(reason) {
+    await this.flush().catch(() => {});
+    return this._ending(() => this.client.streamAbort(this.runId, this.streamId, reason), 'aborted');
+  }
+
+  async _ending(op, status) {
+    let retried = false;
+    try {
+      return await this._retrying(async () => {
+        try {
+          return await op();
+        } catch (e) {
+          if (e instanceof ConnectionClosed) retried = true;
+          throw e;
+        }
+      });
+    } catch (e) {
+      // After a lost answer the first try may have been done: the run's state says.
+      if (retried && (e instanceof Conflict || e instanceof NotFound)) {
+        const state = await this.client.streamGet(this.runId);
+        if (state.status === status) {
+          return { run_id: this.runId, status, finish_seq: state.finish_seq, confirmed: true };
+        }
+      }
+      throw e;
+    }
+  }
+}
+
+
