@@ -1,0 +1,125 @@
+// sseHandler against the real daemon: framing, Last-Event-ID resume at every position of a
+// 500-event run, the committed run's stored message instead of a replay, 404/400/204,
+// heartbeats, and the recovery events a UI acts on.
+import assert from 'node:assert/strict';
+import http from 'node:http';
+import { test } from 'node:test';
+
+import { StreamProducer, sseHandler } from '../src/index.js';
+import { withDaemon } from './harness.js';
+import { readSse } from './sse-client.js';
+
+async function serve(t, client, options) {
+  const handler = sseHandler(client, (req) => decodeURIComponent(new URL(req.url, 'http://x').pathname.split('/')[2]), options);
+  const server = http.createServer((req, res) => { handler(req, res); });
+  await new Promise((r) => server.listen(0, '127.0.0.1', r));
+  t.after(() => { server.closeAllConnections(); server.close(); });
+  return `http://127.0.0.1:${server.address().port}`;
+}
+
+const N = 500;
+const pieces = Array.from({ length: N }, (_, i) => `t${i}${i % 7 === 0 ? '\n' : ' '}`);
+
+test(`Last-Event-ID resume at every position of a ${N}-event run: what came before + the resume = the run, once`, async (t) => {
+  const d = await withDaemon(t);
+  const c = await d.client();
+  t.after(() => c.close());
+  const base = await serve(t, c);
+  const p = await StreamProducer.begin(c, 'run-500', { model: 'm' });
+  for (let i = 0; i < N; i += 50) await p.append(pieces.slice(i, i + 50).map((text) => ({ type: 'text', text })));
+
+  const full = pieces.join('');
+  let checked = 0;
+  for (let k = 0; k <= N; k++) {
+    const headers = k === 0 ? {} : { 'last-event-id': String(k) };
+    const r = k === N
+      ? await readSse(`${base}/runs/run-500/events`, { headers, until: (ps) => ps.retry !== null, timeoutMs: 5000 })
+      : await readSse(`${base}/runs/run-500/events`, { headers, until: (ps) => ps.lastId === String(N) });
+    assert.equal(r.status, 200);
+    if (k === 0) {
+      assert.equal(r.headers['content-type'], 'text/event-stream; charset=utf-8');
+      assert.equal(r.retry, 1000);
+    }
+    const seqs = r.events.map((e) => Number(e.id));
+    assert.deepEqual(seqs, Array.from({ length: N - k }, (_, i) => k + 1 + i), `resume after ${k}`);
+    for (const e of r.events) {
+      assert.equal(e.event, 'text');
+      assert.equal(JSON.parse(e.data).seq, Number(e.id));
+    }
+    const text = pieces.slice(0, k).join('') + r.events.map((e) => JSON.parse(e.data).text).join('');
+    assert.equal(text, full, `resume after ${k}`);
+    checked += 1;
+  }
+  console.log(`Last-Event-ID resume: ${checked} positions (0..${N}) of a ${N}-event run, each = the run exactly once`);
+
+  // Live: a page following from the start while the rest arrives and the run commits.
+  const live = readSse(`${base}/runs/run-500/events`, { headers: { 'last-event-id': String(N - 5) } });
+  for (const x of ['and ', 'the ', 'end.']) await p.text(x);
+  await p.commit({ role: 'assistant' });
+  const r = await live;
+  assert.equal(r.ended, true, 'the response ends after finish');
+  assert.deepEqual(r.events.map((e) => e.event), ['text', 'text', 'text', 'text', 'text', 'text', 'text', 'text', 'finish']);
+  const fin = JSON.parse(r.events.at(-1).data);
+  assert.equal(fin.status, 'committed');
+  assert.equal(fin.final_message.content, `${full}and the end.`);
+  assert.equal(fin.seq, N + 4);
+  console.log(`live follow: ${r.events.length} events then finish with the stored message (${fin.final_message.content.length} chars)`);
+
+  // Refresh after the commit: the stored message once, never the deltas again.
+  const fresh = await readSse(`${base}/runs/run-500/events`);
+  assert.deepEqual(fresh.events.map((e) => e.event), ['final']);
+  assert.equal(JSON.parse(fresh.events[0].data).final_message.content, `${full}and the end.`);
+  assert.equal(fresh.events[0].id, String(N + 4));
+  // A browser that saw part of it and comes back after the commit: the stored message, to
+  // replace what it holds.
+  const partial = await readSse(`${base}/runs/run-500/events`, { headers: { 'last-event-id': '17' } });
+  assert.deepEqual(partial.events.map((e) => e.event), ['final']);
+  // EventSource reconnecting after the finish it saw: 204, which stops it.
+  const after = await readSse(`${base}/runs/run-500/events`, { headers: { 'last-event-id': String(N + 4) } });
+  assert.equal(after.status, 204);
+  assert.deepEqual(after.events, []);
+});
+
+test('404 for a run that never existed, 400 for a bad id or Last-Event-ID; heartbeats; unsubscribed on close', async (t) => {
+  const d = await withDaemon(t);
+  const c = await d.client();
+  t.after(() => c.close());
+  const base = await serve(t, c, { heartbeatMs: 40, retryMs: 250 });
+  assert.equal((await readSse(`${base}/runs/never-was/events`)).status, 404);
+  assert.equal((await readSse(`${base}/runs/.hidden/events`)).status, 400);
+  const p = await StreamProducer.begin(c, 'run-hb');
+  await p.text('x');
+  assert.equal((await readSse(`${base}/runs/run-hb/events`, { headers: { 'last-event-id': 'abc' } })).status, 400);
+  assert.equal((await readSse(`${base}/runs/run-hb/events?lastEventId=-1`)).status, 400);
+  const q = await readSse(`${base}/runs/run-hb/events?lastEventId=1`, { until: (ps) => ps.comments.filter((x) => x === 'ping').length >= 3 });
+  assert.equal(q.retry, 250);
+  assert.deepEqual(q.events, [], 'lastEventId in the query resumes after it');
+  assert.ok(q.comments.filter((x) => x === 'ping').length >= 3);
+  // The dropped browsers' subscriptions were given back: this connection can open 16 more.
+  await new Promise((r) => setTimeout(r, 100));
+  const subs = [];
+  for (let i = 0; i < 16; i++) subs.push(await c.subscribeStream('run-hb', 1));
+  for (const s of subs) await s.close();
+});
+
+test('recovery events reach the page as SSE events it can act on: tool_call_cancel, interrupted, stream_reset', async (t) => {
+  const d = await withDaemon(t);
+  const c = await d.client();
+  t.after(() => c.close());
+  const base = await serve(t, c);
+  // A cut-off tool call: cancelled, then R3 continues the text.
+  const p = await StreamProducer.begin(c, 'run-cut');
+  await p.append([{ type: 'text', text: 'Writing it. ' }, { type: 'tool_call_delta', id: 'c1', name: 'write_file', arguments_delta: '{"path": "a' }]);
+  const plan = await p.interrupt('connection_reset');
+  assert.equal(plan.plan, 'R3');
+  // No text at all: R4 resets.
+  const q = await StreamProducer.begin(c, 'run-reset');
+  assert.equal((await q.interrupt('provider_5xx')).plan, 'R4');
+  for (const [run, expect] of [['run-cut', ['text', 'tool_call_delta', 'tool_call_cancel', 'interrupted']], ['run-reset', ['stream_reset', 'interrupted']]]) {
+    const r = await readSse(`${base}/runs/${run}/events`, { until: (ps) => ps.events.some((e) => e.event === 'interrupted') });
+    assert.deepEqual(r.events.map((e) => e.event), expect, run);
+    const last = JSON.parse(r.events.at(-1).data);
+    assert.equal(last.type, 'interrupted');
+    console.log(`${run}: ${r.events.map((e) => e.event).join(', ')} (plan ${last.plan})`);
+  }
+});
