@@ -1,0 +1,219 @@
+#!/usr/bin/env node
+// A small chat web app whose answers survive refreshes, crashes and daemon restarts.
+//
+//   node plugins/node/examples/chat/server.js [--port 3000] [--host 127.0.0.1] [--data DIR]
+//
+// The page posts a message; the server starts a producer process (producer.js) that streams a
+// fake provider's answer into holdfast and commits it. The page follows the run over SSE
+// (sseHandler). History is read from holdfast, not kept beside it: a run is either committed
+// (its stored final message is shown) or streaming (the page follows it), never both — so no
+// refresh shows an answer twice. If a producer dies mid-stream, the server starts a new one
+// that resumes the run from holdfast (plan R1: continue after the text already streamed).
+//
+// The server keeps only each thread's turns (user text and run id) in a JSON file under
+// --data (default: $XDG_STATE_HOME/holdfast-chat-example or ~/.local/state/...).
+import { spawn } from 'node:child_process';
+import { mkdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
+import http from 'node:http';
+import { homedir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { parseArgs } from 'node:util';
+
+import { Client, NotFound, sseHandler } from '../../src/index.js';
+
+const HERE = dirname(fileURLToPath(import.meta.url));
+const { values: opts } = parseArgs({
+  options: {
+    port: { type: 'string', default: process.env.PORT ?? '3000' },
+    host: { type: 'string', default: '127.0.0.1' },
+    data: { type: 'string' },
+    help: { type: 'boolean', short: 'h' },
+  },
+});
+if (opts.help) {
+  process.stdout.write(readFileSync(fileURLToPath(import.meta.url), 'utf8').split('\n').slice(1, 16)
+    .map((l) => l.replace(/^\/\/ ?/, '')).join('\n'));
+  process.exit(0);
+}
+const dataDir = opts.data ?? join(process.env.XDG_STATE_HOME ?? join(homedir(), '.local', 'state'), 'holdfast-chat-example');
+mkdirSync(dataDir, { recursive: true, mode: 0o700 });
+const log = (msg) => process.stderr.write(`chat: ${msg}\n`);
+
+// -- threads: the turns of each conversation ------------------------------------------------
+const threadsFile = join(dataDir, 'threads.json');
+let threads = {};
+try {
+  threads = JSON.parse(readFileSync(threadsFile, 'utf8'));
+} catch (e) {
+  if (e.code !== 'ENOENT') throw e;
+}
+function saveThreads() {
+  const tmp = `${threadsFile}.tmp`;
+  writeFileSync(tmp, JSON.stringify(threads), { mode: 0o600 });
+  renameSync(tmp, threadsFile);
+}
+const ID = /^[A-Za-z0-9_-]{1,64}$/;
+
+// -- producers ------------------------------------------------------------------------------
+const producers = new Map(); // run_id -> {pid, restarts, job}
+let stopping = false;
+
+function startProducer(job) {
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, [join(HERE, 'producer.js')], {
+      stdio: ['pipe', 'pipe', 'inherit'],
+    });
+    const entry = producers.get(job.run_id) ?? { restarts: 0, job };
+    entry.pid = child.pid;
+    producers.set(job.run_id, entry);
+    let out = '';
+    let begun = false;
+    child.stdout.setEncoding('utf8');
+    child.stdout.on('data', (t) => {
+      out += t;
+      if (!begun && out.includes('\n')) {
+        begun = true;
+        resolve(child.pid);
+      }
+    });
+    child.on('exit', (code, signal) => {
+      if (!begun) reject(new Error(`the producer exited (${signal ?? code}) before it began the run`));
+      if (entry.pid === child.pid) entry.pid = null;
+      if (code === 0 || stopping) return;
+      // Died mid-stream (killed, crashed): a new process resumes the run from holdfast.
+      log(`producer ${child.pid} of ${job.run_id} died (${signal ?? `exit ${code}`}): starting a new one to resume it`);
+      entry.restarts += 1;
+      if (entry.restarts > 5) {
+        log(`giving up on ${job.run_id} after 5 restarts`);
+        return;
+      }
+      startProducer({ ...job, resume: true }).catch((e) => log(`resuming ${job.run_id}: ${e.message}`));
+    });
+    child.stdin.end(`${JSON.stringify(job)}\n`);
+  });
+}
+
+// -- HTTP -----------------------------------------------------------------------------------
+const client = await Client.connect({ client: 'chat-example-server' });
+const events = sseHandler(client, (req) => req.params.run);
+
+function json(res, status, body) {
+  res.writeHead(status, { 'content-type': 'application/json', 'cache-control': 'no-store' });
+  res.end(JSON.stringify(body));
+}
+
+async function readBody(req) {
+  let text = '';
+  for await (const chunk of req) {
+    text += chunk;
+    if (text.length > 64 * 1024) throw new Error('body too large');
+  }
+  return JSON.parse(text || '{}');
+}
+
+/** The thread as the page shows it: each turn's user text and its run's state in holdfast. */
+async function threadView(threadId) {
+  const turns = threads[threadId] ?? [];
+  const messages = [];
+  for (const turn of turns) {
+    messages.push({ role: 'user', text: turn.text });
+    let state;
+    try {
+      state = await client.streamGet(turn.run_id, { reveal: true });
+    } catch (e) {
+      if (!(e instanceof NotFound)) throw e;
+      state = { status: 'missing' };
+    }
+    const m = { role: 'assistant', run_id: turn.run_id, status: state.status };
+    if (state.status === 'committed') m.text = state.final_message?.content ?? '';
+    messages.push(m);
+  }
+  return { thread: threadId, messages };
+}
+
+function clampInt(v, lo, hi, dflt) {
+  const n = Number(v);
+  return Number.isInteger(n) && n >= lo && n <= hi ? n : dflt;
+}
+
+const routes = [
+  ['GET', /^\/$/, (req, res) => {
+    res.writeHead(200, { 'content-type': 'text/html; charset=utf-8' });
+    res.end(readFileSync(join(HERE, 'public', 'index.html')));
+  }],
+  ['GET', /^\/app\.js$/, (req, res) => {
+    res.writeHead(200, { 'content-type': 'text/javascript; charset=utf-8' });
+    res.end(readFileSync(join(HERE, 'public', 'app.js')));
+  }],
+  ['GET', /^\/api\/threads\/(?<thread>[^/]+)$/, async (req, res) => {
+    if (!ID.test(req.params.thread)) return json(res, 400, { error: 'bad thread id' });
+    return json(res, 200, await threadView(req.params.thread));
+  }],
+  ['POST', /^\/api\/threads\/(?<thread>[^/]+)\/messages$/, async (req, res) => {
+    const thread = req.params.thread;
+    if (!ID.test(thread)) return json(res, 400, { error: 'bad thread id' });
+    const body = await readBody(req);
+    if (typeof body.text !== 'string' || !body.text.trim() || body.text.length > 2000) {
+      return json(res, 400, { error: 'text: 1 to 2000 characters' });
+    }
+    const runId = `chat-${thread}-${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 8)}`;
+    const job = {
+      run_id: runId, thread_id: thread, prompt: body.text,
+      deltas: clampInt(body.deltas, 1, 5000, 300), delayMs: clampInt(body.delayMs, 0, 1000, 15),
+      failAt: body.failAt === undefined || body.failAt === null ? null : clampInt(body.failAt, 0, 5000, null),
+    };
+    // Recorded before the run exists: a page loading meanwhile sees it as "missing" and
+    // asks again; recorded after, a crash here would orphan a streaming run.
+    (threads[thread] ??= []).push({ text: body.text, run_id: runId });
+    saveThreads();
+    const pid = await startProducer(job);
+    return json(res, 200, { run_id: runId, producer_pid: pid });
+  }],
+  ['GET', /^\/api\/runs\/(?<run>[^/]+)\/events$/, (req, res) => events(req, res)],
+  ['GET', /^\/api\/runs\/(?<run>[^/]+)$/, async (req, res) => {
+    const p = producers.get(req.params.run);
+    let state;
+    try {
+      state = await client.streamGet(req.params.run);
+    } catch (e) {
+      return json(res, e instanceof NotFound ? 404 : 400, { error: e.message });
+    }
+    return json(res, 200, { ...state, producer_pid: p?.pid ?? null, producer_restarts: p?.restarts ?? 0 });
+  }],
+];
+
+const server = http.createServer(async (req, res) => {
+  const path = new URL(req.url, 'http://x').pathname;
+  for (const [method, re, handle] of routes) {
+    const m = re.exec(path);
+    if (!m || req.method !== method) continue;
+    req.params = Object.fromEntries(Object.entries(m.groups ?? {}).map(([k, v]) => [k, decodeURIComponent(v)]));
+    try {
+      await handle(req, res);
+    } catch (e) {
+      log(`${req.method} ${path}: ${e.message}`);
+      if (!res.headersSent) json(res, 500, { error: e.message });
+      else res.end();
+    }
+    return;
+  }
+  json(res, 404, { error: 'no such page' });
+});
+
+server.listen(Number(opts.port), opts.host, () => {
+  const { port } = server.address();
+  // The first line on stdout: how the tests (and you) find it.
+  process.stdout.write(`listening on http://${opts.host}:${port}/\n`);
+});
+for (const sig of ['SIGTERM', 'SIGINT']) {
+  process.on(sig, () => {
+    stopping = true;
+    // Our own children only, by the pids we started.
+    for (const p of producers.values()) if (p.pid) process.kill(p.pid, 'SIGTERM');
+    server.close();
+    server.closeAllConnections();
+    client.close();
+    process.exit(0);
+  });
+}
