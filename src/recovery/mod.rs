@@ -229,7 +229,8 @@ pub struct Plan {
     pub completed: Vec<Completed>,
     /// Every unfinished call, each with a `tool_call_cancel` event.
     pub cancelled: Vec<Cancelled>,
-    /// Events to publish, in order (`tool_call_cancel`, `stream_reset`).
+    /// Events to publish, in order (`stream_reset` for R4, then a `tool_call_cancel` per
+    /// unfinished call).
     pub events: Vec<Value>,
     /// How long to wait before the next request (0 when no request follows).
     pub wait_ms: u64,

@@ -1,0 +1,322 @@
+// The Vercel AI SDK's UI message stream (the `ai` package, v5 to v7: "data: <chunk JSON>" SSE
+// with the header `x-vercel-ai-ui-message-stream: v1`), kept durable by holdfast.
+//
+// Writing: `persistUIMessageStream` reads the UI message chunks a `streamText` result sends to
+// the browser (objects, or the SSE text `consumeSseStream` hands over) and appends what a
+// resumed page needs — text deltas and tool-call inputs — as holdfast events; `finish` commits
+// the final message, `abort`/`error` abort the run. Reading: `uiMessageChunks` turns a run's
+// events back into UI message chunks, from the start (the AI SDK's `resumeStreamIsReplay`:
+// a reconnecting `useChat` rebuilds the message from the first chunk).
+import { NotFound } from './errors.js';
+import { StreamProducer } from './producer.js';
+import { ENDED } from './sse.js';
+
+export const UI_MESSAGE_STREAM_HEADERS = Object.freeze({
+  'content-type': 'text/event-stream',
+  'cache-control': 'no-cache',
+  connection: 'keep-alive',
+  'x-vercel-ai-ui-message-stream': 'v1',
+  'x-accel-buffering': 'no',
+});
+
+/** Chunk types that carry nothing a resumed page needs beyond what holdfast rebuilds. */
+const STRUCTURAL = new Set(['start', 'start-step', 'finish-step', 'text-start', 'text-end']);
+
+/** One SSE message of the UI message stream. */
+export const sseData = (chunk) => `data: ${JSON.stringify(chunk)}\n\n`;
+
+/** Turns holdfast stream events into UI message chunks, one event at a time. */
+export class UIChunkEncoder {
+  constructor(messageId) {
+    this.messageId = messageId;
+    this.started = false;
+    this.textId = null;
+    this.texts = 0;
+    this.tools = new Map(); // id -> {name, args}
+  }
+
+  _start(out) {
+    if (!this.started) {
+      this.started = true;
+      out.push({ type: 'start', messageId: this.messageId }, { type: 'start-step' });
+    }
+  }
+
+  _closeText(out) {
+    if (this.textId !== null) {
+      out.push({ type: 'text-end', id: this.textId });
+      this.textId = null;
+    }
+  }
+
+  /** The chunks for one holdfast event (`{type, ...}`), possibly none. */
+  encode(event) {
+    const out = [];
+    this._start(out);
+    switch (event.type) {
+      case 'text':
+        if (this.textId === null) {
+          this.texts += 1;
+          this.textId = `${this.messageId}-text-${this.texts}`;
+          out.push({ type: 'text-start', id: this.textId });
+        }
+        out.push({ type: 'text-delta', id: this.textId, delta: event.text });
+        break;
+      case 'tool_call_delta': {
+        this._closeText(out);
+        let call = this.tools.get(event.id);
+        if (!call) {
+          call = { name: event.name ?? '', args: '' };
+          this.tools.set(event.id, call);
+          out.push({ type: 'tool-input-start', toolCallId: event.id, toolName: call.name });
+        }
+        if (event.arguments_delta) {
+          call.args += event.arguments_delta;
+          out.push({ type: 'tool-input-delta', toolCallId: event.id, inputTextDelta: event.arguments_delta });
+        }
+        break;
+      }
+      case 'tool_call_end': {
+        const call = this.tools.get(event.id) ?? { name: '', args: '' };
+        let input;
+        try {
+          input = call.args === '' ? {} : JSON.parse(call.args);
+        } catch {
+          input = call.args;
+        }
+        out.push({ type: 'tool-input-available', toolCallId: event.id, toolName: call.name, input });
+        break;
+      }
+      case 'tool_call_cancel':
+        this._closeText(out);
+        out.push({
+          type: 'tool-input-error', toolCallId: event.id, toolName: event.name ?? this.tools.get(event.id)?.name ?? '',
+          input: this.tools.get(event.id)?.args ?? '',
+          errorText: 'the stream broke before this call was complete: it was not run',
+        });
+        break;
+      case 'stream_reset':
+        // R4: the text so far is dropped and the request sent again.
+        this._closeText(out);
+        this.tools.clear();
+        out.push({ type: 'reset-step' }, { type: 'start-step' });
+        break;
+      case 'interrupted':
+        out.push({
+          type: 'data-holdfast-interrupted', transient: true,
+          data: { cause: event.cause, plan: event.plan, wait_ms: event.wait_ms },
+        });
+        break;
+      case 'finish':
+        this._closeText(out);
+        if (event.status === 'committed') out.push({ type: 'finish-step' }, { type: 'finish' });
+        else out.push({ type: 'abort', reason: event.status });
+        break;
+      default:
+        break;
+    }
+    return out;
+  }
+}
+
+/**
+ * A run's UI message chunks from its first event, live until its end: a `ReadableStream` of
+ * chunk objects, or (with `sse: true`) of the SSE text the AI SDK's client parses, ending
+ * with `data: [DONE]`. Resolves to null for a run that has ended (the page has its final
+ * message from history) and undefined for one that never existed — the shape of
+ * `resumable-stream`'s `resumeExistingStream`.
+ */
+export async function uiMessageChunks(client, runId, { sse = false, messageId = runId, skipCharacters = 0 } = {}) {
+  let state;
+  try {
+    state = await client.streamGet(runId);
+  } catch (e) {
+    if (e instanceof NotFound) return undefined;
+    throw e;
+  }
+  if (ENDED.has(state.status)) return null;
+  const enc = new UIChunkEncoder(messageId);
+  let skip = sse ? skipCharacters : 0;
+  // Subscribed on the first read, not before: a stream nobody reads (the one
+  // createNewResumableStream returns beside consumeSseStream) holds nothing.
+  let sub = null;
+  let iter = null;
+  return new ReadableStream({
+    async pull(controller) {
+      try {
+        if (!sub) {
+          sub = await client.subscribeStream(runId, 0);
+          iter = sub[Symbol.asyncIterator]();
+        }
+        for (;;) {
+          const r = await iter.next();
+          if (r.done) {
+            if (sse) controller.enqueue('data: [DONE]\n\n');
+            controller.close();
+            return;
+          }
+          const chunks = enc.encode(r.value.event ?? {});
+          if (!chunks.length) continue;
+          if (!sse) {
+            for (const c of chunks) controller.enqueue(c);
+            return;
+          }
+          let text = chunks.map(sseData).join('');
+          if (skip > 0) {
+            const n = Math.min(skip, text.length);
+            text = text.slice(n);
+            skip -= n;
+            if (!text) continue;
+          }
+          controller.enqueue(text);
+          return;
+        }
+      } catch (e) {
+        controller.error(e);
+      }
+    },
+    cancel() {
+      return sub?.close();
+    },
+  }, { highWaterMark: 0 });
+}
+
+/** Splits SSE text into the JSON chunks of its `data:` lines (`[DONE]` ends it). */
+class SseChunkReader {
+  constructor() {
+    this.buf = '';
+  }
+
+  *feed(text) {
+    this.buf += text;
+    for (;;) {
+      const end = this.buf.search(/\r?\n\r?\n/);
+      if (end < 0) return;
+      const block = this.buf.slice(0, end);
+      this.buf = this.buf.slice(end).replace(/^\r?\n\r?\n/, '');
+      const data = block.split(/\r?\n/).filter((l) => l.startsWith('data:'))
+        .map((l) => l.slice(5).replace(/^ /, '')).join('\n');
+      if (!data || data === '[DONE]') continue;
+      try {
+        yield JSON.parse(data);
+      } catch {
+        // not a chunk of this protocol: nothing to keep
+      }
+    }
+  }
+}
+
+/**
+ * Make a UI message stream durable as run `runId`. `stream` is what the AI SDK sends the
+ * browser: a `ReadableStream` (or async iterable) of UI message chunks, or of the SSE text
+ * (`toUIMessageStreamResponse({consumeSseStream: ({stream}) => ...})` hands over the latter).
+ * Text and tool-call inputs become holdfast events (durable before they count); `finish`
+ * commits `{role: 'assistant', id, content, tool_calls}` — the content being exactly the
+ * streamed text — in one step with the end of resumability; `abort` and `error` abort the run.
+ * Reasoning, sources, files, data parts and tool outputs are not kept (a resumed page shows
+ * text and tool calls); `skipped` counts them by type.
+ *
+ * Resolves to `{status, runId, events, appends, skipped}`. A stream that ends without
+ * `finish` (the model's request failed mid-way) aborts the run with reason `incomplete`.
+ */
+export async function persistUIMessageStream(client, runId, stream, { threadId, model, producer } = {}) {
+  const p = producer ?? await StreamProducer.begin(client, runId, { threadId, model });
+  const reader = new SseChunkReader();
+  const skipped = {};
+  const tools = new Map(); // toolCallId -> {name, deltas}
+  let messageId = runId;
+  let status = null;
+  let reason = 'incomplete';
+  const pending = [];
+  const put = (ev) => { pending.push(p.append(ev)); };
+
+  const handle = (chunk) => {
+    if (chunk === null || typeof chunk !== 'object' || status) return;
+    switch (chunk.type) {
+      case 'start':
+        if (typeof chunk.messageId === 'string') messageId = chunk.messageId;
+        break;
+      case 'text-delta':
+        if (chunk.delta) put({ type: 'text', text: chunk.delta });
+        break;
+      case 'tool-input-start':
+        tools.set(chunk.toolCallId, { name: chunk.toolName, deltas: 0 });
+        put({ type: 'tool_call_delta', id: chunk.toolCallId, name: chunk.toolName });
+        break;
+      case 'tool-input-delta': {
+        const t = tools.get(chunk.toolCallId);
+        if (t) t.deltas += 1;
+        put({ type: 'tool_call_delta', id: chunk.toolCallId, arguments_delta: chunk.inputTextDelta });
+        break;
+      }
+      case 'tool-input-available': {
+        const t = tools.get(chunk.toolCallId);
+        if (!t) put({ type: 'tool_call_delta', id: chunk.toolCallId, name: chunk.toolName });
+        if (!t || t.deltas === 0) {
+          put({ type: 'tool_call_delta', id: chunk.toolCallId, arguments_delta: JSON.stringify(chunk.input ?? {}) });
+        }
+        tools.set(chunk.toolCallId, { name: chunk.toolName, deltas: 1, input: chunk.input ?? {} });
+        put({ type: 'tool_call_end', id: chunk.toolCallId });
+        break;
+      }
+      case 'finish':
+        status = 'committed';
+        break;
+      case 'abort':
+        status = 'aborted';
+        reason = typeof chunk.reason === 'string' && chunk.reason ? chunk.reason.slice(0, 200) : 'aborted';
+        break;
+      case 'error':
+        status = 'aborted';
+        reason = 'error';
+        break;
+      default:
+        if (!STRUCTURAL.has(chunk.type)) skipped[chunk.type] = (skipped[chunk.type] ?? 0) + 1;
+    }
+  };
+
+  try {
+    for await (const item of stream) {
+      if (typeof item === 'string') for (const chunk of reader.feed(item)) handle(chunk);
+      else if (item instanceof Uint8Array) for (const chunk of reader.feed(Buffer.from(item).toString('utf8'))) handle(chunk);
+      else handle(item);
+      if (status) break;
+    }
+  } catch {
+    status = null; // the source failed: abort below
+  }
+  await Promise.all(pending);
+  let end;
+  if (status === 'committed') {
+    const toolCalls = [...tools.entries()].filter(([, t]) => 'input' in t)
+      .map(([id, t]) => ({ id, name: t.name, arguments: t.input }));
+    const message = { role: 'assistant', id: messageId };
+    if (toolCalls.length) message.tool_calls = toolCalls;
+    end = await p.commit(message, { contentFromStream: true });
+  } else {
+    end = await p.abort(reason);
+  }
+  return { status: end.status, runId, events: p.events, appends: p.appends, skipped };
+}
+
+/** The stored final message of a committed run as an AI SDK `UIMessage` (text and tool-call
+ * parts), or null while the run is not committed. */
+export async function finalUIMessage(client, runId) {
+  let state;
+  try {
+    state = await client.streamGet(runId, { reveal: true });
+  } catch (e) {
+    if (e instanceof NotFound) return null;
+    throw e;
+  }
+  if (state.status !== 'committed') return null;
+  const m = state.final_message ?? {};
+  const parts = [{ type: 'step-start' }];
+  if (typeof m.content === 'string' && m.content) parts.push({ type: 'text', text: m.content, state: 'done' });
+  for (const call of Array.isArray(m.tool_calls) ? m.tool_calls : []) {
+    parts.push({
+      type: 'dynamic-tool', toolName: call.name, toolCallId: call.id, state: 'input-available', input: call.arguments,
+    });
+  }
+  return { id: typeof m.id === 'string' ? m.id : runId, role: 'assistant', parts };
+}
