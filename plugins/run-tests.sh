@@ -9,9 +9,15 @@
 #     user installs it (pyproject.toml, py.typed and all); lints it with pyflakes;
 #   - builds target/debug/holdfast with `cargo build` (a no-op when it is up to date), unless
 #     HOLDFAST_BIN names a binary to test instead;
-#   - runs plugins/python/tests with pytest. Exits non-zero on any failure, and also when pytest
-#     collected no test at all (its exit code 5).
-# Extra arguments go to pytest, e.g. `bash plugins/run-tests.sh -k refresh`.
+#   - runs plugins/python/tests with pytest (failing also when it collected no test: exit 5);
+#   - for plugins/node: installs Debian's chromium when absent (as root, with apt-get; else
+#     the browser tests say SKIPPED with the reason), `npm ci` into plugins/node/node_modules
+#     when package-lock.json changed (the `ai` package, playwright-core — no browser download —,
+#     typescript; offline, the tests needing them say SKIPPED), type-checks the .d.ts files with
+#     tsc, and runs `node --test` on plugins/node/test against the same daemon binary.
+# Exits non-zero if either language's tests failed.
+# Extra arguments go to pytest, e.g. `bash plugins/run-tests.sh -k refresh`; HOLDFAST_SKIP_PY=1
+# or HOLDFAST_SKIP_NODE=1 leaves one side out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -127,14 +133,25 @@ fi
 HOLDFAST_BIN=$(cd "$(dirname "$HOLDFAST_BIN")" && pwd)/$(basename "$HOLDFAST_BIN")
 export HOLDFAST_BIN
 
-echo "== pytest plugins/python/tests (daemon: $HOLDFAST_BIN)" >&2
-set +e
-PYTHONDONTWRITEBYTECODE=1 "$PY" -m pytest -c plugins/python/pytest.ini -p no:cacheprovider \
-  -q -s -rs plugins/python/tests "$@"
-rc=$?
-set -e
-if [ "$rc" -eq 5 ]; then
-  say "pytest collected no tests: failing"
+py_rc=0
+if [ -z "${HOLDFAST_SKIP_PY:-}" ]; then
+  echo "== pytest plugins/python/tests (daemon: $HOLDFAST_BIN)" >&2
+  set +e
+  PYTHONDONTWRITEBYTECODE=1 "$PY" -m pytest -c plugins/python/pytest.ini -p no:cacheprovider \
+    -q -s -rs plugins/python/tests "$@"
+  py_rc=$?
+  set -e
+  if [ "$py_rc" -eq 5 ]; then
+    say "pytest collected no tests: failing"
+    py_rc=1
+  fi
+fi
+
+node_rc=0
+if [ -z "${HOLDFAST_SKIP_NODE:-}" ]; then
+  plugins/node/run-tests.sh || node_rc=$?
+fi
+if [ "$py_rc" -ne 0 ] || [ "$node_rc" -ne 0 ]; then
+  say "failed: python tests exit $py_rc, node tests exit $node_rc"
   exit 1
 fi
-exit "$rc"

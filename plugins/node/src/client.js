@@ -69,7 +69,10 @@ export class CredentialRecord {
  * One subscription: an async iterator of its events (`for await (const ev of sub)`).
  * A stream subscription (`kind: 'stream'`) ends after its run's `finish` event and never drops
  * an event; across a reconnection it is made again after the last seq it delivered, so nothing
- * is missed or repeated. A credential watch (`kind: 'cred'`) keeps at most `maxQueued` events
+ * is repeated — and nothing missed while the run is live. If the run ended while the connection
+ * was down, its events have left the daemon: the new subscription yields its `finish` alone, with
+ * a seq past `lastSeq + 1`; read the stored message with `streamGet(runId, {reveal: true})`
+ * (sseHandler does so). A credential watch (`kind: 'cred'`) keeps at most `maxQueued` events
  * (past that the oldest go and a `{type: 'resync', missed}` event says how many), and after a
  * reconnection yields `{type: 'resync', reason: 'reconnected'}`: list again.
  * `return()` (a `break` out of the loop) or `close()` unsubscribes.

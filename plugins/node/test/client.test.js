@@ -135,6 +135,12 @@ test('the client reconnects after a daemon restart; a stream subscription resume
   for (let i = 0; i < 20; i++) before.push((await sub.next()).value);
   const r = await d.restart();
   assert.equal(r.code, 0);
+  // The watcher makes its subscription again by itself (not waiting for a call of its own).
+  const deadline = Date.now() + 10_000;
+  while (sub.id === null || w.reconnects === 0) {
+    assert.ok(Date.now() < deadline, 'the watcher reconnected within 10 s');
+    await new Promise((res) => setTimeout(res, 20));
+  }
   // Appends go on with the same producer: the client connects again by itself.
   for (let i = 0; i < 20; i++) await p.text(`b${i} `);
   await p.commit({ role: 'assistant' });
@@ -146,6 +152,35 @@ test('the client reconnects after a daemon restart; a stream subscription resume
   const state = await c.streamGet('run-restart', { reveal: true });
   assert.equal(state.final_message.content, all.slice(0, -1).map((e) => e.event.text).join(''));
   console.log(`restart mid-stream: ${all.length} events seen once each; producer reconnects ${c.reconnects}, watcher ${w.reconnects}`);
+});
+
+test('a subscriber that is away while the run commits gets its finish with the gap showing, and the stored message', async (t) => {
+  const d = await withDaemon(t);
+  const c = await d.client();
+  const w = await d.client({ client: 'watcher', reconnectTimeoutMs: 10_000 });
+  t.after(() => { c.close(); w.close(); });
+  const p = await StreamProducer.begin(c, 'run-away');
+  const sub = await w.subscribeStream('run-away');
+  await p.text('seen ');
+  assert.equal((await sub.next()).value.seq, 1);
+  await d.stop();
+  const relaunch = d.launch();
+  // The producer reconnects first and finishes while the watcher is still away.
+  await relaunch;
+  await p.text('unseen');
+  await p.commit({ role: 'assistant' });
+  const rest = [];
+  for await (const ev of sub) rest.push(ev);
+  const last = rest.at(-1);
+  assert.deepEqual(last.event, { type: 'finish', status: 'committed' });
+  if (rest.length === 1) {
+    assert.equal(last.seq, 3, 'finish at seq 3: seq 2 was not seen, and the seq says so');
+    assert.equal((await w.streamGet('run-away', { reveal: true })).final_message.content, 'seen unseen');
+    console.log('away during the commit: finish alone at seq 3 (gap after 1); the stored message read instead');
+  } else {
+    assert.deepEqual(rest.map((e) => e.seq), [2, 3]); // the watcher was back in time after all
+    console.log('away during the commit: the watcher was back before it (events 2, 3)');
+  }
 });
 
 test('a lost append answer is retried with the same seq and the daemon drops the duplicate', async (t) => {
