@@ -17,5 +17,5 @@ cargo clippy --all-targets --quiet -- -D warnings
 echo "== cargo test (lib, bin, integration tests; benches are built by clippy above, run by cargo bench)"
 cargo test --lib --bins --tests --quiet -- --show-output
 
-echo "== plugin tests (plugins/run-tests.sh: the Python client against the real daemon)"
+echo "== plugin tests (plugins/run-tests.sh: the Python and Node clients against the real daemon, the browser tests in headless Chromium)"
 plugins/run-tests.sh
