@@ -479,10 +479,6 @@ export class Client {
     this._conn = null;
   }
 
-  async [Symbol.asyncDispose]() {
-    this.close();
-  }
-
   // -- subscriptions --------------------------------------------------------------------------
 
   /** Events of run `runId` with seq > `afterSeq`, then live ones, ending with `finish`. */
@@ -644,4 +640,12 @@ export class Client {
   async runPrune(olderThanDays, { dryRun } = {}) {
     return this.call('run.prune', { older_than_days: olderThanDays, dry_run: dryRun });
   }
+}
+
+// `await using client = await Client.connect()` where the runtime has explicit resource
+// management (runtimes that define Symbol.asyncDispose; Node 18 does not).
+if (typeof Symbol.asyncDispose === 'symbol') {
+  Client.prototype[Symbol.asyncDispose] = async function dispose() {
+    this.close();
+  };
 }
