@@ -14,11 +14,26 @@ export const PROTOCOL_VERSION = 1;
  * MiB): a longer one closes the connection instead of growing memory without end. */
 export const MAX_LINE_BYTES = 64 * 1024 * 1024;
 const EARLY_EVENTS_CAP = 4096;
-const RECONNECT_FIRST_MS = 50;
-const RECONNECT_MAX_MS = 1000;
 
 const OWN_RESYNC = Symbol('holdfast.ownResync');
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+/** Run `op`, again (backing off 50 ms → 1 s) while it fails with `ConnectionClosed` — the
+ * daemon restarting — and `keepTrying()` holds, for at most `timeoutMs`. The one retry loop of
+ * the package: reconnection and the producer's idempotent writes both use it. */
+export async function whileReconnecting(op, timeoutMs, keepTrying = () => true) {
+  const deadline = Date.now() + timeoutMs;
+  let wait = 50;
+  for (;;) {
+    try {
+      return await op();
+    } catch (e) {
+      if (!(e instanceof ConnectionClosed) || !keepTrying() || Date.now() + wait > deadline) throw e;
+    }
+    await sleep(wait);
+    wait = Math.min(wait * 2, 1000);
+  }
+}
 
 /** The peer must run as our uid. Node cannot read SO_PEERCRED, so the client checks what decides
  * it: the socket file was created by the process that bound it, so its owner is the daemon's
@@ -235,27 +250,14 @@ export class Client {
     if (this._connected()) return this._conn;
     if (!this._connecting) {
       const first = this.hello === null;
-      this._connecting = (first || !this.reconnect ? this._open() : this._openRetrying())
+      this._connecting = (first || !this.reconnect ? this._open()
+        : whileReconnecting(() => this._open(), this.reconnectTimeoutMs, () => !this.closed))
         .finally(() => { this._connecting = null; });
       if (!first) {
         this._connecting.then(() => { this.reconnects += 1; }, () => {});
       }
     }
     return this._connecting;
-  }
-
-  async _openRetrying() {
-    const deadline = Date.now() + this.reconnectTimeoutMs;
-    let wait = RECONNECT_FIRST_MS;
-    for (;;) {
-      try {
-        return await this._open();
-      } catch (e) {
-        if (!(e instanceof ConnectionClosed) || this.closed || Date.now() + wait > deadline) throw e;
-      }
-      await sleep(wait);
-      wait = Math.min(wait * 2, RECONNECT_MAX_MS);
-    }
   }
 
   async _open() {
@@ -483,20 +485,15 @@ export class Client {
 
   /** Events of run `runId` with seq > `afterSeq`, then live ones, ending with `finish`. */
   async subscribeStream(runId, afterSeq = 0) {
-    const sub = new Subscription(this, 'stream', { run_id: runId, after_seq: afterSeq }, Infinity);
-    this._subs.add(sub);
-    try {
-      await this._subscribe(sub);
-    } catch (e) {
-      this._subs.delete(sub);
-      throw e;
-    }
-    return sub;
+    return this._startSubscription(new Subscription(this, 'stream', { run_id: runId, after_seq: afterSeq }, Infinity));
   }
 
   /** `cred.changed` / `lease.released` events of `store` (or of every store of the grant). */
   async watch(store, { maxQueued = 10_000 } = {}) {
-    const sub = new Subscription(this, 'cred', store === undefined ? {} : { store }, maxQueued);
+    return this._startSubscription(new Subscription(this, 'cred', store === undefined ? {} : { store }, maxQueued));
+  }
+
+  async _startSubscription(sub) {
     this._subs.add(sub);
     try {
       await this._subscribe(sub);

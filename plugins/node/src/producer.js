@@ -1,9 +1,9 @@
 // The producer's side of a durable stream: begin or resume a run, append its deltas (batched
 // while an append is in flight, retried across daemon restarts without ever doubling a token),
 // interrupt it when the model's stream breaks, commit or abort it.
+import { whileReconnecting } from './client.js';
 import { Conflict, ConnectionClosed, NotFound } from './errors.js';
 
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 /** The most events one `stream.append` carries (the daemon's cap is 1,024). */
 export const MAX_BATCH_EVENTS = 1024;
@@ -88,8 +88,8 @@ export class StreamProducer {
       const batch = this._queue.splice(0, MAX_BATCH_EVENTS);
       const seq = this.nextSeq;
       try {
-        const r = await this._retrying(() => this.client.streamAppend(
-          this.runId, this.streamId, seq, batch.map((b) => b.event)));
+        const r = await whileReconnecting(() => this.client.streamAppend(
+          this.runId, this.streamId, seq, batch.map((b) => b.event)), this.retryTimeoutMs);
         this.appends += 1;
         this.events += batch.length;
         this.nextSeq = seq + batch.length;
@@ -101,21 +101,6 @@ export class StreamProducer {
         for (const b of batch.concat(this._queue.splice(0))) b.reject(e);
         return;
       }
-    }
-  }
-
-  /** Run `op`, again while the connection drops (the daemon restarting), up to the timeout. */
-  async _retrying(op) {
-    const deadline = Date.now() + this.retryTimeoutMs;
-    let wait = 50;
-    for (;;) {
-      try {
-        return await op();
-      } catch (e) {
-        if (!(e instanceof ConnectionClosed) || Date.now() + wait > deadline) throw e;
-      }
-      await sleep(wait);
-      wait = Math.min(wait * 2, 1000);
     }
   }
 
@@ -151,14 +136,14 @@ export class StreamProducer {
   async _ending(op, status) {
     let retried = false;
     try {
-      return await this._retrying(async () => {
+      return await whileReconnecting(async () => {
         try {
           return await op();
         } catch (e) {
           if (e instanceof ConnectionClosed) retried = true;
           throw e;
         }
-      });
+      }, this.retryTimeoutMs);
     } catch (e) {
       // After a lost answer the first try may have been done: the run's state says.
       if (retried && (e instanceof Conflict || e instanceof NotFound)) {
