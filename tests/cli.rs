@@ -1030,3 +1030,35 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     }
     out
 }
+
+/// Spans and totals a user or a file can make as large as they like are errors or saturate,
+/// never a panic (`Duration::from_secs_f64` on `--since 1e300d` used to abort the CLI).
+#[test]
+fn huge_spans_and_token_totals_do_not_panic() {
+    let env = TempHome::new();
+    let o = env.run(&["runs", "list", "--since", "1e300d"], b"").code(2);
+    assert!(o.stderr.contains("\"1e300d\": too long a span"), "{o}");
+    assert!(!o.stderr.contains("panicked"), "{o}");
+    let o = env
+        .run(
+            &["runs", "list", "--since", "100000000000000000000000d"],
+            b"",
+        )
+        .code(2);
+    assert!(o.stderr.contains("too long a span"), "{o}");
+    env.run(&["runs", "list", "--since", "1e3s"], b"").ok();
+    // A span a Duration holds but whose milliseconds do not fit in u64: everything is newer.
+    env.run(&["runs", "list", "--since", "1e12d", "--json"], b"")
+        .ok();
+
+    // A summary (hive writes these too) whose token totals overflow when added.
+    let run_dir = env.home.join("state/holdfast/runs/huge");
+    fs::create_dir_all(&run_dir).unwrap();
+    let summary = json!({"run_id": "huge", "status": "success",
+        "total_input_tokens": i64::MAX, "total_output_tokens": i64::MAX});
+    fs::write(run_dir.join("summary.json"), summary.to_string()).unwrap();
+    fs::write(run_dir.join("details.jsonl"), "").unwrap();
+    let o = env.run(&["runs", "list"], b"").ok();
+    assert!(o.stdout.contains("huge"), "{o}");
+    assert!(o.stdout.contains(&i64::MAX.to_string()), "{o}");
+}

@@ -62,7 +62,9 @@ pub struct PruneArgs {
 
 /// `90s`, `30m`, `12h`, `7d` (a bare number is seconds).
 fn parse_span(s: &str) -> Result<Duration, String> {
-    let (num, unit) = s.split_at(s.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(s.len()));
+    // The unit is the trailing letters, so exponents (`1e3d`) stay with the number.
+    let num = s.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let unit = &s[num.len()..];
     let n: f64 = num
         .trim()
         .parse()
@@ -77,7 +79,8 @@ fn parse_span(s: &str) -> Result<Duration, String> {
     if !(secs.is_finite() && secs >= 0.0) {
         return Err(format!("{s:?}: must be a non-negative span"));
     }
-    Ok(Duration::from_secs_f64(secs))
+    // User input: a span too long for a Duration is an error, not a panic.
+    Duration::try_from_secs_f64(secs).map_err(|_| format!("{s:?}: too long a span"))
 }
 
 impl From<RunLogError> for CliError {
@@ -124,7 +127,9 @@ fn strings<'a>(v: &'a Value, field: &str) -> Vec<&'a str> {
 }
 
 fn tokens(s: &Value) -> i64 {
-    s["total_input_tokens"].as_i64().unwrap_or(0) + s["total_output_tokens"].as_i64().unwrap_or(0)
+    // The summary is a file anyone (hive) may have written: add without overflowing.
+    let count = |f: &str| s[f].as_i64().unwrap_or(0);
+    count("total_input_tokens").saturating_add(count("total_output_tokens"))
 }
 
 /// Run `holdfast runs …`.
@@ -133,7 +138,7 @@ pub fn run(g: &Global, c: &RunsCommand) -> CliResult {
         RunsCommand::List(a) => {
             let since = a
                 .since
-                .map(|d| now_ms().saturating_sub(d.as_millis() as u64));
+                .map(|d| now_ms().saturating_sub(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)));
             let runs = open(g)?.list(a.status.as_deref(), since, None)?;
             if g.json {
                 out_json(&json!({ "runs": runs }));

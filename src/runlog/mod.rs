@@ -390,7 +390,8 @@ impl Loaded {
             return;
         };
         let seq = record.get("seq").and_then(Value::as_u64).unwrap_or(0);
-        self.next_seq = self.next_seq.max(seq + 1);
+        // A file may say anything: u64::MAX leaves the counter exhausted, not wrapped.
+        self.next_seq = self.next_seq.max(seq.saturating_add(1));
         if let Some(ms) = record.get("logged_at_ms").and_then(Value::as_u64) {
             self.first_ms = Some(self.first_ms.map_or(ms, |f| f.min(ms)));
             self.last_ms = Some(self.last_ms.map_or(ms, |l| l.max(ms)));
@@ -764,6 +765,20 @@ impl RunLog {
         Ok(true)
     }
 
+    /// The seq of the next record and the counter after it; an exhausted counter (a file that
+    /// says it wrote seq `u64::MAX`) refuses further records instead of wrapping to 0.
+    fn take_seq(view: &Loaded) -> Result<(u64, u64), RunLogError> {
+        let seq = view.next_seq.max(1);
+        match seq.checked_add(1) {
+            Some(next) => Ok((seq, next)),
+            None => Err(err(
+                ErrorKind::Integrity,
+                "this run log's seq counter is at its maximum (a file holds seq 18446744073709551615): \
+                 start a new run",
+            )),
+        }
+    }
+
     /// Append one record to `kind`'s file, durably; returns its seq.
     fn append(
         &self,
@@ -772,7 +787,7 @@ impl RunLog {
         kind: Kind,
         mut record: Map<String, Value>,
     ) -> Result<Entry, RunLogError> {
-        let seq = view.next_seq.max(1);
+        let (seq, next_seq) = Self::take_seq(view)?;
         let at = now_ms();
         record.insert("seq".into(), seq.into());
         record.insert("logged_at_ms".into(), at.into());
@@ -824,7 +839,7 @@ impl RunLog {
             exists: true,
             next_pos: pos + 1,
         };
-        view.next_seq = seq + 1;
+        view.next_seq = next_seq;
         view.first_ms = Some(view.first_ms.map_or(at, |f| f.min(at)));
         view.last_ms = Some(view.last_ms.map_or(at, |l| l.max(at)));
         Ok(Entry { seq, pos, record })
@@ -839,7 +854,7 @@ impl RunLog {
         old: &Entry,
         mut record: Map<String, Value>,
     ) -> Result<Entry, RunLogError> {
-        let seq = view.next_seq.max(1);
+        let (seq, _) = Self::take_seq(view)?;
         let at = now_ms();
         record.insert("seq".into(), seq.into());
         record.insert("logged_at_ms".into(), at.into());

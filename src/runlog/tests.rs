@@ -628,3 +628,29 @@ fn prune_counts_what_it_says_and_takes_stream_only_runs() {
         .unwrap()
         .is_empty());
 }
+
+/// A seq read from a file is not trusted to leave room: `u64::MAX` in a line must neither panic
+/// (debug) nor wrap to 0 (release); the log still reads, and a new record is refused with a
+/// clear error instead of reusing a seq.
+#[test]
+fn a_file_with_the_largest_seq_reads_and_refuses_new_records() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("maxed");
+    fs::create_dir_all(&run).unwrap();
+    let mut line = detail("plan", 1, 10);
+    line.insert("seq".into(), u64::MAX.into());
+    line.insert("logged_at_ms".into(), 1.into());
+    fs::write(
+        run.join("details.jsonl"),
+        format!("{}\n", Value::Object(line)),
+    )
+    .unwrap();
+    let log = open(tmp.path());
+    let got = log.get("maxed").unwrap();
+    assert_eq!(got["nodes"], json!(1), "{got}");
+    let e = log.log_node("maxed", detail("act", 1, 10)).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Integrity, "{e}");
+    assert!(e.message.contains("seq counter is at its maximum"), "{e}");
+    // Nothing was written: the file still holds the one line.
+    assert_eq!(lines(tmp.path(), "maxed", "details.jsonl").len(), 1);
+}
