@@ -120,3 +120,9 @@ pub const RUN_LOG_CACHED_RUNS: usize = 256;
 /// does not take the lock (hive's own logger flushes long lines in pieces): it is waited for,
 /// not cut. Two seconds covers a flush of any sane line on a loaded machine.
 pub const RUN_LOG_FRESH_TAIL: Duration = Duration::from_secs(2);
+
+/// Events queued for one stream subscriber before it counts as lagging. Four appends of the
+/// largest size (1,024 events each) fit, so a subscriber that keeps up never lags on a burst;
+/// one that does not is dropped by the run and re-subscribes after the last seq it took, from
+/// the run's durable backlog (`streams::feed`): bounded memory, no event lost or repeated.
+pub const SUBSCRIBER_QUEUE_EVENTS: usize = 4096;

@@ -10,7 +10,7 @@ use super::handlers::{blocking, open_subscription};
 use super::protocol::{self, Request, RpcError};
 use super::server::Session;
 use crate::service::Daemon;
-use crate::streams::{Event, EventIn, Str};
+use crate::streams::{Event, EventIn, Next, Str};
 use crate::streams::{StreamError, Streams, Ticket};
 
 fn rpc(e: StreamError) -> RpcError {
@@ -414,13 +414,27 @@ fn subscribe(
             return Err(rpc(e));
         }
     };
-    let (session_f, run) = (Arc::clone(session), run_id.to_owned());
+    let (session_f, run, s_f) = (Arc::clone(session), run_id.to_owned(), Arc::clone(s));
     tokio::spawn(async move {
+        let mut last = after_seq;
         loop {
-            let next = session_f.unless_ended(gate.until_closed(rx.recv())).await;
-            let Some((seq, event)) = next.flatten().flatten() else {
-                break;
+            let next = session_f.unless_ended(gate.until_closed(rx.next())).await;
+            let (seq, event) = match next.flatten() {
+                Some(Next::Event(seq, event)) => (seq, event),
+                Some(Next::Lagged) => {
+                    // Fell behind: take the rest from the run's durable backlog, after the
+                    // last event sent (no gap, no repeat).
+                    match s_f.subscribe(&run, last) {
+                        Ok(again) => {
+                            rx = again;
+                            continue;
+                        }
+                        Err(_) => break,
+                    }
+                }
+                Some(Next::Closed) | None => break,
             };
+            last = seq;
             let finish = event["type"] == "finish";
             let line = protocol::notification(
                 json!({"subscription": sub, "run_id": run, "seq": seq, "event": event}),

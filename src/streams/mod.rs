@@ -14,6 +14,7 @@
 //! with the last seq it saw gets every later event once, in order.
 
 mod accum;
+mod feed;
 
 use std::collections::HashMap;
 use std::fs;
@@ -22,10 +23,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use serde_json::{json, Map, Value};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use zeroize::Zeroizing;
 
 pub use accum::{Accumulator, Event, EventIn, Str, MIN_OVERLAP_CHARS};
+pub use feed::{Feed, Next};
 
 use crate::durable::journal::{Durability, Journal, JournalError, Position, Promise, ReplayReport};
 use crate::durable::{self, Faults};
@@ -152,8 +154,8 @@ pub enum Status {
     Failed,
 }
 
-/// A live subscriber: events (seq, event) until `finish`.
-pub type Subscriber = mpsc::UnboundedSender<(u64, Value)>;
+/// A live subscriber: events (seq, event) until `finish`, bounded ([`feed`]).
+type Subscriber = feed::FeedTx;
 
 struct Run {
     run_id: String,
@@ -490,11 +492,9 @@ impl Streams {
                 let from = run.published;
                 let to = upto.min(run.events.len());
                 run.published = to;
-                if !run.subscribers.is_empty() {
-                    let fresh: Vec<(u64, Value)> = run.events[from..to].to_vec();
-                    run.subscribers
-                        .retain(|tx| fresh.iter().all(|(s, e)| tx.send((*s, e.clone())).is_ok()));
-                }
+                let fresh = &run.events[from..to];
+                run.subscribers
+                    .retain(|tx| fresh.iter().all(|(s, e)| tx.push(*s, e)));
             }
         }
         Ok(())
@@ -1198,11 +1198,11 @@ impl Streams {
             // file is durable) after whatever is still pending in the journal.
             for (s, e) in &run.events[run.published.min(run.events.len())..] {
                 for tx in &run.subscribers {
-                    let _ = tx.send((*s, e.clone()));
+                    tx.push_uncapped(*s, e);
                 }
             }
             for tx in run.subscribers.drain(..) {
-                let _ = tx.send((finish_seq, finish.clone()));
+                tx.push_uncapped(finish_seq, &finish);
             }
         }
         drop(st);
@@ -1233,20 +1233,16 @@ impl Streams {
 
     /// `stream.subscribe`: every event with seq > `after_seq` (durable ones at once, later ones
     /// as they become durable), then `finish`. For an ended run: just `finish`.
-    pub fn subscribe(
-        &self,
-        run_id: &str,
-        after_seq: u64,
-    ) -> Result<mpsc::UnboundedReceiver<(u64, Value)>, StreamError> {
+    pub fn subscribe(&self, run_id: &str, after_seq: u64) -> Result<Feed, StreamError> {
         validate_run_id(run_id)?;
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = feed::feed();
         let mut st = self.lock();
         match st.runs.get_mut(run_id) {
             Some(run) => {
                 let published = &run.events[..run.published.min(run.events.len())];
                 let lo = published.partition_point(|(s, _)| *s <= after_seq);
                 for (s, e) in &published[lo..] {
-                    let _ = tx.send((*s, e.clone()));
+                    tx.push_uncapped(*s, e);
                 }
                 run.subscribers.push(tx);
             }
@@ -1257,7 +1253,7 @@ impl Streams {
                 })?;
                 let seq = state["finish_seq"].as_u64().unwrap_or(0);
                 if seq > after_seq {
-                    let _ = tx.send((seq, json!({"type": "finish", "status": state["status"]})));
+                    tx.push_uncapped(seq, &json!({"type": "finish", "status": state["status"]}));
                 }
             }
         }

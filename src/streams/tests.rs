@@ -75,10 +75,10 @@ fn begin(s: &Streams, run: &str) -> String {
     r["stream_id"].as_str().unwrap().to_owned()
 }
 
-fn drain(rx: &mut mpsc::UnboundedReceiver<(u64, Value)>) -> Vec<(u64, Value)> {
+fn drain(rx: &mut Feed) -> Vec<(u64, Value)> {
     let mut v = Vec::new();
-    while let Ok(e) = rx.try_recv() {
-        v.push(e);
+    while let Some(Next::Event(seq, e)) = rx.try_next() {
+        v.push((seq, e));
     }
     v
 }
@@ -739,4 +739,46 @@ fn commit_with_content_from_stream_stores_exactly_what_subscribers_saw() {
     let e = s.commit("run-bad", &sid, json!("text"), true).unwrap_err();
     assert_eq!(e.kind, ErrorKind::InvalidParams);
     assert!(s.get("run-bad", false).unwrap().get("status").is_some());
+}
+
+/// A subscriber that does not read while more than `SUBSCRIBER_QUEUE_EVENTS` events are
+/// published is dropped by the run (its queue stops growing), reports `Lagged` after the
+/// events it holds, and a new subscription after the last seq it took gives the rest: every
+/// event exactly once, in order, then `finish`.
+#[test]
+fn a_lagging_subscriber_is_bounded_and_catches_up_exactly() {
+    let env = Env::new();
+    let s = env.open();
+    let sid = begin(&s, "run-lag");
+    let mut rx = s.subscribe("run-lag", 0).unwrap();
+    let cap = crate::limits::SUBSCRIBER_QUEUE_EVENTS as u64;
+    let total = cap + 1500;
+    let mut seq = 1;
+    while seq <= total {
+        let batch: Vec<Value> = (0..500.min(total + 1 - seq)).map(|_| text("x")).collect();
+        let r = ok(&s, s.append("run-lag", &sid, seq, &batch));
+        seq = r["acked_seq"].as_u64().unwrap() + 1;
+    }
+    let mut got = drain(&mut rx);
+    assert_eq!(got.len() as u64, cap, "the queue stopped at the cap");
+    assert_eq!(rx.try_next(), Some(Next::Lagged));
+    let last = got.last().unwrap().0;
+    let mut again = s.subscribe("run-lag", last).unwrap();
+    got.extend(drain(&mut again));
+    s.end(
+        "run-lag",
+        &sid,
+        "committed",
+        json!({"content_from_stream": true}),
+    )
+    .unwrap();
+    got.extend(drain(&mut again));
+    let seqs: Vec<u64> = got.iter().map(|(s, _)| *s).collect();
+    let want: Vec<u64> = (1..=total + 1).collect();
+    assert_eq!(seqs, want, "every event once, in order, then finish");
+    assert_eq!(got.last().unwrap().1["type"], "finish");
+    println!(
+        "lagging subscriber: {cap} queued, lagged, caught up from seq {last}: {} events + finish",
+        total
+    );
 }
