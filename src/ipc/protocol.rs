@@ -309,6 +309,29 @@ pub fn notification(params: Value) -> Zeroizing<Vec<u8>> {
     line(&json!({"jsonrpc": "2.0", "method": "event", "params": params}))
 }
 
+/// [`notification`] with typed params, serialized straight into the line (stream events,
+/// whose JSON is kept serialized). They carry no secret, so the buffer may grow.
+pub fn notification_of(params: &impl serde::Serialize) -> Zeroizing<Vec<u8>> {
+    #[derive(serde::Serialize)]
+    struct Note<'a, P> {
+        jsonrpc: &'static str,
+        method: &'static str,
+        params: &'a P,
+    }
+    let mut buf = Zeroizing::new(Vec::with_capacity(256));
+    // Serializing plain fields and raw JSON into a Vec cannot fail.
+    let _ = serde_json::to_writer(
+        &mut *buf,
+        &Note {
+            jsonrpc: "2.0",
+            method: "event",
+            params,
+        },
+    );
+    buf.push(b'\n');
+    buf
+}
+
 impl From<crate::store::Error> for RpcError {
     fn from(e: crate::store::Error) -> Self {
         RpcError::from_store(&e)

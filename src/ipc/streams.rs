@@ -399,6 +399,15 @@ fn answer_on_commit(
     }
 }
 
+/// The params of a `stream.subscribe` event notification.
+#[derive(serde::Serialize)]
+struct EventParams<'a> {
+    subscription: u64,
+    run_id: &'a str,
+    seq: u64,
+    event: &'a serde_json::value::RawValue,
+}
+
 /// Forward a run's events to this connection until `finish` (or the connection ends).
 fn subscribe(
     s: &Arc<Streams>,
@@ -435,11 +444,15 @@ fn subscribe(
                 Some(Next::Closed) | None => break,
             };
             last = seq;
-            let finish = event["type"] == "finish";
-            let line = protocol::notification(
-                json!({"subscription": sub, "run_id": run, "seq": seq, "event": event}),
-            );
-            if !gate.send(&session_f.outbox, line) || finish {
+            // The event's JSON is written as stored (serialized once, when it was published);
+            // `finish` is followed by `Closed`, which ends the loop.
+            let line = protocol::notification_of(&EventParams {
+                subscription: sub,
+                run_id: &run,
+                seq,
+                event: &event,
+            });
+            if !gate.send(&session_f.outbox, line) {
                 break;
             }
         }

@@ -13,14 +13,14 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use serde_json::Value;
 use tokio::sync::Notify;
 
+use super::EventJson;
 use crate::limits::SUBSCRIBER_QUEUE_EVENTS;
 
 #[derive(Default)]
 struct State {
-    events: VecDeque<(u64, Value)>,
+    events: VecDeque<(u64, EventJson)>,
     /// A live push found the queue full: the run dropped this feed.
     lagged: bool,
     /// The run dropped this feed (it ended, or lagged): nothing more will be pushed.
@@ -48,15 +48,25 @@ pub struct FeedTx(Arc<Shared>);
 pub struct Feed(Arc<Shared>);
 
 /// What [`Feed::next`] gives.
-#[derive(Debug, PartialEq)]
+#[derive(Debug)]
 pub enum Next {
     /// The next event, in seq order.
-    Event(u64, Value),
+    Event(u64, EventJson),
     /// The feed fell [`SUBSCRIBER_QUEUE_EVENTS`] behind and was dropped after the last event
     /// it gave: subscribe again after that event's seq.
     Lagged,
     /// Nothing more will come (the run ended after its `finish`, or the streams closed).
     Closed,
+}
+
+impl PartialEq for Next {
+    fn eq(&self, other: &Next) -> bool {
+        match (self, other) {
+            (Next::Event(a, x), Next::Event(b, y)) => a == b && x.get() == y.get(),
+            (Next::Lagged, Next::Lagged) | (Next::Closed, Next::Closed) => true,
+            _ => false,
+        }
+    }
 }
 
 /// A new feed: the run keeps the sender, the subscriber the receiver.
@@ -69,7 +79,7 @@ impl FeedTx {
     /// Push a live event. `false` when the feed must be dropped: its receiver is gone, or it
     /// is [`SUBSCRIBER_QUEUE_EVENTS`] behind (then it is marked lagged, and the receiver
     /// re-subscribes once it has drained the queue).
-    pub fn push(&self, seq: u64, event: &Value) -> bool {
+    pub fn push(&self, seq: u64, event: &EventJson) -> bool {
         let mut st = self.0.state();
         if st.gone || st.lagged {
             return false;
@@ -80,7 +90,7 @@ impl FeedTx {
             self.0.wake.notify_one();
             return false;
         }
-        st.events.push_back((seq, event.clone()));
+        st.events.push_back((seq, std::sync::Arc::clone(event)));
         drop(st);
         self.0.wake.notify_one();
         true
@@ -88,10 +98,10 @@ impl FeedTx {
 
     /// Push without the cap: for the backlog at subscription and the run's final events,
     /// both bounded by what the run holds in memory anyway.
-    pub fn push_uncapped(&self, seq: u64, event: &Value) {
+    pub fn push_uncapped(&self, seq: u64, event: &EventJson) {
         let mut st = self.0.state();
         if !st.gone && !st.lagged {
-            st.events.push_back((seq, event.clone()));
+            st.events.push_back((seq, std::sync::Arc::clone(event)));
         }
         drop(st);
         self.0.wake.notify_one();
@@ -155,22 +165,33 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn ev(v: serde_json::Value) -> EventJson {
+        super::super::event_json(&v)
+    }
+
+    fn next_value(n: Option<Next>) -> Option<(u64, serde_json::Value)> {
+        match n {
+            Some(Next::Event(s, e)) => Some((s, serde_json::from_str(e.get()).unwrap())),
+            _ => None,
+        }
+    }
+
     /// A feed that falls behind keeps everything queued before the cap, in order, then says
     /// `Lagged`; pushes after that are refused (the run drops it).
     #[test]
     fn lag_is_reported_after_the_queued_events() {
         let (tx, mut rx) = feed();
         let mut pushed = 0u64;
-        while tx.push(pushed + 1, &json!({"n": pushed + 1})) {
+        while tx.push(pushed + 1, &ev(json!({"n": pushed + 1}))) {
             pushed += 1;
         }
         assert_eq!(pushed as usize, SUBSCRIBER_QUEUE_EVENTS);
         assert!(
-            !tx.push(pushed + 2, &json!({})),
+            !tx.push(pushed + 2, &ev(json!({}))),
             "a lagged feed takes nothing more"
         );
         for want in 1..=pushed {
-            assert_eq!(rx.try_next(), Some(Next::Event(want, json!({"n": want}))));
+            assert_eq!(next_value(rx.try_next()), Some((want, json!({"n": want}))));
         }
         assert_eq!(rx.try_next(), Some(Next::Lagged));
         println!("feed: {pushed} events queued, then lagged; none lost before the cap");
@@ -182,7 +203,7 @@ mod tests {
     fn uncapped_pushes_close_and_gone() {
         let (tx, mut rx) = feed();
         for s in 1..=(SUBSCRIBER_QUEUE_EVENTS as u64 + 5) {
-            tx.push_uncapped(s, &json!(s));
+            tx.push_uncapped(s, &ev(json!(s)));
         }
         drop(tx);
         let mut n = 0;
@@ -193,7 +214,7 @@ mod tests {
         assert_eq!(rx.try_next(), Some(Next::Closed));
         let (tx, rx) = feed();
         drop(rx);
-        assert!(!tx.push(1, &json!(1)));
+        assert!(!tx.push(1, &ev(json!(1))));
     }
 
     #[tokio::test]
@@ -201,7 +222,10 @@ mod tests {
         let (tx, mut rx) = feed();
         let waiter = tokio::spawn(async move { rx.next().await });
         tokio::task::yield_now().await;
-        assert!(tx.push(7, &json!("x")));
-        assert_eq!(waiter.await.unwrap(), Next::Event(7, json!("x")));
+        assert!(tx.push(7, &ev(json!("x"))));
+        assert_eq!(
+            next_value(Some(waiter.await.unwrap())),
+            Some((7, json!("x")))
+        );
     }
 }

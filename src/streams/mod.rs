@@ -154,6 +154,18 @@ pub enum Status {
     Failed,
 }
 
+/// A published event as its JSON text: serialized once when it joins the run, shared by every
+/// subscriber and snapshot (a `Value` per event cost ~10x the text it carried).
+pub type EventJson = Arc<serde_json::value::RawValue>;
+
+/// `v` as [`EventJson`].
+fn event_json(v: &Value) -> EventJson {
+    // Serializing a `Value` cannot fail; the fallback is never reached.
+    serde_json::value::to_raw_value(v)
+        .map(Arc::from)
+        .unwrap_or_else(|_| Arc::from(serde_json::value::RawValue::NULL.to_owned()))
+}
+
 /// A live subscriber: events (seq, event) until `finish`, bounded ([`feed`]).
 type Subscriber = feed::FeedTx;
 
@@ -166,8 +178,9 @@ struct Run {
     status: Status,
     /// The next seq the producer must use.
     next_seq: u64,
-    /// Every published-or-pending event of the run, in seq order.
-    events: Vec<(u64, Value)>,
+    /// Every published-or-pending event of the run, in seq order (the backlog a subscriber
+    /// with `after_seq` 0 gets: a page refreshed mid-answer replays it).
+    events: Vec<(u64, EventJson)>,
     /// How many of `events` are durable and published. By position, not seq: text the overlap
     /// trimmer held back joins `events` later than its seq became durable.
     published: usize,
@@ -249,6 +262,8 @@ impl Run {
     /// A run back from a `snap` record.
     fn from_snapshot(run_id: &str, r: &Value, segment: u64) -> Option<Run> {
         let events: Vec<(u64, Value)> = serde_json::from_value(r["events"].clone()).ok()?;
+        let events: Vec<(u64, EventJson)> =
+            events.iter().map(|(s, e)| (*s, event_json(e))).collect();
         let next_seq = r["next_seq"].as_u64()?;
         Some(Run {
             run_id: run_id.to_owned(),
@@ -275,7 +290,8 @@ impl Run {
 
     /// Add daemon or producer events (already seq-numbered) to the run.
     fn push_events(&mut self, out: Vec<(u64, Value)>) {
-        self.events.extend(out);
+        self.events
+            .extend(out.iter().map(|(s, e)| (*s, event_json(e))));
     }
 }
 
@@ -1189,7 +1205,7 @@ impl Streams {
             }
             return Err(e);
         }
-        let finish = json!({"type": "finish", "status": status});
+        let finish = event_json(&json!({"type": "finish", "status": status}));
         let mut st = self.lock();
         if let Some(mut run) = st.runs.remove(run_id) {
             let held = run.acc.flush_trim();
@@ -1253,7 +1269,8 @@ impl Streams {
                 })?;
                 let seq = state["finish_seq"].as_u64().unwrap_or(0);
                 if seq > after_seq {
-                    tx.push_uncapped(seq, &json!({"type": "finish", "status": state["status"]}));
+                    let finish = json!({"type": "finish", "status": state["status"]});
+                    tx.push_uncapped(seq, &event_json(&finish));
                 }
             }
         }

@@ -78,7 +78,7 @@ fn begin(s: &Streams, run: &str) -> String {
 fn drain(rx: &mut Feed) -> Vec<(u64, Value)> {
     let mut v = Vec::new();
     while let Some(Next::Event(seq, e)) = rx.try_next() {
-        v.push((seq, e));
+        v.push((seq, serde_json::from_str(e.get()).unwrap()));
     }
     v
 }
