@@ -115,8 +115,7 @@ pub fn run(_g: &Global, a: &InstallUnitsArgs) -> CliResult {
             bin.display()
         )));
     }
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| CliError::with_code(format!("creating {}: {e}", dir.display()), 7))?;
+    durable::create_shared_dirs(&dir).map_err(|e| CliError::with_code(e.to_string(), 7))?;
     // Decide for every file before writing any: a refusal leaves nothing half-installed.
     let mut plan = Vec::new();
     for (name, user, sys) in UNITS {
@@ -155,8 +154,7 @@ pub fn run(_g: &Global, a: &InstallUnitsArgs) -> CliResult {
         durable::atomic_write(&dir, name, text.as_bytes(), &Faults::none())
             .map_err(|e| CliError::with_code(e.to_string(), 7))?;
         // Unit files are read by the service manager, not secret: 0644 like any unit.
-        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644))
-            .map_err(|e| CliError::with_code(format!("chmod 0644 {}: {e}", path.display()), 7))?;
+        durable::set_mode(&path, 0o644).map_err(|e| CliError::with_code(e.to_string(), 7))?;
         if name.ends_with(".service") {
             out(format!(
                 "{}: written (ExecStart={} daemon)",

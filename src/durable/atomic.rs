@@ -675,6 +675,20 @@ pub fn read_capped_stamped(path: &Path, cap: u64) -> io::Result<Option<(Vec<u8>,
     Ok(Some((buf, FileStamp::of(&meta), ctime_ns(&meta))))
 }
 
+/// Create `dir` and its missing parents with the default mode (under the umask): for
+/// directories other programs read, such as systemd's unit directories. Not for holdfast's own
+/// data, which [`create_private_dir`] makes 0700.
+pub fn create_shared_dirs(dir: &Path) -> Result<(), IoError> {
+    fs::create_dir_all(dir).map_err(|e| IoError::new(Op::CreateDir, dir, e))
+}
+
+/// Set `path`'s mode (a file other programs read, such as a unit file: 0644).
+pub fn set_mode(path: &Path, mode: u32) -> Result<(), IoError> {
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))
+        .map_err(|e| IoError::new(Op::Chmod, path, e))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -33,6 +33,20 @@ pub enum Op {
     CreateDir,
     /// `link` of a file about to be replaced to a spare name (recycling, see `Spares`).
     LinkSpare,
+    /// Writing a line at the end of a line log.
+    Append,
+    /// Cutting a file back (a torn last line).
+    Truncate,
+    /// Removing a directory and everything in it (pruning a run).
+    RemoveTree,
+    /// Opening a file (not a fault-seam step).
+    Open,
+    /// Reading a file (not a fault-seam step).
+    Read,
+    /// A write refused because the store is poisoned (not a fault-seam step).
+    Refused,
+    /// Changing a file's mode (not a fault-seam step).
+    Chmod,
 }
 
 impl fmt::Display for Op {
@@ -47,6 +61,13 @@ impl fmt::Display for Op {
             Op::RemoveTemp => "remove temp file",
             Op::CreateDir => "create directory",
             Op::LinkSpare => "keep replaced file as a spare",
+            Op::Append => "append to",
+            Op::Truncate => "cut",
+            Op::RemoveTree => "remove directory",
+            Op::Open => "open",
+            Op::Read => "read",
+            Op::Refused => "write refused",
+            Op::Chmod => "chmod",
         })
     }
 }

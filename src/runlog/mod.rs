@@ -30,9 +30,9 @@
 //! All three are counted in the run's [`Report`].
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::{self, OpenOptions};
-use std::io::{self, Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::fs;
+use std::io;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -40,10 +40,11 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 
-use crate::durable::{self, Faults, LockMode};
+use crate::durable::{self, Faults, LineFile, LockMode, Poison};
 use crate::error::ErrorKind;
 
 #[cfg(test)]
+#[allow(clippy::disallowed_methods)] // tests make their fixtures (torn files) directly
 mod tests;
 
 /// Largest record accepted: [`crate::limits::MAX_RUN_RECORD_BYTES`].
@@ -229,6 +230,8 @@ impl Execution {
 pub struct RunLog {
     dir: PathBuf,
     faults: Faults,
+    /// After a failed fsync every write is refused until the daemon restarts.
+    poison: Poison,
     cache: Mutex<HashMap<String, Arc<Mutex<Loaded>>>>,
 }
 
@@ -535,6 +538,7 @@ impl RunLog {
         Ok(RunLog {
             dir: runs_dir.to_path_buf(),
             faults,
+            poison: Poison::default(),
             cache: Mutex::new(HashMap::new()),
         })
     }
@@ -692,12 +696,7 @@ impl RunLog {
     /// read (its remembered end differs): the caller reloads.
     fn read_tail(&self, dir: &Path, kind: Kind, view: &mut Loaded) -> Result<bool, RunLogError> {
         let path = dir.join(kind.file());
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
-            .open(&path)
-            .map_err(|e| storage(format!("opening {}: {e}", path.display())))?;
+        let mut file = LineFile::open(&path).map_err(storage)?;
         let f = view.files[kind.index()].clone();
         let (from, known) = if f.exists {
             (f.len, f.tail.clone())
@@ -706,11 +705,7 @@ impl RunLog {
         };
         let waited = std::time::Instant::now();
         let (bytes, complete) = loop {
-            file.seek(SeekFrom::Start(from - known.len() as u64))
-                .map_err(storage)?;
-            let mut bytes = Vec::new();
-            file.read_to_end(&mut bytes)
-                .map_err(|e| storage(format!("reading {}: {e}", path.display())))?;
+            let mut bytes = file.read_from(from - known.len() as u64).map_err(storage)?;
             if !bytes.starts_with(&known) {
                 return Ok(false);
             }
@@ -739,11 +734,8 @@ impl RunLog {
             // A torn last line: its writer died before the newline (every writer of ours holds
             // this lock while it writes; others had FRESH_TAIL to finish). Cut it, durably.
             let torn = (bytes.len() - complete) as u64;
-            file.set_len(len)
-                .and_then(|()| file.sync_data())
-                .map_err(|e| {
-                    storage(format!("cutting the torn tail of {}: {e}", path.display()))
-                })?;
+            file.cut(len, &self.faults, &self.poison)
+                .map_err(|e| storage(format!("cutting the torn tail: {e}")))?;
             tracing::warn!(file = %path.display(), bytes = torn, "run log: cut a torn last line");
             view.report.torn_tails_cut += 1;
             view.report.torn_bytes += torn;
@@ -799,32 +791,11 @@ impl RunLog {
             )));
         }
         line.push(b'\n');
-        let path = dir.join(kind.file());
-        let created = !view.files[kind.index()].exists;
         let old_len = view.files[kind.index()].len;
-        let mut file = OpenOptions::new()
-            .append(true)
-            .create(true)
-            .mode(0o600)
-            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
-            .open(&path)
-            .map_err(|e| storage(format!("opening {}: {e}", path.display())))?;
-        let written = self
-            .faults
-            .check(durable::fault::Op::WriteTemp)
-            .and_then(|()| file.write_all(&line))
-            .and_then(|()| self.faults.check(durable::fault::Op::FsyncFile))
-            .and_then(|()| file.sync_data());
-        if let Err(e) = written {
-            // Take the line back out (a retry must not find an unsynced line and call it
-            // logged); if even that fails, the next holder of the lock cuts a partial line.
-            let _ = file.set_len(old_len).and_then(|()| file.sync_data());
-            return Err(storage(format!("appending to {}: {e}", path.display())));
-        }
-        if created {
-            durable::fsync_dir(dir, &self.faults).map_err(storage)?;
-        }
-        let meta = file.metadata().map_err(storage)?;
+        let meta =
+            durable::append_line(dir, kind.file(), &line, old_len, &self.faults, &self.poison)
+                .map_err(storage)?
+                .meta;
         if meta.len() != old_len + line.len() as u64 {
             // Someone appended without the lock since the refresh: their lines were not read.
             view.stale = true;
@@ -878,7 +849,15 @@ impl RunLog {
                 "this run's log is too large to rewrite an entry of",
             ));
         }
-        durable::atomic_write(dir, kind.file(), &bytes, &self.faults).map_err(storage)?;
+        self.poison.check(dir).map_err(storage)?;
+        self.poison
+            .watch(durable::atomic_write(
+                dir,
+                kind.file(),
+                &bytes,
+                &self.faults,
+            ))
+            .map_err(storage)?;
         // The rewrite drops bad and duplicate lines: reload the view from the new file.
         let mut fresh = Loaded::default();
         self.refresh(dir, &mut fresh)?;
@@ -1107,7 +1086,15 @@ impl RunLog {
             }
             let summary = summarize(run_id, view, status, given, now_ms());
             let bytes = serde_json::to_vec_pretty(&summary).map_err(storage)?;
-            durable::atomic_write(dir, "summary.json", &bytes, &self.faults).map_err(storage)?;
+            self.poison.check(dir).map_err(storage)?;
+            self.poison
+                .watch(durable::atomic_write(
+                    dir,
+                    "summary.json",
+                    &bytes,
+                    &self.faults,
+                ))
+                .map_err(storage)?;
             view.summary = Some(summary.clone());
             Ok(json!({"summary": summary, "written": true}))
         })
@@ -1293,7 +1280,7 @@ impl RunLog {
         if Self::last_activity_ms(dir).is_some_and(|l| l >= cutoff) {
             return Ok(false);
         }
-        fs::remove_dir_all(dir).map_err(|e| storage(format!("deleting {}: {e}", dir.display())))?;
+        durable::remove_tree(&self.dir, run_id, &self.faults).map_err(storage)?;
         drop(lock);
         self.forget(run_id);
         Ok(true)

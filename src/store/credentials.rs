@@ -28,7 +28,7 @@ use super::id;
 use super::index::{write_index, EntryRef, Index, IndexState};
 use super::{Error, Result, SealedReason};
 use crate::crypto::{keys, DecryptError, KeySource, Keyring, LoadedKeys};
-use crate::durable::{self, lock, Faults, FileStamp, IoError, LockGuard, LockMode};
+use crate::durable::{self, lock, Faults, FileStamp, IoError, LockGuard, LockMode, Poison};
 use crate::limits::{
     KEY_CHECK_SAMPLE, LOCK_TIMEOUT, MAX_CREDENTIAL_FILE_BYTES, MAX_INDEX_FILE_BYTES,
 };
@@ -227,7 +227,8 @@ pub struct CredentialStore {
     /// Swapped whole on reload; readers clone the `Arc` and hold no guard during I/O.
     keys: RwLock<Arc<KeySnapshot>>,
     inner: Mutex<Inner>,
-    poisoned: Mutex<Option<String>>,
+    /// The poison rule (`durable::Poison`): a failed fsync refuses writes until reopened.
+    poisoned: Poison,
     waiting_writers: AtomicUsize,
     batch_depth: AtomicUsize,
     open_report: Report,
@@ -336,7 +337,7 @@ impl CredentialStore {
                 stamps: Vec::new(),
             })),
             inner: Mutex::new(Inner::default()),
-            poisoned: Mutex::new(None),
+            poisoned: Poison::default(),
             waiting_writers: AtomicUsize::new(0),
             batch_depth: AtomicUsize::new(0),
             open_report: Report::default(),
@@ -605,10 +606,9 @@ impl CredentialStore {
     /// Turn a failed durable step into an error, poisoning the store if it was an fsync.
     pub(super) fn io_failed(&self, err: IoError) -> Error {
         if err.is_fsync() {
-            let msg = err.to_string();
-            tracing::error!(store = %self.config.name, error = %msg, "fsync failed; refusing writes until reopened");
-            *lock_guard(&self.poisoned) = Some(msg);
+            tracing::error!(store = %self.config.name, "a write of this store failed its fsync");
         }
+        self.poisoned.note(&err);
         Error::Io(err)
     }
 
@@ -622,7 +622,7 @@ impl CredentialStore {
                 "store was opened read-only (fsck without --repair); writes are refused".into(),
             ));
         }
-        if let Some(msg) = lock_guard(&self.poisoned).clone() {
+        if let Some(msg) = self.poisoned.reason() {
             return Err(Error::Poisoned(msg));
         }
         Ok(())
@@ -1048,7 +1048,7 @@ impl CredentialStore {
             && self.opts.index_flush == IndexFlush::Immediate
             && self.waiting_writers.load(Ordering::SeqCst) == 0
             && self.batch_depth.load(Ordering::SeqCst) == 0
-            && lock_guard(&self.poisoned).is_none()
+            && self.poisoned.reason().is_none()
         {
             if let KeyState::Unsealed { ring, .. } = &keys.state {
                 if let Err(e) = self.flush_index(&mut inner, ring) {

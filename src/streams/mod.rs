@@ -30,7 +30,7 @@ pub use accum::{Accumulator, Event, EventIn, Str, MIN_OVERLAP_CHARS};
 pub use feed::{Feed, Next};
 
 use crate::durable::journal::{Durability, Journal, JournalError, Position, Promise, ReplayReport};
-use crate::durable::{self, Faults};
+use crate::durable::{self, Faults, Poison};
 use crate::error::ErrorKind;
 use crate::recovery::{self, Attempts, Cause, Input, Plan, PlanKind, Policy, Stale};
 
@@ -327,6 +327,9 @@ pub struct Streams {
     state: Mutex<State>,
     config: StreamsConfig,
     faults: Faults,
+    /// After a failed fsync of a state or checkpoint file, such writes are refused until the
+    /// daemon restarts (the journal poisons itself the same way).
+    poison: Poison,
     replay: ReplayReport,
     /// The run logs, for the R2 plans' `execution` of each completed tool call.
     run_log: std::sync::OnceLock<Arc<crate::runlog::RunLog>>,
@@ -365,6 +368,7 @@ impl Streams {
             }),
             config,
             faults,
+            poison: Poison::default(),
             replay,
             run_log: std::sync::OnceLock::new(),
         };
@@ -1087,8 +1091,16 @@ impl Streams {
         durable::create_private_dir(&dir, &self.faults)
             .map_err(|e| err(ErrorKind::Storage, e.to_string()))?;
         let sealed = self.seal_record(state)?;
-        durable::atomic_write(&dir, "state", &sealed, &self.faults)
-            .map_err(|e| err(ErrorKind::Storage, e.to_string()))?;
+        self.write_file(&dir, "state", &sealed)
+    }
+
+    /// Replace `dir/name` with sealed bytes, under the poison rule.
+    fn write_file(&self, dir: &Path, name: &str, sealed: &[u8]) -> Result<(), StreamError> {
+        let storage = |e: durable::IoError| err(ErrorKind::Storage, e.to_string());
+        self.poison.check(dir).map_err(storage)?;
+        self.poison
+            .watch(durable::atomic_write(dir, name, sealed, &self.faults))
+            .map_err(storage)?;
         Ok(())
     }
 
@@ -1437,8 +1449,7 @@ impl Streams {
                     .sealer
                     .seal(&plain)
                     .map_err(|e| err(ErrorKind::Sealed, e))?;
-                durable::atomic_write(&dir, name, &sealed, &self.faults)
-                    .map_err(|e| err(ErrorKind::Storage, e.to_string()))?;
+                self.write_file(&dir, name, &sealed)?;
                 files += 1;
             }
         }
@@ -1482,8 +1493,7 @@ impl Streams {
         durable::create_private_dir(&dir, &self.faults)
             .map_err(|e| err(ErrorKind::Storage, e.to_string()))?;
         let sealed = self.seal_record(&Value::Object(snap.clone()))?;
-        durable::atomic_write(&dir, "checkpoint", &sealed, &self.faults)
-            .map_err(|e| err(ErrorKind::Storage, e.to_string()))?;
+        self.write_file(&dir, "checkpoint", &sealed)?;
         Ok(json!({"run_id": run_id, "updated_at_ms": snap["updated_at_ms"]}))
     }
 
@@ -1511,8 +1521,11 @@ impl Streams {
         if !dir.exists() {
             return Ok(false);
         }
-        durable::remove_durably(&dir, "checkpoint", &self.faults)
-            .map_err(|e| err(ErrorKind::Storage, e.to_string()))
+        let storage = |e: durable::IoError| err(ErrorKind::Storage, e.to_string());
+        self.poison.check(&dir).map_err(storage)?;
+        self.poison
+            .watch(durable::remove_durably(&dir, "checkpoint", &self.faults))
+            .map_err(storage)
     }
 
     /// The journal's counters.
@@ -1554,6 +1567,7 @@ fn plan_from_json(v: &Value) -> Option<Plan> {
 }
 
 #[cfg(test)]
+#[allow(clippy::disallowed_methods)] // tests make their fixtures (torn files) directly
 mod tests;
 
 /// Whether a data directory holds any streams data (journal segments or run files).
@@ -1568,10 +1582,4 @@ pub fn has_data(data_dir: &Path) -> bool {
 /// Where a data directory keeps streams: (`streams/`, `runs/`).
 pub fn dirs(data_dir: &Path) -> (PathBuf, PathBuf) {
     (data_dir.join("streams"), data_dir.join("runs"))
-}
-
-/// Remove a run's directory (tests and pruning).
-pub fn remove_run_dir(runs_dir: &Path, run_id: &str) -> std::io::Result<()> {
-    validate_run_id(run_id).map_err(|e| std::io::Error::other(e.message))?;
-    fs::remove_dir_all(runs_dir.join(run_id))
 }

@@ -1,0 +1,224 @@
+//! Append-only files of lines (the run logs' `details.jsonl`, `tool_logs.jsonl`,
+//! `tool_calls.jsonl`): append with `fdatasync`, read what was appended since an offset, and cut
+//! a torn last line — every write step behind the fault seam and the store's [`Poison`].
+//!
+//! A line is acknowledged once it and its newline are `fdatasync`ed. If the write or the sync
+//! fails, the file is cut back to its length before the append (a retry must not find an
+//! unsynced line and call it logged); if even that fails, the next reader cuts the partial
+//! line as a torn tail. Files are opened `O_NOFOLLOW` and created 0600.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use super::{fsync_dir, Faults, IoError, Op, Poison};
+
+/// One line file, open for reading and cutting (see [`LineFile::open`]).
+#[derive(Debug)]
+pub struct LineFile {
+    file: File,
+    path: PathBuf,
+}
+
+/// What [`append_line`] did.
+#[derive(Debug)]
+pub struct Appended {
+    /// The file's metadata after the append.
+    pub meta: fs::Metadata,
+    /// The file was created by this append (its directory entry was fsynced).
+    pub created: bool,
+}
+
+fn nofollow() -> i32 {
+    rustix::fs::OFlags::NOFOLLOW.bits() as i32
+}
+
+impl LineFile {
+    /// Open an existing line file to read it and, if its last line is torn, cut it.
+    #[allow(clippy::disallowed_methods)] // durable/ may open files for writing
+    pub fn open(path: &Path) -> Result<LineFile, IoError> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(nofollow())
+            .open(path)
+            .map_err(|e| IoError::new(Op::Open, path, e))?;
+        Ok(LineFile {
+            file,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Everything from byte `offset` to the end.
+    pub fn read_from(&mut self, offset: u64) -> Result<Vec<u8>, IoError> {
+        let mut bytes = Vec::new();
+        self.file
+            .seek(SeekFrom::Start(offset))
+            .and_then(|_| self.file.read_to_end(&mut bytes))
+            .map_err(|e| IoError::new(Op::Read, &self.path, e))?;
+        Ok(bytes)
+    }
+
+    /// The file's metadata now.
+    pub fn metadata(&self) -> Result<fs::Metadata, IoError> {
+        self.file
+            .metadata()
+            .map_err(|e| IoError::new(Op::Read, &self.path, e))
+    }
+
+    /// Cut the file to `len` bytes, durably (a torn last line whose writer died).
+    #[allow(clippy::disallowed_methods)] // durable/ may truncate and fsync
+    pub fn cut(&mut self, len: u64, faults: &Faults, poison: &Poison) -> Result<(), IoError> {
+        poison.check(&self.path)?;
+        let cut = faults
+            .check(Op::Truncate)
+            .and_then(|()| self.file.set_len(len))
+            .map_err(|e| IoError::new(Op::Truncate, &self.path, e));
+        poison.watch(cut)?;
+        let synced = faults
+            .check(Op::FsyncFile)
+            .and_then(|()| self.file.sync_data())
+            .map_err(|e| IoError::new(Op::FsyncFile, &self.path, e));
+        poison.watch(synced)
+    }
+}
+
+/// Append `line` (ending in `\n`) to `dir/name`, creating the file (0600) if it is missing, and
+/// `fdatasync` it; a new file's directory entry is fsynced too. `expected_len` is the length
+/// the caller believes the file has: on a failed write or sync the file is cut back to it.
+#[allow(clippy::disallowed_methods)] // durable/ may append, truncate and fsync
+pub fn append_line(
+    dir: &Path,
+    name: &str,
+    line: &[u8],
+    expected_len: u64,
+    faults: &Faults,
+    poison: &Poison,
+) -> Result<Appended, IoError> {
+    let path = dir.join(name);
+    poison.check(&path)?;
+    let existed = path.exists();
+    let mut file = OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(nofollow())
+        .open(&path)
+        .map_err(|e| IoError::new(Op::Open, &path, e))?;
+    let written = faults
+        .check(Op::Append)
+        .and_then(|()| file.write_all(line))
+        .map_err(|e| IoError::new(Op::Append, &path, e))
+        .and_then(|()| {
+            faults
+                .check(Op::FsyncFile)
+                .and_then(|()| file.sync_data())
+                .map_err(|e| IoError::new(Op::FsyncFile, &path, e))
+        });
+    if let Err(e) = written {
+        poison.note(&e);
+        // Take the line back out, even after a failed fsync: the cut is a new write whose own
+        // sync says whether it held, and it vouches only for the bytes before the line (synced
+        // by earlier appends), never for the line. If it fails too, the next reader cuts a
+        // partial line; a whole unsynced line could remain, which is why the store is poisoned
+        // (refusing writes until reopened) rather than trusted to retry.
+        let _ = file.set_len(expected_len).and_then(|()| file.sync_data());
+        return Err(e);
+    }
+    if !existed {
+        poison.watch(fsync_dir(dir, faults))?;
+    }
+    let meta = file
+        .metadata()
+        .map_err(|e| IoError::new(Op::Read, &path, e))?;
+    Ok(Appended {
+        meta,
+        created: !existed,
+    })
+}
+
+/// Remove the directory `parent/name` and everything in it, then fsync `parent`. `name` must be
+/// a single path component (a run id): nothing outside `parent` can be named.
+#[allow(clippy::disallowed_methods)] // durable/ may remove directories
+pub fn remove_tree(parent: &Path, name: &str, faults: &Faults) -> Result<bool, IoError> {
+    let path = parent.join(name);
+    if name.is_empty() || name == "." || name == ".." || name.contains('/') {
+        return Err(IoError::new(
+            Op::RemoveTree,
+            &path,
+            io::Error::new(io::ErrorKind::InvalidInput, "not a single path component"),
+        ));
+    }
+    match faults
+        .check(Op::RemoveTree)
+        .and_then(|()| fs::remove_dir_all(&path))
+    {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(IoError::new(Op::RemoveTree, &path, e)),
+    }
+    fsync_dir(parent, faults)?;
+    Ok(true)
+}
+
+#[cfg(test)]
+#[allow(clippy::disallowed_methods)] // tests build their fixtures directly
+mod tests {
+    use super::*;
+    use crate::durable::FaultMode;
+
+    /// A failed fsync poisons: the failed append is refused, and so is every later write —
+    /// appends and cuts — until a new `Poison` (the store reopened).
+    #[test]
+    fn a_failed_fsync_poisons_every_later_write() {
+        let d = tempfile::tempdir().unwrap();
+        let poison = Poison::default();
+        let faults = Faults::none();
+        append_line(d.path(), "a.jsonl", b"one\n", 0, &faults, &poison).unwrap();
+        let failing = Faults::at_op(Op::FsyncFile, 1, FaultMode::FailOnce(5));
+        let e = append_line(d.path(), "a.jsonl", b"two\n", 4, &failing, &poison).unwrap_err();
+        assert!(e.is_fsync(), "{e}");
+        assert!(poison.reason().is_some());
+        let e = append_line(d.path(), "a.jsonl", b"three\n", 8, &faults, &poison).unwrap_err();
+        assert_eq!(e.op, Op::Refused, "{e}");
+        assert!(e
+            .to_string()
+            .contains("writes are refused until the daemon restarts"));
+        let mut f = LineFile::open(&d.path().join("a.jsonl")).unwrap();
+        assert_eq!(f.cut(4, &faults, &poison).unwrap_err().op, Op::Refused);
+        // Reopened: writes go through again.
+        let fresh = Poison::default();
+        append_line(d.path(), "b.jsonl", b"x\n", 0, &faults, &fresh).unwrap();
+    }
+
+    /// A failed write is taken back out: the file is as before the append, not poisoned.
+    #[test]
+    fn a_failed_write_leaves_the_file_as_it_was() {
+        let d = tempfile::tempdir().unwrap();
+        let poison = Poison::default();
+        append_line(d.path(), "a", b"one\n", 0, &Faults::none(), &poison).unwrap();
+        let failing = Faults::at_op(Op::Append, 1, FaultMode::FailOnce(28));
+        let e = append_line(d.path(), "a", b"two\n", 4, &failing, &poison).unwrap_err();
+        assert_eq!(e.op, Op::Append);
+        assert!(e.is_disk_full(), "{e}");
+        assert!(poison.reason().is_none());
+        assert_eq!(fs::read(d.path().join("a")).unwrap(), b"one\n");
+    }
+
+    #[test]
+    fn remove_tree_takes_one_component_only() {
+        let d = tempfile::tempdir().unwrap();
+        fs::create_dir_all(d.path().join("run/x")).unwrap();
+        fs::write(d.path().join("run/x/f"), b"1").unwrap();
+        assert!(remove_tree(d.path(), "run", &Faults::none()).unwrap());
+        assert!(!d.path().join("run").exists());
+        assert!(!remove_tree(d.path(), "run", &Faults::none()).unwrap());
+        for bad in ["", ".", "..", "a/b"] {
+            assert!(
+                remove_tree(d.path(), bad, &Faults::none()).is_err(),
+                "{bad:?}"
+            );
+        }
+    }
+}
