@@ -5,6 +5,12 @@
 //! VM's noise does not move (docs/benchmarks.md).
 //!
 //! `cargo run --release --example stream_load -- SOCKET STREAMS SECONDS [noop]`
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::disallowed_methods,
+    clippy::print_stdout
+)] // test code: fixtures are made directly, and a panic is a failed test
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Barrier};

@@ -1,6 +1,12 @@
 //! Run logs through the real daemon and across processes: the hive race with threads,
 //! connections and processes at once; restart between log_node and ensure_node; every `run.*`
 //! method; the R2 annotation driven by tool-call records.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::disallowed_methods,
+    clippy::print_stdout
+)] // test code: fixtures are made directly, and a panic is a failed test
 
 use std::collections::BTreeMap;
 use std::path::Path;

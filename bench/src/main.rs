@@ -1,4 +1,4 @@
-//! `holdfast bench`: measure, on this machine, what the daemon costs against the floors under
+//! `holdfast-bench` (also run as `holdfast bench`): measure, on this machine, what the daemon costs against the floors under
 //! it, and print the figures beside issue 3's targets.
 //!
 //! One run, in a fresh temporary directory (nothing of the user's is read or touched):
@@ -17,6 +17,7 @@
 //!    client (the store keeps its size); gets read random existing ids.
 //! 3. Print a table (or, with `--json`, one JSON object) and PASS/MISS against issue 3's
 //!    targets. Speed is measured, not asserted: a MISS does not change the exit code.
+#![allow(clippy::disallowed_methods)] // the floors write and fsync files directly: that is what they measure
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
@@ -27,17 +28,20 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use clap::Args;
+use clap::Parser;
 use serde_json::{json, Value};
 
 mod runs;
 mod streams;
 
-use super::{out, out_json, CliError, CliResult, Global};
-use crate::client::Client;
-use crate::crypto::{KeySource, Secret};
-use crate::durable::{self, Faults};
-use crate::store::{init_store, Credential, CredentialStore, StoreConfig, StoreOptions};
+use holdfast::client::Client;
+use holdfast::crypto::{KeySource, Secret};
+use holdfast::durable::{self, Faults};
+use holdfast::store::{init_store, Credential, CredentialStore, StoreConfig, StoreOptions};
+
+mod report;
+
+use report::{out, out_json, CliError, CliResult, Global};
 
 /// The store every phase uses (the daemon serves `<data>/stores/default`).
 const STORE: &str = "default";
@@ -57,9 +61,19 @@ const SET_MIN_PER_SEC: f64 = 2000.0;
 /// "Flat": 1-client set throughput at the largest size at least this fraction of the smallest's.
 const FLAT_MIN_RATIO: f64 = 0.75;
 
-/// Arguments of `holdfast bench`.
-#[derive(Args, Debug)]
+/// Measure holdfast on this machine: credentials through the daemon (default), the stream
+/// journal (--streams) or the run log (--runs), beside the floors under them. Figures and the
+/// targets they are held against: docs/benchmarks.md. Speed is measured, not asserted: a MISS
+/// does not change the exit code.
+#[derive(Parser, Debug)]
+#[command(name = "holdfast-bench", version)]
 pub struct BenchArgs {
+    /// Print the figures as one JSON object (progress still goes to stderr).
+    #[arg(long)]
+    json: bool,
+    /// The holdfast binary to start as the daemon (default: `holdfast` next to this binary).
+    #[arg(long, value_name = "PATH", env = "HOLDFAST_BIN")]
+    holdfast: Option<PathBuf>,
     /// A ~10 s smoke run: 0.5 s per phase, stores of 100 and 1,000 credentials, fewer floor
     /// samples. Figures from it are rough.
     #[arg(long)]
@@ -269,10 +283,12 @@ struct Env {
     socket: PathBuf,
     store: StoreConfig,
     key_file: PathBuf,
+    /// The holdfast binary started as the daemon.
+    holdfast: PathBuf,
 }
 
 impl Env {
-    fn create(root: &Path) -> CliResult<Env> {
+    fn create(root: &Path, holdfast: &Path) -> CliResult<Env> {
         let home = root.join("home");
         for d in ["config", "state", "run"] {
             durable::create_private_dir(&home.join(d), &Faults::none())
@@ -292,6 +308,7 @@ impl Env {
             data_dir,
             store,
             key_file,
+            holdfast: holdfast.to_path_buf(),
         })
     }
 
@@ -303,7 +320,11 @@ impl Env {
 
 /// A fresh temporary directory under `tmpdir` (else `$TMPDIR`) with an initialized store in
 /// it: the world of one `--streams` or `--runs` bench.
-fn temp_world(tmpdir: Option<&Path>, prefix: &str) -> CliResult<(tempfile::TempDir, Env)> {
+fn temp_world(
+    g: &Global,
+    tmpdir: Option<&Path>,
+    prefix: &str,
+) -> CliResult<(tempfile::TempDir, Env)> {
     let parent = tmpdir
         .map(Path::to_path_buf)
         .unwrap_or_else(std::env::temp_dir);
@@ -311,7 +332,7 @@ fn temp_world(tmpdir: Option<&Path>, prefix: &str) -> CliResult<(tempfile::TempD
         .prefix(prefix)
         .tempdir_in(&parent)
         .map_err(|e| fail("creating a temp dir", e))?;
-    let env = Env::create(tmp.path())?;
+    let env = Env::create(tmp.path(), &g.holdfast)?;
     init_store(&env.store, &env.key_file, &Faults::none())
         .map_err(|e| fail("creating the store", e))?;
     Ok((tmp, env))
@@ -388,7 +409,6 @@ fn socket_floor(dir: &Path, trips: usize, echo_in: EchoIn) -> CliResult<Stats> {
         EchoIn::Process => {
             let exe = std::env::current_exe().map_err(|e| fail("finding this binary", e))?;
             let c = Command::new(exe)
-                .arg("bench")
                 .arg("--echo-server")
                 .arg(&path)
                 .stdin(Stdio::null())
@@ -621,7 +641,7 @@ impl DaemonChild {
     }
 
     fn start(env: &Env) -> CliResult<DaemonChild> {
-        let exe = std::env::current_exe().map_err(|e| fail("finding this executable", e))?;
+        let exe = env.holdfast.clone();
         let log = env.root.join("daemon.log");
         let log_file = OpenOptions::new()
             .create(true)
@@ -762,7 +782,7 @@ fn client_thread(
         n += 1;
         match what {
             Op::Noop => match c.call("bench.no_such_method", json!({})) {
-                Err(crate::client::ClientError::Rpc { code: -32601, .. }) => Ok(()),
+                Err(holdfast::client::ClientError::Rpc { code: -32601, .. }) => Ok(()),
                 other => Err(format!("an unknown method was answered {other:?}")),
             },
             Op::Set => {
@@ -953,7 +973,7 @@ fn fmt_count(x: f64) -> String {
 fn command_line() -> String {
     let mut args = std::env::args();
     let _ = args.next();
-    std::iter::once("holdfast".to_string())
+    std::iter::once("holdfast-bench".to_string())
         .chain(args)
         .collect::<Vec<_>>()
         .join(" ")
@@ -981,11 +1001,41 @@ fn attribution(size: usize, local: &[Phase], daemon: &[Phase]) -> Option<Value> 
     }))
 }
 
+fn main() -> std::process::ExitCode {
+    let a = BenchArgs::parse();
+    match run(&a) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => e.report(),
+    }
+}
+
+/// The daemon binary: `--holdfast`, else `holdfast` beside this binary (cargo builds both
+/// into the same target directory).
+fn holdfast_binary(a: &BenchArgs) -> CliResult<PathBuf> {
+    let path = match &a.holdfast {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()
+            .map_err(|e| fail("finding this binary", e))?
+            .with_file_name("holdfast"),
+    };
+    if !path.is_file() {
+        return Err(CliError::usage(format!(
+            "{}: no holdfast binary there; build it (cargo build --release) or pass --holdfast PATH",
+            path.display()
+        )));
+    }
+    Ok(path)
+}
+
 /// Run the benchmark.
-pub fn run(g: &Global, a: &BenchArgs) -> CliResult {
+fn run(a: &BenchArgs) -> CliResult {
     if let Some(path) = &a.echo_server {
         return echo_server(path);
     }
+    let g = &Global {
+        json: a.json,
+        holdfast: holdfast_binary(a)?,
+    };
     if a.streams {
         return streams::run(g, a.quick, a.seconds, a.tmpdir.as_deref());
     }
@@ -998,7 +1048,7 @@ pub fn run(g: &Global, a: &BenchArgs) -> CliResult {
         .prefix("holdfast-bench-")
         .tempdir_in(&parent)
         .map_err(|e| fail(&format!("creating a temp dir in {}", parent.display()), e))?;
-    let env = Env::create(tmp.path())?;
+    let env = Env::create(tmp.path(), &g.holdfast)?;
     let fs_name = filesystem(tmp.path());
     let build = if cfg!(debug_assertions) {
         "debug"
@@ -1064,9 +1114,7 @@ pub fn run(g: &Global, a: &BenchArgs) -> CliResult {
         local.extend(in_process(&env, size, plan.local_phase)?);
         progress(&format!(
             "starting the daemon: {} daemon --socket {} --data-dir {}",
-            std::env::current_exe()
-                .map(|p| p.display().to_string())
-                .unwrap_or_default(),
+            env.holdfast.display(),
             env.socket.display(),
             env.data_dir.display()
         ));

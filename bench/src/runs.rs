@@ -135,7 +135,7 @@ fn phase(env: &Env, op: Op, clients: usize, d: Duration, tag: &str) -> CliResult
 /// Run `holdfast bench --runs`.
 pub fn run(g: &Global, quick: bool, seconds: Option<f64>, tmpdir: Option<&Path>) -> CliResult {
     let d = Duration::from_secs_f64(seconds.unwrap_or(if quick { 0.5 } else { 3.0 }));
-    let (tmp, env) = super::temp_world(tmpdir, "holdfast-bench-runs-")?;
+    let (tmp, env) = super::temp_world(g, tmpdir, "holdfast-bench-runs-")?;
     let n_floor = if quick { 100 } else { 1000 };
     progress(&format!(
         "floor: {n_floor} x (300 B line appended + fdatasync)"

@@ -23,7 +23,7 @@ use super::{
     fail, fmt_count, fmt_d, out, out_json, progress, round3, CliResult, DaemonChild, Env, Global,
     Stats,
 };
-use crate::client::Client;
+use holdfast::client::Client;
 
 /// Concurrent streams measured.
 const STREAMS: &[usize] = &[1, 16, 256];
@@ -533,7 +533,7 @@ fn startup(env: &Env) -> CliResult<(f64, usize)> {
 /// `holdfast bench --streams`.
 pub fn run(g: &Global, quick: bool, seconds: Option<f64>, tmpdir: Option<&Path>) -> CliResult {
     let d = Duration::from_secs_f64(seconds.unwrap_or(if quick { 0.5 } else { 5.0 }));
-    let (tmp, env) = super::temp_world(tmpdir, "holdfast-bench-streams-")?;
+    let (tmp, env) = super::temp_world(g, tmpdir, "holdfast-bench-streams-")?;
     let n_floor = if quick { 100 } else { 1000 };
     progress(&format!(
         "floors: {n_floor} x (20 B write + fdatasync), preallocated and appending"

@@ -155,9 +155,9 @@ enum Command {
     /// Key management.
     #[command(subcommand)]
     Key(key::KeyCommand),
-    /// Measure this machine: the floors (socket round trip, fsync, atomic replace), then
-    /// cred.get and cred.set through a real daemon on a temporary store, against the targets
-    /// (--streams: durable stream.append against the fsync floor, SQLite and Redis).
+    /// Measure this machine (runs holdfast-bench, built beside this binary; `holdfast bench
+    /// --help` for its options): credentials through a real daemon against the floors, or
+    /// --streams (against SQLite and Redis) or --runs.
     Bench(bench::BenchArgs),
     /// The stream recovery planner: what holdfast would do with an interrupted stream.
     #[command(subcommand)]

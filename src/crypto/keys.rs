@@ -264,6 +264,7 @@ pub(crate) fn split(path: &Path) -> Result<(&Path, &str), KeyError> {
 }
 
 #[cfg(test)]
+#[allow(clippy::disallowed_methods)] // tests make their fixtures (bad modes, symlinks) directly
 mod tests {
     use super::*;
     use crate::crypto::generate_key;

@@ -207,6 +207,7 @@ fn exposed_files(dirs: &[PathBuf], open: &[PathBuf]) -> Result<Vec<PathBuf>> {
 }
 
 #[cfg(test)]
+#[allow(clippy::disallowed_methods)] // tests make their fixtures (bad modes, symlinks) directly
 mod tests {
     use super::*;
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
