@@ -60,9 +60,7 @@ impl ClientError {
     }
 }
 
-/// How long a call waits for the daemon by default (a key rotation of a large store is the
-/// slowest legitimate call). `set_read_timeout` changes it.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
+pub use crate::limits::DEFAULT_TIMEOUT;
 
 /// A connection that has said hello.
 pub struct Client {

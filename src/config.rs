@@ -84,8 +84,7 @@ pub struct RunsSection {
     pub retention_days: Option<u64>,
 }
 
-/// Default of `[runs] retention_days`: a month of history, like a CI system's logs.
-pub const DEFAULT_RETENTION_DAYS: u64 = 30;
+pub use crate::limits::DEFAULT_RETENTION_DAYS;
 
 impl Config {
     /// How long a run's directory lives after its last activity (`None`: forever).

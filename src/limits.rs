@@ -126,3 +126,125 @@ pub const RUN_LOG_FRESH_TAIL: Duration = Duration::from_secs(2);
 /// one that does not is dropped by the run and re-subscribes after the last seq it took, from
 /// the run's durable backlog (`streams::feed`): bounded memory, no event lost or repeated.
 pub const SUBSCRIBER_QUEUE_EVENTS: usize = 4096;
+
+// ---- Stores, files and the journal ----
+
+/// File descriptors the daemon needs beyond the connection cap (stores, locks, watcher, logs),
+/// added when it raises its open-file soft limit.
+pub const SPARE_FDS: u64 = 256;
+
+/// Bytes of a run-log file's end remembered to recognize it again (an inode number can be
+/// reused).
+pub const RUN_LOG_TAIL_BYTES: usize = 64;
+
+/// How long a `client::Client` call waits for the daemon by default (a key rotation of a large store is the
+/// slowest legitimate call). `set_read_timeout` changes it.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Sleep between polls of a lock that has no wake-up to wait on (`durable::lock`).
+pub const POLL_FALLBACK: Duration = Duration::from_millis(10);
+
+/// Bytes per stream-journal segment (zero-filled ahead of use, so an append's `fdatasync`
+/// flushes data only); a segment is released once no active run has records in it.
+pub const SEGMENT_BYTES: u64 = 16 * 1024 * 1024;
+
+/// Largest payload of one stream-journal frame (a run's snapshot at a key rotation is the largest record).
+pub const MAX_PAYLOAD: usize = 12 * 1024 * 1024;
+
+/// Most bytes the stream journal writes in one batch: a torn write can only damage this much past the last
+/// good frame, so non-zero bytes further away are corruption, not a torn tail.
+pub const MAX_BATCH_BYTES: usize = 8 * 1024 * 1024;
+
+/// Credential files larger than this are not kept in the daemon's file cache (a credential is
+/// a few hundred bytes; a certificate chain a few KiB).
+pub const FILE_CACHE_MAX_ENTRY_BYTES: usize = 64 * 1024;
+
+/// A spare whose inode has not changed for this long belongs to no live pool (a pool unlinks
+/// its spares after a minute unused, and reuse rewrites them): it is a crash leftover, even if
+/// its owner's pid has been reused by another process.
+pub const SPARE_ORPHAN_AGE: Duration = Duration::from_secs(600);
+
+/// How long a retired credential file (a spare) waits before it is reused.
+pub const SPARE_MIN_AGE: Duration = Duration::from_secs(1);
+
+/// How many spares wait at most. Spares are reused only for their own file, so a workload
+/// that rewrites many different credentials needs one per file rewritten in the last minute
+/// (a cap of 4,096 made `holdfast bench`'s 10,000-credential rewrite loop evict, i.e. free
+/// and discard, on every write: 1,168 sets/s instead of 3,876). At most 64 MiB of 4 KiB
+/// blocks, and only while writes keep coming: idle spares are unlinked after a minute.
+pub const SPARE_CAP: usize = 16_384;
+
+/// Orphaned spares removed by one sweep at most. A daemon killed under load leaves thousands;
+/// unlinking them all at once puts thousands of block discards into one file-system journal
+/// commit, which every fsync on that file system then waits for (the test suite saw another
+/// store's write time out after 10 s behind such a sweep). The rest go in later sweeps.
+pub const ORPHAN_SWEEP_BATCH: usize = 64;
+
+/// How many times a read-modify-write through the daemon retries after losing a race.
+pub const CAS_RETRIES: usize = 8;
+
+/// Snapshots `holdfast recovery plan` reads larger than this are refused (a turn's text and
+/// tool arguments, not a corpus).
+pub const MAX_SNAPSHOT_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Longest secret a person can type at the prompt (the terminal's line buffer is 4 KiB).
+pub const PROMPT_MAX: usize = 64 * 1024;
+
+/// How many credential change events a slow `cred.watch` may fall behind before it is told to
+/// re-list (`resync`).
+pub const EVENT_BACKLOG: usize = 1024;
+
+/// Spare files (recycled credential files) unused this long are unlinked by the flusher.
+pub const SPARE_IDLE: Duration = Duration::from_secs(60);
+
+/// Most refresh leases one connection may hold at once (each is a (store, id) it is
+/// refreshing; an agent refreshes a handful). Bounds the lease table under a hostile client.
+pub const MAX_LEASES_PER_CONNECTION: usize = 64;
+
+/// Writes one store may have on the blocking pool at once. They serialize on the store's lock
+/// anyway; more would only park blocking-pool threads that reads need.
+pub const MAX_WRITERS_PER_STORE: usize = 4;
+
+/// Ciphertext the daemon's file cache may hold per store.
+pub const FILE_CACHE_BYTES: usize = 16 * 1024 * 1024;
+
+/// Most unreported changes kept (a daemon drains them within a flush interval; this only
+/// bounds memory if nothing drains). Past it, the oldest are dropped.
+pub const MAX_PENDING_CHANGES: usize = 100_000;
+
+/// Default of `[runs] retention_days`: a month of history, like a CI system's logs.
+pub const DEFAULT_RETENTION_DAYS: u64 = 30;
+
+// ---- Streams and run logs ----
+
+/// Longest run id, in bytes: it names a directory (`runs/<run_id>/`) and is echoed in every
+/// event; 128 fits a UUID with any prefix an agent framework puts on it.
+pub const MAX_RUN_ID_BYTES: usize = 128;
+
+/// Default of `[streams] max_events_per_append`: one append carries what a producer buffered
+/// while the previous one was in flight; a thousand deltas is seconds of a fast model.
+pub const MAX_EVENTS_PER_APPEND: usize = 1024;
+
+/// Default of `[streams] max_active_runs`: every active run lives in memory (its events and
+/// accumulator); ten thousand is far past a developer machine's concurrent agents.
+pub const MAX_ACTIVE_RUNS: usize = 10_000;
+
+/// Default of `[streams] stale_after_secs`: a checkpoint with no event for an hour is stale on
+/// resume (RECOVERY-RULES gap 5: the model's context or the user has moved on).
+pub const STREAM_STALE_AFTER: Duration = Duration::from_secs(3600);
+
+/// Default of `[streams] expire_after_secs`: a run with no event for a week is ended as
+/// `expired` (its producer is gone for good; the state file keeps what it was).
+pub const STREAM_EXPIRE_AFTER: Duration = Duration::from_secs(7 * 86_400);
+
+/// Longest string key of a run-log record (`node_id`, `tool_call_id`, …): an identifier,
+/// not content.
+pub const MAX_RUN_LOG_KEY_BYTES: usize = 256;
+
+/// Largest run-log file rewritten to replace one entry (`run.log_node` with new content):
+/// the rewrite holds the whole file in memory.
+pub const MAX_RUN_LOG_REWRITE_BYTES: usize = 256 * MAX_RUN_RECORD_BYTES;
+
+/// Longest lock-holder description read from a lock file (who holds it, for the `busy`
+/// message); anything longer is not one of ours.
+pub const MAX_LOCK_HOLDER_BYTES: usize = 256;

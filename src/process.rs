@@ -7,8 +7,7 @@
 
 use rustix::process::{self, DumpableBehavior, Resource, Rlimit};
 
-/// Files needed beyond the connection cap (stores, locks, watcher, logs).
-const SPARE_FDS: u64 = 256;
+use crate::limits::SPARE_FDS;
 
 /// What hardening has to say: warnings (something could not be done) and facts to log once.
 #[derive(Debug, Default)]

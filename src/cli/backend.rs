@@ -10,8 +10,7 @@ use crate::store::{
     Credential, CredentialInfo, CredentialStore, Listing, OpenMode, Report, RotateReport,
 };
 
-/// How many times a read-modify-write through the daemon retries after losing a race.
-const CAS_RETRIES: usize = 8;
+use crate::limits::CAS_RETRIES;
 
 /// The daemon, or the store itself.
 pub enum Backend {

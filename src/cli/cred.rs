@@ -316,8 +316,7 @@ fn read_secret_input(prompt: Option<&str>) -> CliResult<Secret> {
     Ok(Secret::new(text.to_owned()))
 }
 
-/// Longest secret a person can type at the prompt (the terminal's line buffer is 4 KiB).
-const PROMPT_MAX: usize = 64 * 1024;
+use crate::limits::PROMPT_MAX;
 
 fn prompt_no_echo(prompt: &str) -> CliResult<Zeroizing<Vec<u8>>> {
     use rustix::termios::{self, LocalModes, OptionalActions};

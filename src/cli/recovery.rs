@@ -7,8 +7,7 @@ use clap::{Args, Subcommand};
 use super::{out, out_json, CliError, CliResult, Global};
 use crate::recovery;
 
-/// Snapshots larger than this are refused (a turn's text and tool arguments, not a corpus).
-const MAX_SNAPSHOT_BYTES: u64 = 64 * 1024 * 1024;
+use crate::limits::MAX_SNAPSHOT_BYTES;
 
 /// `holdfast recovery …`
 #[derive(Subcommand, Debug)]

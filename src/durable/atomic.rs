@@ -37,10 +37,7 @@ pub fn is_temp_name(name: &str) -> bool {
 /// Spare files (see [`Spares`]) are named `.hf-spare-<owner pid>-<16 hex>`.
 pub const SPARE_MARKER: &str = ".hf-spare-";
 
-/// A spare whose inode has not changed for this long belongs to no live pool (a pool unlinks
-/// its spares after a minute unused, and reuse rewrites them): it is a crash leftover, even if
-/// its owner's pid has been reused by another process.
-pub const SPARE_ORPHAN_AGE: Duration = Duration::from_secs(600);
+pub use crate::limits::SPARE_ORPHAN_AGE;
 
 /// Whether a directory entry is a spare file.
 pub fn is_spare_name(name: &str) -> bool {
@@ -327,14 +324,8 @@ fn publish_with(
     Ok(stamp)
 }
 
-/// How long a retired file waits before it is reused.
-const SPARE_MIN_AGE: Duration = Duration::from_secs(1);
-/// How many spares wait at most. Spares are reused only for their own file, so a workload
-/// that rewrites many different credentials needs one per file rewritten in the last minute
-/// (a cap of 4,096 made `holdfast bench`'s 10,000-credential rewrite loop evict, i.e. free
-/// and discard, on every write: 1,168 sets/s instead of 3,876). At most 64 MiB of 4 KiB
-/// blocks, and only while writes keep coming: idle spares are unlinked after a minute.
-const SPARE_CAP: usize = 16_384;
+use crate::limits::SPARE_CAP;
+use crate::limits::SPARE_MIN_AGE;
 
 /// Files that replacements retired, kept for reuse as the temp files of later replacements.
 ///
@@ -602,11 +593,7 @@ pub fn create_private_dir(dir: &Path, faults: &Faults) -> Result<(), IoError> {
 
 use std::os::unix::fs::DirBuilderExt;
 
-/// Orphaned spares removed by one sweep at most. A daemon killed under load leaves thousands;
-/// unlinking them all at once puts thousands of block discards into one file-system journal
-/// commit, which every fsync on that file system then waits for (the test suite saw another
-/// store's write time out after 10 s behind such a sweep). The rest go in later sweeps.
-pub const ORPHAN_SWEEP_BATCH: usize = 64;
+pub use crate::limits::ORPHAN_SWEEP_BATCH;
 
 /// Remove leftover temp files (names containing [`TEMP_MARKER`]) and up to
 /// [`ORPHAN_SWEEP_BATCH`] orphaned spares from `dir`. Must be called only while holding the

@@ -26,8 +26,7 @@ use super::atomic::{ctime_ns, read_capped_stamped, FileStamp};
 /// (several timer ticks at any HZ).
 pub const RACY_MARGIN_NS: i64 = 50_000_000;
 
-/// Files larger than this are not cached.
-const MAX_ENTRY_BYTES: usize = 64 * 1024;
+use crate::limits::FILE_CACHE_MAX_ENTRY_BYTES as MAX_ENTRY_BYTES;
 
 /// Cached bytes of the files of one directory.
 #[derive(Debug)]

@@ -42,16 +42,12 @@ use tokio::sync::oneshot;
 use super::fault::{Faults, Op};
 use super::{create_private_dir, fsync_dir, IoError};
 
-/// Bytes per segment.
-pub const SEGMENT_BYTES: u64 = 16 * 1024 * 1024;
+pub use crate::limits::SEGMENT_BYTES;
 /// The segment header: `HFJ1` · u64 segment number · u32 crc32c.
 const HEADER_BYTES: u64 = 16;
 const MAGIC: &[u8; 4] = b"HFJ1";
-/// Largest payload of one frame (a run's snapshot at a key rotation is the largest record).
-pub const MAX_PAYLOAD: usize = 12 * 1024 * 1024;
-/// Most bytes written by one batch: a torn write can only damage this much past the last
-/// good frame, so non-zero bytes further away are corruption, not a torn tail.
-const MAX_BATCH_BYTES: usize = 8 * 1024 * 1024;
+use crate::limits::MAX_BATCH_BYTES;
+pub use crate::limits::MAX_PAYLOAD;
 /// How far past the last good frame one interrupted write can have reached: a batch, or a
 /// single frame larger than a batch.
 const TORN_WINDOW: usize = if MAX_PAYLOAD > MAX_BATCH_BYTES {

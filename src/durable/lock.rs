@@ -150,7 +150,7 @@ impl LockGuard {
 pub fn recorded(path: &Path) -> Option<String> {
     let text = std::fs::read_to_string(path).ok()?;
     let t = text.trim();
-    (!t.is_empty() && t.len() < 256).then(|| t.to_owned())
+    (!t.is_empty() && t.len() < crate::limits::MAX_LOCK_HOLDER_BYTES).then(|| t.to_owned())
 }
 
 impl Drop for LockGuard {
@@ -329,8 +329,7 @@ fn poll_flock(file: &File, mode: LockMode, deadline: Instant) -> io::Result<bool
     }
 }
 
-/// Sleep between polls in [`poll_flock`].
-const POLL_FALLBACK: Duration = Duration::from_millis(10);
+use crate::limits::POLL_FALLBACK;
 
 #[cfg(test)]
 mod tests {

@@ -52,8 +52,8 @@ pub const MAX_RECORD_BYTES: usize = crate::limits::MAX_RUN_RECORD_BYTES;
 const LOCK_TIMEOUT: Duration = crate::limits::LOCK_TIMEOUT;
 const CACHED_RUNS: usize = crate::limits::RUN_LOG_CACHED_RUNS;
 const FRESH_TAIL: Duration = crate::limits::RUN_LOG_FRESH_TAIL;
-/// Bytes of a file's end remembered to recognize it again (an inode number can be reused).
-const TAIL_BYTES: usize = 64;
+use crate::limits::MAX_RUN_LOG_KEY_BYTES;
+use crate::limits::RUN_LOG_TAIL_BYTES as TAIL_BYTES;
 
 /// hive's thresholds for a node that needs attention.
 pub mod attention {
@@ -255,9 +255,9 @@ fn iso(ms: u64) -> String {
 /// A string field of at most 256 bytes, non-empty.
 fn key_str(o: &Map<String, Value>, field: &str, what: &str) -> Result<String, RunLogError> {
     match o.get(field) {
-        Some(Value::String(s)) if !s.is_empty() && s.len() <= 256 => Ok(s.clone()),
+        Some(Value::String(s)) if !s.is_empty() && s.len() <= MAX_RUN_LOG_KEY_BYTES => Ok(s.clone()),
         _ => Err(invalid(format!(
-            "{what}.{field} (a non-empty string of at most 256 bytes) is required"
+            "{what}.{field} (a non-empty string of at most {MAX_RUN_LOG_KEY_BYTES} bytes) is required"
         ))),
     }
 }
@@ -844,7 +844,7 @@ impl RunLog {
             serde_json::to_writer(&mut bytes, r).map_err(storage)?;
             bytes.push(b'\n');
         }
-        if bytes.len() > 256 * MAX_RECORD_BYTES {
+        if bytes.len() > crate::limits::MAX_RUN_LOG_REWRITE_BYTES {
             return Err(invalid(
                 "this run's log is too large to rewrite an entry of",
             ));

@@ -17,11 +17,9 @@ use crate::streams::{Sealer, StreamError, Streams};
 
 pub mod watch;
 
-/// How many change events a slow watcher may fall behind before it is told to re-list.
-const EVENT_BACKLOG: usize = 1024;
+use crate::limits::EVENT_BACKLOG;
 
-/// Spare files (recycled credential files) unused this long are unlinked by the flusher.
-const SPARE_IDLE: Duration = Duration::from_secs(60);
+use crate::limits::SPARE_IDLE;
 
 /// Something a `cred.watch` subscriber hears about.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -41,13 +39,9 @@ pub struct CredEvent {
     pub source: &'static str,
 }
 
-/// Most refresh leases one connection may hold at once (each is a (store, id) it is
-/// refreshing; an agent refreshes a handful). Bounds the lease table under a hostile client.
-pub const MAX_LEASES_PER_CONNECTION: usize = 64;
+pub use crate::limits::MAX_LEASES_PER_CONNECTION;
 
-/// Writes one store may have on the blocking pool at once. They serialize on the store's lock
-/// anyway; more would only park blocking-pool threads that reads need.
-pub const MAX_WRITERS_PER_STORE: usize = 4;
+pub use crate::limits::MAX_WRITERS_PER_STORE;
 
 /// One store the daemon serves.
 pub struct StoreSlot {

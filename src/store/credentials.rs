@@ -182,12 +182,9 @@ struct Inner {
     pending: Vec<Change>,
 }
 
-/// Ciphertext the daemon's file cache may hold per store.
-const FILE_CACHE_BYTES: usize = 16 * 1024 * 1024;
+use crate::limits::FILE_CACHE_BYTES;
 
-/// Most unreported changes kept (a daemon drains them within a flush interval; this only
-/// bounds memory if nothing drains). Past it, the oldest are dropped.
-const MAX_PENDING_CHANGES: usize = 100_000;
+use crate::limits::MAX_PENDING_CHANGES;
 
 /// What changed between two views of the entries, by id.
 fn diff_entries(before: &BTreeMap<String, Entry>, after: &BTreeMap<String, Entry>) -> Vec<Change> {

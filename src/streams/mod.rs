@@ -32,6 +32,7 @@ pub use feed::{Feed, Next};
 use crate::durable::journal::{Durability, Journal, JournalError, Position, Promise, ReplayReport};
 use crate::durable::{self, Faults, Poison};
 use crate::error::ErrorKind;
+use crate::limits;
 use crate::recovery::{self, Attempts, Cause, Input, Plan, PlanKind, Policy, Stale};
 
 /// Seals and opens records (the default store's Fernet keys in the daemon).
@@ -104,11 +105,11 @@ impl Default for StreamsConfig {
     fn default() -> Self {
         StreamsConfig {
             policy: Policy::default(),
-            stale_after: Duration::from_secs(3600),
+            stale_after: limits::STREAM_STALE_AFTER,
             durability: Durability::Always,
-            max_events_per_append: 1024,
-            max_active_runs: 10_000,
-            expire_after: Duration::from_secs(7 * 86_400),
+            max_events_per_append: limits::MAX_EVENTS_PER_APPEND,
+            max_active_runs: limits::MAX_ACTIVE_RUNS,
+            expire_after: limits::STREAM_EXPIRE_AFTER,
         }
     }
 }
@@ -116,7 +117,7 @@ impl Default for StreamsConfig {
 /// Run ids: what a file name can safely carry.
 pub fn validate_run_id(id: &str) -> Result<(), StreamError> {
     let ok = !id.is_empty()
-        && id.len() <= 128
+        && id.len() <= limits::MAX_RUN_ID_BYTES
         && id != "."
         && id != ".."
         && !id.starts_with('.')
@@ -126,9 +127,10 @@ pub fn validate_run_id(id: &str) -> Result<(), StreamError> {
     if ok {
         Ok(())
     } else {
-        Err(invalid(
-            "run_id must be 1-128 characters of A-Z a-z 0-9 - _ . : and not start with a dot",
-        ))
+        Err(invalid(format!(
+            "run_id must be 1-{} characters of A-Z a-z 0-9 - _ . : and not start with a dot",
+            limits::MAX_RUN_ID_BYTES
+        )))
     }
 }
 
