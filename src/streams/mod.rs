@@ -15,6 +15,7 @@
 
 mod accum;
 mod feed;
+pub mod record;
 
 use std::collections::HashMap;
 use std::fs;
@@ -28,6 +29,7 @@ use zeroize::Zeroizing;
 
 pub use accum::{Accumulator, Event, EventIn, Str, MIN_OVERLAP_CHARS};
 pub use feed::{Feed, Next};
+use record::Record;
 
 use crate::durable::journal::{Durability, Journal, JournalError, Position, Promise, ReplayReport};
 use crate::durable::{self, Faults, Poison};
@@ -247,47 +249,48 @@ impl Run {
 
     /// Everything the run is, for a `snap` record (which replaces all earlier records of the
     /// run on replay).
-    fn snapshot_record(&self) -> Value {
-        record(
-            "snap",
-            &self.run_id,
-            json!({
-                "thread": self.thread_id, "model": self.model, "epoch": self.epoch,
-                "sid": self.stream_id, "status": self.status, "next_seq": self.next_seq,
-                "events": self.events, "acc": self.acc, "attempts": self.attempts,
-                "stall": self.stall_history, "last_plan": self.last_plan,
-                "created": self.created_at_ms, "updated": self.updated_at_ms,
-            }),
-        )
+    fn snapshot_record(&self) -> Record {
+        Record::Snapshot(Box::new(record::Snapshot {
+            run: self.run_id.clone(),
+            thread: self.thread_id.clone(),
+            model: self.model.clone(),
+            epoch: self.epoch,
+            sid: self.stream_id.clone(),
+            status: self.status,
+            next_seq: self.next_seq,
+            events: self.events.clone(),
+            acc: self.acc.clone(),
+            attempts: self.attempts,
+            stall: self.stall_history.clone(),
+            last_plan: self.last_plan.clone(),
+            created: self.created_at_ms,
+            updated: self.updated_at_ms,
+        }))
     }
 
     /// A run back from a `snap` record.
-    fn from_snapshot(run_id: &str, r: &Value, segment: u64) -> Option<Run> {
-        let events: Vec<(u64, Value)> = serde_json::from_value(r["events"].clone()).ok()?;
-        let events: Vec<(u64, EventJson)> =
-            events.iter().map(|(s, e)| (*s, event_json(e))).collect();
-        let next_seq = r["next_seq"].as_u64()?;
-        Some(Run {
-            run_id: run_id.to_owned(),
-            thread_id: r["thread"].as_str().map(str::to_owned),
-            model: r["model"].as_str().map(str::to_owned),
-            epoch: r["epoch"].as_u64()?,
-            stream_id: r["sid"].as_str()?.to_owned(),
-            status: serde_json::from_value(r["status"].clone()).ok()?,
-            next_seq,
-            published: events.len(),
-            events,
+    fn from_snapshot(r: record::Snapshot, segment: u64) -> Run {
+        Run {
+            run_id: r.run,
+            thread_id: r.thread,
+            model: r.model,
+            epoch: r.epoch,
+            stream_id: r.sid,
+            status: r.status,
+            next_seq: r.next_seq,
+            published: r.events.len(),
+            events: r.events,
             last: None,
             ending: false,
-            acc: serde_json::from_value(r["acc"].clone()).ok()?,
-            attempts: serde_json::from_value(r["attempts"].clone()).ok()?,
-            stall_history: serde_json::from_value(r["stall"].clone()).ok()?,
-            last_plan: Some(r["last_plan"].clone()).filter(|v| !v.is_null()),
-            created_at_ms: r["created"].as_u64().unwrap_or(0),
-            updated_at_ms: r["updated"].as_u64().unwrap_or(0),
+            acc: r.acc,
+            attempts: r.attempts,
+            stall_history: r.stall,
+            last_plan: r.last_plan,
+            created_at_ms: r.created,
+            updated_at_ms: r.updated,
             first_segment: segment,
             subscribers: Vec::new(),
-        })
+        }
     }
 
     /// Add daemon or producer events (already seq-numbered) to the run.
@@ -295,26 +298,6 @@ impl Run {
         self.events
             .extend(out.iter().map(|(s, e)| (*s, event_json(e))));
     }
-}
-
-/// A record of the journal (the plaintext inside the sealed frame).
-fn record(kind: &str, run: &str, fields: Value) -> Value {
-    let mut r = json!({"t": kind, "run": run});
-    if let (Value::Object(r), Value::Object(f)) = (&mut r, fields) {
-        r.extend(f);
-    }
-    r
-}
-
-/// An `ev` record as written: the fields `record("ev", run, {epoch, seq, events, at})` has.
-#[derive(serde::Serialize)]
-struct EvRecord<'a> {
-    t: &'static str,
-    run: &'a str,
-    epoch: u64,
-    seq: u64,
-    events: &'a [Event],
-    at: u64,
 }
 
 struct State {
@@ -374,7 +357,7 @@ impl Streams {
             replay,
             run_log: std::sync::OnceLock::new(),
         };
-        let mut undecryptable = 0usize;
+        let (mut undecryptable, mut unreadable) = (0usize, 0usize);
         {
             let mut st = streams.lock();
             for f in frames {
@@ -382,11 +365,16 @@ impl Streams {
                     undecryptable += 1;
                     continue;
                 };
-                let Ok(rec) = serde_json::from_slice::<Value>(&plain) else {
-                    undecryptable += 1;
-                    continue;
-                };
-                streams.replay_record(&mut st, &rec, f.pos.segment);
+                match Record::decode(&plain) {
+                    Ok(rec) => streams.replay_record(&mut st, rec, f.pos.segment),
+                    Err(e) => {
+                        // Only where and what kind: serde's message may quote the record.
+                        unreadable += 1;
+                        tracing::error!(segment = f.pos.segment, offset = f.pos.offset,
+                            kind = ?e.classify(), column = e.column(),
+                            "stream journal: a record that does not read was skipped");
+                    }
+                }
             }
             // Runs whose state file says they ended (a crash after the commit point, before
             // the end record) are not resumable.
@@ -402,6 +390,12 @@ impl Streams {
             for run in st.runs.values_mut() {
                 run.published = run.events.len();
             }
+        }
+        if unreadable > 0 {
+            tracing::error!(
+                unreadable,
+                "stream journal records that do not read were skipped"
+            );
         }
         if undecryptable > 0 {
             tracing::error!(
@@ -444,7 +438,7 @@ impl Streams {
         &self,
         run_id: &str,
         upto: usize,
-        rec: &Value,
+        rec: &Record,
         answer: Value,
     ) -> Result<Ticket, StreamError> {
         let sealed = self.seal_record(rec)?;
@@ -612,12 +606,14 @@ impl Streams {
             }
         };
         let stream_id = new_stream_id();
-        let rec = record(
-            "begin",
-            run_id,
-            json!({"epoch": epoch, "sid": stream_id, "thread": thread_id, "model": model,
-                   "at": now}),
-        );
+        let rec = Record::Begin(record::Begin {
+            run: run_id.to_owned(),
+            epoch,
+            sid: stream_id.clone(),
+            thread: thread_id.clone(),
+            model: model.clone(),
+            at: now,
+        });
         let answer = json!({"stream_id": stream_id, "epoch": epoch, "next_seq": next_seq});
         let segment = self.journal.active_segment();
         let ticket = self.submit(run_id, 0, &rec, answer)?;
@@ -754,9 +750,9 @@ impl Streams {
         let first = run.next_seq;
         // One clock reading for the record and the run: replay restores exactly this time.
         let at = now_ms();
-        // Serialized straight from the events: the same JSON as `record("ev", ..)` with
-        // `Event::to_json`, without building a `Value` per append.
-        let sealed = self.seal_record(&EvRecord {
+        // Serialized straight from the events (the same JSON as `Record::Events`), without
+        // building a `Value` per append.
+        let sealed = self.seal_record(&record::EventsOut {
             t: "ev",
             run: run_id,
             epoch: run.epoch,
@@ -954,12 +950,18 @@ impl Streams {
             m.remove("assistant_prefix");
             m.remove("completed");
         }
-        let rec = record(
-            "plan",
-            &run.run_id,
-            json!({"epoch": run.epoch, "kind": kind, "plan": compact, "at": at,
-                   "input": {"cause": input.cause, "status": input.status}, "events": events}),
-        );
+        let rec = Record::Plan(record::PlanRecord {
+            run: run.run_id.clone(),
+            epoch: run.epoch,
+            kind: kind.to_owned(),
+            plan: compact,
+            at,
+            input: record::PlanInput {
+                cause: input.cause,
+                status: input.status,
+            },
+            events,
+        });
         let mut answer = plan_json;
         answer["next_seq"] = run.next_seq.into();
         let run_id = run.run_id.clone();
@@ -1058,12 +1060,14 @@ impl Streams {
         }
         let checkpoint = run.checkpoint();
         let (epoch, sid) = (run.epoch + 1, new_stream_id());
-        let begin = record(
-            "begin",
-            run_id,
-            json!({"epoch": epoch, "sid": sid, "thread": thread_id,
-                   "model": model, "at": now_ms()}),
-        );
+        let begin = Record::Begin(record::Begin {
+            run: run_id.to_owned(),
+            epoch,
+            sid: sid.clone(),
+            thread: thread_id.clone(),
+            model: model.clone(),
+            at: now_ms(),
+        });
         // Sealed before anything changes: a failure here leaves the old holder in place.
         let sealed = self.seal_record(&begin)?;
         run.epoch = epoch;
@@ -1236,7 +1240,10 @@ impl Streams {
             }
         }
         drop(st);
-        let rec = record("end", run_id, json!({"status": status}));
+        let rec = Record::End(record::End {
+            run: run_id.to_owned(),
+            status: status.to_owned(),
+        });
         if let Ok(sealed) = self.seal_record(&rec) {
             // Not awaited: the state file already decided; this only spares replay a lookup.
             drop(self.journal.append(sealed));
@@ -1321,51 +1328,39 @@ impl Streams {
     }
 
     /// Apply one journal record at start-up.
-    fn replay_record(&self, st: &mut State, rec: &Value, segment: u64) {
-        let Some(run_id) = rec["run"].as_str() else {
-            return;
-        };
-        let s = |k: &str| rec[k].as_str().map(str::to_owned);
-        match rec["t"].as_str() {
-            Some("begin") => Self::apply_begin(
-                st,
-                run_id,
-                rec["epoch"].as_u64().unwrap_or(1),
-                rec["sid"].as_str().unwrap_or(""),
-                s("thread"),
-                s("model"),
-                rec["at"].as_u64().unwrap_or(0),
-                segment,
+    fn replay_record(&self, st: &mut State, rec: Record, segment: u64) {
+        match rec {
+            Record::Begin(b) => Self::apply_begin(
+                st, &b.run, b.epoch, &b.sid, b.thread, b.model, b.at, segment,
             ),
-            Some("ev") => {
-                let Some(run) = st.runs.get_mut(run_id) else {
+            Record::Events(ev) => {
+                let Some(run) = st.runs.get_mut(&ev.run) else {
                     return;
                 };
-                let first = rec["seq"].as_u64().unwrap_or(0);
+                let first = ev.seq;
                 if first != run.next_seq {
                     tracing::warn!(
-                        run = run_id,
+                        run = %ev.run,
                         "stream journal: a record out of sequence was skipped"
                     );
                     return;
                 }
                 let mut out = Vec::new();
-                for (i, e) in rec["events"].as_array().into_iter().flatten().enumerate() {
-                    if let Ok(ev) = Event::parse(e) {
-                        if let Ok(o) = run.acc.apply(first + i as u64, &ev) {
+                for (i, e) in ev.events.iter().enumerate() {
+                    let seq = first.saturating_add(i as u64);
+                    if let Ok(parsed) = Event::parse(e) {
+                        if let Ok(o) = run.acc.apply(seq, &parsed) {
                             out.extend(o);
                         }
                     }
-                    run.next_seq = first + i as u64 + 1;
+                    run.next_seq = seq.saturating_add(1);
                 }
                 run.status = Status::Streaming;
-                if let Some(at) = rec["at"].as_u64() {
-                    run.updated_at_ms = at;
-                }
+                run.updated_at_ms = ev.at;
                 run.push_events(out);
             }
-            Some("plan") => {
-                let Some(run) = st.runs.get_mut(run_id) else {
+            Record::Plan(p) => {
+                let Some(run) = st.runs.get_mut(&p.run) else {
                     return;
                 };
                 let mut out = run.acc.flush_trim();
@@ -1373,25 +1368,23 @@ impl Streams {
                 // Re-plan from the recorded plan's decisions (not re-run: jitter and the clock
                 // differ); what matters for the state is the plan kind, its cancelled calls,
                 // counters and events.
-                if let Some(plan) = plan_from_json(&rec["plan"]) {
-                    let cause = plan.cause;
-                    let at = rec["at"].as_u64().unwrap_or(run.updated_at_ms);
-                    let _ = Self::apply_plan(run, &plan, &cause, at);
+                match p.plan() {
+                    Ok(plan) => {
+                        let cause = plan.cause;
+                        let _ = Self::apply_plan(run, &plan, &cause, p.at);
+                    }
+                    Err(e) => tracing::error!(run = %p.run, kind = ?e.classify(),
+                        "stream journal: a plan that does not read was skipped"),
                 }
             }
-            Some("snap") => match Run::from_snapshot(run_id, rec, segment) {
-                Some(run) => {
-                    st.runs.insert(run_id.to_owned(), run);
-                }
-                None => tracing::error!(
-                    run = run_id,
-                    "stream journal: an unreadable run snapshot was skipped"
-                ),
-            },
-            Some("end") => {
-                st.runs.remove(run_id);
+            Record::Snapshot(snap) => {
+                let run_id = snap.run.clone();
+                st.runs.insert(run_id, Run::from_snapshot(*snap, segment));
             }
-            _ => {}
+            Record::End(e) => {
+                st.runs.remove(&e.run);
+            }
+            Record::Reseal(_) => {}
         }
     }
 
@@ -1405,7 +1398,10 @@ impl Streams {
             // The snapshots open a new segment: everything before them can then go whole.
             self.journal.start_new_segment();
             // A marker first, so the new segment starts even with no active run.
-            let mark = self.seal_record(&record("reseal", "", json!({"at": now_ms()})))?;
+            let mark = self.seal_record(&Record::Reseal(record::Reseal {
+                run: String::new(),
+                at: now_ms(),
+            }))?;
             let mut v = vec![(String::new(), self.journal.append_promise(mark))];
             for run in st.runs.values() {
                 let sealed = self.seal_record(&run.snapshot_record())?;
@@ -1534,38 +1530,6 @@ impl Streams {
     pub fn journal(&self) -> &Journal {
         &self.journal
     }
-}
-
-/// A recorded plan back as a [`Plan`] (for replay: its kind, cancelled calls and counters).
-fn plan_from_json(v: &Value) -> Option<Plan> {
-    let kind: PlanKind = serde_json::from_value(v["plan"].clone()).ok()?;
-    let cause = Cause::parse(v["cause"].as_str()?).ok()?;
-    let cancelled = v["cancelled"]
-        .as_array()?
-        .iter()
-        .map(|c| recovery::Cancelled {
-            id: c["id"].as_str().unwrap_or("").to_owned(),
-            name: c["name"].as_str().unwrap_or("").to_owned(),
-            partial_arguments: c["partial_arguments"].as_str().unwrap_or("").to_owned(),
-        })
-        .collect();
-    Some(Plan {
-        plan: kind,
-        cause,
-        status: v["status"].as_u64().and_then(|s| u16::try_from(s).ok()),
-        class: cause.class(),
-        reason: v["reason"].as_str().unwrap_or("").to_owned(),
-        assistant_prefix: String::new(),
-        completed: Vec::new(),
-        cancelled,
-        events: v["events"].as_array().cloned().unwrap_or_default(),
-        wait_ms: v["wait_ms"].as_u64().unwrap_or(0),
-        backoff_ms: v["backoff_ms"].as_u64().unwrap_or(0),
-        hints: v["hints"].as_array().cloned().unwrap_or_default(),
-        attempts: serde_json::from_value(v["attempts"].clone()).unwrap_or_default(),
-        stall_streak: v["stall_streak"].as_u64().unwrap_or(0) as u32,
-        stalled_tool: v["stalled_tool"].as_str().map(str::to_owned),
-    })
 }
 
 #[cfg(test)]
