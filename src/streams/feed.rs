@@ -166,7 +166,7 @@ mod tests {
     use serde_json::json;
 
     fn ev(v: serde_json::Value) -> EventJson {
-        super::super::event_json(&v)
+        crate::streams::run::event_json(&v)
     }
 
     fn next_value(n: Option<Next>) -> Option<(u64, serde_json::Value)> {

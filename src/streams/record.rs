@@ -439,7 +439,7 @@ mod tests {
             .unwrap();
         let ev: Vec<(u64, EventJson)> = out
             .iter()
-            .map(|(s, e)| (*s, super::super::event_json(e)))
+            .map(|(s, e)| (*s, crate::streams::run::event_json(e)))
             .collect();
         let snap = Record::Snapshot(Box::new(Snapshot {
             run: "r1".into(),

@@ -1,6 +1,16 @@
+use std::fs;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use zeroize::Zeroizing;
+
 use super::*;
 use crate::crypto::{generate_key, Keyring};
 use crate::durable::fault::FaultMode;
+use crate::durable::Faults;
+use crate::error::ErrorKind;
 
 struct TestSealer(Keyring);
 

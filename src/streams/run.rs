@@ -1,0 +1,177 @@
+//! One run's state in memory: its holder (epoch, stream id), status, seq counter, events and
+//! accumulator, recovery counters and subscribers. No file, no journal, no connection: the
+//! service (`service.rs`) applies changes to a run and hands the records that describe them to
+//! the store (`store.rs`); replay applies the same records through the same code.
+
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+
+use super::accum::Accumulator;
+use super::feed;
+use super::record::{self, Record};
+use crate::durable::journal::Promise;
+use crate::recovery::Attempts;
+use crate::timefmt::now_ms;
+
+pub(super) fn new_stream_id() -> String {
+    let mut b = [0u8; 12];
+    if getrandom::fill(&mut b).is_err() {
+        b[..8].copy_from_slice(&now_ms().to_le_bytes());
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Where a run is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// A producer holds it and may append.
+    Streaming,
+    /// Interrupted; the plan says what next (the producer continues, or a new one resumes).
+    Interrupted,
+    /// The recovery plan was `fail`: kept for inspection until aborted or pruned.
+    Failed,
+}
+
+/// A published event as its JSON text: serialized once when it joins the run, shared by every
+/// subscriber and snapshot (a `Value` per event cost ~10x the text it carried).
+pub type EventJson = Arc<serde_json::value::RawValue>;
+
+/// `v` as [`EventJson`].
+pub(super) fn event_json(v: &Value) -> EventJson {
+    // Serializing a `Value` cannot fail; the fallback is never reached.
+    serde_json::value::to_raw_value(v)
+        .map(Arc::from)
+        .unwrap_or_else(|_| Arc::from(serde_json::value::RawValue::NULL.to_owned()))
+}
+
+/// A live subscriber: events (seq, event) until `finish`, bounded ([`feed`]).
+pub(super) type Subscriber = feed::FeedTx;
+
+pub(super) struct Run {
+    pub(super) run_id: String,
+    pub(super) thread_id: Option<String>,
+    pub(super) model: Option<String>,
+    pub(super) epoch: u64,
+    pub(super) stream_id: String,
+    pub(super) status: Status,
+    /// The next seq the producer must use.
+    pub(super) next_seq: u64,
+    /// Every published-or-pending event of the run, in seq order (the backlog a subscriber
+    /// with `after_seq` 0 gets: a page refreshed mid-answer replays it).
+    pub(super) events: Vec<(u64, EventJson)>,
+    /// How many of `events` are durable and published. By position, not seq: text the overlap
+    /// trimmer held back joins `events` later than its seq became durable.
+    pub(super) published: usize,
+    /// `end()` is writing the state file: every other operation waits its outcome (refused).
+    pub(super) ending: bool,
+    /// The promise of the run's last queued record: a replayed append is answered when it is
+    /// kept (the original may not be durable yet).
+    pub(super) last: Option<Arc<Promise>>,
+    pub(super) acc: Accumulator,
+    pub(super) attempts: Attempts,
+    pub(super) stall_history: Vec<Option<String>>,
+    pub(super) last_plan: Option<Value>,
+    pub(super) created_at_ms: u64,
+    pub(super) updated_at_ms: u64,
+    /// The oldest journal segment holding one of its records.
+    pub(super) first_segment: u64,
+    pub(super) subscribers: Vec<Subscriber>,
+}
+
+impl Run {
+    pub(super) fn summary(&self) -> Value {
+        json!({
+            "run_id": self.run_id,
+            "thread_id": self.thread_id,
+            "model": self.model,
+            "status": self.status,
+            "epoch": self.epoch,
+            "next_seq": self.next_seq,
+            "attempts": self.attempts,
+            "stall_streak": self.stall_streak(),
+            "text_chars": self.acc.text.chars().count(),
+            "tool_calls": self.acc.calls.len(),
+            "trimmed_chars": self.acc.trimmed_chars,
+            "created_at_ms": self.created_at_ms,
+            "updated_at_ms": self.updated_at_ms,
+            "last_plan": self.last_plan.as_ref().map(|p| json!({
+                "plan": p["plan"], "cause": p["cause"], "wait_ms": p["wait_ms"]})),
+        })
+    }
+
+    /// Interruptions in a row that ended on the same unfinished tool.
+    pub(super) fn stall_streak(&self) -> usize {
+        match self.stall_history.last() {
+            Some(Some(tool)) => self
+                .stall_history
+                .iter()
+                .rev()
+                .take_while(|t| t.as_deref() == Some(tool.as_str()))
+                .count(),
+            _ => 0,
+        }
+    }
+
+    pub(super) fn checkpoint(&self) -> Value {
+        let mut snap = self.acc.snapshot();
+        snap["run_id"] = self.run_id.clone().into();
+        snap["thread_id"] = json!(self.thread_id);
+        snap["upstream_model"] = json!(self.model);
+        snap["updated_at_ms"] = self.updated_at_ms.into();
+        snap
+    }
+
+    /// Everything the run is, for a `snap` record (which replaces all earlier records of the
+    /// run on replay).
+    pub(super) fn snapshot_record(&self) -> Record {
+        Record::Snapshot(Box::new(record::Snapshot {
+            run: self.run_id.clone(),
+            thread: self.thread_id.clone(),
+            model: self.model.clone(),
+            epoch: self.epoch,
+            sid: self.stream_id.clone(),
+            status: self.status,
+            next_seq: self.next_seq,
+            events: self.events.clone(),
+            acc: self.acc.clone(),
+            attempts: self.attempts,
+            stall: self.stall_history.clone(),
+            last_plan: self.last_plan.clone(),
+            created: self.created_at_ms,
+            updated: self.updated_at_ms,
+        }))
+    }
+
+    /// A run back from a `snap` record.
+    pub(super) fn from_snapshot(r: record::Snapshot, segment: u64) -> Run {
+        Run {
+            run_id: r.run,
+            thread_id: r.thread,
+            model: r.model,
+            epoch: r.epoch,
+            stream_id: r.sid,
+            status: r.status,
+            next_seq: r.next_seq,
+            published: r.events.len(),
+            events: r.events,
+            last: None,
+            ending: false,
+            acc: r.acc,
+            attempts: r.attempts,
+            stall_history: r.stall,
+            last_plan: r.last_plan,
+            created_at_ms: r.created,
+            updated_at_ms: r.updated,
+            first_segment: segment,
+            subscribers: Vec::new(),
+        }
+    }
+
+    /// Add daemon or producer events (already seq-numbered) to the run.
+    pub(super) fn push_events(&mut self, out: Vec<(u64, Value)>) {
+        self.events
+            .extend(out.iter().map(|(s, e)| (*s, event_json(e))));
+    }
+}

@@ -1,0 +1,1288 @@
+//! The streams of one daemon: runs in memory, each change journaled before it is answered and
+//! published, the recovery planner wired in, subscribers fed exactly once.
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use serde_json::{json, Map, Value};
+use tokio::sync::oneshot;
+use zeroize::Zeroizing;
+
+use super::accum::{Accumulator, Event};
+use super::error::{ending_error, err, failed_error, invalid, StreamError};
+use super::feed::{self, Feed};
+use super::record::{self, Record};
+use super::run::{event_json, new_stream_id, Run, Status};
+use super::store::Sealer;
+use super::validate_run_id;
+use crate::durable::journal::{Durability, Journal, JournalError, Position, Promise, ReplayReport};
+use crate::durable::{self, Faults, Poison};
+use crate::error::ErrorKind;
+use crate::limits;
+use crate::recovery::{self, Attempts, Cause, Input, Plan, PlanKind, Policy, Stale};
+use crate::timefmt::now_ms;
+
+/// Settings.
+#[derive(Clone, Debug)]
+pub struct StreamsConfig {
+    /// The retry policy of the planner.
+    pub policy: Policy,
+    /// A checkpoint with no event for this long is stale on resume.
+    pub stale_after: Duration,
+    /// When appends are acknowledged.
+    pub durability: Durability,
+    /// Most events one append may carry.
+    pub max_events_per_append: usize,
+    /// Most runs active at once.
+    pub max_active_runs: usize,
+    /// A run with no event for this long is ended as `expired`.
+    pub expire_after: Duration,
+}
+
+impl Default for StreamsConfig {
+    fn default() -> Self {
+        StreamsConfig {
+            policy: Policy::default(),
+            stale_after: limits::STREAM_STALE_AFTER,
+            durability: Durability::Always,
+            max_events_per_append: limits::MAX_EVENTS_PER_APPEND,
+            max_active_runs: limits::MAX_ACTIVE_RUNS,
+            expire_after: limits::STREAM_EXPIRE_AFTER,
+        }
+    }
+}
+
+struct State {
+    runs: HashMap<String, Run>,
+}
+
+/// The streams of one daemon.
+pub struct Streams {
+    journal: Journal,
+    runs_dir: PathBuf,
+    sealer: Arc<dyn Sealer>,
+    state: Mutex<State>,
+    config: StreamsConfig,
+    faults: Faults,
+    /// After a failed fsync of a state or checkpoint file, such writes are refused until the
+    /// daemon restarts (the journal poisons itself the same way).
+    poison: Poison,
+    replay: ReplayReport,
+    /// The run logs, for the R2 plans' `execution` of each completed tool call.
+    run_log: std::sync::OnceLock<Arc<crate::runlog::RunLog>>,
+}
+
+/// An accepted change waiting for the journal.
+#[must_use = "wait for the journal with Streams::settle"]
+pub struct Ticket {
+    run_id: String,
+    /// The run's `events[..upto]` are durable once this record is.
+    upto: usize,
+    durable: Arc<Promise>,
+    /// What to answer once durable.
+    pub answer: Value,
+}
+
+impl Streams {
+    /// Open: the journal under `streams_dir`, run state files under `runs_dir`; replay.
+    pub fn open(
+        streams_dir: &Path,
+        runs_dir: &Path,
+        sealer: Arc<dyn Sealer>,
+        config: StreamsConfig,
+        faults: Faults,
+    ) -> Result<Streams, StreamError> {
+        durable::create_private_dir(runs_dir, &faults)
+            .map_err(|e| err(ErrorKind::Storage, e.to_string()))?;
+        let (journal, frames, replay) =
+            Journal::open(streams_dir, config.durability, faults.clone())?;
+        let streams = Streams {
+            journal,
+            runs_dir: runs_dir.to_path_buf(),
+            sealer,
+            state: Mutex::new(State {
+                runs: HashMap::new(),
+            }),
+            config,
+            faults,
+            poison: Poison::default(),
+            replay,
+            run_log: std::sync::OnceLock::new(),
+        };
+        let (mut undecryptable, mut unreadable) = (0usize, 0usize);
+        {
+            let mut st = streams.lock();
+            for f in frames {
+                let Ok(plain) = streams.sealer.open(&f.payload) else {
+                    undecryptable += 1;
+                    continue;
+                };
+                match Record::decode(&plain) {
+                    Ok(rec) => streams.replay_record(&mut st, rec, f.pos.segment),
+                    Err(e) => {
+                        // Only where and what kind: serde's message may quote the record.
+                        unreadable += 1;
+                        tracing::error!(segment = f.pos.segment, offset = f.pos.offset,
+                            kind = ?e.classify(), column = e.column(),
+                            "stream journal: a record that does not read was skipped");
+                    }
+                }
+            }
+            // Runs whose state file says they ended (a crash after the commit point, before
+            // the end record) are not resumable.
+            let ended: Vec<String> = st
+                .runs
+                .keys()
+                .filter(|id| streams.has_ended(id))
+                .cloned()
+                .collect();
+            for id in ended {
+                st.runs.remove(&id);
+            }
+            for run in st.runs.values_mut() {
+                run.published = run.events.len();
+            }
+        }
+        if unreadable > 0 {
+            tracing::error!(
+                unreadable,
+                "stream journal records that do not read were skipped"
+            );
+        }
+        if undecryptable > 0 {
+            tracing::error!(
+                undecryptable,
+                "stream journal records that do not decrypt with the current keys were skipped"
+            );
+        }
+        streams.release_segments();
+        Ok(streams)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// What replay found at open.
+    pub fn replay_report(&self) -> &ReplayReport {
+        &self.replay
+    }
+
+    /// Runs active now.
+    pub fn active_runs(&self) -> usize {
+        self.lock().runs.len()
+    }
+
+    /// Whether `run_id` has a stream that has not ended (its directory must not be pruned).
+    pub fn is_active(&self, run_id: &str) -> bool {
+        self.lock().runs.contains_key(run_id)
+    }
+
+    fn seal_record(&self, rec: &impl serde::Serialize) -> Result<Vec<u8>, StreamError> {
+        let plain = Zeroizing::new(serde_json::to_vec(rec).unwrap_or_default());
+        self.sealer
+            .seal(&plain)
+            .map_err(|e| err(ErrorKind::Sealed, e))
+    }
+
+    /// Queue a record for run `run_id`, making its `events[..upto]` durable with it.
+    fn submit(
+        &self,
+        run_id: &str,
+        upto: usize,
+        rec: &Record,
+        answer: Value,
+    ) -> Result<Ticket, StreamError> {
+        let sealed = self.seal_record(rec)?;
+        Ok(Ticket {
+            run_id: run_id.to_owned(),
+            upto,
+            durable: self.journal.append_promise(sealed),
+            answer,
+        })
+    }
+
+    fn channel(t: &Ticket) -> oneshot::Receiver<Result<Position, JournalError>> {
+        let (tx, rx) = oneshot::channel();
+        t.durable.then(move |res| {
+            let _ = tx.send(res);
+        });
+        rx
+    }
+
+    /// Wait until a ticket's record is durable, then publish what it covers. Returns the
+    /// answer for the client.
+    pub async fn settle(&self, t: Ticket) -> Result<Value, StreamError> {
+        let res = Self::channel(&t).await.unwrap_or(Err(JournalError::Closed));
+        self.after_durable(&t.run_id, t.upto, res)?;
+        Ok(t.answer)
+    }
+
+    /// [`Streams::settle`], blocking (tests, offline tools; never from an async task).
+    pub fn settle_blocking(&self, t: Ticket) -> Result<Value, StreamError> {
+        let res = Self::channel(&t)
+            .blocking_recv()
+            .unwrap_or(Err(JournalError::Closed));
+        self.after_durable(&t.run_id, t.upto, res)?;
+        Ok(t.answer)
+    }
+
+    /// [`Streams::settle`] without waiting: `done` gets the answer when the record is durable,
+    /// on the journal's committer thread (so it must not block), or at once if it already is.
+    pub fn settle_then(
+        self: &Arc<Self>,
+        t: Ticket,
+        done: impl FnOnce(Result<Value, StreamError>) + Send + 'static,
+    ) {
+        let streams = Arc::clone(self);
+        let Ticket {
+            run_id,
+            upto,
+            durable,
+            answer,
+        } = t;
+        durable.then(move |res| {
+            done(streams.after_durable(&run_id, upto, res).map(|()| answer));
+        });
+    }
+
+    fn after_durable(
+        &self,
+        run_id: &str,
+        upto: usize,
+        res: Result<Position, JournalError>,
+    ) -> Result<(), StreamError> {
+        let pos = res?;
+        let mut st = self.lock();
+        if let Some(run) = st.runs.get_mut(run_id) {
+            run.first_segment = run.first_segment.min(pos.segment);
+            if upto > run.published {
+                let from = run.published;
+                let to = upto.min(run.events.len());
+                run.published = to;
+                let fresh = &run.events[from..to];
+                run.subscribers
+                    .retain(|tx| fresh.iter().all(|(s, e)| tx.push(*s, e)));
+            }
+        }
+        Ok(())
+    }
+
+    fn run_mut<'a>(
+        st: &'a mut State,
+        run_id: &str,
+        stream_id: &str,
+    ) -> Result<&'a mut Run, StreamError> {
+        let run = st.runs.get_mut(run_id).ok_or_else(|| {
+            err(
+                ErrorKind::NotFound,
+                "no active stream for this run_id (never begun, or already committed or aborted)",
+            )
+        })?;
+        if run.stream_id != stream_id {
+            return Err(err(
+                ErrorKind::Conflict,
+                format!(
+                    "stream_id is not the current holder of this run (epoch {}): another \
+                     producer took it over; stop producing",
+                    run.epoch
+                ),
+            ));
+        }
+        if run.ending {
+            return Err(ending_error());
+        }
+        Ok(run)
+    }
+
+    /// Whether the run has a state file (it ended). Its existence decides, not its content:
+    /// an unreadable state file must not bring a committed run back.
+    fn has_ended(&self, run_id: &str) -> bool {
+        fs::symlink_metadata(self.runs_dir.join(run_id).join("state")).is_ok()
+    }
+
+    /// `stream.begin`.
+    pub fn begin(
+        &self,
+        run_id: &str,
+        thread_id: Option<String>,
+        model: Option<String>,
+        takeover: bool,
+    ) -> Result<Ticket, StreamError> {
+        validate_run_id(run_id)?;
+        // Under the lock: an end() finishing meanwhile has written its state file before it
+        // removes the run, so one of the two checks sees it.
+        let mut st = self.lock();
+        if self.has_ended(run_id) {
+            let status = self
+                .read_state(run_id)
+                .and_then(|s| s["status"].as_str().map(str::to_owned))
+                .unwrap_or_else(|| "ended".into());
+            return Err(err(
+                ErrorKind::Conflict,
+                format!("run already {status}; it cannot stream again"),
+            ));
+        }
+        let now = now_ms();
+        if let Some(run) = st.runs.get(run_id) {
+            if run.ending {
+                return Err(ending_error());
+            }
+            if run.status == Status::Failed {
+                return Err(failed_error());
+            }
+        }
+        let (epoch, next_seq) = match st.runs.get(run_id) {
+            Some(run) if !takeover => {
+                return Err(err(
+                    ErrorKind::Conflict,
+                    format!(
+                        "run is already streaming (epoch {}); pass takeover: true to take it over \
+                         (the current holder's appends then fail), or stream.resume",
+                        run.epoch
+                    ),
+                ))
+            }
+            Some(run) => (run.epoch + 1, run.next_seq),
+            None => {
+                if st.runs.len() >= self.config.max_active_runs {
+                    return Err(err(
+                        ErrorKind::Busy,
+                        format!(
+                            "{} runs are active; commit or abort some first",
+                            self.config.max_active_runs
+                        ),
+                    ));
+                }
+                (1, 1)
+            }
+        };
+        let stream_id = new_stream_id();
+        let rec = Record::Begin(record::Begin {
+            run: run_id.to_owned(),
+            epoch,
+            sid: stream_id.clone(),
+            thread: thread_id.clone(),
+            model: model.clone(),
+            at: now,
+        });
+        let answer = json!({"stream_id": stream_id, "epoch": epoch, "next_seq": next_seq});
+        let segment = self.journal.active_segment();
+        let ticket = self.submit(run_id, 0, &rec, answer)?;
+        Self::apply_begin(
+            &mut st, run_id, epoch, &stream_id, thread_id, model, now, segment,
+        );
+        if let Some(run) = st.runs.get_mut(run_id) {
+            run.last = Some(Arc::clone(&ticket.durable));
+        }
+        Ok(ticket)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn apply_begin(
+        st: &mut State,
+        run_id: &str,
+        epoch: u64,
+        stream_id: &str,
+        thread_id: Option<String>,
+        model: Option<String>,
+        at: u64,
+        segment: u64,
+    ) {
+        let run = st.runs.entry(run_id.to_owned()).or_insert_with(|| Run {
+            run_id: run_id.to_owned(),
+            thread_id: None,
+            model: None,
+            epoch: 0,
+            stream_id: String::new(),
+            status: Status::Streaming,
+            next_seq: 1,
+            events: Vec::new(),
+            published: 0,
+            ending: false,
+            last: None,
+            acc: Accumulator::default(),
+            attempts: Attempts::default(),
+            stall_history: Vec::new(),
+            last_plan: None,
+            created_at_ms: at,
+            updated_at_ms: at,
+            first_segment: segment,
+            subscribers: Vec::new(),
+        });
+        run.epoch = epoch;
+        run.stream_id = stream_id.to_owned();
+        run.status = Status::Streaming;
+        if thread_id.is_some() {
+            run.thread_id = thread_id;
+        }
+        if model.is_some() {
+            run.model = model;
+        }
+        run.updated_at_ms = at;
+        run.first_segment = run.first_segment.min(segment);
+    }
+
+    /// `stream.append`: events numbered from `seq`. A replayed seq is acknowledged and
+    /// dropped; a gap is refused.
+    pub fn append(
+        &self,
+        run_id: &str,
+        stream_id: &str,
+        seq: u64,
+        events: &[Value],
+    ) -> Result<Ticket, StreamError> {
+        self.check_count(events.len())?;
+        let parsed: Vec<Event> = events
+            .iter()
+            .enumerate()
+            .map(|(i, e)| Event::parse(e).map_err(|m| invalid(format!("events[{i}]: {m}"))))
+            .collect::<Result<_, _>>()?;
+        self.append_events(run_id, stream_id, seq, parsed)
+    }
+
+    fn check_count(&self, n: usize) -> Result<(), StreamError> {
+        if n == 0 {
+            return Err(invalid("events must not be empty"));
+        }
+        if n > self.config.max_events_per_append {
+            return Err(invalid(format!(
+                "at most {} events per append",
+                self.config.max_events_per_append
+            )));
+        }
+        Ok(())
+    }
+
+    /// [`Self::append`] with the events already parsed (the socket's fast path reads them
+    /// straight from the request line).
+    pub fn append_events(
+        &self,
+        run_id: &str,
+        stream_id: &str,
+        seq: u64,
+        parsed: Vec<Event>,
+    ) -> Result<Ticket, StreamError> {
+        self.check_count(parsed.len())?;
+        let mut st = self.lock();
+        let run = Self::run_mut(&mut st, run_id, stream_id)?;
+        if run.status == Status::Failed {
+            return Err(failed_error());
+        }
+        if seq == 0 {
+            return Err(invalid("seq starts at 1"));
+        }
+        if seq > run.next_seq {
+            return Err(invalid(format!(
+                "gap: the next seq is {}, this batch starts at {seq}",
+                run.next_seq
+            )));
+        }
+        let skip = (run.next_seq - seq) as usize;
+        if skip >= parsed.len() {
+            // A replay of appends already accepted: acknowledge, change nothing.
+            let acked = run.next_seq - 1;
+            // Answered when the original is durable (it may still be in flight).
+            let durable = run.last.clone().unwrap_or_else(|| {
+                Promise::ready(Ok(Position {
+                    segment: u64::MAX,
+                    offset: 0,
+                }))
+            });
+            drop(st);
+            return Ok(Ticket {
+                run_id: run_id.to_owned(),
+                upto: 0,
+                durable,
+                answer: json!({"acked_seq": acked, "duplicate": true}),
+            });
+        }
+        let fresh = &parsed[skip..];
+        run.acc.check_batch(fresh).map_err(invalid)?;
+        let first = run.next_seq;
+        // One clock reading for the record and the run: replay restores exactly this time.
+        let at = now_ms();
+        // Serialized straight from the events (the same JSON as `Record::Events`), without
+        // building a `Value` per append.
+        let sealed = self.seal_record(&record::EventsOut {
+            t: "ev",
+            run: run_id,
+            epoch: run.epoch,
+            seq: first,
+            events: fresh,
+            at,
+        })?;
+        let mut out = Vec::new();
+        for (i, e) in fresh.iter().enumerate() {
+            out.extend(run.acc.apply(first + i as u64, e).map_err(invalid)?);
+        }
+        run.next_seq = first + fresh.len() as u64;
+        run.updated_at_ms = at;
+        run.status = Status::Streaming;
+        run.push_events(out);
+        let upto = run.events.len();
+        let acked = run.next_seq - 1;
+        // Queued while the run is locked: the journal keeps each run's records in seq order.
+        // The segment is noted now, not when the record is durable: a release in between must
+        // not delete the segment that will hold it.
+        run.first_segment = run.first_segment.min(self.journal.active_segment());
+        let durable = self.journal.append_promise(sealed);
+        run.last = Some(Arc::clone(&durable));
+        drop(st);
+        Ok(Ticket {
+            run_id: run_id.to_owned(),
+            upto,
+            durable,
+            answer: json!({"acked_seq": acked}),
+        })
+    }
+
+    /// `stream.interrupt`: plan the recovery, publish its events.
+    pub fn interrupt(
+        &self,
+        run_id: &str,
+        stream_id: &str,
+        cause: &Value,
+    ) -> Result<Ticket, StreamError> {
+        let mut t = self.interrupt_locked(run_id, stream_id, cause)?;
+        self.annotate(run_id, &mut t.answer);
+        Ok(t)
+    }
+
+    /// Read the run logs for R2 plans (see [`Self::annotate`]).
+    pub fn attach_run_log(&self, log: Arc<crate::runlog::RunLog>) {
+        let _ = self.run_log.set(log);
+    }
+
+    /// Fill in each completed call's `execution` from the run log (`executed`, `began`,
+    /// `not_executed`): whether running it again would repeat a side effect. Done after the
+    /// streams' lock is released (it reads files under the run log's own lock: callers on an
+    /// async task run `interrupt`/`resume` on the blocking pool); the journaled
+    /// plan does not carry the completed calls, so only the answer changes. If the log cannot
+    /// be read, the calls stay `unknown` and a warning says why.
+    fn annotate(&self, run_id: &str, plan: &mut Value) {
+        let Some(log) = self.run_log.get() else {
+            return;
+        };
+        let Some(calls) = plan.get_mut("completed").and_then(Value::as_array_mut) else {
+            return;
+        };
+        if calls.is_empty() {
+            return;
+        }
+        let ids: Vec<String> = calls
+            .iter()
+            .map(|c| c["id"].as_str().unwrap_or_default().to_owned())
+            .collect();
+        match log.executions(run_id, &ids) {
+            Ok(found) => {
+                for (call, e) in calls.iter_mut().zip(found) {
+                    call["execution"] = e.as_str().into();
+                }
+            }
+            Err(e) => {
+                tracing::warn!(run_id, error = %e, "R2 plan: the run log could not be read; executions left unknown")
+            }
+        }
+    }
+
+    /// Put a plan in the run log's `recovery.jsonl` (the timeline of `holdfast runs show`):
+    /// its kind, cause, wait and the calls it completed or cancelled — never the text. Called
+    /// once the plan's journal record is durable (a plan that failed to commit is not in the
+    /// timeline); file work: not on an async task.
+    pub fn log_plan(&self, run_id: &str, event: &str, plan: &Value) {
+        let Some(log) = self.run_log.get() else {
+            return;
+        };
+        let ids = |k: &str, extra: &[&str]| -> Vec<Value> {
+            plan[k]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|c| {
+                    let mut m = serde_json::Map::new();
+                    for f in ["id", "name"].iter().chain(extra) {
+                        m.insert((*f).into(), c[*f].clone());
+                    }
+                    Value::Object(m)
+                })
+                .collect()
+        };
+        let rec = json!({
+            "event": event,
+            "plan": plan["plan"],
+            "cause": plan["cause"],
+            "status": plan["status"],
+            "wait_ms": plan["wait_ms"],
+            "attempts": plan["attempts"],
+            "completed": ids("completed", &["execution"]),
+            "cancelled": ids("cancelled", &[]),
+            "hint": plan["hint"],
+        });
+        if let Value::Object(m) = rec {
+            if let Err(e) = log.log_recovery(run_id, m) {
+                tracing::warn!(run_id, error = %e, "the run log did not take the recovery plan");
+            }
+        }
+    }
+
+    fn interrupt_locked(
+        &self,
+        run_id: &str,
+        stream_id: &str,
+        cause: &Value,
+    ) -> Result<Ticket, StreamError> {
+        let mut st = self.lock();
+        let run = Self::run_mut(&mut st, run_id, stream_id)?;
+        if run.status == Status::Failed {
+            return Err(failed_error());
+        }
+        // Only the cause (and its Retry-After) comes from the producer; the text, calls,
+        // counters and policy are the run's own.
+        let snapshot = match cause {
+            Value::String(c) => json!({"cause": c}),
+            Value::Object(o) if o.contains_key("status") => json!({"error": o}),
+            Value::Object(o) if o.contains_key("cause") => {
+                if let Some(k) = o
+                    .keys()
+                    .find(|k| !["cause", "retry_after"].contains(&k.as_str()))
+                {
+                    return Err(invalid(format!(
+                        "cause: unexpected field {:?} (a cause object has cause and retry_after)",
+                        k.chars().take(40).collect::<String>()
+                    )));
+                }
+                Value::Object(o.clone())
+            }
+            _ => return Err(invalid(
+                "cause must be a cause name, or {status, message, retry_after} of a provider error",
+            )),
+        };
+        let input = self.planner_input(run, &snapshot, None)?;
+        self.plan_and_record(run, input, "interrupt")
+    }
+
+    fn planner_input(
+        &self,
+        run: &mut Run,
+        cause: &Value,
+        stale: Option<Stale>,
+    ) -> Result<Input, StreamError> {
+        // Validate first: a refused cause must change nothing (replay would not see it).
+        let mut input = recovery::input_from_json(cause, now_ms()).map_err(invalid)?;
+        let out = run.acc.flush_trim();
+        run.push_events(out);
+        input.text = run.acc.text.clone();
+        input.tool_calls = run.acc.tool_calls();
+        input.attempts = run.attempts;
+        input.stall_history = run.stall_history.clone();
+        input.stale = stale;
+        input.policy = self.config.policy.clone();
+        let mut b = [0u8; 8];
+        input.jitter = getrandom::fill(&mut b)
+            .ok()
+            .map(|()| (u64::from_le_bytes(b) >> 11) as f64 / (1u64 << 53) as f64);
+        Ok(input)
+    }
+
+    /// Plan, apply to the run, and journal it; the ticket's answer is the plan.
+    fn plan_and_record(
+        &self,
+        run: &mut Run,
+        input: Input,
+        kind: &str,
+    ) -> Result<Ticket, StreamError> {
+        let plan = recovery::plan(&input);
+        let at = now_ms();
+        let (events, plan_json) = Self::apply_plan(run, &plan, &input.cause, at);
+        // The record carries what replay needs (kind, cancelled calls, counters, events), not
+        // the text so far: a plan of a long turn must stay far below the frame limit.
+        let mut compact = plan_json.clone();
+        if let Value::Object(m) = &mut compact {
+            m.remove("assistant_prefix");
+            m.remove("completed");
+        }
+        let rec = Record::Plan(record::PlanRecord {
+            run: run.run_id.clone(),
+            epoch: run.epoch,
+            kind: kind.to_owned(),
+            plan: compact,
+            at,
+            input: record::PlanInput {
+                cause: input.cause,
+                status: input.status,
+            },
+            events,
+        });
+        let mut answer = plan_json;
+        answer["next_seq"] = run.next_seq.into();
+        let run_id = run.run_id.clone();
+        let upto = run.events.len();
+        run.first_segment = run.first_segment.min(self.journal.active_segment());
+        let t = self.submit(&run_id, upto, &rec, answer)?;
+        run.last = Some(Arc::clone(&t.durable));
+        Ok(t)
+    }
+
+    /// Apply a plan to the run (live and on replay): events numbered, accumulator updated.
+    fn apply_plan(
+        run: &mut Run,
+        plan: &Plan,
+        cause: &Cause,
+        at: u64,
+    ) -> (Vec<(u64, Value)>, Value) {
+        let mut events = Vec::new();
+        for e in &plan.events {
+            events.push((run.next_seq, e.clone()));
+            run.next_seq += 1;
+        }
+        let mut plan_json = plan.to_json();
+        events.push((
+            run.next_seq,
+            json!({"type": "interrupted", "cause": cause.as_str(), "plan": plan.plan.as_str(),
+                   "wait_ms": plan.wait_ms, "hint": plan_json["hint"]}),
+        ));
+        run.next_seq += 1;
+        run.acc.apply_plan(plan);
+        run.attempts = plan.attempts;
+        run.stall_history.push(plan.stalled_tool.clone());
+        run.status = if plan.plan == PlanKind::Fail {
+            Status::Failed
+        } else {
+            Status::Interrupted
+        };
+        run.updated_at_ms = at;
+        plan_json["events_published"] = json!(events.iter().map(|(s, _)| s).collect::<Vec<_>>());
+        run.last_plan = Some(plan_json.clone());
+        run.push_events(events.clone());
+        (events, plan_json)
+    }
+
+    /// `stream.resume`: a new process takes the run over, gets its checkpoint and a plan.
+    pub fn resume(
+        &self,
+        run_id: &str,
+        model: Option<String>,
+        thread_id: Option<String>,
+        fail_on_stale: bool,
+    ) -> Result<Ticket, StreamError> {
+        let mut t = self.resume_locked(run_id, model, thread_id, fail_on_stale)?;
+        if let Some(plan) = t.answer.get_mut("plan") {
+            self.annotate(run_id, plan);
+        }
+        Ok(t)
+    }
+
+    fn resume_locked(
+        &self,
+        run_id: &str,
+        model: Option<String>,
+        thread_id: Option<String>,
+        fail_on_stale: bool,
+    ) -> Result<Ticket, StreamError> {
+        validate_run_id(run_id)?;
+        let mut st = self.lock();
+        let run = st.runs.get_mut(run_id).ok_or_else(|| {
+            err(
+                ErrorKind::NotFound,
+                "no resumable stream for this run_id (never begun, or committed or aborted)",
+            )
+        })?;
+        let mut why = Vec::new();
+        let age = now_ms().saturating_sub(run.updated_at_ms);
+        if age > self.config.stale_after.as_millis() as u64 {
+            why.push(format!("last event {} s ago", age / 1000));
+        }
+        if let (Some(want), Some(had)) = (&model, &run.model) {
+            if want != had {
+                why.push(format!("model {had:?} then, {want:?} now"));
+            }
+        }
+        if let (Some(want), Some(had)) = (&thread_id, &run.thread_id) {
+            if want != had {
+                why.push("another thread".to_string());
+            }
+        }
+        let stale = (!why.is_empty()).then(|| Stale {
+            reason: why.join("; "),
+            fail: fail_on_stale,
+        });
+        if run.ending {
+            return Err(ending_error());
+        }
+        let checkpoint = run.checkpoint();
+        let (epoch, sid) = (run.epoch + 1, new_stream_id());
+        let begin = Record::Begin(record::Begin {
+            run: run_id.to_owned(),
+            epoch,
+            sid: sid.clone(),
+            thread: thread_id.clone(),
+            model: model.clone(),
+            at: now_ms(),
+        });
+        // Sealed before anything changes: a failure here leaves the old holder in place.
+        let sealed = self.seal_record(&begin)?;
+        run.epoch = epoch;
+        run.stream_id = sid;
+        // As replay will (apply_begin): the resumer's model and thread are the run's now.
+        if model.is_some() {
+            run.model = model;
+        }
+        if thread_id.is_some() {
+            run.thread_id = thread_id;
+        }
+        run.first_segment = run.first_segment.min(self.journal.active_segment());
+        // Not awaited on its own: the plan record queued after it settles both.
+        drop(self.journal.append(sealed));
+        let input = self.planner_input(run, &json!({"cause": "resumed_from_checkpoint"}), stale)?;
+        let mut t = self.plan_and_record(run, input, "resume")?;
+        t.answer = json!({
+            "stream_id": run.stream_id, "epoch": run.epoch, "next_seq": run.next_seq,
+            "checkpoint": checkpoint, "plan": t.answer,
+        });
+        Ok(t)
+    }
+
+    /// The commit point: write `runs/<run_id>/state` (sealed, atomically) saying `status`.
+    fn write_state(&self, run_id: &str, state: &Value) -> Result<(), StreamError> {
+        let dir = self.runs_dir.join(run_id);
+        durable::create_private_dir(&dir, &self.faults)
+            .map_err(|e| err(ErrorKind::Storage, e.to_string()))?;
+        let sealed = self.seal_record(state)?;
+        self.write_file(&dir, "state", &sealed)
+    }
+
+    /// Replace `dir/name` with sealed bytes, under the poison rule.
+    fn write_file(&self, dir: &Path, name: &str, sealed: &[u8]) -> Result<(), StreamError> {
+        let storage = |e: durable::IoError| err(ErrorKind::Storage, e.to_string());
+        self.poison.check(dir).map_err(storage)?;
+        self.poison
+            .watch(durable::atomic_write(dir, name, sealed, &self.faults))
+            .map_err(storage)?;
+        Ok(())
+    }
+
+    /// The run's state file, if it has one (committed or aborted).
+    pub fn read_state(&self, run_id: &str) -> Option<Value> {
+        let bytes = durable::read_capped(
+            &self.runs_dir.join(run_id).join("state"),
+            crate::durable::journal::MAX_PAYLOAD as u64,
+        )
+        .ok()??;
+        let plain = self.sealer.open(&bytes).ok()?;
+        serde_json::from_slice(&plain).ok()
+    }
+
+    /// End runs with no event for `expire_after` (failed, or abandoned by their producer) as
+    /// `expired`: their state files keep what they were for inspection. Returns how many.
+    pub fn expire_idle(&self) -> usize {
+        let cutoff = now_ms().saturating_sub(self.config.expire_after.as_millis() as u64);
+        let idle: Vec<(String, String, Status)> = self
+            .lock()
+            .runs
+            .values()
+            .filter(|r| r.updated_at_ms < cutoff)
+            .map(|r| (r.run_id.clone(), r.stream_id.clone(), r.status))
+            .collect();
+        let mut n = 0;
+        for (run_id, sid, status) in idle {
+            let detail = json!({"reason": format!("no event for {} s", self.config.expire_after.as_secs()),
+                                "was": status});
+            match self.end(&run_id, &sid, "expired", detail) {
+                Ok(_) => n += 1,
+                Err(e) => tracing::warn!(run = %run_id, error = %e, "could not expire an idle run"),
+            }
+        }
+        if n > 0 {
+            tracing::info!(expired = n, "ended idle stream runs as expired");
+        }
+        n
+    }
+
+    /// `stream.commit`: the final message durable and the run ended in one step (see
+    /// [`Streams::end`]). With `content_from_stream`, the message's `content` is set to the
+    /// text the run's subscribers are shown — everything published, plus what the overlap
+    /// trimmer still holds as its last decision will publish it — so the stored message and
+    /// the streamed text can never differ (a producer composing it itself cannot see that
+    /// decision: it is made after the commit point).
+    pub fn commit(
+        &self,
+        run_id: &str,
+        stream_id: &str,
+        final_message: Value,
+        content_from_stream: bool,
+    ) -> Result<Value, StreamError> {
+        if content_from_stream && !final_message.is_object() {
+            return Err(StreamError {
+                kind: ErrorKind::InvalidParams,
+                message: "content_from_stream needs final_message to be an object".into(),
+            });
+        }
+        self.end_with(
+            run_id,
+            stream_id,
+            "committed",
+            json!({"final_message": final_message}),
+            content_from_stream,
+        )
+    }
+
+    /// `stream.abort` (and expiry): one atomic step ends the run; then `finish` is published and
+    /// the run leaves memory. A failed end leaves it resumable.
+    pub fn end(
+        &self,
+        run_id: &str,
+        stream_id: &str,
+        status: &str,
+        detail: Value,
+    ) -> Result<Value, StreamError> {
+        self.end_with(run_id, stream_id, status, detail, false)
+    }
+
+    fn end_with(
+        &self,
+        run_id: &str,
+        stream_id: &str,
+        status: &str,
+        mut detail: Value,
+        content_from_stream: bool,
+    ) -> Result<Value, StreamError> {
+        let (finish_seq, events_total) = {
+            let mut st = self.lock();
+            let run = Self::run_mut(&mut st, run_id, stream_id)?;
+            // From here until the state file is written (or not), nothing else touches the run.
+            run.ending = true;
+            if content_from_stream {
+                // The trimmer's decision, foreseen: the real one is made (identically) after the
+                // commit point, when the held text is published.
+                detail["final_message"]["content"] = Value::String(run.acc.text_when_flushed());
+            }
+            let summary = run.summary();
+            (run.next_seq, (run.events.len(), summary))
+        };
+        let (events_total, summary) = events_total;
+        let mut state = json!({"status": status, "run_id": run_id, "at_ms": now_ms(),
+                               "finish_seq": finish_seq, "attempts": summary["attempts"],
+                               "last_plan": summary["last_plan"],
+                               "text_chars": summary["text_chars"]});
+        if let (Value::Object(s), Value::Object(d)) = (&mut state, detail) {
+            s.extend(d);
+        }
+        // The single commit point. Before it: resumable, nothing final on disk. After: ended.
+        if let Err(e) = self.write_state(run_id, &state) {
+            if let Some(run) = self.lock().runs.get_mut(run_id) {
+                run.ending = false;
+            }
+            return Err(e);
+        }
+        let finish = event_json(&json!({"type": "finish", "status": status}));
+        let mut st = self.lock();
+        if let Some(mut run) = st.runs.remove(run_id) {
+            let held = run.acc.flush_trim();
+            run.push_events(held);
+            // Everything before finish went out once durable; finish goes out now (the state
+            // file is durable) after whatever is still pending in the journal.
+            for (s, e) in &run.events[run.published.min(run.events.len())..] {
+                for tx in &run.subscribers {
+                    tx.push_uncapped(*s, e);
+                }
+            }
+            for tx in run.subscribers.drain(..) {
+                tx.push_uncapped(finish_seq, &finish);
+            }
+        }
+        drop(st);
+        let rec = Record::End(record::End {
+            run: run_id.to_owned(),
+            status: status.to_owned(),
+        });
+        if let Ok(sealed) = self.seal_record(&rec) {
+            // Not awaited: the state file already decided; this only spares replay a lookup.
+            drop(self.journal.append(sealed));
+        }
+        self.release_segments();
+        Ok(
+            json!({"run_id": run_id, "status": status, "finish_seq": finish_seq,
+                  "events": events_total}),
+        )
+    }
+
+    /// Delete journal segments no active run needs.
+    fn release_segments(&self) {
+        let min = self
+            .lock()
+            .runs
+            .values()
+            .map(|r| r.first_segment)
+            .min()
+            .unwrap_or(u64::MAX);
+        let current = self.journal.active_segment();
+        let _ = self.journal.release_before(min.min(current));
+    }
+
+    /// `stream.subscribe`: every event with seq > `after_seq` (durable ones at once, later ones
+    /// as they become durable), then `finish`. For an ended run: just `finish`.
+    pub fn subscribe(&self, run_id: &str, after_seq: u64) -> Result<Feed, StreamError> {
+        validate_run_id(run_id)?;
+        let (tx, rx) = feed::feed();
+        let mut st = self.lock();
+        match st.runs.get_mut(run_id) {
+            Some(run) => {
+                let published = &run.events[..run.published.min(run.events.len())];
+                let lo = published.partition_point(|(s, _)| *s <= after_seq);
+                for (s, e) in &published[lo..] {
+                    tx.push_uncapped(*s, e);
+                }
+                run.subscribers.push(tx);
+            }
+            None => {
+                drop(st);
+                let state = self.read_state(run_id).ok_or_else(|| {
+                    err(ErrorKind::NotFound, "no such run (never begun, or pruned)")
+                })?;
+                let seq = state["finish_seq"].as_u64().unwrap_or(0);
+                if seq > after_seq {
+                    let finish = json!({"type": "finish", "status": state["status"]});
+                    tx.push_uncapped(seq, &event_json(&finish));
+                }
+            }
+        }
+        Ok(rx)
+    }
+
+    /// `stream.get`: a run's state (active: summary and checkpoint; ended: its state file,
+    /// without the final message unless `reveal`).
+    pub fn get(&self, run_id: &str, reveal: bool) -> Result<Value, StreamError> {
+        validate_run_id(run_id)?;
+        if let Some(run) = self.lock().runs.get(run_id) {
+            let mut v = run.summary();
+            if reveal {
+                v["checkpoint"] = run.checkpoint();
+            }
+            return Ok(v);
+        }
+        let mut state = self
+            .read_state(run_id)
+            .ok_or_else(|| err(ErrorKind::NotFound, "no such run"))?;
+        if !reveal {
+            if let Some(m) = state.get_mut("final_message") {
+                *m = json!({"hidden": "pass reveal: true"});
+            }
+        }
+        Ok(state)
+    }
+
+    /// `stream.list`: the active runs.
+    pub fn list(&self) -> Vec<Value> {
+        let mut v: Vec<Value> = self.lock().runs.values().map(Run::summary).collect();
+        v.sort_by(|a, b| a["run_id"].as_str().cmp(&b["run_id"].as_str()));
+        v
+    }
+
+    /// Apply one journal record at start-up.
+    fn replay_record(&self, st: &mut State, rec: Record, segment: u64) {
+        match rec {
+            Record::Begin(b) => Self::apply_begin(
+                st, &b.run, b.epoch, &b.sid, b.thread, b.model, b.at, segment,
+            ),
+            Record::Events(ev) => {
+                let Some(run) = st.runs.get_mut(&ev.run) else {
+                    return;
+                };
+                let first = ev.seq;
+                if first != run.next_seq {
+                    tracing::warn!(
+                        run = %ev.run,
+                        "stream journal: a record out of sequence was skipped"
+                    );
+                    return;
+                }
+                let mut out = Vec::new();
+                for (i, e) in ev.events.iter().enumerate() {
+                    let seq = first.saturating_add(i as u64);
+                    if let Ok(parsed) = Event::parse(e) {
+                        if let Ok(o) = run.acc.apply(seq, &parsed) {
+                            out.extend(o);
+                        }
+                    }
+                    run.next_seq = seq.saturating_add(1);
+                }
+                run.status = Status::Streaming;
+                run.updated_at_ms = ev.at;
+                run.push_events(out);
+            }
+            Record::Plan(p) => {
+                let Some(run) = st.runs.get_mut(&p.run) else {
+                    return;
+                };
+                let mut out = run.acc.flush_trim();
+                run.push_events(std::mem::take(&mut out));
+                // Re-plan from the recorded plan's decisions (not re-run: jitter and the clock
+                // differ); what matters for the state is the plan kind, its cancelled calls,
+                // counters and events.
+                match p.plan() {
+                    Ok(plan) => {
+                        let cause = plan.cause;
+                        let _ = Self::apply_plan(run, &plan, &cause, p.at);
+                    }
+                    Err(e) => tracing::error!(run = %p.run, kind = ?e.classify(),
+                        "stream journal: a plan that does not read was skipped"),
+                }
+            }
+            Record::Snapshot(snap) => {
+                let run_id = snap.run.clone();
+                st.runs.insert(run_id, Run::from_snapshot(*snap, segment));
+            }
+            Record::End(e) => {
+                st.runs.remove(&e.run);
+            }
+            Record::Reseal(_) => {}
+        }
+    }
+
+    /// Re-seal everything of the streams under the sealer's current (primary) key: a snapshot
+    /// record of every active run (after which the segments holding their older records are
+    /// released), and every run's state and checkpoint file. Called during a rotation of the
+    /// key, before the old one is forgotten. Returns (runs snapshotted, files re-sealed).
+    pub fn reseal(&self) -> Result<(usize, usize), StreamError> {
+        let tickets: Vec<(String, Arc<Promise>)> = {
+            let st = self.lock();
+            // The snapshots open a new segment: everything before them can then go whole.
+            self.journal.start_new_segment();
+            // A marker first, so the new segment starts even with no active run.
+            let mark = self.seal_record(&Record::Reseal(record::Reseal {
+                run: String::new(),
+                at: now_ms(),
+            }))?;
+            let mut v = vec![(String::new(), self.journal.append_promise(mark))];
+            for run in st.runs.values() {
+                let sealed = self.seal_record(&run.snapshot_record())?;
+                v.push((run.run_id.clone(), self.journal.append_promise(sealed)));
+            }
+            v
+        };
+        let runs = tickets.len() - 1;
+        for (run_id, p) in tickets {
+            let (tx, rx) = std::sync::mpsc::channel();
+            p.then(move |res| {
+                let _ = tx.send(res);
+            });
+            let pos = rx
+                .recv()
+                .unwrap_or(Err(JournalError::Closed))
+                .map_err(StreamError::from)?;
+            if let Some(run) = self.lock().runs.get_mut(&run_id) {
+                // Everything the run needs is in the snapshot now.
+                run.first_segment = pos.segment;
+            }
+        }
+        self.release_segments();
+        let mut files = 0;
+        let entries =
+            fs::read_dir(&self.runs_dir).map_err(|e| err(ErrorKind::Storage, e.to_string()))?;
+        for e in entries.flatten() {
+            let dir = e.path();
+            for name in ["state", "checkpoint"] {
+                let Ok(Some(bytes)) = durable::read_capped(
+                    &dir.join(name),
+                    crate::durable::journal::MAX_PAYLOAD as u64,
+                ) else {
+                    continue;
+                };
+                let plain = self.sealer.open(&bytes).map_err(|why| {
+                    err(
+                        ErrorKind::Integrity,
+                        format!("{} does not decrypt: {why}", dir.join(name).display()),
+                    )
+                })?;
+                let sealed = self
+                    .sealer
+                    .seal(&plain)
+                    .map_err(|e| err(ErrorKind::Sealed, e))?;
+                self.write_file(&dir, name, &sealed)?;
+                files += 1;
+            }
+        }
+        tracing::info!(runs, files, "streams re-sealed under the current key");
+        Ok((runs, files))
+    }
+
+    // ---- checkpoints (the plain snapshot contract) ----
+
+    /// `checkpoint.put`: an idempotent upsert of a runtime's own snapshot.
+    pub fn checkpoint_put(
+        &self,
+        run_id: &str,
+        snapshot: &Map<String, Value>,
+    ) -> Result<Value, StreamError> {
+        validate_run_id(run_id)?;
+        const FIELDS: &[&str] = &[
+            "run_id",
+            "thread_id",
+            "upstream_model",
+            "partial_text",
+            "completed_tool_calls",
+            "in_flight_tool",
+            "updated_at_ms",
+        ];
+        if let Some(k) = snapshot.keys().find(|k| !FIELDS.contains(&k.as_str())) {
+            return Err(invalid(format!(
+                "unknown snapshot field {:?}; fields: {}",
+                k.chars().take(40).collect::<String>(),
+                FIELDS.join(", ")
+            )));
+        }
+        if snapshot.get("run_id").is_some_and(|r| r != run_id) {
+            return Err(invalid("snapshot.run_id differs from run_id"));
+        }
+        let mut snap = snapshot.clone();
+        snap.insert("run_id".into(), run_id.into());
+        snap.entry("updated_at_ms")
+            .or_insert_with(|| now_ms().into());
+        let dir = self.runs_dir.join(run_id);
+        durable::create_private_dir(&dir, &self.faults)
+            .map_err(|e| err(ErrorKind::Storage, e.to_string()))?;
+        let sealed = self.seal_record(&Value::Object(snap.clone()))?;
+        self.write_file(&dir, "checkpoint", &sealed)?;
+        Ok(json!({"run_id": run_id, "updated_at_ms": snap["updated_at_ms"]}))
+    }
+
+    /// `checkpoint.get`.
+    pub fn checkpoint_get(&self, run_id: &str) -> Result<Value, StreamError> {
+        validate_run_id(run_id)?;
+        let path = self.runs_dir.join(run_id).join("checkpoint");
+        let bytes = durable::read_capped(&path, crate::durable::journal::MAX_PAYLOAD as u64)
+            .map_err(|e| err(ErrorKind::Storage, e.to_string()))?
+            .ok_or_else(|| err(ErrorKind::NotFound, "no checkpoint for this run"))?;
+        let plain = self.sealer.open(&bytes).map_err(|e| {
+            err(
+                ErrorKind::Integrity,
+                format!("checkpoint does not decrypt: {e}"),
+            )
+        })?;
+        serde_json::from_slice(&plain)
+            .map_err(|e| err(ErrorKind::Integrity, format!("checkpoint is not JSON: {e}")))
+    }
+
+    /// `checkpoint.delete`.
+    pub fn checkpoint_delete(&self, run_id: &str) -> Result<bool, StreamError> {
+        validate_run_id(run_id)?;
+        let dir = self.runs_dir.join(run_id);
+        if !dir.exists() {
+            return Ok(false);
+        }
+        let storage = |e: durable::IoError| err(ErrorKind::Storage, e.to_string());
+        self.poison.check(&dir).map_err(storage)?;
+        self.poison
+            .watch(durable::remove_durably(&dir, "checkpoint", &self.faults))
+            .map_err(storage)
+    }
+
+    /// The journal's counters.
+    pub fn journal(&self) -> &Journal {
+        &self.journal
+    }
+}
