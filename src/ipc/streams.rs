@@ -208,14 +208,14 @@ pub async fn dispatch(
         }
         "stream.list" => {
             let _: Nothing = params(req.params)?;
-            let j = s.journal().stats();
+            let j = s.journal_stats();
             Ok(json!({
                 "runs": s.list(),
                 "journal": {
                     "appends": j.appends.load(Ordering::Relaxed),
                     "batches": j.batches.load(Ordering::Relaxed),
                     "syncs": j.syncs.load(Ordering::Relaxed),
-                    "active_segment": s.journal().active_segment(),
+                    "active_segment": s.active_mark(),
                 },
             }))
         }

@@ -2,24 +2,22 @@
 //! published, the recovery planner wired in, subscribers fed exactly once.
 
 use std::collections::HashMap;
-use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use serde_json::{json, Map, Value};
 use tokio::sync::oneshot;
-use zeroize::Zeroizing;
 
 use super::accum::{Accumulator, Event};
 use super::error::{ending_error, err, failed_error, invalid, StreamError};
 use super::feed::{self, Feed};
 use super::record::{self, Record};
 use super::run::{event_json, new_stream_id, Run, Status};
-use super::store::Sealer;
+use super::store::{self, FileStore, Out, Sealer, StreamStore};
 use super::validate_run_id;
-use crate::durable::journal::{Durability, Journal, JournalError, Position, Promise, ReplayReport};
-use crate::durable::{self, Faults, Poison};
+use crate::durable::journal::{Durability, JournalError, Position, Promise, ReplayReport, Stats};
+use crate::durable::Faults;
 use crate::error::ErrorKind;
 use crate::limits;
 use crate::recovery::{self, Attempts, Cause, Input, Plan, PlanKind, Policy, Stale};
@@ -61,16 +59,10 @@ struct State {
 
 /// The streams of one daemon.
 pub struct Streams {
-    journal: Journal,
-    runs_dir: PathBuf,
-    sealer: Arc<dyn Sealer>,
+    /// Where the runs are kept (the journal and the runs' files, or a database).
+    store: Box<dyn StreamStore>,
     state: Mutex<State>,
     config: StreamsConfig,
-    faults: Faults,
-    /// After a failed fsync of a state or checkpoint file, such writes are refused until the
-    /// daemon restarts (the journal poisons itself the same way).
-    poison: Poison,
-    replay: ReplayReport,
     /// The run logs, for the R2 plans' `execution` of each completed tool call.
     run_log: std::sync::OnceLock<Arc<crate::runlog::RunLog>>,
 }
@@ -95,41 +87,20 @@ impl Streams {
         config: StreamsConfig,
         faults: Faults,
     ) -> Result<Streams, StreamError> {
-        durable::create_private_dir(runs_dir, &faults)
-            .map_err(|e| err(ErrorKind::Storage, e.to_string()))?;
-        let (journal, frames, replay) =
-            Journal::open(streams_dir, config.durability, faults.clone())?;
+        let (store, records) =
+            FileStore::open(streams_dir, runs_dir, sealer, config.durability, faults)?;
         let streams = Streams {
-            journal,
-            runs_dir: runs_dir.to_path_buf(),
-            sealer,
+            store: Box::new(store),
             state: Mutex::new(State {
                 runs: HashMap::new(),
             }),
             config,
-            faults,
-            poison: Poison::default(),
-            replay,
             run_log: std::sync::OnceLock::new(),
         };
-        let (mut undecryptable, mut unreadable) = (0usize, 0usize);
         {
             let mut st = streams.lock();
-            for f in frames {
-                let Ok(plain) = streams.sealer.open(&f.payload) else {
-                    undecryptable += 1;
-                    continue;
-                };
-                match Record::decode(&plain) {
-                    Ok(rec) => streams.replay_record(&mut st, rec, f.pos.segment),
-                    Err(e) => {
-                        // Only where and what kind: serde's message may quote the record.
-                        unreadable += 1;
-                        tracing::error!(segment = f.pos.segment, offset = f.pos.offset,
-                            kind = ?e.classify(), column = e.column(),
-                            "stream journal: a record that does not read was skipped");
-                    }
-                }
+            for r in records {
+                streams.replay_record(&mut st, r.record, r.mark);
             }
             // Runs whose state file says they ended (a crash after the commit point, before
             // the end record) are not resumable.
@@ -146,18 +117,6 @@ impl Streams {
                 run.published = run.events.len();
             }
         }
-        if unreadable > 0 {
-            tracing::error!(
-                unreadable,
-                "stream journal records that do not read were skipped"
-            );
-        }
-        if undecryptable > 0 {
-            tracing::error!(
-                undecryptable,
-                "stream journal records that do not decrypt with the current keys were skipped"
-            );
-        }
         streams.release_segments();
         Ok(streams)
     }
@@ -168,7 +127,7 @@ impl Streams {
 
     /// What replay found at open.
     pub fn replay_report(&self) -> &ReplayReport {
-        &self.replay
+        self.store.replay_report()
     }
 
     /// Runs active now.
@@ -181,13 +140,6 @@ impl Streams {
         self.lock().runs.contains_key(run_id)
     }
 
-    fn seal_record(&self, rec: &impl serde::Serialize) -> Result<Vec<u8>, StreamError> {
-        let plain = Zeroizing::new(serde_json::to_vec(rec).unwrap_or_default());
-        self.sealer
-            .seal(&plain)
-            .map_err(|e| err(ErrorKind::Sealed, e))
-    }
-
     /// Queue a record for run `run_id`, making its `events[..upto]` durable with it.
     fn submit(
         &self,
@@ -196,11 +148,10 @@ impl Streams {
         rec: &Record,
         answer: Value,
     ) -> Result<Ticket, StreamError> {
-        let sealed = self.seal_record(rec)?;
         Ok(Ticket {
             run_id: run_id.to_owned(),
             upto,
-            durable: self.journal.append_promise(sealed),
+            durable: self.store.append(Out::Record(rec))?,
             answer,
         })
     }
@@ -301,7 +252,7 @@ impl Streams {
     /// Whether the run has a state file (it ended). Its existence decides, not its content:
     /// an unreadable state file must not bring a committed run back.
     fn has_ended(&self, run_id: &str) -> bool {
-        fs::symlink_metadata(self.runs_dir.join(run_id).join("state")).is_ok()
+        self.store.has_ended(run_id)
     }
 
     /// `stream.begin`.
@@ -370,7 +321,7 @@ impl Streams {
             at: now,
         });
         let answer = json!({"stream_id": stream_id, "epoch": epoch, "next_seq": next_seq});
-        let segment = self.journal.active_segment();
+        let segment = self.store.active_mark();
         let ticket = self.submit(run_id, 0, &rec, answer)?;
         Self::apply_begin(
             &mut st, run_id, epoch, &stream_id, thread_id, model, now, segment,
@@ -507,14 +458,14 @@ impl Streams {
         let at = now_ms();
         // Serialized straight from the events (the same JSON as `Record::Events`), without
         // building a `Value` per append.
-        let sealed = self.seal_record(&record::EventsOut {
+        let prepared = self.store.prepare(Out::Events(&record::EventsOut {
             t: "ev",
             run: run_id,
             epoch: run.epoch,
             seq: first,
             events: fresh,
             at,
-        })?;
+        }))?;
         let mut out = Vec::new();
         for (i, e) in fresh.iter().enumerate() {
             out.extend(run.acc.apply(first + i as u64, e).map_err(invalid)?);
@@ -528,8 +479,8 @@ impl Streams {
         // Queued while the run is locked: the journal keeps each run's records in seq order.
         // The segment is noted now, not when the record is durable: a release in between must
         // not delete the segment that will hold it.
-        run.first_segment = run.first_segment.min(self.journal.active_segment());
-        let durable = self.journal.append_promise(sealed);
+        run.first_segment = run.first_segment.min(self.store.active_mark());
+        let durable = self.store.queue(prepared);
         run.last = Some(Arc::clone(&durable));
         drop(st);
         Ok(Ticket {
@@ -721,7 +672,7 @@ impl Streams {
         answer["next_seq"] = run.next_seq.into();
         let run_id = run.run_id.clone();
         let upto = run.events.len();
-        run.first_segment = run.first_segment.min(self.journal.active_segment());
+        run.first_segment = run.first_segment.min(self.store.active_mark());
         let t = self.submit(&run_id, upto, &rec, answer)?;
         run.last = Some(Arc::clone(&t.durable));
         Ok(t)
@@ -824,7 +775,7 @@ impl Streams {
             at: now_ms(),
         });
         // Sealed before anything changes: a failure here leaves the old holder in place.
-        let sealed = self.seal_record(&begin)?;
+        let prepared = self.store.prepare(Out::Record(&begin))?;
         run.epoch = epoch;
         run.stream_id = sid;
         // As replay will (apply_begin): the resumer's model and thread are the run's now.
@@ -834,9 +785,9 @@ impl Streams {
         if thread_id.is_some() {
             run.thread_id = thread_id;
         }
-        run.first_segment = run.first_segment.min(self.journal.active_segment());
+        run.first_segment = run.first_segment.min(self.store.active_mark());
         // Not awaited on its own: the plan record queued after it settles both.
-        drop(self.journal.append(sealed));
+        drop(self.store.queue(prepared));
         let input = self.planner_input(run, &json!({"cause": "resumed_from_checkpoint"}), stale)?;
         let mut t = self.plan_and_record(run, input, "resume")?;
         t.answer = json!({
@@ -846,34 +797,14 @@ impl Streams {
         Ok(t)
     }
 
-    /// The commit point: write `runs/<run_id>/state` (sealed, atomically) saying `status`.
+    /// The commit point: the run's state (sealed, replaced atomically) saying `status`.
     fn write_state(&self, run_id: &str, state: &Value) -> Result<(), StreamError> {
-        let dir = self.runs_dir.join(run_id);
-        durable::create_private_dir(&dir, &self.faults)
-            .map_err(|e| err(ErrorKind::Storage, e.to_string()))?;
-        let sealed = self.seal_record(state)?;
-        self.write_file(&dir, "state", &sealed)
-    }
-
-    /// Replace `dir/name` with sealed bytes, under the poison rule.
-    fn write_file(&self, dir: &Path, name: &str, sealed: &[u8]) -> Result<(), StreamError> {
-        let storage = |e: durable::IoError| err(ErrorKind::Storage, e.to_string());
-        self.poison.check(dir).map_err(storage)?;
-        self.poison
-            .watch(durable::atomic_write(dir, name, sealed, &self.faults))
-            .map_err(storage)?;
-        Ok(())
+        self.store.write_state(run_id, state)
     }
 
     /// The run's state file, if it has one (committed or aborted).
     pub fn read_state(&self, run_id: &str) -> Option<Value> {
-        let bytes = durable::read_capped(
-            &self.runs_dir.join(run_id).join("state"),
-            crate::durable::journal::MAX_PAYLOAD as u64,
-        )
-        .ok()??;
-        let plain = self.sealer.open(&bytes).ok()?;
-        serde_json::from_slice(&plain).ok()
+        self.store.read_state(run_id)
     }
 
     /// End runs with no event for `expire_after` (failed, or abandoned by their producer) as
@@ -999,9 +930,9 @@ impl Streams {
             run: run_id.to_owned(),
             status: status.to_owned(),
         });
-        if let Ok(sealed) = self.seal_record(&rec) {
+        if let Ok(prepared) = self.store.prepare(Out::Record(&rec)) {
             // Not awaited: the state file already decided; this only spares replay a lookup.
-            drop(self.journal.append(sealed));
+            drop(self.store.queue(prepared));
         }
         self.release_segments();
         Ok(
@@ -1019,8 +950,7 @@ impl Streams {
             .map(|r| r.first_segment)
             .min()
             .unwrap_or(u64::MAX);
-        let current = self.journal.active_segment();
-        let _ = self.journal.release_before(min.min(current));
+        self.store.release_before(min);
     }
 
     /// `stream.subscribe`: every event with seq > `after_seq` (durable ones at once, later ones
@@ -1151,61 +1081,31 @@ impl Streams {
         let tickets: Vec<(String, Arc<Promise>)> = {
             let st = self.lock();
             // The snapshots open a new segment: everything before them can then go whole.
-            self.journal.start_new_segment();
+            self.store.start_new_mark();
             // A marker first, so the new segment starts even with no active run.
-            let mark = self.seal_record(&Record::Reseal(record::Reseal {
-                run: String::new(),
-                at: now_ms(),
-            }))?;
-            let mut v = vec![(String::new(), self.journal.append_promise(mark))];
+            let mark = self
+                .store
+                .append(Out::Record(&Record::Reseal(record::Reseal {
+                    run: String::new(),
+                    at: now_ms(),
+                })))?;
+            let mut v = vec![(String::new(), mark)];
             for run in st.runs.values() {
-                let sealed = self.seal_record(&run.snapshot_record())?;
-                v.push((run.run_id.clone(), self.journal.append_promise(sealed)));
+                let snap = self.store.append(Out::Record(&run.snapshot_record()))?;
+                v.push((run.run_id.clone(), snap));
             }
             v
         };
         let runs = tickets.len() - 1;
         for (run_id, p) in tickets {
-            let (tx, rx) = std::sync::mpsc::channel();
-            p.then(move |res| {
-                let _ = tx.send(res);
-            });
-            let pos = rx
-                .recv()
-                .unwrap_or(Err(JournalError::Closed))
-                .map_err(StreamError::from)?;
+            let pos = store::wait(&p)?;
             if let Some(run) = self.lock().runs.get_mut(&run_id) {
                 // Everything the run needs is in the snapshot now.
                 run.first_segment = pos.segment;
             }
         }
         self.release_segments();
-        let mut files = 0;
-        let entries =
-            fs::read_dir(&self.runs_dir).map_err(|e| err(ErrorKind::Storage, e.to_string()))?;
-        for e in entries.flatten() {
-            let dir = e.path();
-            for name in ["state", "checkpoint"] {
-                let Ok(Some(bytes)) = durable::read_capped(
-                    &dir.join(name),
-                    crate::durable::journal::MAX_PAYLOAD as u64,
-                ) else {
-                    continue;
-                };
-                let plain = self.sealer.open(&bytes).map_err(|why| {
-                    err(
-                        ErrorKind::Integrity,
-                        format!("{} does not decrypt: {why}", dir.join(name).display()),
-                    )
-                })?;
-                let sealed = self
-                    .sealer
-                    .seal(&plain)
-                    .map_err(|e| err(ErrorKind::Sealed, e))?;
-                self.write_file(&dir, name, &sealed)?;
-                files += 1;
-            }
-        }
+        let files = self.store.reseal_files()?;
         tracing::info!(runs, files, "streams re-sealed under the current key");
         Ok((runs, files))
     }
@@ -1242,47 +1142,32 @@ impl Streams {
         snap.insert("run_id".into(), run_id.into());
         snap.entry("updated_at_ms")
             .or_insert_with(|| now_ms().into());
-        let dir = self.runs_dir.join(run_id);
-        durable::create_private_dir(&dir, &self.faults)
-            .map_err(|e| err(ErrorKind::Storage, e.to_string()))?;
-        let sealed = self.seal_record(&Value::Object(snap.clone()))?;
-        self.write_file(&dir, "checkpoint", &sealed)?;
+        let snap = Value::Object(snap);
+        self.store.put_checkpoint(run_id, &snap)?;
         Ok(json!({"run_id": run_id, "updated_at_ms": snap["updated_at_ms"]}))
     }
 
     /// `checkpoint.get`.
     pub fn checkpoint_get(&self, run_id: &str) -> Result<Value, StreamError> {
         validate_run_id(run_id)?;
-        let path = self.runs_dir.join(run_id).join("checkpoint");
-        let bytes = durable::read_capped(&path, crate::durable::journal::MAX_PAYLOAD as u64)
-            .map_err(|e| err(ErrorKind::Storage, e.to_string()))?
-            .ok_or_else(|| err(ErrorKind::NotFound, "no checkpoint for this run"))?;
-        let plain = self.sealer.open(&bytes).map_err(|e| {
-            err(
-                ErrorKind::Integrity,
-                format!("checkpoint does not decrypt: {e}"),
-            )
-        })?;
-        serde_json::from_slice(&plain)
-            .map_err(|e| err(ErrorKind::Integrity, format!("checkpoint is not JSON: {e}")))
+        self.store
+            .get_checkpoint(run_id)?
+            .ok_or_else(|| err(ErrorKind::NotFound, "no checkpoint for this run"))
     }
 
     /// `checkpoint.delete`.
     pub fn checkpoint_delete(&self, run_id: &str) -> Result<bool, StreamError> {
         validate_run_id(run_id)?;
-        let dir = self.runs_dir.join(run_id);
-        if !dir.exists() {
-            return Ok(false);
-        }
-        let storage = |e: durable::IoError| err(ErrorKind::Storage, e.to_string());
-        self.poison.check(&dir).map_err(storage)?;
-        self.poison
-            .watch(durable::remove_durably(&dir, "checkpoint", &self.faults))
-            .map_err(storage)
+        self.store.delete_checkpoint(run_id)
     }
 
     /// The journal's counters.
-    pub fn journal(&self) -> &Journal {
-        &self.journal
+    pub fn journal_stats(&self) -> &Stats {
+        self.store.stats()
+    }
+
+    /// Where records queued now are kept (the journal's active segment).
+    pub fn active_mark(&self) -> u64 {
+        self.store.active_mark()
     }
 }

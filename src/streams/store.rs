@@ -1,10 +1,317 @@
-//! Where the streams' records and files live: the stream journal, and per run its state file
-//! (the commit point) and checkpoint, all sealed.
+//! The storage boundary of streams, and its file implementation.
+//!
+//! [`StreamStore`] is everything the service (`service.rs`) asks of wherever runs are kept:
+//! queue a journal record and learn when it is durable, release what no active run needs, and
+//! per run the state file (the commit point) and the checkpoint. It speaks typed records
+//! ([`Record`], [`EventsOut`]) and JSON values; sealing, framing, files and fsyncs are the
+//! implementation's. [`FileStore`] keeps them in the data directory: the stream journal
+//! (`durable::journal`) under `streams/`, and `runs/<run_id>/{state,checkpoint}` written with
+//! `durable::atomic_write` under the poison rule. The PostgreSQL backend implements the same
+//! trait.
 
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+use serde_json::Value;
 use zeroize::Zeroizing;
+
+use super::error::{err, StreamError};
+use super::record::{EventsOut, Record};
+use crate::durable::journal::{
+    Durability, Journal, JournalError, Position, Promise, ReplayReport, Stats,
+};
+use crate::durable::{self, Faults, Poison};
+use crate::error::ErrorKind;
+use crate::limits::MAX_PAYLOAD;
+
+/// A record to queue: a typed record, or the append path's borrowed events.
+pub enum Out<'a> {
+    /// Any record.
+    Record(&'a Record),
+    /// An `ev` record borrowing the request's events.
+    Events(&'a EventsOut<'a>),
+}
+
+impl serde::Serialize for Out<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Out::Record(r) => r.serialize(s),
+            Out::Events(e) => e.serialize(s),
+        }
+    }
+}
+
+/// A record made ready by [`StreamStore::prepare`] (sealed).
+pub struct Prepared(Vec<u8>);
+
+/// A record read back at open, with the mark of where it is kept.
+pub struct Replayed {
+    /// The record.
+    pub record: Record,
+    /// Its place (a journal segment): a run remembers the oldest mark holding its records.
+    pub mark: u64,
+}
+
+/// Where stream runs are kept. Records of one run are durable in the order they were queued;
+/// a record's promise settles once it (and every record queued before it) is durable.
+pub trait StreamStore: Send + Sync {
+    /// Make a record ready to queue (sealed): the step that can fail, taken before the run
+    /// changes, so a refusal changes nothing.
+    fn prepare(&self, rec: Out<'_>) -> Result<Prepared, StreamError>;
+    /// Queue a prepared record; the promise settles when it is durable (or failed).
+    fn queue(&self, rec: Prepared) -> Arc<Promise>;
+    /// [`StreamStore::prepare`] and [`StreamStore::queue`].
+    fn append(&self, rec: Out<'_>) -> Result<Arc<Promise>, StreamError> {
+        Ok(self.queue(self.prepare(rec)?))
+    }
+    /// The mark records queued now will have.
+    fn active_mark(&self) -> u64;
+    /// Forget every record kept before `mark` (no active run has one there).
+    fn release_before(&self, mark: u64);
+    /// Start a new mark now, so everything before it can be released whole (key rotation).
+    fn start_new_mark(&self);
+    /// Whether the run has a state file: it ended. Its existence decides, not its content (an
+    /// unreadable state must not bring a committed run back).
+    fn has_ended(&self, run_id: &str) -> bool;
+    /// Write the run's state (the commit point), replacing any earlier one atomically.
+    fn write_state(&self, run_id: &str, state: &Value) -> Result<(), StreamError>;
+    /// The run's state, if it has one that reads.
+    fn read_state(&self, run_id: &str) -> Option<Value>;
+    /// Write the run's checkpoint (replacing it).
+    fn put_checkpoint(&self, run_id: &str, snapshot: &Value) -> Result<(), StreamError>;
+    /// The run's checkpoint, if it has one.
+    fn get_checkpoint(&self, run_id: &str) -> Result<Option<Value>, StreamError>;
+    /// Delete the run's checkpoint; whether there was one.
+    fn delete_checkpoint(&self, run_id: &str) -> Result<bool, StreamError>;
+    /// Re-seal every state and checkpoint under the current key (key rotation); how many.
+    fn reseal_files(&self) -> Result<usize, StreamError>;
+    /// The journal's counters.
+    fn stats(&self) -> &Stats;
+    /// What open found.
+    fn replay_report(&self) -> &ReplayReport;
+}
+
+/// [`StreamStore`] on the data directory: the stream journal and the runs' files.
+pub struct FileStore {
+    journal: Journal,
+    runs_dir: PathBuf,
+    sealer: Arc<dyn Sealer>,
+    faults: Faults,
+    /// After a failed fsync of a state or checkpoint file, such writes are refused until the
+    /// daemon restarts (the journal poisons itself the same way).
+    poison: Poison,
+    replay: ReplayReport,
+}
+
+fn storage(e: durable::IoError) -> StreamError {
+    err(ErrorKind::Storage, e.to_string())
+}
+
+impl FileStore {
+    /// Open the journal under `streams_dir` and the runs under `runs_dir`; return the records
+    /// to replay, in order. Records that do not decrypt with the current keys or do not read
+    /// are skipped and counted in the log (never their content).
+    pub fn open(
+        streams_dir: &Path,
+        runs_dir: &Path,
+        sealer: Arc<dyn Sealer>,
+        durability: Durability,
+        faults: Faults,
+    ) -> Result<(FileStore, Vec<Replayed>), StreamError> {
+        durable::create_private_dir(runs_dir, &faults).map_err(storage)?;
+        let (journal, frames, replay) = Journal::open(streams_dir, durability, faults.clone())?;
+        let (mut undecryptable, mut unreadable) = (0usize, 0usize);
+        let mut records = Vec::with_capacity(frames.len());
+        for f in frames {
+            let Ok(plain) = sealer.open(&f.payload) else {
+                undecryptable += 1;
+                continue;
+            };
+            match Record::decode(&plain) {
+                Ok(record) => records.push(Replayed {
+                    record,
+                    mark: f.pos.segment,
+                }),
+                Err(e) => {
+                    // Only where and what kind: serde's message may quote the record.
+                    unreadable += 1;
+                    tracing::error!(segment = f.pos.segment, offset = f.pos.offset,
+                        kind = ?e.classify(), column = e.column(),
+                        "stream journal: a record that does not read was skipped");
+                }
+            }
+        }
+        if unreadable > 0 {
+            tracing::error!(
+                unreadable,
+                "stream journal records that do not read were skipped"
+            );
+        }
+        if undecryptable > 0 {
+            tracing::error!(
+                undecryptable,
+                "stream journal records that do not decrypt with the current keys were skipped"
+            );
+        }
+        let store = FileStore {
+            journal,
+            runs_dir: runs_dir.to_path_buf(),
+            sealer,
+            faults,
+            poison: Poison::default(),
+            replay,
+        };
+        Ok((store, records))
+    }
+
+    fn seal(&self, rec: &impl serde::Serialize) -> Result<Vec<u8>, StreamError> {
+        let plain = Zeroizing::new(serde_json::to_vec(rec).unwrap_or_default());
+        self.sealer
+            .seal(&plain)
+            .map_err(|e| err(ErrorKind::Sealed, e))
+    }
+
+    fn open_sealed(&self, path: &Path) -> Result<Option<Zeroizing<Vec<u8>>>, StreamError> {
+        let Some(bytes) = durable::read_capped(path, MAX_PAYLOAD as u64)
+            .map_err(|e| err(ErrorKind::Storage, format!("{}: {e}", path.display())))?
+        else {
+            return Ok(None);
+        };
+        self.sealer.open(&bytes).map(Some).map_err(|why| {
+            err(
+                ErrorKind::Integrity,
+                format!("{} does not decrypt: {why}", path.display()),
+            )
+        })
+    }
+
+    /// Replace `runs/<run_id>/<name>` with `value`, sealed, under the poison rule.
+    fn write_sealed(&self, run_id: &str, name: &str, value: &Value) -> Result<(), StreamError> {
+        let dir = self.runs_dir.join(run_id);
+        durable::create_private_dir(&dir, &self.faults).map_err(storage)?;
+        let sealed = self.seal(value)?;
+        self.write_file(&dir, name, &sealed)
+    }
+
+    fn write_file(&self, dir: &Path, name: &str, sealed: &[u8]) -> Result<(), StreamError> {
+        self.poison.check(dir).map_err(storage)?;
+        self.poison
+            .watch(durable::atomic_write(dir, name, sealed, &self.faults))
+            .map_err(storage)?;
+        Ok(())
+    }
+}
+
+impl StreamStore for FileStore {
+    fn prepare(&self, rec: Out<'_>) -> Result<Prepared, StreamError> {
+        self.seal(&rec).map(Prepared)
+    }
+
+    fn queue(&self, rec: Prepared) -> Arc<Promise> {
+        self.journal.append_promise(rec.0)
+    }
+
+    fn active_mark(&self) -> u64 {
+        self.journal.active_segment()
+    }
+
+    fn release_before(&self, mark: u64) {
+        let _ = self
+            .journal
+            .release_before(mark.min(self.journal.active_segment()));
+    }
+
+    fn start_new_mark(&self) {
+        self.journal.start_new_segment();
+    }
+
+    fn has_ended(&self, run_id: &str) -> bool {
+        fs::symlink_metadata(self.runs_dir.join(run_id).join("state")).is_ok()
+    }
+
+    fn write_state(&self, run_id: &str, state: &Value) -> Result<(), StreamError> {
+        self.write_sealed(run_id, "state", state)
+    }
+
+    fn read_state(&self, run_id: &str) -> Option<Value> {
+        let plain = self
+            .open_sealed(&self.runs_dir.join(run_id).join("state"))
+            .ok()??;
+        serde_json::from_slice(&plain).ok()
+    }
+
+    fn put_checkpoint(&self, run_id: &str, snapshot: &Value) -> Result<(), StreamError> {
+        self.write_sealed(run_id, "checkpoint", snapshot)
+    }
+
+    fn get_checkpoint(&self, run_id: &str) -> Result<Option<Value>, StreamError> {
+        let path = self.runs_dir.join(run_id).join("checkpoint");
+        let Some(bytes) = durable::read_capped(&path, MAX_PAYLOAD as u64)
+            .map_err(|e| err(ErrorKind::Storage, e.to_string()))?
+        else {
+            return Ok(None);
+        };
+        let plain = self.sealer.open(&bytes).map_err(|e| {
+            err(
+                ErrorKind::Integrity,
+                format!("checkpoint does not decrypt: {e}"),
+            )
+        })?;
+        serde_json::from_slice(&plain)
+            .map(Some)
+            .map_err(|e| err(ErrorKind::Integrity, format!("checkpoint is not JSON: {e}")))
+    }
+
+    fn delete_checkpoint(&self, run_id: &str) -> Result<bool, StreamError> {
+        let dir = self.runs_dir.join(run_id);
+        if !dir.exists() {
+            return Ok(false);
+        }
+        self.poison.check(&dir).map_err(storage)?;
+        self.poison
+            .watch(durable::remove_durably(&dir, "checkpoint", &self.faults))
+            .map_err(storage)
+    }
+
+    fn reseal_files(&self) -> Result<usize, StreamError> {
+        let mut files = 0;
+        let entries =
+            fs::read_dir(&self.runs_dir).map_err(|e| err(ErrorKind::Storage, e.to_string()))?;
+        for e in entries.flatten() {
+            let dir = e.path();
+            for name in ["state", "checkpoint"] {
+                let Some(plain) = self.open_sealed(&dir.join(name))? else {
+                    continue;
+                };
+                let sealed = self
+                    .sealer
+                    .seal(&plain)
+                    .map_err(|e| err(ErrorKind::Sealed, e))?;
+                self.write_file(&dir, name, &sealed)?;
+                files += 1;
+            }
+        }
+        Ok(files)
+    }
+
+    fn stats(&self) -> &Stats {
+        self.journal.stats()
+    }
+
+    fn replay_report(&self) -> &ReplayReport {
+        &self.replay
+    }
+}
+
+/// Wait for a promise from a blocking thread (key rotation, tests).
+pub fn wait(p: &Promise) -> Result<Position, JournalError> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    p.then(move |res| {
+        let _ = tx.send(res);
+    });
+    rx.recv().unwrap_or(Err(JournalError::Closed))
+}
 
 /// Seals and opens records (the default store's Fernet keys in the daemon).
 pub trait Sealer: Send + Sync {
