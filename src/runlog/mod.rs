@@ -1291,3 +1291,24 @@ impl RunLog {
         self.with_run(run_id, false, |_, view| Ok(view.report.clone()))
     }
 }
+
+impl crate::streams::ToolLog for RunLog {
+    fn executions(
+        &self,
+        run_id: &str,
+        ids: &[String],
+    ) -> Result<Vec<&'static str>, Box<dyn std::error::Error + Send + Sync>> {
+        Ok(RunLog::executions(self, run_id, ids)?
+            .into_iter()
+            .map(Execution::as_str)
+            .collect())
+    }
+
+    fn log_recovery(
+        &self,
+        run_id: &str,
+        entry: Map<String, Value>,
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        Ok(RunLog::log_recovery(self, run_id, entry)?)
+    }
+}

@@ -241,7 +241,7 @@ impl Daemon {
         );
         // The planner's R2 annotation reads the run log (tool begin/end records).
         if let Ok(log) = self.run_log() {
-            streams.attach_run_log(log);
+            streams.attach_tool_log(log);
         }
         let streams = Arc::new(streams);
         *guard = Some(Arc::clone(&streams));

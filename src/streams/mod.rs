@@ -20,13 +20,15 @@ pub mod record;
 mod run;
 mod service;
 mod store;
+pub mod tool_log;
 
 pub use accum::{Accumulator, Event, EventIn, Str, MIN_OVERLAP_CHARS};
 pub use error::StreamError;
 pub use feed::{Feed, Next};
 pub use run::{EventJson, Status};
 pub use service::{Streams, StreamsConfig, Ticket};
-pub use store::{dirs, has_data, Sealer};
+pub use store::{dirs, has_data, FileStore, Sealer, StreamStore};
+pub use tool_log::ToolLog;
 
 use crate::limits;
 

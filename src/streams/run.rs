@@ -8,10 +8,12 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 
 use super::accum::Accumulator;
+use super::error::{ending_error, err, StreamError};
 use super::feed;
 use super::record::{self, Record};
 use crate::durable::journal::Promise;
-use crate::recovery::Attempts;
+use crate::error::ErrorKind;
+use crate::recovery::{Attempts, Cause, Plan, PlanKind};
 use crate::timefmt::now_ms;
 
 pub(super) fn new_stream_id() -> String {
@@ -81,6 +83,109 @@ pub(super) struct Run {
 }
 
 impl Run {
+    /// A run seen for the first time (its `begin` sets the holder).
+    pub(super) fn new(run_id: &str, at: u64, mark: u64) -> Run {
+        Run {
+            run_id: run_id.to_owned(),
+            thread_id: None,
+            model: None,
+            epoch: 0,
+            stream_id: String::new(),
+            status: Status::Streaming,
+            next_seq: 1,
+            events: Vec::new(),
+            published: 0,
+            ending: false,
+            last: None,
+            acc: Accumulator::default(),
+            attempts: Attempts::default(),
+            stall_history: Vec::new(),
+            last_plan: None,
+            created_at_ms: at,
+            updated_at_ms: at,
+            first_segment: mark,
+            subscribers: Vec::new(),
+        }
+    }
+
+    /// A new holder (a `begin` record, live or replayed): its epoch and stream id; the thread
+    /// and model it gave replace the run's.
+    pub(super) fn begin(
+        &mut self,
+        epoch: u64,
+        stream_id: &str,
+        thread_id: Option<String>,
+        model: Option<String>,
+        at: u64,
+        mark: u64,
+    ) {
+        self.epoch = epoch;
+        self.stream_id = stream_id.to_owned();
+        self.status = Status::Streaming;
+        if thread_id.is_some() {
+            self.thread_id = thread_id;
+        }
+        if model.is_some() {
+            self.model = model;
+        }
+        self.updated_at_ms = at;
+        self.first_segment = self.first_segment.min(mark);
+    }
+
+    /// Fencing: only the current holder (`stream_id`) may change the run, and nobody while it
+    /// is ending (its state file being written).
+    pub(super) fn check_holder(&self, stream_id: &str) -> Result<(), StreamError> {
+        if self.stream_id != stream_id {
+            return Err(err(
+                ErrorKind::Conflict,
+                format!(
+                    "stream_id is not the current holder of this run (epoch {}): another \
+                     producer took it over; stop producing",
+                    self.epoch
+                ),
+            ));
+        }
+        if self.ending {
+            return Err(ending_error());
+        }
+        Ok(())
+    }
+
+    /// Apply a plan to the run (live and on replay): its events numbered, the accumulator,
+    /// counters, stall history and status updated. Returns the events and the plan as answered.
+    pub(super) fn apply_plan(
+        &mut self,
+        plan: &Plan,
+        cause: &Cause,
+        at: u64,
+    ) -> (Vec<(u64, Value)>, Value) {
+        let mut events = Vec::new();
+        for e in &plan.events {
+            events.push((self.next_seq, e.clone()));
+            self.next_seq += 1;
+        }
+        let mut plan_json = plan.to_json();
+        events.push((
+            self.next_seq,
+            json!({"type": "interrupted", "cause": cause.as_str(), "plan": plan.plan.as_str(),
+                   "wait_ms": plan.wait_ms, "hint": plan_json["hint"]}),
+        ));
+        self.next_seq += 1;
+        self.acc.apply_plan(plan);
+        self.attempts = plan.attempts;
+        self.stall_history.push(plan.stalled_tool.clone());
+        self.status = if plan.plan == PlanKind::Fail {
+            Status::Failed
+        } else {
+            Status::Interrupted
+        };
+        self.updated_at_ms = at;
+        plan_json["events_published"] = json!(events.iter().map(|(s, _)| s).collect::<Vec<_>>());
+        self.last_plan = Some(plan_json.clone());
+        self.push_events(events.clone());
+        (events, plan_json)
+    }
+
     pub(super) fn summary(&self) -> Value {
         json!({
             "run_id": self.run_id,

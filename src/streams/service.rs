@@ -9,18 +9,19 @@ use std::time::Duration;
 use serde_json::{json, Map, Value};
 use tokio::sync::oneshot;
 
-use super::accum::{Accumulator, Event};
+use super::accum::Event;
 use super::error::{ending_error, err, failed_error, invalid, StreamError};
 use super::feed::{self, Feed};
 use super::record::{self, Record};
 use super::run::{event_json, new_stream_id, Run, Status};
 use super::store::{self, FileStore, Out, Sealer, StreamStore};
+use super::tool_log::{self, ToolLog};
 use super::validate_run_id;
 use crate::durable::journal::{Durability, JournalError, Position, Promise, ReplayReport, Stats};
 use crate::durable::Faults;
 use crate::error::ErrorKind;
 use crate::limits;
-use crate::recovery::{self, Attempts, Cause, Input, Plan, PlanKind, Policy, Stale};
+use crate::recovery::{self, Input, Policy, Stale};
 use crate::timefmt::now_ms;
 
 /// Settings.
@@ -64,7 +65,7 @@ pub struct Streams {
     state: Mutex<State>,
     config: StreamsConfig,
     /// The run logs, for the R2 plans' `execution` of each completed tool call.
-    run_log: std::sync::OnceLock<Arc<crate::runlog::RunLog>>,
+    tool_log: std::sync::OnceLock<Arc<dyn ToolLog>>,
 }
 
 /// An accepted change waiting for the journal.
@@ -95,7 +96,7 @@ impl Streams {
                 runs: HashMap::new(),
             }),
             config,
-            run_log: std::sync::OnceLock::new(),
+            tool_log: std::sync::OnceLock::new(),
         };
         {
             let mut st = streams.lock();
@@ -222,6 +223,7 @@ impl Streams {
         Ok(())
     }
 
+    /// The run, if `stream_id` holds it and it is not ending (see [`Run::check_holder`]).
     fn run_mut<'a>(
         st: &'a mut State,
         run_id: &str,
@@ -233,19 +235,7 @@ impl Streams {
                 "no active stream for this run_id (never begun, or already committed or aborted)",
             )
         })?;
-        if run.stream_id != stream_id {
-            return Err(err(
-                ErrorKind::Conflict,
-                format!(
-                    "stream_id is not the current holder of this run (epoch {}): another \
-                     producer took it over; stop producing",
-                    run.epoch
-                ),
-            ));
-        }
-        if run.ending {
-            return Err(ending_error());
-        }
+        run.check_holder(stream_id)?;
         Ok(run)
     }
 
@@ -341,40 +331,12 @@ impl Streams {
         thread_id: Option<String>,
         model: Option<String>,
         at: u64,
-        segment: u64,
+        mark: u64,
     ) {
-        let run = st.runs.entry(run_id.to_owned()).or_insert_with(|| Run {
-            run_id: run_id.to_owned(),
-            thread_id: None,
-            model: None,
-            epoch: 0,
-            stream_id: String::new(),
-            status: Status::Streaming,
-            next_seq: 1,
-            events: Vec::new(),
-            published: 0,
-            ending: false,
-            last: None,
-            acc: Accumulator::default(),
-            attempts: Attempts::default(),
-            stall_history: Vec::new(),
-            last_plan: None,
-            created_at_ms: at,
-            updated_at_ms: at,
-            first_segment: segment,
-            subscribers: Vec::new(),
-        });
-        run.epoch = epoch;
-        run.stream_id = stream_id.to_owned();
-        run.status = Status::Streaming;
-        if thread_id.is_some() {
-            run.thread_id = thread_id;
-        }
-        if model.is_some() {
-            run.model = model;
-        }
-        run.updated_at_ms = at;
-        run.first_segment = run.first_segment.min(segment);
+        st.runs
+            .entry(run_id.to_owned())
+            .or_insert_with(|| Run::new(run_id, at, mark))
+            .begin(epoch, stream_id, thread_id, model, at, mark);
     }
 
     /// `stream.append`: events numbered from `seq`. A replayed seq is acknowledged and
@@ -503,80 +465,22 @@ impl Streams {
         Ok(t)
     }
 
-    /// Read the run logs for R2 plans (see [`Self::annotate`]).
-    pub fn attach_run_log(&self, log: Arc<crate::runlog::RunLog>) {
-        let _ = self.run_log.set(log);
+    /// Read the run logs for R2 plans (see [`tool_log`](super::tool_log)).
+    pub fn attach_tool_log(&self, log: Arc<dyn ToolLog>) {
+        let _ = self.tool_log.set(log);
     }
 
-    /// Fill in each completed call's `execution` from the run log (`executed`, `began`,
-    /// `not_executed`): whether running it again would repeat a side effect. Done after the
-    /// streams' lock is released (it reads files under the run log's own lock: callers on an
-    /// async task run `interrupt`/`resume` on the blocking pool); the journaled
-    /// plan does not carry the completed calls, so only the answer changes. If the log cannot
-    /// be read, the calls stay `unknown` and a warning says why.
     fn annotate(&self, run_id: &str, plan: &mut Value) {
-        let Some(log) = self.run_log.get() else {
-            return;
-        };
-        let Some(calls) = plan.get_mut("completed").and_then(Value::as_array_mut) else {
-            return;
-        };
-        if calls.is_empty() {
-            return;
-        }
-        let ids: Vec<String> = calls
-            .iter()
-            .map(|c| c["id"].as_str().unwrap_or_default().to_owned())
-            .collect();
-        match log.executions(run_id, &ids) {
-            Ok(found) => {
-                for (call, e) in calls.iter_mut().zip(found) {
-                    call["execution"] = e.as_str().into();
-                }
-            }
-            Err(e) => {
-                tracing::warn!(run_id, error = %e, "R2 plan: the run log could not be read; executions left unknown")
-            }
+        if let Some(log) = self.tool_log.get() {
+            tool_log::annotate(log.as_ref(), run_id, plan);
         }
     }
 
-    /// Put a plan in the run log's `recovery.jsonl` (the timeline of `holdfast runs show`):
-    /// its kind, cause, wait and the calls it completed or cancelled — never the text. Called
-    /// once the plan's journal record is durable (a plan that failed to commit is not in the
-    /// timeline); file work: not on an async task.
+    /// Put a plan in the run log's recovery timeline (see [`tool_log::log_plan`]). Called once
+    /// the plan's journal record is durable; file work: not on an async task.
     pub fn log_plan(&self, run_id: &str, event: &str, plan: &Value) {
-        let Some(log) = self.run_log.get() else {
-            return;
-        };
-        let ids = |k: &str, extra: &[&str]| -> Vec<Value> {
-            plan[k]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|c| {
-                    let mut m = serde_json::Map::new();
-                    for f in ["id", "name"].iter().chain(extra) {
-                        m.insert((*f).into(), c[*f].clone());
-                    }
-                    Value::Object(m)
-                })
-                .collect()
-        };
-        let rec = json!({
-            "event": event,
-            "plan": plan["plan"],
-            "cause": plan["cause"],
-            "status": plan["status"],
-            "wait_ms": plan["wait_ms"],
-            "attempts": plan["attempts"],
-            "completed": ids("completed", &["execution"]),
-            "cancelled": ids("cancelled", &[]),
-            "hint": plan["hint"],
-        });
-        if let Value::Object(m) = rec {
-            if let Err(e) = log.log_recovery(run_id, m) {
-                tracing::warn!(run_id, error = %e, "the run log did not take the recovery plan");
-            }
+        if let Some(log) = self.tool_log.get() {
+            tool_log::log_plan(log.as_ref(), run_id, event, plan);
         }
     }
 
@@ -648,7 +552,7 @@ impl Streams {
     ) -> Result<Ticket, StreamError> {
         let plan = recovery::plan(&input);
         let at = now_ms();
-        let (events, plan_json) = Self::apply_plan(run, &plan, &input.cause, at);
+        let (events, plan_json) = run.apply_plan(&plan, &input.cause, at);
         // The record carries what replay needs (kind, cancelled calls, counters, events), not
         // the text so far: a plan of a long turn must stay far below the frame limit.
         let mut compact = plan_json.clone();
@@ -676,40 +580,6 @@ impl Streams {
         let t = self.submit(&run_id, upto, &rec, answer)?;
         run.last = Some(Arc::clone(&t.durable));
         Ok(t)
-    }
-
-    /// Apply a plan to the run (live and on replay): events numbered, accumulator updated.
-    fn apply_plan(
-        run: &mut Run,
-        plan: &Plan,
-        cause: &Cause,
-        at: u64,
-    ) -> (Vec<(u64, Value)>, Value) {
-        let mut events = Vec::new();
-        for e in &plan.events {
-            events.push((run.next_seq, e.clone()));
-            run.next_seq += 1;
-        }
-        let mut plan_json = plan.to_json();
-        events.push((
-            run.next_seq,
-            json!({"type": "interrupted", "cause": cause.as_str(), "plan": plan.plan.as_str(),
-                   "wait_ms": plan.wait_ms, "hint": plan_json["hint"]}),
-        ));
-        run.next_seq += 1;
-        run.acc.apply_plan(plan);
-        run.attempts = plan.attempts;
-        run.stall_history.push(plan.stalled_tool.clone());
-        run.status = if plan.plan == PlanKind::Fail {
-            Status::Failed
-        } else {
-            Status::Interrupted
-        };
-        run.updated_at_ms = at;
-        plan_json["events_published"] = json!(events.iter().map(|(s, _)| s).collect::<Vec<_>>());
-        run.last_plan = Some(plan_json.clone());
-        run.push_events(events.clone());
-        (events, plan_json)
     }
 
     /// `stream.resume`: a new process takes the run over, gets its checkpoint and a plan.
@@ -1056,7 +926,7 @@ impl Streams {
                 match p.plan() {
                     Ok(plan) => {
                         let cause = plan.cause;
-                        let _ = Self::apply_plan(run, &plan, &cause, p.at);
+                        let _ = run.apply_plan(&plan, &cause, p.at);
                     }
                     Err(e) => tracing::error!(run = %p.run, kind = ?e.classify(),
                         "stream journal: a plan that does not read was skipped"),
