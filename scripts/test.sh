@@ -11,6 +11,9 @@ scripts/test-deps.sh
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 
+echo "== module graph (scripts/module-graph.py: no import cycle between top-level modules)"
+python3 scripts/module-graph.py
+
 echo "== cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets --quiet -- -D warnings
 

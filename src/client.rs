@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use crate::api::{kind_for, PROTOCOL_VERSION};
 use crate::error::ErrorKind;
-use crate::ipc::protocol::{kind_for, PROTOCOL_VERSION};
 
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]

@@ -368,9 +368,9 @@ impl Config {
         for (name, grant) in &self.plugins {
             for m in &grant.methods {
                 let known = m == "*"
-                    || crate::ipc::handlers::METHODS.contains(&m.as_str())
+                    || crate::api::METHODS.contains(&m.as_str())
                     || m.strip_suffix(".*").is_some_and(|fam| {
-                        crate::ipc::handlers::METHODS
+                        crate::api::METHODS
                             .iter()
                             .any(|k| k.split_once('.').is_some_and(|(f, _)| f == fam))
                     });

@@ -2,7 +2,8 @@
 //!
 //! Layers, data flowing down only (see `docs/design.md`):
 //! - [`cli`]: the admin command line, one file per subcommand; [`client`]: a blocking client.
-//! - [`ipc`]: the socket server and protocol; [`service`]: the daemon's state.
+//! - [`api`]: the plugin API's contract (version, methods, error codes).
+//! - [`ipc`]: the socket server; [`service`]: the daemon's state.
 //! - [`recovery`]: the streaming recovery planner (R1–R4), a pure function.
 //! - [`streams`]: durable stream state on the journal, recovery wired in, exactly-once events.
 //! - [`runlog`]: idempotent per-run logs in hive's layout (nodes, steps, tool calls, summary).
@@ -12,6 +13,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod api;
 pub mod cli;
 pub mod client;
 pub mod config;

@@ -19,44 +19,7 @@ use crate::limits::MAX_LEASE;
 use crate::service::{CredEvent, Daemon};
 use crate::store::{Change, Credential, CredentialStore};
 
-/// Every method served, in `hello`'s list.
-pub const METHODS: &[&str] = &[
-    "hello",
-    "cred.get",
-    "cred.set",
-    "cred.delete",
-    "cred.list",
-    "cred.exists",
-    "cred.watch",
-    "cred.refresh_lease",
-    "cred.release_lease",
-    "unsubscribe",
-    "admin.status",
-    "admin.fsck",
-    "admin.reindex",
-    "admin.rotate_key",
-    "stream.begin",
-    "stream.append",
-    "stream.interrupt",
-    "stream.resume",
-    "stream.commit",
-    "stream.abort",
-    "stream.subscribe",
-    "stream.get",
-    "stream.list",
-    "checkpoint.put",
-    "checkpoint.get",
-    "checkpoint.delete",
-    "run.log_node",
-    "run.ensure_node",
-    "run.log_step",
-    "run.tool_begin",
-    "run.tool_end",
-    "run.end",
-    "run.get",
-    "run.list",
-    "run.prune",
-];
+pub use crate::api::METHODS;
 
 const DEFAULT_STORE: &str = "default";
 
