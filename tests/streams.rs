@@ -755,3 +755,52 @@ fn unsubscribe_is_exact_and_frees_the_slot() {
     assert_eq!(g["final_message"]["content"], json!("x".repeat(400)));
     d.stop();
 }
+
+/// Every `stream.append` takes one path, read once: a well-formed line straight into typed
+/// fields, anything else through the general parser, which names what is wrong. Both answer
+/// from the journal's commit with the same shapes.
+#[test]
+fn appends_read_either_way_take_one_path_with_precise_errors() {
+    let mut env = DaemonEnv::new("");
+    let d = env.start();
+    let mut c = Conn::open(&d.socket);
+    let r = c.ok("stream.begin", json!({"run_id": "run-one"}));
+    let sid = r["stream_id"].as_str().unwrap().to_owned();
+    let a = c.ok(
+        "stream.append",
+        json!({"run_id": "run-one", "stream_id": sid, "seq": 1,
+               "events": [{"type": "text", "text": "a"}]}),
+    );
+    assert_eq!(a, json!({"acked_seq": 1}));
+    for (params, says) in [
+        (
+            json!({"run_id": "run-one", "stream_id": sid, "seq": 2, "extra": true,
+                   "events": [{"type": "text", "text": "b"}]}),
+            "unknown field",
+        ),
+        (
+            json!({"run_id": "run-one", "stream_id": sid, "seq": 2,
+                   "events": [{"type": "text", "text": "b"}, {"type": "bogus"}]}),
+            "events[1]",
+        ),
+        (
+            json!({"run_id": "run-one", "stream_id": sid, "seq": 2, "events": []}),
+            "events must not be empty",
+        ),
+    ] {
+        let e = c.err("stream.append", params.clone());
+        assert_eq!(e["data"]["kind"], "invalid_params", "{params}: {e}");
+        let msg = e["message"].as_str().unwrap_or_default();
+        assert!(msg.contains(says), "{params}: {msg:?} lacks {says:?}");
+    }
+    // Nothing of the refused appends was taken: the next seq is still 2.
+    let a = c.ok(
+        "stream.append",
+        json!({"run_id": "run-one", "stream_id": sid, "seq": 2,
+               "events": [{"type": "text", "text": "b"}]}),
+    );
+    assert_eq!(a, json!({"acked_seq": 2}));
+    let g = c.ok("stream.get", json!({"run_id": "run-one", "reveal": true}));
+    assert_eq!(g["checkpoint"]["partial_text"], "ab");
+    d.stop();
+}

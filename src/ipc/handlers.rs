@@ -33,8 +33,8 @@ pub enum Routed {
     Done(Zeroizing<Vec<u8>>),
     /// Needs the async path (a write, a subscription, a store to open): run [`dispatch`].
     Async(Request, PluginGrant),
-    /// An admitted `stream.append`, read by the fast path (see [`super::streams::fast_append`]).
-    Append(super::streams::FastAppend),
+    /// An admitted `stream.append`: every one takes [`super::streams::append`].
+    Append(super::streams::AppendRequest),
 }
 
 /// Parse a request line, admit it (hello first, method known, grant), and answer it at once
@@ -43,7 +43,7 @@ pub enum Routed {
 /// `lstat` and a decryption, ~4 µs, less than a trip to the blocking pool and back, ~13 µs).
 /// Anything that could wait on the disk goes to the blocking pool; see docs/design.md.
 pub fn route(daemon: &Daemon, session: &Session, line: &[u8]) -> Routed {
-    if let Some(a) = super::streams::fast_append(daemon, line) {
+    if let Some(a) = super::streams::read_append_line(line) {
         daemon
             .requests
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -73,6 +73,9 @@ pub fn route(daemon: &Daemon, session: &Session, line: &[u8]) -> Routed {
         Ok(g) => g,
         Err(e) => return answer(&req.id, Err(e)),
     };
+    if req.method == "stream.append" {
+        return Routed::Append(super::streams::AppendRequest::from_request(req));
+    }
     if matches!(req.method.as_str(), "cred.get" | "cred.exists") {
         let params = Value::Object(std::mem::take(&mut req.params));
         match read_inline(daemon, &grant, &req.method, &params, &req.id) {
@@ -85,25 +88,6 @@ pub fn route(daemon: &Daemon, session: &Session, line: &[u8]) -> Routed {
         }
     }
     Routed::Async(req, grant)
-}
-
-/// Handle one request line and produce the response line (the whole path, inline or not).
-pub async fn handle_line(
-    daemon: &Arc<Daemon>,
-    session: &Arc<Session>,
-    line: &[u8],
-) -> Zeroizing<Vec<u8>> {
-    match route(daemon, session, line) {
-        Routed::Done(reply) => reply,
-        Routed::Async(req, grant) => respond(daemon, session, req, grant).await,
-        Routed::Append(a) => {
-            let id = a.id.clone();
-            match super::streams::respond_fast_append(a).await {
-                Ok(v) => protocol::response_ok(&id, v),
-                Err(e) => protocol::response_err(&id, &e),
-            }
-        }
-    }
 }
 
 /// Run an admitted request on the async path and produce its response line.

@@ -643,7 +643,7 @@ async fn connection(
                     _ = shutdown.changed() => break,
                     p = Arc::clone(&inflight).acquire_owned() => match p { Ok(p) => p, Err(_) => break },
                 };
-                super::streams::answer_fast_append(&session, a, permit);
+                super::streams::append(&daemon, &session, a, permit);
                 continue;
             }
         };
@@ -652,12 +652,6 @@ async fn connection(
             _ = shutdown.changed() => break,
             p = Arc::clone(&inflight).acquire_owned() => match p { Ok(p) => p, Err(_) => break },
         };
-        // Requests answered from the journal's commit (stream.append) need no task.
-        let (req, permit) =
-            match super::streams::try_answer_on_commit(&daemon, &session, req, permit) {
-                Ok(()) => continue,
-                Err(back) => back,
-            };
         let (daemon, session) = (Arc::clone(&daemon), Arc::clone(&session));
         tokio::spawn(async move {
             let reply = handlers::respond(&daemon, &session, req, grant).await;

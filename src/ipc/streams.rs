@@ -134,13 +134,7 @@ pub async fn dispatch(
                 .map_err(rpc)?;
             s.settle(t).await.map_err(rpc)
         }
-        "stream.append" => {
-            let p: Append = params(req.params)?;
-            let t = s
-                .append(&p.run_id, &p.stream_id, p.seq, &p.events)
-                .map_err(rpc)?;
-            s.settle(t).await.map_err(rpc)
-        }
+        // `stream.append` is never routed here: it takes the one path of `append` below.
         // The plan's R2 annotation reads the run log and, once the plan is durable, the plan
         // goes into the run log's timeline: file work, on the blocking pool.
         "stream.interrupt" => {
@@ -247,41 +241,82 @@ pub async fn dispatch(
     }
 }
 
-/// `stream.append`, the hot path, without a task: validated and queued on the connection's
-/// task, answered from the journal's commit (the response line is queued by the committer
-/// thread when the append is durable). `permit` (the connection's in-flight slot) is held until
-/// then. Gives the request and the permit back for any other method, or if the streams are not
-/// open yet (the async path opens them).
-#[allow(clippy::result_large_err)]
-pub fn try_answer_on_commit(
-    daemon: &Daemon,
-    session: &Arc<Session>,
-    req: Request,
-    permit: tokio::sync::OwnedSemaphorePermit,
-) -> Result<(), (Request, tokio::sync::OwnedSemaphorePermit)> {
-    let streams = (req.method == "stream.append")
-        .then(|| daemon.streams_if_open())
-        .flatten();
-    let Some(s) = streams else {
-        return Err((req, permit));
-    };
-    let ticket = params::<Append>(req.params).and_then(|p| {
-        s.append(&p.run_id, &p.stream_id, p.seq, &p.events)
-            .map_err(rpc)
-    });
-    answer_on_commit(&s, session, req.id, ticket, permit);
-    Ok(())
-}
-
-/// A `stream.append` read straight from its request line by [`fast_append`].
-pub struct FastAppend {
+/// A `stream.append` request: its id and params, read once — straight from the line into
+/// typed, mostly borrowed fields when it is well formed ([`read_append_line`]), else from the
+/// parsed request when it is executed (with the precise error of whatever is wrong).
+pub struct AppendRequest {
     /// The request's id.
     pub id: protocol::Id,
-    run_id: String,
-    stream_id: String,
-    seq: u64,
-    events: Vec<Event>,
-    streams: Arc<Streams>,
+    params: AppendIn,
+}
+
+enum AppendIn {
+    /// Read from the line by [`read_append_line`].
+    Typed {
+        run_id: String,
+        stream_id: String,
+        seq: u64,
+        events: Vec<Event>,
+    },
+    /// A request the typed reader did not take (an error to report, or an odd but valid form).
+    Parsed(Map<String, Value>),
+}
+
+impl AppendRequest {
+    /// An append from a parsed request (its params are read when it runs).
+    pub fn from_request(req: Request) -> AppendRequest {
+        AppendRequest {
+            id: req.id,
+            params: AppendIn::Parsed(req.params),
+        }
+    }
+}
+
+/// The one path of `stream.append`, without a task when the streams are open: validated and
+/// queued on the connection's task, answered from the journal's commit (the response line is
+/// queued by the committer thread once the append is durable). `permit`, the connection's
+/// in-flight slot, is held until then. Before the streams are first opened (a journal replay,
+/// on the blocking pool) a task opens them, then appends the same way.
+pub fn append(
+    daemon: &Arc<Daemon>,
+    session: &Arc<Session>,
+    a: AppendRequest,
+    permit: tokio::sync::OwnedSemaphorePermit,
+) {
+    if let Some(s) = daemon.streams_if_open() {
+        let ticket = queue_append(&s, a.params);
+        answer_on_commit(&s, session, a.id, ticket, permit);
+        return;
+    }
+    let (daemon, session) = (Arc::clone(daemon), Arc::clone(session));
+    tokio::spawn(async move {
+        match streams(&daemon).await {
+            Ok(s) => {
+                let ticket = queue_append(&s, a.params);
+                answer_on_commit(&s, &session, a.id, ticket, permit);
+            }
+            Err(e) => {
+                session.outbox.send(protocol::response_err(&a.id, &e));
+            }
+        }
+    });
+}
+
+fn queue_append(s: &Streams, input: AppendIn) -> Result<Ticket, RpcError> {
+    match input {
+        AppendIn::Typed {
+            run_id,
+            stream_id,
+            seq,
+            events,
+        } => s.append_events(&run_id, &stream_id, seq, events),
+        AppendIn::Parsed(raw) => {
+            let p: Append = params(raw)?;
+            s.parse_events(&p.events)
+                .and_then(|events| s.append_events(&p.run_id, &p.stream_id, p.seq, events))
+        }
+    }
+    .map_err(rpc)
 }
 
 #[derive(Deserialize)]
@@ -308,12 +343,12 @@ struct AppendLineParams<'a> {
     events: Vec<EventIn<'a>>,
 }
 
-/// The fast path of the hottest method: a well-formed `stream.append` is deserialized from
-/// its line into typed, mostly borrowed fields, with no `serde_json::Value` tree (which cost
-/// most of an append's CPU: a map per object, a string per key). `None` for anything else,
-/// including any append this path does not fully accept: those take the general path, which
-/// answers them exactly as before (with its precise errors). Only while the streams are open.
-pub fn fast_append(daemon: &Daemon, line: &[u8]) -> Option<FastAppend> {
+/// The hottest method read straight from its line: a well-formed `stream.append` is
+/// deserialized into typed, mostly borrowed fields, with no `serde_json::Value` tree (which cost
+/// most of an append's CPU: a map per object, a string per key). `None` for any other line, and
+/// for an append this reader does not fully accept: the general parser reads those, and the
+/// append then reports exactly what is wrong.
+pub fn read_append_line(line: &[u8]) -> Option<AppendRequest> {
     const METHOD: &[u8] = b"\"stream.append\"";
     // Cheap on long lines of other methods: most windows stop at their first byte.
     if !line
@@ -322,7 +357,6 @@ pub fn fast_append(daemon: &Daemon, line: &[u8]) -> Option<FastAppend> {
     {
         return None;
     }
-    let streams = daemon.streams_if_open()?;
     let l: AppendLine = serde_json::from_slice(line).ok()?;
     if l.jsonrpc.0 != "2.0"
         || l.method.0 != "stream.append"
@@ -336,37 +370,15 @@ pub fn fast_append(daemon: &Daemon, line: &[u8]) -> Option<FastAppend> {
         .into_iter()
         .map(EventIn::into_event)
         .collect::<Option<Vec<Event>>>()?;
-    Some(FastAppend {
+    Some(AppendRequest {
         id: l.id,
-        run_id: l.params.run_id.0.into_owned(),
-        stream_id: l.params.stream_id.0.into_owned(),
-        seq: l.params.seq,
-        events,
-        streams,
+        params: AppendIn::Typed {
+            run_id: l.params.run_id.0.into_owned(),
+            stream_id: l.params.stream_id.0.into_owned(),
+            seq: l.params.seq,
+            events,
+        },
     })
-}
-
-/// Append what [`fast_append`] read; answered from the journal's commit, like
-/// [`try_answer_on_commit`].
-pub fn answer_fast_append(
-    session: &Arc<Session>,
-    a: FastAppend,
-    permit: tokio::sync::OwnedSemaphorePermit,
-) {
-    let ticket = a
-        .streams
-        .append_events(&a.run_id, &a.stream_id, a.seq, a.events)
-        .map_err(rpc);
-    answer_on_commit(&a.streams, session, a.id, ticket, permit);
-}
-
-/// [`answer_fast_append`] for callers that wait (no committer-thread answer).
-pub async fn respond_fast_append(a: FastAppend) -> Result<Value, RpcError> {
-    let t = a
-        .streams
-        .append_events(&a.run_id, &a.stream_id, a.seq, a.events)
-        .map_err(rpc)?;
-    a.streams.settle(t).await.map_err(rpc)
 }
 
 fn answer_on_commit(

@@ -348,13 +348,19 @@ impl Streams {
         seq: u64,
         events: &[Value],
     ) -> Result<Ticket, StreamError> {
+        let parsed = self.parse_events(events)?;
+        self.append_events(run_id, stream_id, seq, parsed)
+    }
+
+    /// A request's events as [`Event`]s: the count checked, then each event, with the index
+    /// of the first that is wrong.
+    pub fn parse_events(&self, events: &[Value]) -> Result<Vec<Event>, StreamError> {
         self.check_count(events.len())?;
-        let parsed: Vec<Event> = events
+        events
             .iter()
             .enumerate()
             .map(|(i, e)| Event::parse(e).map_err(|m| invalid(format!("events[{i}]: {m}"))))
-            .collect::<Result<_, _>>()?;
-        self.append_events(run_id, stream_id, seq, parsed)
+            .collect()
     }
 
     fn check_count(&self, n: usize) -> Result<(), StreamError> {
