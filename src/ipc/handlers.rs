@@ -5,12 +5,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use zeroize::Zeroizing;
 
-use super::protocol::{self, Request, RpcError, PROTOCOL_VERSION};
+use super::protocol::{self, params, params_ref, Request, RpcError, PROTOCOL_VERSION};
 use super::server::Session;
 use crate::config::PluginGrant;
 use crate::crypto::Secret;
@@ -154,56 +153,6 @@ fn read_inline(
         protocol::response_ok(id, json!({"exists": true}))
     } else {
         protocol::response_credential(id, &cred, cred.generation())
-    })
-}
-
-/// serde's messages quote the offending value (`invalid type: string "sk-…"`) and the offending
-/// field name (`` unknown field `sk-…` ``); a client that puts a secret in the wrong place must
-/// not get it echoed (or logged). Keep the shape, drop the client's text: every `"…"` span, and
-/// the backtick span naming an unknown field or variant. The list of expected fields (ours) stays.
-fn redact_quoted(msg: &str) -> String {
-    let mut out = String::with_capacity(msg.len());
-    let mut in_double = false;
-    let mut in_tick: Option<bool> = None; // Some(redact?) while inside a backtick span
-    for ch in msg.chars() {
-        match (ch, in_double, in_tick) {
-            ('"', _, None) => {
-                if !in_double {
-                    out.push_str("\"…\"");
-                }
-                in_double = !in_double;
-            }
-            (_, true, _) => {}
-            ('`', false, None) => {
-                let redact = out.ends_with("unknown field ") || out.ends_with("unknown variant ");
-                out.push_str(if redact { "`…" } else { "`" });
-                in_tick = Some(redact);
-            }
-            ('`', false, Some(_)) => {
-                out.push('`');
-                in_tick = None;
-            }
-            (_, false, Some(true)) => {}
-            (c, false, _) => out.push(c),
-        }
-    }
-    out
-}
-
-/// A serde error's message with the client's text taken out (see `redact_quoted`).
-pub(crate) fn redacted(e: &serde_json::Error) -> String {
-    redact_quoted(&e.to_string())
-}
-
-fn params<T: DeserializeOwned>(p: Map<String, Value>) -> Result<T, RpcError> {
-    serde_json::from_value(Value::Object(p)).map_err(|e| {
-        RpcError::invalid_params(format!("bad params: {}", redact_quoted(&e.to_string())))
-    })
-}
-
-fn params_ref<'a, T: Deserialize<'a>>(p: &'a Value) -> Result<T, RpcError> {
-    T::deserialize(p).map_err(|e| {
-        RpcError::invalid_params(format!("bad params: {}", redact_quoted(&e.to_string())))
     })
 }
 
@@ -760,7 +709,7 @@ mod tests {
             e.contains("sk-secret"),
             "premise: serde quotes the value: {e}"
         );
-        let r = redact_quoted(&e);
+        let r = super::super::protocol::redact_quoted(&e);
         assert!(!r.contains("sk-secret"), "{r}");
         assert!(r.contains("invalid type"), "{r}");
         let e = serde_json::from_value::<ById>(json!({"id": "x", "sk-secret-name": 1}))
@@ -771,7 +720,7 @@ mod tests {
             e.contains("sk-secret-name"),
             "premise: serde names the field: {e}"
         );
-        let r = redact_quoted(&e);
+        let r = super::super::protocol::redact_quoted(&e);
         assert!(!r.contains("sk-secret-name"), "{r}");
         assert!(
             r.contains("unknown field `…`") && r.contains("`store`"),

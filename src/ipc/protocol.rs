@@ -5,6 +5,8 @@
 //! [`code_for`]. The contract both sides share (version, methods, codes) is [`crate::api`].
 //! Handlers stay thin.
 
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use zeroize::Zeroizing;
 
@@ -286,6 +288,56 @@ impl From<crate::streams::StreamError> for RpcError {
     fn from(e: crate::streams::StreamError) -> Self {
         RpcError::new(e.kind, e.message)
     }
+}
+
+// ---- Params and error messages ----
+
+/// serde's messages quote the offending value (`invalid type: string "sk-…"`) and the offending
+/// field name (`` unknown field `sk-…` ``); a client that puts a secret in the wrong place must
+/// not get it echoed (or logged). Keep the shape, drop the client's text: every `"…"` span, and
+/// the backtick span naming an unknown field or variant. The list of expected fields (ours) stays.
+pub(crate) fn redact_quoted(msg: &str) -> String {
+    let mut out = String::with_capacity(msg.len());
+    let mut in_double = false;
+    let mut in_tick: Option<bool> = None; // Some(redact?) while inside a backtick span
+    for ch in msg.chars() {
+        match (ch, in_double, in_tick) {
+            ('"', _, None) => {
+                if !in_double {
+                    out.push_str("\"…\"");
+                }
+                in_double = !in_double;
+            }
+            (_, true, _) => {}
+            ('`', false, None) => {
+                let redact = out.ends_with("unknown field ") || out.ends_with("unknown variant ");
+                out.push_str(if redact { "`…" } else { "`" });
+                in_tick = Some(redact);
+            }
+            ('`', false, Some(_)) => {
+                out.push('`');
+                in_tick = None;
+            }
+            (_, false, Some(true)) => {}
+            (c, false, _) => out.push(c),
+        }
+    }
+    out
+}
+
+/// A request's params as `T`: the one reader of params for every method; a mismatch is
+/// `invalid_params`, "bad params: " and serde's message without the client's text.
+pub fn params<T: DeserializeOwned>(p: Map<String, Value>) -> Result<T, RpcError> {
+    serde_json::from_value(Value::Object(p)).map_err(|e| {
+        RpcError::invalid_params(format!("bad params: {}", redact_quoted(&e.to_string())))
+    })
+}
+
+/// [`params`], borrowing from the params (the inline read path).
+pub fn params_ref<'a, T: Deserialize<'a>>(p: &'a Value) -> Result<T, RpcError> {
+    T::deserialize(p).map_err(|e| {
+        RpcError::invalid_params(format!("bad params: {}", redact_quoted(&e.to_string())))
+    })
 }
 
 #[cfg(test)]

@@ -7,14 +7,8 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use super::handlers::blocking;
-use super::protocol::{Request, RpcError};
+use super::protocol::{params, Request, RpcError};
 use crate::service::Daemon;
-
-fn params<T: for<'de> Deserialize<'de>>(p: Map<String, Value>) -> Result<T, RpcError> {
-    serde_json::from_value(Value::Object(p)).map_err(|e| {
-        RpcError::invalid_params(format!("bad params: {}", super::handlers::redacted(&e)))
-    })
-}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

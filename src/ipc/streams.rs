@@ -7,7 +7,7 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use super::handlers::{blocking, open_subscription};
-use super::protocol::{self, Request, RpcError};
+use super::protocol::{self, params, Request, RpcError};
 use super::server::Session;
 use crate::service::Daemon;
 use crate::streams::{Event, EventIn, Next, Str};
@@ -15,12 +15,6 @@ use crate::streams::{StreamError, Streams, Ticket};
 
 fn rpc(e: StreamError) -> RpcError {
     e.into()
-}
-
-fn params<T: for<'de> Deserialize<'de>>(p: Map<String, Value>) -> Result<T, RpcError> {
-    serde_json::from_value(Value::Object(p)).map_err(|e| {
-        RpcError::invalid_params(format!("bad params: {}", super::handlers::redacted(&e)))
-    })
 }
 
 /// The daemon's streams, opening them on first use (a journal replay: blocking pool).
