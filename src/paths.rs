@@ -18,6 +18,10 @@ fn home() -> Result<PathBuf, String> {
     })
 }
 
+/// The store a request, a command or a plugin grant means when it names none; its key also
+/// seals the streams (`service::STREAMS_KEY_STORE`).
+pub const DEFAULT_STORE: &str = "default";
+
 /// The data directory: `$STATE_DIRECTORY` under systemd, else `$XDG_STATE_HOME/holdfast`,
 /// else `~/.local/state/holdfast`. (`--data-dir` / `HOLDFAST_DATA_DIR` override it earlier.)
 pub fn default_data_dir() -> Result<PathBuf, String> {

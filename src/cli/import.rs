@@ -55,7 +55,7 @@ pub struct ImportArgs {
     #[arg(
         long,
         value_name = "NAME",
-        default_value = "default",
+        default_value = crate::paths::DEFAULT_STORE,
         requires = "copy"
     )]
     into: String,

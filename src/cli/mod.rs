@@ -78,7 +78,7 @@ pub struct Global {
         long,
         global = true,
         env = "HOLDFAST_STORE",
-        default_value = "default",
+        default_value = crate::paths::DEFAULT_STORE,
         value_name = "NAME"
     )]
     store: String,

@@ -20,7 +20,7 @@ use crate::store::{Change, Credential, CredentialStore};
 
 pub use crate::api::METHODS;
 
-const DEFAULT_STORE: &str = "default";
+use crate::paths::DEFAULT_STORE;
 
 /// Methods every connection may call whatever its plugin grant: they concern only the
 /// connection itself.

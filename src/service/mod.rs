@@ -127,8 +127,8 @@ impl Sealer for StoreSealer {
     }
 }
 
-/// The store whose key seals streams.
-pub const STREAMS_KEY_STORE: &str = "default";
+/// The store whose key seals streams: the default store.
+pub const STREAMS_KEY_STORE: &str = crate::paths::DEFAULT_STORE;
 
 impl Daemon {
     /// Open every store: `<data>/stores/*` plus the config's `[stores.*]`. A store that fails to
