@@ -61,10 +61,7 @@ pub fn run(g: &Global, _args: &DaemonArgs) -> CliResult {
             .map_err(|e| CliError::with_code(e.to_string(), 1))?;
         match watch::start(Arc::clone(&daemon)) {
             Ok(w) => {
-                *daemon
-                    .watcher
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(w)
+                daemon.set_watcher(w)
             }
             Err(e) => tracing::warn!(error = %e, "not watching the stores for outside changes"),
         }
@@ -144,7 +141,7 @@ pub fn run(g: &Global, _args: &DaemonArgs) -> CliResult {
         if let Some(every) = activation::watchdog() {
             tokio::spawn(watchdog(socket.clone(), every, rx.clone()));
         }
-        let idle_minutes = daemon.config.idle_exit_minutes.unwrap_or(0.0);
+        let idle_minutes = daemon.config().idle_exit_minutes.unwrap_or(0.0);
         if activated && idle_minutes > 0.0 {
             tokio::spawn(idle_exit(
                 Arc::clone(&daemon),
@@ -154,11 +151,7 @@ pub fn run(g: &Global, _args: &DaemonArgs) -> CliResult {
         }
         // A socket systemd passed is never unlinked (it stays systemd's).
         let stopped = server::run(bound, Arc::clone(&daemon), limits, rx, !activated).await;
-        daemon
-            .watcher
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take();
+        daemon.stop_watching();
         tracing::info!("holdfast daemon stopped");
         match stopped {
             server::Stopped::Shutdown => Ok(()),
@@ -286,15 +279,14 @@ async fn idle_exit(
     after: std::time::Duration,
     stop: tokio::sync::watch::Sender<bool>,
 ) {
-    use std::sync::atomic::Ordering;
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
     let mut idle_since = tokio::time::Instant::now();
-    let mut seen_requests = daemon.requests.load(Ordering::Relaxed);
+    let mut seen_requests = daemon.requests();
     let mut connected_last_tick = false;
     loop {
         tick.tick().await;
-        let requests = daemon.requests.load(Ordering::Relaxed);
-        let connected = daemon.connections.load(Ordering::SeqCst) > 0;
+        let requests = daemon.requests();
+        let connected = daemon.connections() > 0;
         let streaming = daemon
             .streams_if_open()
             .is_some_and(|s| s.active_runs() > 0);

@@ -1,7 +1,6 @@
 //! Method → service. Thin: parse params (unknown fields refused), check the connection's
 //! grant, run the store call on the blocking pool, shape the result.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,9 +42,7 @@ pub enum Routed {
 /// Anything that could wait on the disk goes to the blocking pool; see docs/design.md.
 pub fn route(daemon: &Daemon, session: &Session, line: &[u8]) -> Routed {
     if let Some(a) = super::streams::read_append_line(line) {
-        daemon
-            .requests
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        daemon.note_request();
         return match admit(session, "stream.append") {
             Ok(_) => Routed::Append(a),
             Err(e) => Routed::Done(protocol::response_err(&a.id, &e)),
@@ -65,9 +62,7 @@ pub fn route(daemon: &Daemon, session: &Session, line: &[u8]) -> Routed {
         let params = std::mem::take(&mut req.params);
         return answer(&req.id, hello(daemon, session, params));
     }
-    daemon
-        .requests
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    daemon.note_request();
     let grant = match admit(session, &req.method) {
         Ok(g) => g,
         Err(e) => return answer(&req.id, Err(e)),
@@ -426,7 +421,7 @@ pub async fn dispatch(
                         match d.streams() {
                             Ok(s) => s.reseal().map(|_| ()).map_err(|e| e.message),
                             // No streams data yet: nothing to re-seal.
-                            Err(_) if !crate::streams::has_data(&d.data_dir) => Ok(()),
+                            Err(_) if !crate::streams::has_data(d.data_dir()) => Ok(()),
                             Err(e) => Err(format!("the streams could not be opened: {e}")),
                         }
                     },
@@ -458,14 +453,14 @@ fn hello(daemon: &Daemon, session: &Session, p: Map<String, Value>) -> Result<Va
         }
     }
     let grant = match &p.plugin {
-Some(name) => daemon.config.plugins.get(name).cloned().ok_or_else(|| {
+Some(name) => daemon.config().plugins.get(name).cloned().ok_or_else(|| {
             // Not echoed: the name is the client's text.
             RpcError::new(
                 ErrorKind::Forbidden,
                 "no such plugin in the config file; ask the user to declare it under [plugins.NAME]",
             )
         })?,
-        None if daemon.config.require_plugin => {
+        None if daemon.config().require_plugin => {
             return Err(RpcError::new(
                 ErrorKind::Forbidden,
                 "this daemon requires every client to name its plugin in hello {plugin}",
@@ -502,7 +497,7 @@ Some(name) => daemon.config.plugins.get(name).cloned().ok_or_else(|| {
         "connection": session.id,
         "methods": methods,
         "grant": {"plugin": p.plugin, "stores": stores},
-        "data_dir": daemon.data_dir,
+        "data_dir": daemon.data_dir(),
     }))
 }
 
@@ -576,7 +571,7 @@ async fn cred_watch(
         None => None,
     };
     let (sub, gate) = open_subscription(session)?;
-    let mut rx = daemon.events.subscribe();
+    let mut rx = daemon.subscribe_events();
     let (session_f, grant_f) = (Arc::clone(session), grant.clone());
     tokio::spawn(async move {
         loop {
@@ -687,10 +682,10 @@ pub fn status(daemon: &Daemon, grant: &PluginGrant) -> Value {
         "version": env!("CARGO_PKG_VERSION"),
         "protocol": PROTOCOL_VERSION,
         "pid": std::process::id(),
-        "uptime_ms": u64::try_from(daemon.started.elapsed().as_millis()).unwrap_or(u64::MAX),
-        "socket": daemon.socket,
-        "data_dir": daemon.data_dir,
-        "connections": daemon.connections.load(Ordering::SeqCst),
+        "uptime_ms": u64::try_from(daemon.started().elapsed().as_millis()).unwrap_or(u64::MAX),
+        "socket": daemon.socket(),
+        "data_dir": daemon.data_dir(),
+        "connections": daemon.connections(),
         "stores": stores,
     })
 }

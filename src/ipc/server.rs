@@ -462,7 +462,7 @@ pub async fn run(
     let permits = Arc::new(Semaphore::new(limits.max_connections));
     let (done_tx, mut done_rx) = mpsc::channel::<()>(1);
     let me = perms::euid();
-    let allow_root = daemon.config.allow_root();
+    let allow_root = daemon.config().allow_root();
     let next_conn = AtomicU64::new(1);
     let mut check = tokio::time::interval(SOCKET_CHECK_INTERVAL);
     check.tick().await;
@@ -568,7 +568,7 @@ async fn connection(
     conn: u64,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    daemon.connections.fetch_add(1, Ordering::SeqCst);
+    daemon.connection_opened();
     // `&Stream` reads and writes; the writer task holds its own reference.
     let stream = Arc::new(stream);
     let send_stream = Arc::clone(&stream);
@@ -679,6 +679,6 @@ async fn connection(
     {
         writer.abort();
     }
-    daemon.connections.fetch_sub(1, Ordering::SeqCst);
+    daemon.connection_closed();
     tracing::debug!(conn, "connection closed");
 }

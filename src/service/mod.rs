@@ -2,7 +2,7 @@
 //! handlers call into it, and every blocking store call runs on tokio's blocking pool.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
@@ -79,28 +79,28 @@ pub type LiveStreams = Box<dyn Fn(&str) -> bool + Send>;
 /// The daemon's shared state.
 pub struct Daemon {
     /// When it started (monotonic).
-    pub started: Instant,
+    started: Instant,
     /// The socket it serves.
-    pub socket: PathBuf,
+    socket: PathBuf,
     /// Its data directory.
-    pub data_dir: PathBuf,
+    data_dir: PathBuf,
     /// The config it runs with.
-    pub config: Config,
+    config: Config,
     /// Stores by name. A store created after start (`holdfast init` while the daemon runs)
     /// is opened on first use.
     stores: RwLock<BTreeMap<String, Arc<StoreSlot>>>,
     /// The file watcher (stores opened later are added to it).
-    pub watcher: Mutex<Option<watch::Watcher>>,
+    watcher: Mutex<Option<watch::Watcher>>,
     /// Serializes opening stores created after start (never held with `stores`).
     opening: Mutex<()>,
     /// Change events for `cred.watch` subscribers.
-    pub events: broadcast::Sender<CredEvent>,
+    events: broadcast::Sender<CredEvent>,
     /// Open connections.
-    pub connections: AtomicUsize,
+    connections: AtomicUsize,
     leases: Mutex<HashMap<(String, String), Lease>>,
     next_lease: AtomicU64,
     /// Requests other than `hello` routed so far (the idle-exit check's sign of life).
-    pub requests: AtomicU64,
+    requests: AtomicU64,
     /// The streams (opened with the default store's key, on start or on first use).
     streams: Mutex<Option<Arc<Streams>>>,
     /// The run logs (opened on first use: no key needed, they are not encrypted).
@@ -131,6 +131,69 @@ impl Sealer for StoreSealer {
 pub const STREAMS_KEY_STORE: &str = crate::paths::DEFAULT_STORE;
 
 impl Daemon {
+    /// When it started (monotonic).
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// The socket it serves.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// Its data directory.
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    /// The config it runs with.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Watch the stores for outside changes with `w` (replacing any earlier watcher).
+    pub fn set_watcher(&self, w: watch::Watcher) {
+        *self.watcher.lock().unwrap_or_else(PoisonError::into_inner) = Some(w);
+    }
+
+    /// Stop watching (shutdown).
+    pub fn stop_watching(&self) {
+        self.watcher
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+    }
+
+    /// A receiver of every credential change event (`cred.watch`).
+    pub fn subscribe_events(&self) -> broadcast::Receiver<CredEvent> {
+        self.events.subscribe()
+    }
+
+    /// A connection opened.
+    pub fn connection_opened(&self) {
+        self.connections.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// A connection closed.
+    pub fn connection_closed(&self) {
+        self.connections.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Connections open now.
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
+    }
+
+    /// A request other than `hello` was routed (the idle exit's sign of life).
+    pub fn note_request(&self) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Requests other than `hello` routed so far.
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
     /// Open every store: `<data>/stores/*` plus the config's `[stores.*]`. A store that fails to
     /// open is kept with its error (status shows it; its operations return it).
     pub fn open(socket: PathBuf, data_dir: PathBuf, config: Config) -> Result<Self, String> {
