@@ -3,6 +3,7 @@
 //! Layers, data flowing down only (see `docs/design.md`):
 //! - [`cli`]: the admin command line, one file per subcommand; [`client`]: a blocking client.
 //! - [`api`]: the plugin API's contract (version, methods, error codes).
+//! - [`daemon`]: the daemon's life (boot, background jobs, systemd, shutdown).
 //! - [`ipc`]: the socket server; [`service`]: the daemon's state.
 //! - [`recovery`]: the streaming recovery planner (R1–R4), a pure function.
 //! - [`streams`]: durable stream state on the journal, recovery wired in, exactly-once events.
@@ -18,6 +19,7 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod crypto;
+pub mod daemon;
 pub mod durable;
 pub mod error;
 pub mod ipc;
