@@ -419,7 +419,7 @@ pub async fn dispatch(
                             return Ok(());
                         }
                         match d.streams() {
-                            Ok(s) => s.reseal().map(|_| ()).map_err(|e| e.message),
+                            Ok(s) => s.reseal().map(|_| ()).map_err(|e| e.to_string()),
                             // No streams data yet: nothing to re-seal.
                             Err(_) if !crate::streams::has_data(d.data_dir()) => Ok(()),
                             Err(e) => Err(format!("the streams could not be opened: {e}")),

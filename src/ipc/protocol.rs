@@ -286,7 +286,7 @@ impl From<crate::runlog::RunLogError> for RpcError {
 
 impl From<crate::streams::StreamError> for RpcError {
     fn from(e: crate::streams::StreamError) -> Self {
-        RpcError::new(e.kind, e.message)
+        RpcError::new(e.kind(), e.to_string())
     }
 }
 

@@ -243,7 +243,7 @@ impl std::fmt::Debug for RunLog {
 
 /// A run id: the rule the streams use (it names a directory).
 pub fn validate_run_id(id: &str) -> Result<(), RunLogError> {
-    crate::streams::validate_run_id(id).map_err(|e| invalid(e.message))
+    crate::streams::validate_run_id(id).map_err(|e| invalid(e.to_string()))
 }
 
 use crate::timefmt::now_ms;

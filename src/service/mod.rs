@@ -264,26 +264,22 @@ impl Daemon {
         if let Some(s) = guard.as_ref() {
             return Ok(Arc::clone(s));
         }
-        let unavailable = |kind, msg: String| StreamError { kind, message: msg };
         let slot = self.store(STREAMS_KEY_STORE).ok_or_else(|| {
-            unavailable(
-                crate::error::ErrorKind::Unsupported,
+            StreamError::Unavailable(
                 "streams are sealed with the default store's key, and there is no default store \
                  yet: run `holdfast init`"
                     .into(),
             )
         })?;
         let store = slot.store.clone().map_err(|e| {
-            unavailable(
-                crate::error::ErrorKind::Storage,
-                format!("the default store (whose key seals streams) did not open: {e}"),
-            )
+            StreamError::Storage(format!(
+                "the default store (whose key seals streams) did not open: {e}"
+            ))
         })?;
         if let Some(reason) = store.sealed_reason() {
-            return Err(unavailable(
-                crate::error::ErrorKind::Sealed,
-                format!("streams are sealed with the default store's key, which is unavailable: {reason}"),
-            ));
+            return Err(StreamError::Sealed(format!(
+                "streams are sealed with the default store's key, which is unavailable: {reason}"
+            )));
         }
         let (streams_dir, runs_dir) = crate::streams::dirs(&self.data_dir);
         let streams = Streams::open(
@@ -349,7 +345,7 @@ impl Daemon {
     pub fn live_streams(&self) -> Result<LiveStreams, StreamError> {
         match self.streams() {
             Ok(s) => Ok(Box::new(move |id: &str| s.is_active(id))),
-            Err(e) if e.kind == crate::error::ErrorKind::Unsupported => {
+            Err(e) if e.kind() == crate::error::ErrorKind::Unsupported => {
                 Ok(Box::new(|_: &str| false))
             }
             Err(e) => Err(e),

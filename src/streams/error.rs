@@ -1,45 +1,180 @@
-//! The errors of stream operations, each with the protocol's error kind.
+//! The errors of stream operations. Each variant is one thing that went wrong, with the data
+//! its message needs, and maps to exactly one error kind of the protocol ([`StreamError::kind`]);
+//! the message (`Display`) is what the client and the log see. Storage failures carry the
+//! durable layer's own error.
 
 use crate::durable::journal::JournalError;
+use crate::durable::IoError;
 use crate::error::ErrorKind;
 
-/// A stream operation that failed, with the protocol's error kind.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("{message}")]
-pub struct StreamError {
-    /// The kind (`invalid_params`, `not_found`, `conflict`, `storage`, …).
-    pub kind: ErrorKind,
-    /// For people.
-    pub message: String,
+/// A stream operation that failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StreamError {
+    // ---- the request is wrong (invalid_params) ----
+    /// A run id that cannot name a directory.
+    #[error("run_id must be 1-{max} characters of A-Z a-z 0-9 - _ . : and not start with a dot")]
+    BadRunId {
+        /// The longest run id.
+        max: usize,
+    },
+    /// An append without events.
+    #[error("events must not be empty")]
+    NoEvents,
+    /// An append with more events than allowed.
+    #[error("at most {max} events per append")]
+    TooManyEvents {
+        /// The cap (`[streams] max_events_per_append`).
+        max: usize,
+    },
+    /// One event does not parse.
+    #[error("events[{index}]: {reason}")]
+    BadEvent {
+        /// Its index in the request.
+        index: usize,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A batch of events that does not fit the run (a tool call ended twice, …).
+    #[error("{0}")]
+    BadBatch(String),
+    /// Seqs start at 1.
+    #[error("seq starts at 1")]
+    SeqZero,
+    /// A batch that would leave a gap.
+    #[error("gap: the next seq is {next}, this batch starts at {got}")]
+    Gap {
+        /// The run's next seq.
+        next: u64,
+        /// The batch's first.
+        got: u64,
+    },
+    /// A cause object with a field it does not have.
+    #[error("cause: unexpected field {0:?} (a cause object has cause and retry_after)")]
+    CauseField(String),
+    /// A cause of the wrong shape.
+    #[error("cause must be a cause name, or {{status, message, retry_after}} of a provider error")]
+    CauseShape,
+    /// The cause does not read (the planner's message).
+    #[error("{0}")]
+    BadCause(String),
+    /// A checkpoint with a field the snapshot contract does not have.
+    #[error("unknown snapshot field {field:?}; fields: {fields}")]
+    SnapshotField {
+        /// The field (at most 40 characters of it).
+        field: String,
+        /// The fields there are.
+        fields: String,
+    },
+    /// `content_from_stream` with a final message that is not an object.
+    #[error("content_from_stream needs final_message to be an object")]
+    FinalMessageShape,
+    /// `snapshot.run_id` names another run.
+    #[error("snapshot.run_id differs from run_id")]
+    SnapshotRunId,
+
+    // ---- not there (not_found) ----
+    /// No active stream for the run.
+    #[error("no active stream for this run_id (never begun, or already committed or aborted)")]
+    NotActive,
+    /// Nothing to resume.
+    #[error("no resumable stream for this run_id (never begun, or committed or aborted)")]
+    NotResumable,
+    /// The run never existed here (or was pruned).
+    #[error("no such run (never begun, or pruned)")]
+    NoSuchRun,
+    /// No checkpoint for the run.
+    #[error("no checkpoint for this run")]
+    NoCheckpoint,
+
+    // ---- someone else's turn (conflict) ----
+    /// The caller's stream id is not the run's holder: it was taken over.
+    #[error(
+        "stream_id is not the current holder of this run (epoch {epoch}): another producer took \
+         it over; stop producing"
+    )]
+    NotHolder {
+        /// The holder's epoch.
+        epoch: u64,
+    },
+    /// The run's state file is being written.
+    #[error("the run is being committed or aborted right now")]
+    Ending,
+    /// The run's recovery plan was `fail`.
+    #[error("the recovery plan for this run was fail: abort it (stream.abort), or let it expire")]
+    Failed,
+    /// `stream.begin` on a streaming run without `takeover`.
+    #[error(
+        "run is already streaming (epoch {epoch}); pass takeover: true to take it over (the \
+         current holder's appends then fail), or stream.resume"
+    )]
+    Streaming {
+        /// The holder's epoch.
+        epoch: u64,
+    },
+    /// The run has ended.
+    #[error("run already {status}; it cannot stream again")]
+    Ended {
+        /// How it ended (`committed`, `aborted`, `expired`, or `ended` if unreadable).
+        status: String,
+    },
+
+    // ---- the daemon is full (busy) ----
+    /// Too many active runs.
+    #[error("{max} runs are active; commit or abort some first")]
+    TooManyRuns {
+        /// The cap (`[streams] max_active_runs`).
+        max: usize,
+    },
+
+    // ---- keys and files ----
+    /// The streams' key is unavailable or sealing failed.
+    #[error("{0}")]
+    Sealed(String),
+    /// A file does not decrypt, or does not read.
+    #[error("{0}")]
+    Integrity(String),
+    /// The streams are not available in this configuration (no default store).
+    #[error("{0}")]
+    Unavailable(String),
+    /// A file-system step failed.
+    #[error(transparent)]
+    Io(#[from] IoError),
+    /// The journal refused or failed.
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+    /// Another storage step failed (reading a directory, opening the default store).
+    #[error("{0}")]
+    Storage(String),
 }
 
-pub(super) fn err(kind: ErrorKind, message: impl Into<String>) -> StreamError {
-    StreamError {
-        kind,
-        message: message.into(),
-    }
-}
-
-pub(super) fn ending_error() -> StreamError {
-    err(
-        ErrorKind::Conflict,
-        "the run is being committed or aborted right now",
-    )
-}
-
-pub(super) fn failed_error() -> StreamError {
-    err(
-        ErrorKind::Conflict,
-        "the recovery plan for this run was fail: abort it (stream.abort), or let it expire",
-    )
-}
-
-pub(super) fn invalid(message: impl Into<String>) -> StreamError {
-    err(ErrorKind::InvalidParams, message)
-}
-
-impl From<JournalError> for StreamError {
-    fn from(e: JournalError) -> Self {
-        err(ErrorKind::Storage, e.to_string())
+impl StreamError {
+    /// The protocol's error kind: one per variant, here only.
+    pub fn kind(&self) -> ErrorKind {
+        use StreamError::*;
+        match self {
+            BadRunId { .. }
+            | NoEvents
+            | TooManyEvents { .. }
+            | BadEvent { .. }
+            | BadBatch(_)
+            | SeqZero
+            | Gap { .. }
+            | CauseField(_)
+            | CauseShape
+            | BadCause(_)
+            | SnapshotField { .. }
+            | SnapshotRunId
+            | FinalMessageShape => ErrorKind::InvalidParams,
+            NotActive | NotResumable | NoSuchRun | NoCheckpoint => ErrorKind::NotFound,
+            NotHolder { .. } | Ending | Failed | Streaming { .. } | Ended { .. } => {
+                ErrorKind::Conflict
+            }
+            TooManyRuns { .. } => ErrorKind::Busy,
+            Sealed(_) => ErrorKind::Sealed,
+            Integrity(_) => ErrorKind::Integrity,
+            Unavailable(_) => ErrorKind::Unsupported,
+            Io(_) | Journal(_) | Storage(_) => ErrorKind::Storage,
+        }
     }
 }

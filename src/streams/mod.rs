@@ -45,10 +45,9 @@ pub fn validate_run_id(id: &str) -> Result<(), StreamError> {
     if ok {
         Ok(())
     } else {
-        Err(error::invalid(format!(
-            "run_id must be 1-{} characters of A-Z a-z 0-9 - _ . : and not start with a dot",
-            limits::MAX_RUN_ID_BYTES
-        )))
+        Err(StreamError::BadRunId {
+            max: limits::MAX_RUN_ID_BYTES,
+        })
     }
 }
 

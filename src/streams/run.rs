@@ -8,11 +8,10 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 
 use super::accum::Accumulator;
-use super::error::{ending_error, err, StreamError};
+use super::error::StreamError;
 use super::feed;
 use super::record::{self, Record};
 use crate::durable::journal::Promise;
-use crate::error::ErrorKind;
 use crate::recovery::{Attempts, Cause, Plan, PlanKind};
 use crate::timefmt::now_ms;
 
@@ -136,17 +135,10 @@ impl Run {
     /// is ending (its state file being written).
     pub(super) fn check_holder(&self, stream_id: &str) -> Result<(), StreamError> {
         if self.stream_id != stream_id {
-            return Err(err(
-                ErrorKind::Conflict,
-                format!(
-                    "stream_id is not the current holder of this run (epoch {}): another \
-                     producer took it over; stop producing",
-                    self.epoch
-                ),
-            ));
+            return Err(StreamError::NotHolder { epoch: self.epoch });
         }
         if self.ending {
-            return Err(ending_error());
+            return Err(StreamError::Ending);
         }
         Ok(())
     }

@@ -10,7 +10,7 @@ use serde_json::{json, Map, Value};
 use tokio::sync::oneshot;
 
 use super::accum::Event;
-use super::error::{ending_error, err, failed_error, invalid, StreamError};
+use super::error::StreamError;
 use super::feed::{self, Feed};
 use super::record::{self, Record};
 use super::run::{event_json, new_stream_id, Run, Status};
@@ -19,7 +19,6 @@ use super::tool_log::{self, ToolLog};
 use super::validate_run_id;
 use crate::durable::journal::{Durability, JournalError, Position, Promise, ReplayReport, Stats};
 use crate::durable::Faults;
-use crate::error::ErrorKind;
 use crate::limits;
 use crate::recovery::{self, Input, Policy, Stale};
 use crate::timefmt::now_ms;
@@ -229,12 +228,7 @@ impl Streams {
         run_id: &str,
         stream_id: &str,
     ) -> Result<&'a mut Run, StreamError> {
-        let run = st.runs.get_mut(run_id).ok_or_else(|| {
-            err(
-                ErrorKind::NotFound,
-                "no active stream for this run_id (never begun, or already committed or aborted)",
-            )
-        })?;
+        let run = st.runs.get_mut(run_id).ok_or(StreamError::NotActive)?;
         run.check_holder(stream_id)?;
         Ok(run)
     }
@@ -262,41 +256,25 @@ impl Streams {
                 .read_state(run_id)
                 .and_then(|s| s["status"].as_str().map(str::to_owned))
                 .unwrap_or_else(|| "ended".into());
-            return Err(err(
-                ErrorKind::Conflict,
-                format!("run already {status}; it cannot stream again"),
-            ));
+            return Err(StreamError::Ended { status });
         }
         let now = now_ms();
         if let Some(run) = st.runs.get(run_id) {
             if run.ending {
-                return Err(ending_error());
+                return Err(StreamError::Ending);
             }
             if run.status == Status::Failed {
-                return Err(failed_error());
+                return Err(StreamError::Failed);
             }
         }
         let (epoch, next_seq) = match st.runs.get(run_id) {
-            Some(run) if !takeover => {
-                return Err(err(
-                    ErrorKind::Conflict,
-                    format!(
-                        "run is already streaming (epoch {}); pass takeover: true to take it over \
-                         (the current holder's appends then fail), or stream.resume",
-                        run.epoch
-                    ),
-                ))
-            }
+            Some(run) if !takeover => return Err(StreamError::Streaming { epoch: run.epoch }),
             Some(run) => (run.epoch + 1, run.next_seq),
             None => {
                 if st.runs.len() >= self.config.max_active_runs {
-                    return Err(err(
-                        ErrorKind::Busy,
-                        format!(
-                            "{} runs are active; commit or abort some first",
-                            self.config.max_active_runs
-                        ),
-                    ));
+                    return Err(StreamError::TooManyRuns {
+                        max: self.config.max_active_runs,
+                    });
                 }
                 (1, 1)
             }
@@ -359,19 +337,20 @@ impl Streams {
         events
             .iter()
             .enumerate()
-            .map(|(i, e)| Event::parse(e).map_err(|m| invalid(format!("events[{i}]: {m}"))))
+            .map(|(index, e)| {
+                Event::parse(e).map_err(|reason| StreamError::BadEvent { index, reason })
+            })
             .collect()
     }
 
     fn check_count(&self, n: usize) -> Result<(), StreamError> {
         if n == 0 {
-            return Err(invalid("events must not be empty"));
+            return Err(StreamError::NoEvents);
         }
         if n > self.config.max_events_per_append {
-            return Err(invalid(format!(
-                "at most {} events per append",
-                self.config.max_events_per_append
-            )));
+            return Err(StreamError::TooManyEvents {
+                max: self.config.max_events_per_append,
+            });
         }
         Ok(())
     }
@@ -389,16 +368,16 @@ impl Streams {
         let mut st = self.lock();
         let run = Self::run_mut(&mut st, run_id, stream_id)?;
         if run.status == Status::Failed {
-            return Err(failed_error());
+            return Err(StreamError::Failed);
         }
         if seq == 0 {
-            return Err(invalid("seq starts at 1"));
+            return Err(StreamError::SeqZero);
         }
         if seq > run.next_seq {
-            return Err(invalid(format!(
-                "gap: the next seq is {}, this batch starts at {seq}",
-                run.next_seq
-            )));
+            return Err(StreamError::Gap {
+                next: run.next_seq,
+                got: seq,
+            });
         }
         let skip = (run.next_seq - seq) as usize;
         if skip >= parsed.len() {
@@ -420,7 +399,7 @@ impl Streams {
             });
         }
         let fresh = &parsed[skip..];
-        run.acc.check_batch(fresh).map_err(invalid)?;
+        run.acc.check_batch(fresh).map_err(StreamError::BadBatch)?;
         let first = run.next_seq;
         // One clock reading for the record and the run: replay restores exactly this time.
         let at = now_ms();
@@ -436,7 +415,11 @@ impl Streams {
         }))?;
         let mut out = Vec::new();
         for (i, e) in fresh.iter().enumerate() {
-            out.extend(run.acc.apply(first + i as u64, e).map_err(invalid)?);
+            out.extend(
+                run.acc
+                    .apply(first + i as u64, e)
+                    .map_err(StreamError::BadBatch)?,
+            );
         }
         run.next_seq = first + fresh.len() as u64;
         run.updated_at_ms = at;
@@ -499,7 +482,7 @@ impl Streams {
         let mut st = self.lock();
         let run = Self::run_mut(&mut st, run_id, stream_id)?;
         if run.status == Status::Failed {
-            return Err(failed_error());
+            return Err(StreamError::Failed);
         }
         // Only the cause (and its Retry-After) comes from the producer; the text, calls,
         // counters and policy are the run's own.
@@ -511,16 +494,11 @@ impl Streams {
                     .keys()
                     .find(|k| !["cause", "retry_after"].contains(&k.as_str()))
                 {
-                    return Err(invalid(format!(
-                        "cause: unexpected field {:?} (a cause object has cause and retry_after)",
-                        k.chars().take(40).collect::<String>()
-                    )));
+                    return Err(StreamError::CauseField(k.chars().take(40).collect()));
                 }
                 Value::Object(o.clone())
             }
-            _ => return Err(invalid(
-                "cause must be a cause name, or {status, message, retry_after} of a provider error",
-            )),
+            _ => return Err(StreamError::CauseShape),
         };
         let input = self.planner_input(run, &snapshot, None)?;
         self.plan_and_record(run, input, "interrupt")
@@ -533,7 +511,8 @@ impl Streams {
         stale: Option<Stale>,
     ) -> Result<Input, StreamError> {
         // Validate first: a refused cause must change nothing (replay would not see it).
-        let mut input = recovery::input_from_json(cause, now_ms()).map_err(invalid)?;
+        let mut input =
+            recovery::input_from_json(cause, now_ms()).map_err(StreamError::BadCause)?;
         let out = run.acc.flush_trim();
         run.push_events(out);
         input.text = run.acc.text.clone();
@@ -612,12 +591,7 @@ impl Streams {
     ) -> Result<Ticket, StreamError> {
         validate_run_id(run_id)?;
         let mut st = self.lock();
-        let run = st.runs.get_mut(run_id).ok_or_else(|| {
-            err(
-                ErrorKind::NotFound,
-                "no resumable stream for this run_id (never begun, or committed or aborted)",
-            )
-        })?;
+        let run = st.runs.get_mut(run_id).ok_or(StreamError::NotResumable)?;
         let mut why = Vec::new();
         let age = now_ms().saturating_sub(run.updated_at_ms);
         if age > self.config.stale_after.as_millis() as u64 {
@@ -638,7 +612,7 @@ impl Streams {
             fail: fail_on_stale,
         });
         if run.ending {
-            return Err(ending_error());
+            return Err(StreamError::Ending);
         }
         let checkpoint = run.checkpoint();
         let (epoch, sid) = (run.epoch + 1, new_stream_id());
@@ -723,10 +697,7 @@ impl Streams {
         content_from_stream: bool,
     ) -> Result<Value, StreamError> {
         if content_from_stream && !final_message.is_object() {
-            return Err(StreamError {
-                kind: ErrorKind::InvalidParams,
-                message: "content_from_stream needs final_message to be an object".into(),
-            });
+            return Err(StreamError::FinalMessageShape);
         }
         self.end_with(
             run_id,
@@ -846,9 +817,7 @@ impl Streams {
             }
             None => {
                 drop(st);
-                let state = self.read_state(run_id).ok_or_else(|| {
-                    err(ErrorKind::NotFound, "no such run (never begun, or pruned)")
-                })?;
+                let state = self.read_state(run_id).ok_or(StreamError::NoSuchRun)?;
                 let seq = state["finish_seq"].as_u64().unwrap_or(0);
                 if seq > after_seq {
                     let finish = json!({"type": "finish", "status": state["status"]});
@@ -870,9 +839,7 @@ impl Streams {
             }
             return Ok(v);
         }
-        let mut state = self
-            .read_state(run_id)
-            .ok_or_else(|| err(ErrorKind::NotFound, "no such run"))?;
+        let mut state = self.read_state(run_id).ok_or(StreamError::NoSuchRun)?;
         if !reveal {
             if let Some(m) = state.get_mut("final_message") {
                 *m = json!({"hidden": "pass reveal: true"});
@@ -1005,14 +972,13 @@ impl Streams {
             "updated_at_ms",
         ];
         if let Some(k) = snapshot.keys().find(|k| !FIELDS.contains(&k.as_str())) {
-            return Err(invalid(format!(
-                "unknown snapshot field {:?}; fields: {}",
-                k.chars().take(40).collect::<String>(),
-                FIELDS.join(", ")
-            )));
+            return Err(StreamError::SnapshotField {
+                field: k.chars().take(40).collect(),
+                fields: FIELDS.join(", "),
+            });
         }
         if snapshot.get("run_id").is_some_and(|r| r != run_id) {
-            return Err(invalid("snapshot.run_id differs from run_id"));
+            return Err(StreamError::SnapshotRunId);
         }
         let mut snap = snapshot.clone();
         snap.insert("run_id".into(), run_id.into());
@@ -1028,7 +994,7 @@ impl Streams {
         validate_run_id(run_id)?;
         self.store
             .get_checkpoint(run_id)?
-            .ok_or_else(|| err(ErrorKind::NotFound, "no checkpoint for this run"))
+            .ok_or(StreamError::NoCheckpoint)
     }
 
     /// `checkpoint.delete`.

@@ -16,13 +16,12 @@ use std::sync::Arc;
 use serde_json::Value;
 use zeroize::Zeroizing;
 
-use super::error::{err, StreamError};
+use super::error::StreamError;
 use super::record::{EventsOut, Record};
 use crate::durable::journal::{
     Durability, Journal, JournalError, Position, Promise, ReplayReport, Stats,
 };
 use crate::durable::{self, Faults, Poison};
-use crate::error::ErrorKind;
 use crate::limits::MAX_PAYLOAD;
 
 /// A record to queue: a typed record, or the append path's borrowed events.
@@ -105,7 +104,7 @@ pub struct FileStore {
 }
 
 fn storage(e: durable::IoError) -> StreamError {
-    err(ErrorKind::Storage, e.to_string())
+    StreamError::Io(e)
 }
 
 impl FileStore {
@@ -167,22 +166,17 @@ impl FileStore {
 
     fn seal(&self, rec: &impl serde::Serialize) -> Result<Vec<u8>, StreamError> {
         let plain = Zeroizing::new(serde_json::to_vec(rec).unwrap_or_default());
-        self.sealer
-            .seal(&plain)
-            .map_err(|e| err(ErrorKind::Sealed, e))
+        self.sealer.seal(&plain).map_err(StreamError::Sealed)
     }
 
     fn open_sealed(&self, path: &Path) -> Result<Option<Zeroizing<Vec<u8>>>, StreamError> {
         let Some(bytes) = durable::read_capped(path, MAX_PAYLOAD as u64)
-            .map_err(|e| err(ErrorKind::Storage, format!("{}: {e}", path.display())))?
+            .map_err(|e| StreamError::Storage(format!("{}: {e}", path.display())))?
         else {
             return Ok(None);
         };
         self.sealer.open(&bytes).map(Some).map_err(|why| {
-            err(
-                ErrorKind::Integrity,
-                format!("{} does not decrypt: {why}", path.display()),
-            )
+            StreamError::Integrity(format!("{} does not decrypt: {why}", path.display()))
         })
     }
 
@@ -248,19 +242,17 @@ impl StreamStore for FileStore {
     fn get_checkpoint(&self, run_id: &str) -> Result<Option<Value>, StreamError> {
         let path = self.runs_dir.join(run_id).join("checkpoint");
         let Some(bytes) = durable::read_capped(&path, MAX_PAYLOAD as u64)
-            .map_err(|e| err(ErrorKind::Storage, e.to_string()))?
+            .map_err(|e| StreamError::Storage(e.to_string()))?
         else {
             return Ok(None);
         };
-        let plain = self.sealer.open(&bytes).map_err(|e| {
-            err(
-                ErrorKind::Integrity,
-                format!("checkpoint does not decrypt: {e}"),
-            )
-        })?;
+        let plain = self
+            .sealer
+            .open(&bytes)
+            .map_err(|e| StreamError::Integrity(format!("checkpoint does not decrypt: {e}")))?;
         serde_json::from_slice(&plain)
             .map(Some)
-            .map_err(|e| err(ErrorKind::Integrity, format!("checkpoint is not JSON: {e}")))
+            .map_err(|e| StreamError::Integrity(format!("checkpoint is not JSON: {e}")))
     }
 
     fn delete_checkpoint(&self, run_id: &str) -> Result<bool, StreamError> {
@@ -277,17 +269,14 @@ impl StreamStore for FileStore {
     fn reseal_files(&self) -> Result<usize, StreamError> {
         let mut files = 0;
         let entries =
-            fs::read_dir(&self.runs_dir).map_err(|e| err(ErrorKind::Storage, e.to_string()))?;
+            fs::read_dir(&self.runs_dir).map_err(|e| StreamError::Storage(e.to_string()))?;
         for e in entries.flatten() {
             let dir = e.path();
             for name in ["state", "checkpoint"] {
                 let Some(plain) = self.open_sealed(&dir.join(name))? else {
                     continue;
                 };
-                let sealed = self
-                    .sealer
-                    .seal(&plain)
-                    .map_err(|e| err(ErrorKind::Sealed, e))?;
+                let sealed = self.sealer.seal(&plain).map_err(StreamError::Sealed)?;
                 self.write_file(&dir, name, &sealed)?;
                 files += 1;
             }

@@ -111,8 +111,8 @@ fn appends_survive_a_restart_and_replays_are_dropped() {
     assert_eq!(r["acked_seq"], 3);
     // A gap is refused.
     let e = s.append("run-1", &sid, 9, &[text("x")]).err().unwrap();
-    assert_eq!(e.kind, ErrorKind::InvalidParams);
-    assert!(e.message.contains("gap"), "{}", e.message);
+    assert_eq!(e.kind(), ErrorKind::InvalidParams);
+    assert!(e.to_string().contains("gap"), "{}", e);
     drop(s);
     let s = env.open();
     let g = s.get("run-1", true).unwrap();
@@ -131,7 +131,7 @@ fn fencing_a_takeover_stops_the_old_holder() {
     let old = begin(&s, "run-f");
     ok(&s, s.append("run-f", &old, 1, &[text("a")]));
     let e = s.begin("run-f", None, None, false).err().unwrap();
-    assert_eq!(e.kind, ErrorKind::Conflict);
+    assert_eq!(e.kind(), ErrorKind::Conflict);
     let r = ok(&s, s.begin("run-f", None, None, true));
     assert_eq!(
         (r["epoch"].as_u64(), r["next_seq"].as_u64()),
@@ -146,7 +146,7 @@ fn fencing_a_takeover_stops_the_old_holder() {
             .err(),
     ] {
         let e = e.expect("refused");
-        assert_eq!(e.kind, ErrorKind::Conflict, "{}", e.message);
+        assert_eq!(e.kind(), ErrorKind::Conflict, "{}", e);
     }
     ok(&s, s.append("run-f", &new, 2, &[text("b")]));
     drop(s);
@@ -229,7 +229,7 @@ fn interrupt_cancels_every_unfinished_call_and_the_stall_streak_persists() {
         )
         .err()
         .unwrap();
-    assert_eq!(e.kind, ErrorKind::Conflict);
+    assert_eq!(e.kind(), ErrorKind::Conflict);
 }
 
 #[test]
@@ -303,11 +303,11 @@ fn subscribers_get_every_event_once_across_reconnects_and_the_overlap_is_trimmed
     let mut late = s.subscribe("run-s", 0).unwrap();
     assert_eq!(drain(&mut late).len(), 1);
     assert_eq!(
-        s.resume("run-s", None, None, false).err().unwrap().kind,
+        s.resume("run-s", None, None, false).err().unwrap().kind(),
         ErrorKind::NotFound
     );
     assert_eq!(
-        s.begin("run-s", None, None, true).err().unwrap().kind,
+        s.begin("run-s", None, None, true).err().unwrap().kind(),
         ErrorKind::Conflict
     );
     assert_eq!(
@@ -474,10 +474,10 @@ fn checkpoints_put_get_delete() {
         .checkpoint_put("run-k", json!({"partial_txt": "x"}).as_object().unwrap())
         .err()
         .unwrap();
-    assert!(e.message.contains("unknown snapshot field"));
+    assert!(e.to_string().contains("unknown snapshot field"));
     assert!(s.checkpoint_delete("run-k").unwrap());
     assert_eq!(
-        s.checkpoint_get("run-k").err().unwrap().kind,
+        s.checkpoint_get("run-k").err().unwrap().kind(),
         ErrorKind::NotFound
     );
     for bad in ["", "../x", ".hidden", "a/b", &"x".repeat(200)] {
@@ -514,11 +514,11 @@ fn idle_runs_expire_and_keep_what_they_were() {
     assert_eq!(got.last().unwrap().1["status"], "expired");
     // An expired run is over: no resume, no new begin.
     assert_eq!(
-        s.resume("run-e", None, None, false).err().unwrap().kind,
+        s.resume("run-e", None, None, false).err().unwrap().kind(),
         ErrorKind::NotFound
     );
     assert_eq!(
-        s.begin("run-e", None, None, true).err().unwrap().kind,
+        s.begin("run-e", None, None, true).err().unwrap().kind(),
         ErrorKind::Conflict
     );
 }
@@ -624,7 +624,7 @@ fn reseal_survives_the_old_key_being_forgotten() {
     assert_eq!(s.read_state("done").unwrap()["final_message"], "fin");
     assert_eq!(s.checkpoint_get("cp").unwrap()["partial_text"], "x");
     assert_eq!(
-        s.begin("done", None, None, true).err().unwrap().kind,
+        s.begin("done", None, None, true).err().unwrap().kind(),
         ErrorKind::Conflict
     );
 }
@@ -685,7 +685,7 @@ fn failed_runs_are_not_restarted_and_unreadable_state_files_count_as_ended() {
         .err(),
     ] {
         let e = e.expect("refused");
-        assert_eq!(e.kind, ErrorKind::Conflict, "{}", e.message);
+        assert_eq!(e.kind(), ErrorKind::Conflict, "{}", e);
     }
     s.end("run-f2", &sid, "aborted", json!({"reason": "failed"}))
         .unwrap();
@@ -695,7 +695,7 @@ fn failed_runs_are_not_restarted_and_unreadable_state_files_count_as_ended() {
     let s = env.open();
     assert_eq!(s.active_runs(), 0);
     assert_eq!(
-        s.begin("run-f2", None, None, false).err().unwrap().kind,
+        s.begin("run-f2", None, None, false).err().unwrap().kind(),
         ErrorKind::Conflict
     );
 }
@@ -747,7 +747,7 @@ fn commit_with_content_from_stream_stores_exactly_what_subscribers_saw() {
     // Only an object can take the content.
     let sid = begin(&s, "run-bad");
     let e = s.commit("run-bad", &sid, json!("text"), true).unwrap_err();
-    assert_eq!(e.kind, ErrorKind::InvalidParams);
+    assert_eq!(e.kind(), ErrorKind::InvalidParams);
     assert!(s.get("run-bad", false).unwrap().get("status").is_some());
 }
 
