@@ -1,3 +1,5 @@
+use std::collections::BTreeMap;
+use std::fs;
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::sync::Barrier;

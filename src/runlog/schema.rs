@@ -1,0 +1,249 @@
+//! hive's run-log schema, as holdfast keeps it: the keys of node details and steps, the
+//! attention rules and reasons (hive's `RuntimeLogger.log_node_complete`), the fields `run.end`
+//! takes and the summary it writes (hive's `RunSummaryLog`, field for field). Pure functions of
+//! records: no file here.
+
+use serde_json::{json, Map, Value};
+
+use super::error::{invalid, RunLogError};
+use super::view::{Kind, Loaded};
+use crate::limits::MAX_RUN_LOG_KEY_BYTES;
+
+/// hive's thresholds for a node that needs attention.
+pub mod attention {
+    /// More retries than this.
+    pub const RETRY_COUNT: i64 = 3;
+    /// More escalations than this.
+    pub const ESCALATE_COUNT: i64 = 2;
+    /// Slower than this.
+    pub const LATENCY_MS: i64 = 60_000;
+    /// More tokens than this.
+    pub const TOKENS_USED: i64 = 100_000;
+    /// More steps than this.
+    pub const TOTAL_STEPS: i64 = 20;
+}
+
+/// What the run log knows about a tool call, for the recovery planner's R2 annotation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Execution {
+    /// `run.tool_end` was logged: it ran; its result is in the log.
+    Executed,
+    /// `run.tool_begin` without an end: it may have run partly (side effects possible).
+    Began,
+    /// Neither: it never started (the run logs its tool calls, and not this one).
+    NotExecuted,
+    /// The run logs no tool calls at all (or has no run log): nothing can be said.
+    Unknown,
+}
+
+impl Execution {
+    /// The plan's wording.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Execution::Executed => "executed",
+            Execution::Began => "began",
+            Execution::NotExecuted => "not_executed",
+            Execution::Unknown => "unknown",
+        }
+    }
+}
+
+pub(super) fn iso(ms: u64) -> String {
+    crate::timefmt::format_z(ms as i64 * 1000)
+}
+
+/// A string field of at most 256 bytes, non-empty.
+pub(super) fn key_str(
+    o: &Map<String, Value>,
+    field: &str,
+    what: &str,
+) -> Result<String, RunLogError> {
+    match o.get(field) {
+        Some(Value::String(s)) if !s.is_empty() && s.len() <= MAX_RUN_LOG_KEY_BYTES => Ok(s.clone()),
+        _ => Err(invalid(format!(
+            "{what}.{field} (a non-empty string of at most {MAX_RUN_LOG_KEY_BYTES} bytes) is required"
+        ))),
+    }
+}
+
+pub(super) fn key_int(
+    o: &Map<String, Value>,
+    field: &str,
+    what: &str,
+    default: Option<i64>,
+) -> Result<i64, RunLogError> {
+    match o.get(field) {
+        None | Some(Value::Null) if default.is_some() => Ok(default.unwrap_or(0)),
+        Some(v) => v
+            .as_i64()
+            .filter(|n| *n >= 0)
+            .ok_or_else(|| invalid(format!("{what}.{field} must be a non-negative integer"))),
+        None => Err(invalid(format!(
+            "{what}.{field} (a non-negative integer) is required"
+        ))),
+    }
+}
+
+/// The key of a node detail: `(node_id, attempt)`; attempt defaults to 1 as in hive.
+pub(super) fn node_key(o: &Map<String, Value>) -> Result<(String, i64), RunLogError> {
+    Ok((
+        key_str(o, "node_id", "detail")?,
+        key_int(o, "attempt", "detail", Some(1))?,
+    ))
+}
+
+pub(super) fn step_key(o: &Map<String, Value>) -> Result<(String, i64), RunLogError> {
+    Ok((
+        key_str(o, "node_id", "step")?,
+        key_int(o, "step_index", "step", None)?,
+    ))
+}
+
+/// The record without the fields holdfast sets (to compare content).
+pub(super) fn content(record: &Map<String, Value>) -> Map<String, Value> {
+    let mut m = record.clone();
+    m.remove("seq");
+    m.remove("logged_at_ms");
+    m
+}
+
+pub(super) fn int(v: Option<&Value>) -> i64 {
+    v.and_then(|v| v.as_i64().or_else(|| v.as_f64().map(|f| f as i64)))
+        .unwrap_or(0)
+}
+
+/// Why a node needs attention, in hive's own words (`RuntimeLogger.log_node_complete`): a
+/// failure with an error, then each threshold passed; then the reasons the detail carries
+/// itself that are not among them. A client that computes hive's reasons (hive's logger, the
+/// Python drop-in) therefore gets back exactly hive's list, and its summary reads as hive's.
+pub fn attention_reasons(detail: &Map<String, Value>) -> Vec<String> {
+    let node = detail.get("node_id").and_then(Value::as_str).unwrap_or("?");
+    let mut out = Vec::new();
+    if detail.get("success") == Some(&Value::Bool(false)) {
+        match detail.get("error") {
+            Some(Value::String(e)) if !e.is_empty() => {
+                out.push(format!("Node {node} failed: {e}"));
+            }
+            _ => {}
+        }
+    }
+    // (field, threshold, hive's words before and after the number)
+    let checks = [
+        (
+            "retry_count",
+            attention::RETRY_COUNT,
+            "Excessive retries: ",
+            "",
+        ),
+        (
+            "escalate_count",
+            attention::ESCALATE_COUNT,
+            "Excessive escalations: ",
+            "",
+        ),
+        ("latency_ms", attention::LATENCY_MS, "High latency: ", "ms"),
+        (
+            "tokens_used",
+            attention::TOKENS_USED,
+            "High token usage: ",
+            "",
+        ),
+        (
+            "total_steps",
+            attention::TOTAL_STEPS,
+            "Many iterations: ",
+            "",
+        ),
+    ];
+    for (field, limit, before, after) in checks {
+        let n = int(detail.get(field));
+        if n > limit {
+            out.push(format!("{before}{n}{after}"));
+        }
+    }
+    if let Some(Value::Array(reasons)) = detail.get("attention_reasons") {
+        for r in reasons.iter().filter_map(Value::as_str) {
+            if !out.iter().any(|o| o == r) {
+                out.push(r.to_owned());
+            }
+        }
+    }
+    out
+}
+
+/// Whether a node needs attention (hive's rule): it failed (with or without an error message),
+/// passed a threshold, carries a reason, or says so itself.
+pub fn needs_attention(detail: &Map<String, Value>) -> bool {
+    detail.get("success") == Some(&Value::Bool(false))
+        || detail.get("needs_attention") == Some(&Value::Bool(true))
+        || !attention_reasons(detail).is_empty()
+}
+
+/// What `run.end` may say about the run beyond its status: hive's `RuntimeLogger.end_run`
+/// arguments and its own notes. Absent fields take hive's defaults (`""`, or what the log
+/// itself shows: the first record's time, the time since, the nodes in order).
+#[derive(Clone, Debug, Default)]
+pub struct EndFields {
+    /// hive's `agent_id`.
+    pub agent_id: Option<String>,
+    /// hive's `goal_id`.
+    pub goal_id: Option<String>,
+    /// hive's `execution_quality` (`clean`, `degraded`, `failed`).
+    pub execution_quality: Option<String>,
+    /// OpenTelemetry trace id.
+    pub trace_id: Option<String>,
+    /// Session / execution correlation id.
+    pub execution_id: Option<String>,
+    /// When the run started, as the caller records it (hive: `start_run`'s `isoformat()`).
+    pub started_at: Option<String>,
+    /// How long the run took, as the caller measured it.
+    pub duration_ms: Option<u64>,
+    /// The nodes in the order the graph visited them (may repeat a node; hive's executor
+    /// passes it). Default: the logged nodes in log order.
+    pub node_path: Option<Vec<String>>,
+}
+
+/// The summary of a run's logical entries: hive's `summary.json`, field for field, every string
+/// field a string (hive's `RunSummaryLog` refuses `null` there).
+pub(super) fn summarize(
+    run_id: &str,
+    l: &Loaded,
+    status: &str,
+    given: &EndFields,
+    now: u64,
+) -> Value {
+    let nodes = l.records(Kind::Details);
+    let mut reasons = Vec::new();
+    let mut attention = false;
+    let (mut input, mut output) = (0i64, 0i64);
+    let mut path = Vec::new();
+    for e in &nodes {
+        input = input.saturating_add(int(e.record.get("input_tokens")));
+        output = output.saturating_add(int(e.record.get("output_tokens")));
+        attention |= needs_attention(&e.record);
+        reasons.extend(attention_reasons(&e.record));
+        path.push(e.record.get("node_id").cloned().unwrap_or(Value::Null));
+    }
+    let started = l.first_ms.unwrap_or(now);
+    let text = |v: &Option<String>| v.clone().unwrap_or_default();
+    json!({
+        "run_id": run_id,
+        "agent_id": text(&given.agent_id),
+        "goal_id": text(&given.goal_id),
+        "status": status,
+        "total_nodes_executed": nodes.len(),
+        "node_path": given.node_path.as_ref().map_or(Value::Array(path), |p| json!(p)),
+        "total_input_tokens": input,
+        "total_output_tokens": output,
+        "needs_attention": attention,
+        "attention_reasons": reasons,
+        "started_at": given.started_at.clone().unwrap_or_else(|| iso(started)),
+        "duration_ms": given.duration_ms.unwrap_or_else(|| now.saturating_sub(started)),
+        "execution_quality": text(&given.execution_quality),
+        "trace_id": text(&given.trace_id),
+        "execution_id": text(&given.execution_id),
+    })
+}
+
+/// Statuses `run.end` accepts (hive's).
+pub const STATUSES: [&str; 5] = ["success", "failure", "degraded", "cancelled", "timeout"];
