@@ -85,7 +85,7 @@ fn parse_span(s: &str) -> Result<Duration, String> {
 
 impl From<RunLogError> for CliError {
     fn from(e: RunLogError) -> Self {
-        CliError::with_code(e.message, e.kind.exit_code())
+        CliError::with_code(e.to_string(), e.kind().exit_code())
     }
 }
 

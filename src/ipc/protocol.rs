@@ -280,7 +280,7 @@ impl From<crate::store::Error> for RpcError {
 
 impl From<crate::runlog::RunLogError> for RpcError {
     fn from(e: crate::runlog::RunLogError) -> Self {
-        RpcError::new(e.kind, e.message)
+        RpcError::new(e.kind(), e.to_string())
     }
 }
 

@@ -1,28 +1,133 @@
-//! The errors of run-log operations, with the protocol's error kind.
+//! The errors of run-log operations. Each variant is one thing that went wrong, with the data
+//! its message needs, and maps to exactly one error kind of the protocol
+//! ([`RunLogError::kind`]); storage failures carry the durable layer's own error.
 
+use std::path::PathBuf;
+
+use crate::durable::{IoError, LockError};
 use crate::error::ErrorKind;
 
-/// A run-log operation that failed, with the protocol's error kind.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("{message}")]
-pub struct RunLogError {
-    /// The kind (`invalid_params`, `not_found`, `conflict`, `storage`, `busy`).
-    pub kind: ErrorKind,
-    /// For people.
-    pub message: String,
+/// A run-log operation that failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunLogError {
+    // ---- the request is wrong (invalid_params) ----
+    /// A run id that cannot name a directory.
+    #[error("run_id must be 1-{max} characters of A-Z a-z 0-9 - _ . : and not start with a dot")]
+    BadRunId {
+        /// The longest run id.
+        max: usize,
+    },
+    /// A key field that is missing or not a short string.
+    #[error("{what}.{field} (a non-empty string of at most {max} bytes) is required")]
+    MissingString {
+        /// The record (`detail`, `step`, `tool call`).
+        what: String,
+        /// The field.
+        field: String,
+        /// The longest accepted.
+        max: usize,
+    },
+    /// A key field that is missing and has no default.
+    #[error("{what}.{field} (a non-negative integer) is required")]
+    MissingInteger {
+        /// The record.
+        what: String,
+        /// The field.
+        field: String,
+    },
+    /// A key field that is not a non-negative integer.
+    #[error("{what}.{field} must be a non-negative integer")]
+    BadInteger {
+        /// The record.
+        what: String,
+        /// The field.
+        field: String,
+    },
+    /// `detail.node_id` names another node than `node_id`.
+    #[error("detail.node_id differs from node_id")]
+    NodeIdDiffers,
+    /// A status `run.end` does not know.
+    #[error("status must be one of {0}")]
+    BadStatus(String),
+    /// A record over the size cap.
+    #[error("a record is at most {max} bytes; this one is {len}")]
+    RecordTooLarge {
+        /// The cap.
+        max: usize,
+        /// This one.
+        len: usize,
+    },
+    /// A file too large to rewrite for a replacement.
+    #[error("this run's log is too large to rewrite an entry of")]
+    TooLargeToRewrite,
+
+    // ---- not there, or final ----
+    /// No run log for the run.
+    #[error("no run log for run {0:?}")]
+    NoRun(String),
+    /// The run has ended: its log is final.
+    #[error("run {0:?} has ended (run.end); its log and summary are final")]
+    Ended(String),
+
+    // ---- the files ----
+    /// The run's lock is held by someone else for the whole timeout.
+    #[error(transparent)]
+    Busy(#[from] LockError),
+    /// A file-system step failed.
+    #[error(transparent)]
+    Io(#[from] IoError),
+    /// A path that should be a directory or a file is something else.
+    #[error("{} is not a {what}", path.display())]
+    NotA {
+        /// The path.
+        path: PathBuf,
+        /// `directory` or `file`.
+        what: &'static str,
+    },
+    /// Reading a path failed.
+    #[error("{}: {source}", path.display())]
+    Read {
+        /// The path.
+        path: PathBuf,
+        /// What the OS said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// `summary.json` is not JSON.
+    #[error("{}: not JSON ({reason})", path.display())]
+    BadSummary {
+        /// The path.
+        path: PathBuf,
+        /// The parser's message.
+        reason: String,
+    },
+    /// A file says it wrote the largest seq: no record can follow.
+    #[error(
+        "this run log's seq counter is at its maximum (a file holds seq 18446744073709551615): \
+         start a new run"
+    )]
+    SeqExhausted,
 }
 
-pub(super) fn err(kind: ErrorKind, message: impl Into<String>) -> RunLogError {
-    RunLogError {
-        kind,
-        message: message.into(),
+impl RunLogError {
+    /// The protocol's error kind: one per variant, here only.
+    pub fn kind(&self) -> ErrorKind {
+        use RunLogError::*;
+        match self {
+            BadRunId { .. }
+            | MissingString { .. }
+            | MissingInteger { .. }
+            | BadInteger { .. }
+            | NodeIdDiffers
+            | BadStatus(_)
+            | RecordTooLarge { .. }
+            | TooLargeToRewrite => ErrorKind::InvalidParams,
+            NoRun(_) => ErrorKind::NotFound,
+            Ended(_) => ErrorKind::Conflict,
+            Busy(_) => ErrorKind::Busy,
+            Io(_) | NotA { .. } | Read { .. } => ErrorKind::Storage,
+            BadSummary { .. } | SeqExhausted => ErrorKind::Integrity,
+        }
     }
-}
-
-pub(super) fn invalid(message: impl Into<String>) -> RunLogError {
-    err(ErrorKind::InvalidParams, message)
-}
-
-pub(super) fn storage(e: impl std::fmt::Display) -> RunLogError {
-    err(ErrorKind::Storage, e.to_string())
 }

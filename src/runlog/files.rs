@@ -11,12 +11,11 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-use super::error::{err, invalid, storage, RunLogError};
+use super::error::RunLogError;
 use super::validate_run_id;
 use super::view::{mtime_ns, tail_of, Entry, FileView, Kind, Loaded, KINDS};
 use super::MAX_RECORD_BYTES;
 use crate::durable::{self, Faults, LineFile, Poison};
-use crate::error::ErrorKind;
 use crate::timefmt::now_ms;
 
 const FRESH_TAIL: Duration = crate::limits::RUN_LOG_FRESH_TAIL;
@@ -39,18 +38,25 @@ impl RunFiles {
     ) -> Result<(), RunLogError> {
         match fs::symlink_metadata(dir) {
             Ok(m) if m.is_dir() => {}
-            Ok(_) => return Err(storage(format!("{} is not a directory", dir.display()))),
+            Ok(_) => {
+                return Err(RunLogError::NotA {
+                    path: dir.to_path_buf(),
+                    what: "directory",
+                })
+            }
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 if !create {
-                    return Err(err(
-                        ErrorKind::NotFound,
-                        format!("no run log for run {run_id:?}"),
-                    ));
+                    return Err(RunLogError::NoRun(run_id.to_owned()));
                 }
-                durable::create_private_dir(dir, &self.faults).map_err(storage)?;
-                durable::fsync_dir(&self.dir, &self.faults).map_err(storage)?;
+                durable::create_private_dir(dir, &self.faults)?;
+                durable::fsync_dir(&self.dir, &self.faults)?;
             }
-            Err(e) => return Err(storage(format!("{}: {e}", dir.display()))),
+            Err(source) => {
+                return Err(RunLogError::Read {
+                    path: dir.to_path_buf(),
+                    source,
+                })
+            }
         }
         Ok(())
     }
@@ -63,9 +69,9 @@ impl RunFiles {
             let path = dir.join(kind.file());
             let meta = match fs::symlink_metadata(&path) {
                 Ok(m) if m.is_file() => Some(m),
-                Ok(_) => return Err(storage(format!("{} is not a file", path.display()))),
+                Ok(_) => return Err(RunLogError::NotA { path, what: "file" }),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-                Err(e) => return Err(storage(format!("{}: {e}", path.display()))),
+                Err(source) => return Err(RunLogError::Read { path, source }),
             };
             let f = &view.files[kind.index()];
             reload |= match &meta {
@@ -102,15 +108,22 @@ impl RunFiles {
         // Re-read each time: small, and a replaced or deleted summary must be seen.
         let summary_path = dir.join("summary.json");
         view.summary = match durable::read_capped(&summary_path, MAX_RECORD_BYTES as u64) {
-            Ok(Some(bytes)) => Some(serde_json::from_slice(&bytes).map_err(|e| {
-                err(
-                    ErrorKind::Integrity,
-                    format!("{}: not JSON ({e})", summary_path.display()),
+            Ok(Some(bytes)) => {
+                Some(
+                    serde_json::from_slice(&bytes).map_err(|e| RunLogError::BadSummary {
+                        path: summary_path.clone(),
+                        reason: e.to_string(),
+                    })?,
                 )
-            })?),
+            }
             Ok(None) => None,
             Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-            Err(e) => return Err(storage(format!("{}: {e}", summary_path.display()))),
+            Err(source) => {
+                return Err(RunLogError::Read {
+                    path: summary_path,
+                    source,
+                })
+            }
         };
         Ok(())
     }
@@ -125,7 +138,7 @@ impl RunFiles {
         view: &mut Loaded,
     ) -> Result<bool, RunLogError> {
         let path = dir.join(kind.file());
-        let mut file = LineFile::open(&path).map_err(storage)?;
+        let mut file = LineFile::open(&path)?;
         let f = view.files[kind.index()].clone();
         let (from, known) = if f.exists {
             (f.len, f.tail.clone())
@@ -134,7 +147,7 @@ impl RunFiles {
         };
         let waited = std::time::Instant::now();
         let (bytes, complete) = loop {
-            let mut bytes = file.read_from(from - known.len() as u64).map_err(storage)?;
+            let mut bytes = file.read_from(from - known.len() as u64)?;
             if !bytes.starts_with(&known) {
                 return Ok(false);
             }
@@ -163,13 +176,12 @@ impl RunFiles {
             // A torn last line: its writer died before the newline (every writer of ours holds
             // this lock while it writes; others had FRESH_TAIL to finish). Cut it, durably.
             let torn = (bytes.len() - complete) as u64;
-            file.cut(len, &self.faults, &self.poison)
-                .map_err(|e| storage(format!("cutting the torn tail: {e}")))?;
+            file.cut(len, &self.faults, &self.poison)?;
             tracing::warn!(file = %path.display(), bytes = torn, "run log: cut a torn last line");
             view.report.torn_tails_cut += 1;
             view.report.torn_bytes += torn;
         }
-        let meta = file.metadata().map_err(storage)?;
+        let meta = file.metadata()?;
         if len == 0 && !f.exists {
             view.report.empty_files += 1;
         }
@@ -192,11 +204,7 @@ impl RunFiles {
         let seq = view.next_seq.max(1);
         match seq.checked_add(1) {
             Some(next) => Ok((seq, next)),
-            None => Err(err(
-                ErrorKind::Integrity,
-                "this run log's seq counter is at its maximum (a file holds seq 18446744073709551615): \
-                 start a new run",
-            )),
+            None => Err(RunLogError::SeqExhausted),
         }
     }
 
@@ -212,18 +220,18 @@ impl RunFiles {
         let at = now_ms();
         record.insert("seq".into(), seq.into());
         record.insert("logged_at_ms".into(), at.into());
-        let mut line = serde_json::to_vec(&record).map_err(storage)?;
+        // A map of JSON values serializes into a Vec without fail.
+        let mut line = serde_json::to_vec(&record).unwrap_or_default();
         if line.len() > MAX_RECORD_BYTES {
-            return Err(invalid(format!(
-                "a record is at most {MAX_RECORD_BYTES} bytes; this one is {}",
-                line.len()
-            )));
+            return Err(RunLogError::RecordTooLarge {
+                max: MAX_RECORD_BYTES,
+                len: line.len(),
+            });
         }
         line.push(b'\n');
         let old_len = view.files[kind.index()].len;
         let meta =
-            durable::append_line(dir, kind.file(), &line, old_len, &self.faults, &self.poison)
-                .map_err(storage)?
+            durable::append_line(dir, kind.file(), &line, old_len, &self.faults, &self.poison)?
                 .meta;
         if meta.len() != old_len + line.len() as u64 {
             // Someone appended without the lock since the refresh: their lines were not read.
@@ -270,23 +278,20 @@ impl RunFiles {
             } else {
                 &e.record
             };
-            serde_json::to_writer(&mut bytes, r).map_err(storage)?;
+            // JSON values serialize into a Vec without fail.
+            let _ = serde_json::to_writer(&mut bytes, r);
             bytes.push(b'\n');
         }
         if bytes.len() > crate::limits::MAX_RUN_LOG_REWRITE_BYTES {
-            return Err(invalid(
-                "this run's log is too large to rewrite an entry of",
-            ));
+            return Err(RunLogError::TooLargeToRewrite);
         }
-        self.poison.check(dir).map_err(storage)?;
-        self.poison
-            .watch(durable::atomic_write(
-                dir,
-                kind.file(),
-                &bytes,
-                &self.faults,
-            ))
-            .map_err(storage)?;
+        self.poison.check(dir)?;
+        self.poison.watch(durable::atomic_write(
+            dir,
+            kind.file(),
+            &bytes,
+            &self.faults,
+        ))?;
         // The rewrite drops bad and duplicate lines: reload the view from the new file.
         let mut fresh = Loaded::default();
         self.refresh(dir, &mut fresh)?;
@@ -300,7 +305,12 @@ impl RunFiles {
         let entries = match fs::read_dir(&self.dir) {
             Ok(e) => e,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(ids),
-            Err(e) => return Err(storage(format!("{}: {e}", self.dir.display()))),
+            Err(source) => {
+                return Err(RunLogError::Read {
+                    path: self.dir.clone(),
+                    source,
+                })
+            }
         };
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
@@ -337,27 +347,26 @@ impl RunFiles {
 
     /// Write `summary.json` (atomically, under the poison rule).
     pub(super) fn write_summary(&self, dir: &Path, summary: &Value) -> Result<(), RunLogError> {
-        let bytes = serde_json::to_vec_pretty(summary).map_err(storage)?;
-        self.poison.check(dir).map_err(storage)?;
-        self.poison
-            .watch(durable::atomic_write(
-                dir,
-                "summary.json",
-                &bytes,
-                &self.faults,
-            ))
-            .map_err(storage)?;
+        // A JSON value serializes into a Vec without fail.
+        let bytes = serde_json::to_vec_pretty(summary).unwrap_or_default();
+        self.poison.check(dir)?;
+        self.poison.watch(durable::atomic_write(
+            dir,
+            "summary.json",
+            &bytes,
+            &self.faults,
+        ))?;
         Ok(())
     }
 
     /// Delete a run's directory (its lock held by the caller), and make it durable.
     pub(super) fn remove_run(&self, run_id: &str) -> Result<(), RunLogError> {
-        durable::remove_tree(&self.dir, run_id, &self.faults).map_err(storage)?;
+        durable::remove_tree(&self.dir, run_id, &self.faults)?;
         Ok(())
     }
 
     /// Make deletions in `runs/` durable.
     pub(super) fn sync_dir(&self) -> Result<(), RunLogError> {
-        durable::fsync_dir(&self.dir, &self.faults).map_err(storage)
+        Ok(durable::fsync_dir(&self.dir, &self.faults)?)
     }
 }

@@ -49,7 +49,6 @@ mod view;
 mod tests;
 
 pub use error::RunLogError;
-use error::{err, invalid, storage};
 use files::RunFiles;
 pub use schema::{attention, attention_reasons, needs_attention, EndFields, Execution, STATUSES};
 use schema::{content, iso, key_str, node_key, step_key, summarize};
@@ -77,7 +76,9 @@ impl std::fmt::Debug for RunLog {
 
 /// A run id: the rule the streams use (it names a directory).
 pub fn validate_run_id(id: &str) -> Result<(), RunLogError> {
-    crate::streams::validate_run_id(id).map_err(|e| invalid(e.to_string()))
+    crate::streams::validate_run_id(id).map_err(|_| RunLogError::BadRunId {
+        max: crate::limits::MAX_RUN_ID_BYTES,
+    })
 }
 
 use crate::timefmt::now_ms;
@@ -85,7 +86,7 @@ use crate::timefmt::now_ms;
 impl RunLog {
     /// The run logs under `runs_dir` (created 0700 if missing).
     pub fn open(runs_dir: &Path, faults: Faults) -> Result<RunLog, RunLogError> {
-        durable::create_private_dir(runs_dir, &faults).map_err(storage)?;
+        durable::create_private_dir(runs_dir, &faults)?;
         Ok(RunLog {
             files: RunFiles {
                 dir: runs_dir.to_path_buf(),
@@ -137,8 +138,7 @@ impl RunLog {
             attempts += 1;
             self.files.ensure_dir(run_id, &dir, create)?;
             let lock =
-                durable::lock::lock(&dir.join("log.lock"), LockMode::Exclusive, LOCK_TIMEOUT)
-                    .map_err(|e| err(ErrorKind::Busy, e.to_string()))?;
+                durable::lock::lock(&dir.join("log.lock"), LockMode::Exclusive, LOCK_TIMEOUT)?;
             if dir.is_dir() || attempts >= 2 {
                 break lock;
             }
@@ -154,7 +154,7 @@ impl RunLog {
         if view.stale
             || out
                 .as_ref()
-                .is_err_and(|e| matches!(e.kind, ErrorKind::Storage | ErrorKind::Integrity))
+                .is_err_and(|e| matches!(e.kind(), ErrorKind::Storage | ErrorKind::Integrity))
         {
             // After a failed write the view is not trusted: the next use reloads the files.
             *view = Loaded::default();
@@ -166,10 +166,7 @@ impl RunLog {
 
     fn refuse_if_ended(run_id: &str, view: &Loaded) -> Result<(), RunLogError> {
         if view.ended() {
-            return Err(err(
-                ErrorKind::Conflict,
-                format!("run {run_id:?} has ended (run.end); its log and summary are final"),
-            ));
+            return Err(RunLogError::Ended(run_id.to_owned()));
         }
         Ok(())
     }
@@ -228,7 +225,7 @@ impl RunLog {
                 detail.insert("node_id".into(), node_id.into());
             }
             Some(Value::String(n)) if n == node_id => {}
-            Some(_) => return Err(invalid("detail.node_id differs from node_id")),
+            Some(_) => return Err(RunLogError::NodeIdDiffers),
         }
         let key = node_key(&detail)?;
         self.with_run(run_id, true, |dir, view| {
@@ -364,7 +361,7 @@ impl RunLog {
                 ids.iter().map(|id| state(view, id)).collect()
             })
         }) {
-            Err(e) if e.kind == ErrorKind::NotFound => Ok(vec![Execution::Unknown; ids.len()]),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(vec![Execution::Unknown; ids.len()]),
             other => other,
         }
     }
@@ -373,10 +370,7 @@ impl RunLog {
     /// returns the same summary and writes nothing.
     pub fn end(&self, run_id: &str, status: &str, given: &EndFields) -> Result<Value, RunLogError> {
         if !STATUSES.contains(&status) {
-            return Err(invalid(format!(
-                "status must be one of {}",
-                STATUSES.join(", ")
-            )));
+            return Err(RunLogError::BadStatus(STATUSES.join(", ")));
         }
         self.with_run(run_id, true, |dir, view| {
             if let Some(s) = &view.summary {
@@ -457,8 +451,8 @@ impl RunLog {
                 Ok(Self::describe(&run_id, view, false))
             }) {
                 Ok(d) => d,
-                Err(e) if e.kind == ErrorKind::NotFound => continue,
-                Err(e) => json!({"run_id": run_id, "status": "unreadable", "error": e.message}),
+                Err(e) if e.kind() == ErrorKind::NotFound => continue,
+                Err(e) => json!({"run_id": run_id, "status": "unreadable", "error": e.to_string()}),
             };
             if status.is_some_and(|s| d["status"].as_str() != Some(s)) {
                 continue;
@@ -510,7 +504,7 @@ impl RunLog {
                 Err(e) => {
                     tracing::warn!(run_id, error = %e, "prune: could not delete a run");
                     out.push(
-                        json!({"run_id": run_id, "last_activity_ms": last, "error": e.message}),
+                        json!({"run_id": run_id, "last_activity_ms": last, "error": e.to_string()}),
                     );
                 }
             }
@@ -523,8 +517,7 @@ impl RunLog {
 
     /// Delete one run's directory under its lock if it is still idle since before `cutoff`.
     fn delete_run(&self, run_id: &str, dir: &Path, cutoff: u64) -> Result<bool, RunLogError> {
-        let lock = durable::lock::lock(&dir.join("log.lock"), LockMode::Exclusive, LOCK_TIMEOUT)
-            .map_err(|e| err(ErrorKind::Busy, e.to_string()))?;
+        let lock = durable::lock::lock(&dir.join("log.lock"), LockMode::Exclusive, LOCK_TIMEOUT)?;
         // Written to while we waited for the lock: not old any more.
         if RunFiles::last_activity_ms(dir).is_some_and(|l| l >= cutoff) {
             return Ok(false);

@@ -5,7 +5,7 @@
 
 use serde_json::{json, Map, Value};
 
-use super::error::{invalid, RunLogError};
+use super::error::RunLogError;
 use super::view::{Kind, Loaded};
 use crate::limits::MAX_RUN_LOG_KEY_BYTES;
 
@@ -59,10 +59,14 @@ pub(super) fn key_str(
     what: &str,
 ) -> Result<String, RunLogError> {
     match o.get(field) {
-        Some(Value::String(s)) if !s.is_empty() && s.len() <= MAX_RUN_LOG_KEY_BYTES => Ok(s.clone()),
-        _ => Err(invalid(format!(
-            "{what}.{field} (a non-empty string of at most {MAX_RUN_LOG_KEY_BYTES} bytes) is required"
-        ))),
+        Some(Value::String(s)) if !s.is_empty() && s.len() <= MAX_RUN_LOG_KEY_BYTES => {
+            Ok(s.clone())
+        }
+        _ => Err(RunLogError::MissingString {
+            what: what.to_owned(),
+            field: field.to_owned(),
+            max: MAX_RUN_LOG_KEY_BYTES,
+        }),
     }
 }
 
@@ -77,10 +81,14 @@ pub(super) fn key_int(
         Some(v) => v
             .as_i64()
             .filter(|n| *n >= 0)
-            .ok_or_else(|| invalid(format!("{what}.{field} must be a non-negative integer"))),
-        None => Err(invalid(format!(
-            "{what}.{field} (a non-negative integer) is required"
-        ))),
+            .ok_or_else(|| RunLogError::BadInteger {
+                what: what.to_owned(),
+                field: field.to_owned(),
+            }),
+        None => Err(RunLogError::MissingInteger {
+            what: what.to_owned(),
+            field: field.to_owned(),
+        }),
     }
 }
 

@@ -185,8 +185,8 @@ fn steps_are_idempotent_by_node_and_index() {
     assert_eq!(l.len(), 2);
     assert_eq!(l[0]["llm_text"], json!("c"));
     let bad = log.log_step("r", obj(json!({"node_id": "n"}))).unwrap_err();
-    assert_eq!(bad.kind, ErrorKind::InvalidParams);
-    assert!(bad.message.contains("step_index"), "{}", bad.message);
+    assert_eq!(bad.kind(), ErrorKind::InvalidParams);
+    assert!(bad.to_string().contains("step_index"), "{}", bad);
 }
 
 #[test]
@@ -266,13 +266,13 @@ fn end_is_idempotent_and_final() {
     }
     // Final: no more entries; a retry of one already there is still answered.
     let late = log.log_node("r", detail("b", 1, 1)).unwrap_err();
-    assert_eq!(late.kind, ErrorKind::Conflict);
+    assert_eq!(late.kind(), ErrorKind::Conflict);
     let retry = log.log_node("r", detail("a", 1, 10)).unwrap();
     assert_eq!(retry["written"], json!(false));
     let bad = log
         .end("r2", "finished", &EndFields::default())
         .unwrap_err();
-    assert_eq!(bad.kind, ErrorKind::InvalidParams);
+    assert_eq!(bad.kind(), ErrorKind::InvalidParams);
 }
 
 #[test]
@@ -452,7 +452,7 @@ fn hostile_run_ids_and_bad_details_are_refused_without_touching_the_disk() {
     let log = open(tmp.path());
     for id in ["", "../x", ".hidden", "a/b", &"x".repeat(129), "a\nb"] {
         let e = log.log_node(id, detail("n", 1, 1)).unwrap_err();
-        assert_eq!(e.kind, ErrorKind::InvalidParams, "{id:?}");
+        assert_eq!(e.kind(), ErrorKind::InvalidParams, "{id:?}");
     }
     for d in [
         json!({}),
@@ -462,16 +462,16 @@ fn hostile_run_ids_and_bad_details_are_refused_without_touching_the_disk() {
         json!({"node_id": "n", "attempt": "1"}),
     ] {
         let e = log.log_node("ok", obj(d.clone())).unwrap_err();
-        assert_eq!(e.kind, ErrorKind::InvalidParams, "{d}");
+        assert_eq!(e.kind(), ErrorKind::InvalidParams, "{d}");
     }
     let big = obj(json!({"node_id": "n", "error": "x".repeat(MAX_RECORD_BYTES)}));
     assert_eq!(
-        log.log_node("ok", big).unwrap_err().kind,
+        log.log_node("ok", big).unwrap_err().kind(),
         ErrorKind::InvalidParams
     );
     assert_eq!(fs::read_dir(tmp.path()).unwrap().count(), 1, "only ok/");
     assert!(lines(tmp.path(), "ok", "details.jsonl").is_empty());
-    assert_eq!(log.get("missing").unwrap_err().kind, ErrorKind::NotFound);
+    assert_eq!(log.get("missing").unwrap_err().kind(), ErrorKind::NotFound);
 }
 
 #[test]
@@ -486,7 +486,7 @@ fn a_failed_write_or_fsync_is_an_error_and_the_next_call_sees_the_truth() {
         let log = RunLog::open(tmp.path(), faults.clone()).unwrap();
         let node = format!("n-{op:?}");
         let e = log.ensure_node("r", &node, Map::new()).unwrap_err();
-        assert_eq!(e.kind, ErrorKind::Storage, "{op:?}");
+        assert_eq!(e.kind(), ErrorKind::Storage, "{op:?}");
         assert_eq!(faults.injected(), 1);
         // The failed append is not left in the file (a retry must not take an unsynced line
         // for a logged one).
@@ -500,9 +500,9 @@ fn a_failed_write_or_fsync_is_an_error_and_the_next_call_sees_the_truth() {
         // later sync that succeeds would vouch for pages the kernel may have dropped).
         let log = if op == Op::FsyncFile {
             let e = log.ensure_node("r", &node, Map::new()).unwrap_err();
-            assert_eq!(e.kind, ErrorKind::Storage, "{e}");
+            assert_eq!(e.kind(), ErrorKind::Storage, "{e}");
             assert!(
-                e.message
+                e.to_string()
                     .contains("writes are refused until the daemon restarts"),
                 "{e}"
             );
@@ -563,7 +563,7 @@ fn list_filters_and_prune_deletes_old_runs_but_keeps_active_ones() {
     assert_eq!(gone.len(), 2);
     assert!(!tmp.path().join("done").exists());
     assert!(tmp.path().join("live").exists());
-    assert_eq!(log.get("done").unwrap_err().kind, ErrorKind::NotFound);
+    assert_eq!(log.get("done").unwrap_err().kind(), ErrorKind::NotFound);
 }
 
 /// A torn tail written seconds ago is cut; one being written right now (by a process that
@@ -667,8 +667,11 @@ fn a_file_with_the_largest_seq_reads_and_refuses_new_records() {
     let got = log.get("maxed").unwrap();
     assert_eq!(got["nodes"], json!(1), "{got}");
     let e = log.log_node("maxed", detail("act", 1, 10)).unwrap_err();
-    assert_eq!(e.kind, ErrorKind::Integrity, "{e}");
-    assert!(e.message.contains("seq counter is at its maximum"), "{e}");
+    assert_eq!(e.kind(), ErrorKind::Integrity, "{e}");
+    assert!(
+        e.to_string().contains("seq counter is at its maximum"),
+        "{e}"
+    );
     // Nothing was written: the file still holds the one line.
     assert_eq!(lines(tmp.path(), "maxed", "details.jsonl").len(), 1);
 }
