@@ -1,0 +1,261 @@
+//! The store's keys: loading them (and telling a wrong key from a few damaged files), picking
+//! up key files another process rotated, sealing and unsealing, and what a rotation needs to
+//! know about each file.
+
+use super::*;
+
+impl CredentialStore {
+    pub(super) fn keys_now(&self) -> Arc<KeySnapshot> {
+        self.keys
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Why the store is sealed, or `None` if it has a working key.
+    pub fn sealed_reason(&self) -> Option<SealedReason> {
+        match &self.keys_now().state {
+            KeyState::Sealed(r) => Some(r.clone()),
+            KeyState::Unsealed { .. } => None,
+        }
+    }
+
+    /// Fingerprints of the keys in use (primary first), for status output.
+    pub fn key_fingerprints(&self) -> Vec<String> {
+        match &self.keys_now().state {
+            KeyState::Unsealed { ring, .. } => ring.fingerprints().to_vec(),
+            KeyState::Sealed(_) => Vec::new(),
+        }
+    }
+
+    /// Where the key came from, if unsealed.
+    pub fn key_source(&self) -> Option<KeySource> {
+        match &self.keys_now().state {
+            KeyState::Unsealed { source, .. } => Some(source.clone()),
+            KeyState::Sealed(_) => None,
+        }
+    }
+
+    pub(super) fn key_file_stamps(&self) -> Vec<Option<FileStamp>> {
+        self.config
+            .key_sources
+            .iter()
+            .flat_map(|s| match s {
+                KeySource::File(p) | KeySource::SystemdCredential(p) => {
+                    vec![stamp_of(p), stamp_of(&keys::prev_path(p))]
+                }
+                KeySource::Env(_) => Vec::new(),
+            })
+            .collect()
+    }
+
+    /// Whether `ring` opens file `name`: `Some(true)` it authenticates (even if stamped in
+    /// the future or not a credential), `Some(false)` a well-formed token that does not,
+    /// `None` no evidence either way (missing, empty, malformed, unreadable).
+    pub(super) fn key_opens(&self, ring: &Keyring, name: &str) -> Option<bool> {
+        let bytes =
+            durable::read_capped(&self.cred_dir.join(name), MAX_CREDENTIAL_FILE_BYTES).ok()??;
+        let token = std::str::from_utf8(&bytes).ok()?;
+        match ring.decrypt(token) {
+            Ok(_) | Err(DecryptError::ClockSkew { .. }) => Some(true),
+            Err(DecryptError::Invalid) => Some(false),
+            Err(DecryptError::Malformed) => None,
+        }
+    }
+
+    /// Load keys and decide sealed/unsealed. Unsafe key permissions are an error (refuse).
+    pub(super) fn load_keys(&self) -> Result<KeySnapshot> {
+        let stamps = self.key_file_stamps();
+        let sealed = |reason| {
+            Ok(KeySnapshot {
+                state: KeyState::Sealed(reason),
+                stamps: stamps.clone(),
+            })
+        };
+        let sources = &self.config.key_sources;
+        let looked_in = sources
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
+        let loaded = match keys::load(sources) {
+            Ok(l) => l,
+            Err(e @ crate::crypto::KeyError::Malformed { .. }) => {
+                return sealed(SealedReason::BadKey(e.to_string()))
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let files = self.enc_files()?;
+        let Some(LoadedKeys {
+            source,
+            primary,
+            previous,
+        }) = loaded
+        else {
+            return sealed(SealedReason::NoKey {
+                files: files.len(),
+                looked_in,
+            });
+        };
+        let Some(ring) = Keyring::new(&primary, &previous) else {
+            return sealed(SealedReason::BadKey(format!(
+                "{source} does not hold a Fernet key"
+            )));
+        };
+        // The key must open at least one existing file; otherwise it is the wrong key and
+        // nothing may be written with it (files would end up under two keys) or quarantined.
+        // Only authentication failures count: empty or torn files say nothing about the key.
+        let mut refused = 0;
+        let mut opened = false;
+        for name in &files {
+            match self.key_opens(&ring, name) {
+                Some(true) => {
+                    opened = true;
+                    break;
+                }
+                Some(false) => refused += 1,
+                None => {}
+            }
+            if refused >= KEY_CHECK_SAMPLE {
+                break;
+            }
+        }
+        if !opened && refused > 0 {
+            return sealed(SealedReason::WrongKey {
+                tried: refused,
+                source: source.to_string(),
+            });
+        }
+        Ok(KeySnapshot {
+            state: KeyState::Unsealed { ring, source },
+            stamps,
+        })
+    }
+
+    /// Reload the keys if any key file changed (another process rotated, or a person restored
+    /// a key). Never fails: a key that became unusable seals the store, with the reason.
+    pub(super) fn reload_keys_if_changed(&self) {
+        if self.key_file_stamps() != self.keys_now().stamps {
+            self.reload_keys();
+        }
+    }
+
+    /// A sealed store looks at its key files again (a stat each) before answering `sealed`:
+    /// a person who restores the key should not have to restart the daemon.
+    pub(super) fn unseal_if_key_restored(&self) {
+        if matches!(self.keys_now().state, KeyState::Sealed(_)) {
+            self.reload_keys_if_changed();
+        }
+    }
+
+    pub(in crate::store) fn reload_keys(&self) {
+        let snapshot = self.load_keys().unwrap_or_else(|e| KeySnapshot {
+            state: KeyState::Sealed(SealedReason::BadKey(e.to_string())),
+            stamps: self.key_file_stamps(),
+        });
+        match &snapshot.state {
+            KeyState::Sealed(reason) => {
+                tracing::error!(store = %self.config.name, %reason, "key files changed and no longer open the store")
+            }
+            KeyState::Unsealed { ring, .. } => {
+                tracing::info!(store = %self.config.name, keys = ?ring.fingerprints(), "key files changed; reloaded keys")
+            }
+        }
+        *self.keys.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(snapshot);
+    }
+
+    pub(super) fn sealed_error(&self, reason: SealedReason) -> Error {
+        Error::Sealed {
+            store: self.config.name.clone(),
+            reason,
+        }
+    }
+
+    /// Run `f` with the keyring, or fail with `sealed`. No lock is held while `f` runs.
+    pub(in crate::store) fn with_ring<T>(
+        &self,
+        f: impl FnOnce(&Keyring) -> Result<T>,
+    ) -> Result<T> {
+        self.unseal_if_key_restored();
+        let keys = self.keys_now();
+        match &keys.state {
+            KeyState::Unsealed { ring, .. } => f(ring),
+            KeyState::Sealed(r) => Err(self.sealed_error(r.clone())),
+        }
+    }
+
+    /// Encrypt arbitrary bytes with this store's primary key (the stream journal's records and
+    /// run state files are sealed with the default store's key).
+    pub fn seal(&self, plaintext: &[u8]) -> Result<String> {
+        self.with_ring(|ring| Ok(ring.encrypt(plaintext)))
+    }
+
+    /// Decrypt what [`Self::seal`] produced, with any key of the ring.
+    pub fn unseal(&self, token: &str) -> Result<crate::crypto::SecretBytes> {
+        self.with_ring(|ring| {
+            ring.decrypt(token)
+                .map(|(plain, _)| plain)
+                .map_err(|e| Error::Integrity {
+                    what: "a sealed stream record".into(),
+                    reason: e.to_string(),
+                })
+        })
+    }
+
+    /// Which key file `name` needs (rotation). Works on the raw token: a file that
+    /// authenticates under an old key but is not a valid credential still needs that key.
+    pub(in crate::store) fn key_use(&self, name: &str) -> Result<KeyUse> {
+        self.with_ring(|ring| {
+            let path = self.cred_dir.join(name);
+            let bytes = match durable::read_capped(&path, MAX_CREDENTIAL_FILE_BYTES) {
+                Ok(Some(b)) => b,
+                Ok(None) => return Ok(KeyUse::Primary),
+                Err(e) if is_eloop(&e) || e.kind() == io::ErrorKind::InvalidData => {
+                    return Ok(KeyUse::Undecryptable)
+                }
+                Err(e) => return Ok(KeyUse::Unreadable(format!("{name}: {e}"))),
+            };
+            let Ok(token) = std::str::from_utf8(&bytes) else {
+                return Ok(KeyUse::Undecryptable);
+            };
+            Ok(match ring.decrypt(token) {
+                Ok((_, 0)) => KeyUse::Primary,
+                Ok(_) => KeyUse::Previous,
+                Err(DecryptError::ClockSkew { key_index, .. }) => KeyUse::Skewed {
+                    previous: key_index > 0,
+                },
+                Err(DecryptError::Invalid | DecryptError::Malformed) => KeyUse::Undecryptable,
+            })
+        })
+    }
+
+    /// Re-encrypt one file with the primary key if it is under a previous key, keeping its
+    /// plaintext byte for byte. Caller holds the store lock. Returns whether it was rewritten.
+    pub(in crate::store) fn reencrypt_file(&self, name: &str) -> Result<bool> {
+        let mut inner = lock_guard(&self.inner);
+        self.with_ring(|ring| {
+            let path = self.cred_dir.join(name);
+            let Ok(Some(bytes)) = durable::read_capped(&path, MAX_CREDENTIAL_FILE_BYTES) else {
+                return Ok(false);
+            };
+            let Ok(token) = std::str::from_utf8(&bytes) else {
+                return Ok(false);
+            };
+            let Ok((plain, idx)) = ring.decrypt(token) else {
+                return Ok(false);
+            };
+            if idx == 0 {
+                return Ok(false);
+            }
+            let token = ring.encrypt(plain.expose());
+            let stamp =
+                durable::atomic_write(&self.cred_dir, name, token.as_bytes(), self.faults())
+                    .map_err(|e| self.io_failed(e))?;
+            if let Some(e) = inner.entries.get_mut(name) {
+                e.stamp = Some(stamp);
+            }
+            inner.dirty = true;
+            Ok(true)
+        })
+    }
+}

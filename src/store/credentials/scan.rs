@@ -1,0 +1,506 @@
+//! Seeing the directory as it is: listing, the directory scan and its change list (what the
+//! watcher reports), reconciliation of the index with the files, and fsck.
+
+use super::*;
+
+impl CredentialStore {
+    /// Names of the `.enc` files in `credentials/`, sorted.
+    pub(in crate::store) fn enc_files(&self) -> Result<Vec<String>> {
+        let mut names = Vec::new();
+        let read_err = |source| Error::Read {
+            path: self.cred_dir.clone(),
+            source,
+        };
+        let rd = match fs::read_dir(&self.cred_dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(names),
+            Err(e) => return Err(read_err(e)),
+        };
+        for e in rd {
+            let e = e.map_err(read_err)?;
+            if let Some(name) = e.file_name().to_str() {
+                if name.ends_with(".enc") && !durable::is_temp_name(name) {
+                    names.push(name.to_owned());
+                }
+            }
+        }
+        names.sort();
+        Ok(names)
+    }
+
+    /// Metadata of every credential (never secret values), fresh from the directory.
+    /// Files that cannot be read are counted in `unreadable` (and listed with their last known
+    /// metadata if they had any).
+    pub fn list(&self) -> Result<Listing> {
+        self.reload_keys_if_changed();
+        self.with_ring(|ring| {
+            let mut inner = lock_guard(&self.inner);
+            self.refresh(&mut inner, ring)?;
+            let mut credentials: Vec<CredentialInfo> = inner
+                .entries
+                .values()
+                .map(|e| CredentialInfo {
+                    id: e.id.clone(),
+                    generation: e.generation,
+                    metadata: e.meta.clone(),
+                })
+                .collect();
+            credentials.sort_by(|a, b| a.id.cmp(&b.id));
+            Ok(Listing {
+                credentials,
+                unreadable: inner.unreadable,
+            })
+        })
+    }
+
+    /// Pick up changes other processes made to the files (hive, an offline CLI, a person
+    /// copying files): refresh from the directory, return the credentials that appeared,
+    /// changed or disappeared, and rewrite the index if it drifted. Cheap when nothing changed
+    /// (one stat per file). Writes made through this handle are already known and are not
+    /// reported again.
+    pub fn sync(&self) -> Result<Vec<Change>> {
+        self.reload_keys_if_changed();
+        let changes = self.with_ring(|ring| {
+            let mut inner = lock_guard(&self.inner);
+            let was_seeded = inner.seeded;
+            let before = std::mem::take(&mut inner.entries);
+            inner.entries = before.clone();
+            self.refresh(&mut inner, ring)?;
+            let mut changes = std::mem::take(&mut inner.pending);
+            if was_seeded && self.opts.index_flush == IndexFlush::Immediate {
+                changes = diff_entries(&before, &inner.entries);
+            }
+            Ok(changes)
+        })?;
+        self.flush()?;
+        Ok(changes)
+    }
+
+    /// Changes other processes made that a directory scan (an index rewrite's) found and
+    /// nobody has reported yet. The daemon drains them after each background flush.
+    pub fn take_changes(&self) -> Vec<Change> {
+        std::mem::take(&mut lock_guard(&self.inner).pending)
+    }
+
+    /// Like [`CredentialStore::sync`], but look only at the files named (the file watcher knows
+    /// which changed): a stat each, a decryption for those whose stamp differs. Names that are
+    /// not credential files are ignored, except `index.json`: if another process rewrote it,
+    /// the index is marked dirty so that ours (a full view) replaces it. O(changed files), not
+    /// O(store): the daemon's own writes come back as events and cost a stat each.
+    pub fn sync_files(&self, names: &[String]) -> Result<Vec<Change>> {
+        self.reload_keys_if_changed();
+        self.with_ring(|ring| {
+            let mut inner = lock_guard(&self.inner);
+            if !inner.seeded {
+                self.refresh(&mut inner, ring)?;
+                return Ok(Vec::new());
+            }
+            let mut changes = Vec::new();
+            for name in names {
+                if name == INDEX_FILE {
+                    if stamp_of(&self.meta_dir.join(INDEX_FILE)) != inner.index_stamp {
+                        inner.dirty = true;
+                    }
+                    continue;
+                }
+                if !name.ends_with(".enc") || durable::is_temp_name(name) {
+                    continue;
+                }
+                if inner.deleting.as_deref() == Some(name.as_str()) {
+                    continue;
+                }
+                let stamp = stamp_of(&self.cred_dir.join(name));
+                let known = inner.entries.get(name);
+                if stamp.is_some() && known.is_some_and(|e| e.stamp == stamp) {
+                    continue;
+                }
+                match (stamp, self.read_file(name, ring)) {
+                    (Some(stamp), FileRead::Ok(c, _)) if id::file_name(c.id()) == *name => {
+                        let entry = Entry {
+                            id: c.id().to_owned(),
+                            meta: c.index_entry(),
+                            stamp: Some(stamp),
+                            generation: c.generation(),
+                        };
+                        changes.push(Change {
+                            id: entry.id.clone(),
+                            generation: Some(entry.generation),
+                        });
+                        inner.entries.insert(name.clone(), entry);
+                        inner.dirty = true;
+                    }
+                    (_, FileRead::Missing) => {
+                        if let Some(gone) = inner.entries.remove(name) {
+                            changes.push(Change {
+                                id: gone.id,
+                                generation: None,
+                            });
+                            inner.dirty = true;
+                        }
+                    }
+                    // Unreadable or damaged: keep what we knew; fsck reports it.
+                    _ => {}
+                }
+            }
+            let mut all = std::mem::take(&mut inner.pending);
+            all.extend(changes);
+            Ok(all)
+        })
+    }
+
+    /// Bring the in-memory entries up to date with the directory: stat every file, decrypt
+    /// only those whose stamp changed (or, the first time, that the index does not vouch for).
+    /// A file that cannot be read keeps its last known entry. Modifies nothing on disk.
+    pub(super) fn refresh(&self, inner: &mut Inner, ring: &Keyring) -> Result<()> {
+        let seed = if inner.seeded {
+            None
+        } else {
+            let (index, state, stamp) = self.read_index();
+            (state == IndexState::Ok).then_some((index, stamp))
+        };
+        let seed_ref = seed.as_ref().map(|(i, s)| (i, *s));
+        let scan = self.scan(
+            ring,
+            &inner.entries,
+            seed_ref,
+            false,
+            inner.deleting.as_deref(),
+        )?;
+        let mut fresh = scan.entries;
+        for (name, _) in &scan.bad {
+            if let Some(e) = inner.entries.get(name) {
+                fresh.insert(
+                    name.clone(),
+                    Entry {
+                        stamp: None,
+                        ..e.clone()
+                    },
+                );
+            }
+        }
+        let changed = fresh.len() != inner.entries.len()
+            || fresh
+                .iter()
+                .zip(&inner.entries)
+                .any(|(a, b)| a.0 != b.0 || a.1.stamp != b.1.stamp);
+        if changed && inner.seeded {
+            inner.dirty = true;
+            if self.opts.index_flush == IndexFlush::Deferred {
+                // Whoever scans first (the flusher, a list, the watcher) must not swallow a
+                // change that watchers should hear about: keep it for `take_changes`.
+                let found = diff_entries(&inner.entries, &fresh);
+                inner.pending.extend(found);
+                let excess = inner.pending.len().saturating_sub(MAX_PENDING_CHANGES);
+                inner.pending.drain(..excess);
+            }
+        }
+        inner.entries = fresh;
+        inner.seeded = true;
+        inner.unreadable = scan.bad.len() + scan.skewed.len() + scan.io_errors.len();
+        Ok(())
+    }
+
+    /// Read index.json: the parsed index (empty if unusable), its state, and its stamp.
+    pub(super) fn read_index(&self) -> (Index, IndexState, Option<FileStamp>) {
+        let path = self.meta_dir.join(INDEX_FILE);
+        let stamp = stamp_of(&path);
+        let (index, state) = match durable::read_capped(&path, MAX_INDEX_FILE_BYTES) {
+            Ok(None) => (Index::default(), IndexState::Missing),
+            Ok(Some(bytes)) => match Index::parse(&bytes) {
+                Ok(idx) => (idx, IndexState::Ok),
+                Err(state) => (Index::default(), state),
+            },
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                (Index::default(), IndexState::TooBig)
+            }
+            Err(_) => (Index::default(), IndexState::Unparseable),
+        };
+        (index, state, stamp)
+    }
+
+    /// Scan `credentials/`: trust files whose stamp matches a known entry or (racily clean)
+    /// an index vouch, decrypt the rest (all of them when `full`). Modifies nothing.
+    pub(super) fn scan(
+        &self,
+        ring: &Keyring,
+        known: &BTreeMap<String, Entry>,
+        index: Option<(&Index, Option<FileStamp>)>,
+        full: bool,
+        skip: Option<&str>,
+    ) -> Result<Scan> {
+        let mut scan = Scan::default();
+        let names = self.enc_files()?;
+        scan.files = names.len();
+        for name in names {
+            if skip == Some(name.as_str()) {
+                continue;
+            }
+            let Some(stamp) = stamp_of(&self.cred_dir.join(&name)) else {
+                continue;
+            };
+            if !full {
+                if let Some(e) = known.get(&name).filter(|e| e.stamp == Some(stamp)) {
+                    scan.vouched += 1;
+                    scan.entries.insert(name, e.clone());
+                    continue;
+                }
+                if let Some((idx, index_stamp)) = index {
+                    if let Some(e) = vouched_entry(idx, index_stamp, &name, stamp) {
+                        scan.vouched += 1;
+                        scan.entries.insert(name, e);
+                        continue;
+                    }
+                }
+            }
+            scan.decrypted += 1;
+            // What to keep listing if the file cannot be read now.
+            let fallback = || {
+                known.get(&name).cloned().or_else(|| {
+                    let (idx, _) = index?;
+                    let (cid, meta) = idx
+                        .credentials
+                        .iter()
+                        .find(|(cid, _)| id::file_name(cid) == name)?;
+                    Some(Entry {
+                        id: cid.clone(),
+                        meta: meta.clone(),
+                        stamp: None,
+                        generation: idx.vouches.get(&name).map_or(0, |v| v.generation),
+                    })
+                })
+            };
+            match self.read_file(&name, ring) {
+                FileRead::Missing => {}
+                FileRead::Ok(c, key_idx) => {
+                    if id::file_name(c.id()) != name {
+                        scan.bad.push((name, swapped_reason(c.id())));
+                        continue;
+                    }
+                    if key_idx > 0 {
+                        scan.old_key.push(name.clone());
+                    }
+                    let meta = c.index_entry();
+                    if let Some((idx, _)) = index {
+                        if idx.credentials.get(c.id()).is_some_and(|m| *m != meta) {
+                            scan.drift.push(c.id().to_owned());
+                        }
+                    }
+                    let entry = Entry {
+                        id: c.id().to_owned(),
+                        meta,
+                        stamp: Some(stamp),
+                        generation: c.generation(),
+                    };
+                    scan.entries.insert(name, entry);
+                }
+                // Unreadable right now, not damaged: keep listing what we knew about it.
+                unreadable @ (FileRead::Skew(_) | FileRead::Io(_)) => {
+                    match &unreadable {
+                        FileRead::Skew(e) => scan.skewed.push(format!("{name}: {e}")),
+                        FileRead::Io(e) => scan.io_errors.push(format!("{name}: {e}")),
+                        _ => {}
+                    }
+                    if let Some(keep) = fallback() {
+                        let keep = Entry {
+                            stamp: None,
+                            ..keep
+                        };
+                        scan.entries.insert(name, keep);
+                    }
+                }
+                FileRead::WrongKey => scan.bad.push((name, DecryptError::Invalid.to_string())),
+                FileRead::Damaged(reason) => scan.bad.push((name, reason)),
+            }
+        }
+        Ok(scan)
+    }
+
+    /// Compare the index with the files and (with `repair`) fix every difference. Caller holds
+    /// the store lock (exclusive when repairing). `full` decrypts every file; otherwise only
+    /// files the index does not vouch for.
+    pub(super) fn reconcile(&self, inner: &mut Inner, full: bool, repair: bool) -> Result<Report> {
+        let faults = self.faults();
+        let mut report = Report {
+            repaired: repair,
+            full,
+            ..Report::default()
+        };
+        for dir in [&self.cred_dir, &self.meta_dir] {
+            if repair {
+                let swept =
+                    durable::sweep_temp_files(dir, faults).map_err(|e| self.io_failed(e))?;
+                // A full batch of orphaned spares: there may be more (see sweep_orphans).
+                if swept.iter().filter(|n| durable::is_spare_name(n)).count()
+                    >= durable::ORPHAN_SWEEP_BATCH
+                {
+                    self.orphans_pending.store(true, Ordering::SeqCst);
+                }
+                report.temp_files.extend(swept);
+            } else {
+                report.temp_files.extend(durable::leftover_names(dir));
+            }
+        }
+        let (index, state, index_stamp) = self.read_index();
+        report.set_index_state(&state);
+        if let Ok(rd) = fs::read_dir(&self.cred_dir) {
+            report.stray = rd
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| {
+                    !n.ends_with(".enc") && !durable::is_temp_name(n) && !durable::is_spare_name(n)
+                })
+                .collect();
+            report.stray.sort();
+        }
+        let scan = self.with_ring(|ring| {
+            self.scan(
+                ring,
+                &BTreeMap::new(),
+                Some((&index, index_stamp)),
+                full,
+                None,
+            )
+        })?;
+        if state == IndexState::Missing && scan.files == 0 {
+            // A new, empty store: nothing to rebuild; the first write creates the index.
+            report.index_rebuilt = false;
+        }
+        report.files = scan.files;
+        report.vouched = scan.vouched;
+        report.decrypted = scan.decrypted;
+        report.old_key = scan.old_key;
+        report.clock_skew = scan.skewed;
+        report.io_errors = scan.io_errors;
+        report.drift = scan.drift;
+        let entries = scan.entries;
+        if state == IndexState::Ok {
+            let ids: std::collections::HashSet<&str> =
+                entries.values().map(|e| e.id.as_str()).collect();
+            report.orphans = entries
+                .values()
+                .filter(|e| !index.credentials.contains_key(&e.id))
+                .map(|e| e.id.clone())
+                .collect();
+            report.ghosts = index
+                .credentials
+                .keys()
+                .filter(|cid| !ids.contains(cid.as_str()))
+                .cloned()
+                .collect();
+        }
+        for (name, reason) in scan.bad {
+            let moved_to = if repair {
+                let to = durable::move_aside(&self.cred_dir, &name, &self.quarantine_dir, faults)
+                    .map_err(|e| self.io_failed(e))?;
+                tracing::warn!(file = %name, %reason, moved_to = %to.display(), "quarantined credential file");
+                Some(to)
+            } else {
+                None
+            };
+            report.quarantined.push(Quarantined {
+                file: name,
+                reason,
+                moved_to,
+            });
+        }
+        report.readable = entries.values().filter(|e| e.stamp.is_some()).count();
+        let vouched: Vec<(&String, FileStamp)> = entries
+            .iter()
+            .filter_map(|(n, e)| e.stamp.map(|s| (n, s)))
+            .collect();
+        let vouches_match = vouched.len() == index.vouches.len()
+            && vouched
+                .iter()
+                .all(|(n, s)| index.vouches.get(*n).is_some_and(|v| v.stamp == *s));
+        let needs_rewrite = state != IndexState::Ok
+            || !report.orphans.is_empty()
+            || !report.ghosts.is_empty()
+            || !report.drift.is_empty()
+            || !report.quarantined.is_empty()
+            || !vouches_match;
+        inner.entries = entries;
+        inner.seeded = true;
+        inner.index_extra = index.extra;
+        inner.index_stamp = index_stamp;
+        inner.unreadable =
+            report.clock_skew.len() + report.io_errors.len() + report.quarantined.len();
+        inner.dirty = needs_rewrite;
+        if repair && needs_rewrite {
+            self.with_ring(|ring| self.flush_index(inner, ring))?;
+            report.index_rewritten = true;
+        }
+        Ok(report)
+    }
+
+    /// Scan the store and report (fsck). With `repair`, fix what is found: remove temp
+    /// files, rebuild or correct the index, quarantine damaged files. Every file is decrypted.
+    pub fn fsck(&self, repair: bool) -> Result<Report> {
+        // Pending index changes are not problems: write them first (no-op when read-only).
+        self.flush()?;
+        if repair {
+            self.check_writable()?;
+        } else if let Some(reason) = self.sealed_reason() {
+            return Err(self.sealed_error(reason));
+        }
+        // A read-only look takes the lock shared, but only if the lock file exists: creating
+        // it would be a modification.
+        let _guard = if repair {
+            Some(self.lock_store(LockMode::Exclusive)?)
+        } else if self.lock_path.is_file() {
+            Some(self.lock_store(LockMode::Shared)?)
+        } else {
+            None
+        };
+        let mut inner = lock_guard(&self.inner);
+        self.reconcile(&mut inner, true, repair)
+    }
+
+    /// Count of credential files on disk (works sealed).
+    pub fn file_count(&self) -> Result<usize> {
+        Ok(self.enc_files()?.len())
+    }
+}
+
+/// What a directory scan found.
+#[derive(Default)]
+pub(super) struct Scan {
+    entries: BTreeMap<String, Entry>,
+    files: usize,
+    vouched: usize,
+    decrypted: usize,
+    old_key: Vec<String>,
+    skewed: Vec<String>,
+    io_errors: Vec<String>,
+    /// File name and reason: files that fail decryption, parsing or id binding.
+    bad: Vec<(String, String)>,
+    drift: Vec<String>,
+}
+
+/// What changed between two views of the entries, by id.
+pub(super) fn diff_entries(
+    before: &BTreeMap<String, Entry>,
+    after: &BTreeMap<String, Entry>,
+) -> Vec<Change> {
+    let old: std::collections::HashMap<&str, (u64, Option<FileStamp>)> = before
+        .values()
+        .map(|e| (e.id.as_str(), (e.generation, e.stamp)))
+        .collect();
+    let mut seen = std::collections::HashSet::new();
+    let mut changes = Vec::new();
+    for e in after.values() {
+        seen.insert(e.id.as_str());
+        if old.get(e.id.as_str()) != Some(&(e.generation, e.stamp)) {
+            changes.push(Change {
+                id: e.id.clone(),
+                generation: Some(e.generation),
+            });
+        }
+    }
+    for id in old.keys().filter(|id| !seen.contains(*id)) {
+        changes.push(Change {
+            id: (*id).to_owned(),
+            generation: None,
+        });
+    }
+    changes
+}

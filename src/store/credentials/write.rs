@@ -1,0 +1,241 @@
+//! Writing credentials: the store lock, the writable check (sealed, read-only, poisoned), set
+//! and update with compare-and-swap, delete, batches, and the spare-file pool's upkeep.
+
+use super::*;
+
+impl CredentialStore {
+    /// Take the store lock, then pick up key files another process changed while we waited:
+    /// every decision made under the lock (quarantine, re-encryption, writes) uses the keys
+    /// as they are now.
+    pub(super) fn lock_store(&self, mode: LockMode) -> Result<LockGuard> {
+        let guard = lock::lock(&self.lock_path, mode, self.opts.lock_timeout)?;
+        self.reload_keys_if_changed();
+        Ok(guard)
+    }
+
+    /// Turn a failed durable step into an error, poisoning the store if it was an fsync.
+    pub(in crate::store) fn io_failed(&self, err: IoError) -> Error {
+        if err.is_fsync() {
+            tracing::error!(store = %self.config.name, "a write of this store failed its fsync");
+        }
+        self.poisoned.note(&err);
+        Error::Io(err)
+    }
+
+    pub(super) fn check_writable(&self) -> Result<()> {
+        self.unseal_if_key_restored();
+        if let Some(reason) = self.sealed_reason() {
+            return Err(self.sealed_error(reason));
+        }
+        if self.opts.mode == OpenMode::ReadOnly {
+            return Err(Error::Unsupported(
+                "store was opened read-only (fsck without --repair); writes are refused".into(),
+            ));
+        }
+        if let Some(msg) = self.poisoned.reason() {
+            return Err(Error::Poisoned(msg));
+        }
+        Ok(())
+    }
+
+    /// Store `cred` (a full document), replacing any previous version. With `if_generation`,
+    /// only if the stored generation equals it (0: only if absent). Returns the new generation.
+    pub fn set(&self, cred: Credential, if_generation: Option<u64>) -> Result<u64> {
+        let id = cred.id().to_owned();
+        let mut cred = Some(cred);
+        self.update(&id, if_generation, |_| {
+            cred.take()
+                .ok_or_else(|| Error::Unsupported("update closure called twice".into()))
+        })
+    }
+
+    /// Read-modify-write credential `id` under the store lock: `f` gets the current version (or
+    /// `None`) and returns the new one. Returns the new generation.
+    pub fn update(
+        &self,
+        id: &str,
+        if_generation: Option<u64>,
+        f: impl FnOnce(Option<Credential>) -> Result<Credential>,
+    ) -> Result<u64> {
+        id::validate(id)?;
+        self.write_op(|inner, ring| {
+            let name = id::file_name(id);
+            let existing = match self.read_for(id, ring)? {
+                Some(c) if c.id() != id => {
+                    return Err(self
+                        .binding_error(id, &c)
+                        .unwrap_or_else(|| Error::IdCollision {
+                            id: id.to_owned(),
+                            file: name.clone(),
+                            other: c.id().to_owned(),
+                        }))
+                }
+                other => other,
+            };
+            let current = existing.as_ref().map_or(0, Credential::generation);
+            if let Some(expected) = if_generation {
+                if expected != current {
+                    return Err(Error::GenerationMismatch {
+                        id: id.to_owned(),
+                        expected,
+                        actual: current,
+                    });
+                }
+            }
+            let created = existing
+                .as_ref()
+                .and_then(|c| c.field("created_at").cloned());
+            let mut new = f(existing)?;
+            if new.id() != id {
+                return Err(Error::InvalidCredential(SchemaError::IdMismatch));
+            }
+            new.check().map_err(Error::InvalidCredential)?;
+            let generation = current + 1;
+            new.stamp_write(created.as_ref());
+            new.set_generation(generation);
+            let token = ring.encrypt(&new.to_bytes());
+            let stamp = match &self.spares {
+                Some(spares) => durable::atomic_write_recycling(
+                    &self.cred_dir,
+                    &name,
+                    token.as_bytes(),
+                    self.faults(),
+                    spares,
+                ),
+                None => {
+                    durable::atomic_write(&self.cred_dir, &name, token.as_bytes(), self.faults())
+                }
+            }
+            .map_err(|e| self.io_failed(e))?;
+            inner.entries.insert(
+                name,
+                Entry {
+                    id: id.to_owned(),
+                    meta: new.index_entry(),
+                    stamp: Some(stamp),
+                    generation,
+                },
+            );
+            inner.dirty = true;
+            Ok(generation)
+        })
+    }
+
+    /// Delete credential `id`. Returns whether it existed. The index entry goes first, then
+    /// the file, so hive never lists an id whose file is gone.
+    pub fn delete(&self, id: &str) -> Result<bool> {
+        id::validate(id)?;
+        self.write_op(|inner, ring| {
+            let name = id::file_name(id);
+            match self.read_for(id, ring)? {
+                None => return Ok(false),
+                Some(c) if c.id() != id => {
+                    return match self.binding_error(id, &c) {
+                        Some(e) => Err(e),
+                        None => Ok(false),
+                    }
+                }
+                Some(_) => {}
+            }
+            let removed = inner.entries.remove(&name);
+            inner.deleting = Some(name.clone());
+            let flushed = self.flush_index(inner, ring);
+            inner.deleting = None;
+            if let Err(e) = flushed {
+                if let Some(entry) = removed {
+                    inner.entries.insert(name, entry);
+                }
+                return Err(e);
+            }
+            let existed = durable::remove_durably(&self.cred_dir, &name, self.faults())
+                .map_err(|e| self.io_failed(e))?;
+            // Its earlier versions, kept as spares, go with it.
+            if let Some(spares) = &self.spares {
+                spares.purge_from(&name);
+            }
+            Ok(existed)
+        })
+    }
+
+    /// Run a write under the store lock, then rewrite the index if this was the last queued
+    /// writer of the process (group commit of index rewrites). The rewrite check runs on every
+    /// exit path once the lock is held, so an early error cannot strand an earlier writer's
+    /// pending index change.
+    pub(super) fn write_op<T>(
+        &self,
+        f: impl FnOnce(&mut Inner, &Keyring) -> Result<T>,
+    ) -> Result<T> {
+        self.check_writable()?;
+        self.waiting_writers.fetch_add(1, Ordering::SeqCst);
+        let guard = self.lock_store(LockMode::Exclusive);
+        self.waiting_writers.fetch_sub(1, Ordering::SeqCst);
+        let _guard = guard?;
+        let keys = self.keys_now();
+        let mut inner = lock_guard(&self.inner);
+        // Re-check under the lock: another thread may have poisoned the store meanwhile.
+        let result = self.check_writable().and_then(|()| match &keys.state {
+            KeyState::Unsealed { ring, .. } => f(&mut inner, ring),
+            KeyState::Sealed(r) => Err(self.sealed_error(r.clone())),
+        });
+        if inner.dirty
+            && self.opts.index_flush == IndexFlush::Immediate
+            && self.waiting_writers.load(Ordering::SeqCst) == 0
+            && self.batch_depth.load(Ordering::SeqCst) == 0
+            && self.poisoned.reason().is_none()
+        {
+            if let KeyState::Unsealed { ring, .. } = &keys.state {
+                if let Err(e) = self.flush_index(&mut inner, ring) {
+                    // The credential itself is durable; the index is a cache rebuilt on open.
+                    tracing::warn!(store = %self.config.name, error = %e, "index rewrite failed; it will be repaired on the next open");
+                }
+            }
+        }
+        result
+    }
+
+    /// Run `f` (a sequence of writes from one thread, such as an import) with index rewrites
+    /// deferred to its end: N writes cost one index rewrite. Each write is still durable and
+    /// acknowledged on its own; a crash inside the batch is repaired on open like any other.
+    pub fn batch<T>(&self, f: impl FnOnce(&Self) -> T) -> Result<T> {
+        struct Depth<'a>(&'a AtomicUsize);
+        impl Drop for Depth<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        self.batch_depth.fetch_add(1, Ordering::SeqCst);
+        let out = {
+            let _depth = Depth(&self.batch_depth);
+            f(self)
+        };
+        self.flush()?;
+        Ok(out)
+    }
+
+    /// Remove another batch of orphaned spares (left by a process that died), if the last
+    /// sweep left some: a batch at a time, so their discards never stall the file system's
+    /// commits for long. The daemon calls it from its flusher. Returns how many went.
+    pub fn sweep_orphans(&self) -> Result<usize> {
+        if !self.orphans_pending.load(Ordering::SeqCst) || self.check_writable().is_err() {
+            return Ok(0);
+        }
+        let _guard = self.lock_store(LockMode::Exclusive)?;
+        let swept = durable::sweep_temp_files(&self.cred_dir, self.faults())
+            .map_err(|e| self.io_failed(e))?;
+        let orphans = swept.iter().filter(|n| durable::is_spare_name(n)).count();
+        self.orphans_pending
+            .store(orphans >= durable::ORPHAN_SWEEP_BATCH, Ordering::SeqCst);
+        Ok(orphans)
+    }
+
+    /// Replaced files kept for reuse, if this store recycles them (`recycle_files`).
+    pub fn spares(&self) -> Option<&durable::Spares> {
+        self.spares.as_ref()
+    }
+
+    /// Take the store lock for a writer outside `write_op` (rotation).
+    pub(in crate::store) fn exclusive_lock(&self) -> Result<LockGuard> {
+        self.check_writable()?;
+        self.lock_store(LockMode::Exclusive)
+    }
+}
