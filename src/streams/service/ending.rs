@@ -1,0 +1,147 @@
+//! The end of a run: the commit point (the state file), `stream.commit` / `stream.abort`, and
+//! expiry of idle runs.
+
+use super::*;
+
+impl Streams {
+    /// The commit point: the run's state (sealed, replaced atomically) saying `status`.
+    pub(super) fn write_state(&self, run_id: &str, state: &Value) -> Result<(), StreamError> {
+        self.store.write_state(run_id, state)
+    }
+
+    /// The run's state file, if it has one (committed or aborted).
+    pub fn read_state(&self, run_id: &str) -> Option<Value> {
+        self.store.read_state(run_id)
+    }
+
+    /// End runs with no event for `expire_after` (failed, or abandoned by their producer) as
+    /// `expired`: their state files keep what they were for inspection. Returns how many.
+    pub fn expire_idle(&self) -> usize {
+        let cutoff = now_ms().saturating_sub(self.config.expire_after.as_millis() as u64);
+        let idle: Vec<(String, String, Status)> = self
+            .lock()
+            .runs
+            .values()
+            .filter(|r| r.updated_at_ms < cutoff)
+            .map(|r| (r.run_id.clone(), r.stream_id.clone(), r.status))
+            .collect();
+        let mut n = 0;
+        for (run_id, sid, status) in idle {
+            let detail = json!({"reason": format!("no event for {} s", self.config.expire_after.as_secs()),
+                                "was": status});
+            match self.end(&run_id, &sid, "expired", detail) {
+                Ok(_) => n += 1,
+                Err(e) => tracing::warn!(run = %run_id, error = %e, "could not expire an idle run"),
+            }
+        }
+        if n > 0 {
+            tracing::info!(expired = n, "ended idle stream runs as expired");
+        }
+        n
+    }
+
+    /// `stream.commit`: the final message durable and the run ended in one step (see
+    /// [`Streams::end`]). With `content_from_stream`, the message's `content` is set to the
+    /// text the run's subscribers are shown — everything published, plus what the overlap
+    /// trimmer still holds as its last decision will publish it — so the stored message and
+    /// the streamed text can never differ (a producer composing it itself cannot see that
+    /// decision: it is made after the commit point).
+    pub fn commit(
+        &self,
+        run_id: &str,
+        stream_id: &str,
+        final_message: Value,
+        content_from_stream: bool,
+    ) -> Result<Value, StreamError> {
+        if content_from_stream && !final_message.is_object() {
+            return Err(StreamError::FinalMessageShape);
+        }
+        self.end_with(
+            run_id,
+            stream_id,
+            "committed",
+            json!({"final_message": final_message}),
+            content_from_stream,
+        )
+    }
+
+    /// `stream.abort` (and expiry): one atomic step ends the run; then `finish` is published and
+    /// the run leaves memory. A failed end leaves it resumable.
+    pub fn end(
+        &self,
+        run_id: &str,
+        stream_id: &str,
+        status: &str,
+        detail: Value,
+    ) -> Result<Value, StreamError> {
+        self.end_with(run_id, stream_id, status, detail, false)
+    }
+
+    pub(super) fn end_with(
+        &self,
+        run_id: &str,
+        stream_id: &str,
+        status: &str,
+        mut detail: Value,
+        content_from_stream: bool,
+    ) -> Result<Value, StreamError> {
+        let (finish_seq, events_total) = {
+            let mut st = self.lock();
+            let run = Self::run_mut(&mut st, run_id, stream_id)?;
+            // From here until the state file is written (or not), nothing else touches the run.
+            run.ending = true;
+            if content_from_stream {
+                // The trimmer's decision, foreseen: the real one is made (identically) after the
+                // commit point, when the held text is published.
+                detail["final_message"]["content"] = Value::String(run.acc.text_when_flushed());
+            }
+            let summary = run.summary();
+            (run.next_seq, (run.events.len(), summary))
+        };
+        let (events_total, summary) = events_total;
+        let mut state = json!({"status": status, "run_id": run_id, "at_ms": now_ms(),
+                               "finish_seq": finish_seq, "attempts": summary["attempts"],
+                               "last_plan": summary["last_plan"],
+                               "text_chars": summary["text_chars"]});
+        if let (Value::Object(s), Value::Object(d)) = (&mut state, detail) {
+            s.extend(d);
+        }
+        // The single commit point. Before it: resumable, nothing final on disk. After: ended.
+        if let Err(e) = self.write_state(run_id, &state) {
+            if let Some(run) = self.lock().runs.get_mut(run_id) {
+                run.ending = false;
+            }
+            return Err(e);
+        }
+        let finish = event_json(&json!({"type": "finish", "status": status}));
+        let mut st = self.lock();
+        if let Some(mut run) = st.runs.remove(run_id) {
+            let held = run.acc.flush_trim();
+            run.push_events(held);
+            // Everything before finish went out once durable; finish goes out now (the state
+            // file is durable) after whatever is still pending in the journal.
+            for (s, e) in &run.events[run.published.min(run.events.len())..] {
+                for tx in &run.subscribers {
+                    tx.push_uncapped(*s, e);
+                }
+            }
+            for tx in run.subscribers.drain(..) {
+                tx.push_uncapped(finish_seq, &finish);
+            }
+        }
+        drop(st);
+        let rec = Record::End(record::End {
+            run: run_id.to_owned(),
+            status: status.to_owned(),
+        });
+        if let Ok(prepared) = self.store.prepare(Out::Record(&rec)) {
+            // Not awaited: the state file already decided; this only spares replay a lookup.
+            drop(self.store.queue(prepared));
+        }
+        self.release_segments();
+        Ok(
+            json!({"run_id": run_id, "status": status, "finish_seq": finish_seq,
+                  "events": events_total}),
+        )
+    }
+}

@@ -1,0 +1,512 @@
+//! The streams of one daemon: runs in memory, each change journaled before it is answered and
+//! published, subscribers fed exactly once. This file: opening, tickets and publication,
+//! `stream.begin` / `stream.append`, subscriptions and reads. Beside it: `plans.rs` (interrupt
+//! and resume: the recovery planner wired in), `ending.rs` (the commit point, commit, abort,
+//! expiry), `replay.rs` (replay at open, re-sealing), `checkpoint.rs` (`checkpoint.*`).
+
+mod checkpoint;
+mod ending;
+mod plans;
+mod replay;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use serde_json::{json, Map, Value};
+use tokio::sync::oneshot;
+
+use super::accum::Event;
+use super::error::StreamError;
+use super::feed::{self, Feed};
+use super::record::{self, Record};
+use super::run::{event_json, new_stream_id, Run, Status};
+use super::store::{self, FileStore, Out, Sealer, StreamStore};
+use super::tool_log::{self, ToolLog};
+use super::validate_run_id;
+use crate::durable::journal::{Durability, JournalError, Position, Promise, ReplayReport, Stats};
+use crate::durable::Faults;
+use crate::limits;
+use crate::recovery::{self, Input, Policy, Stale};
+use crate::timefmt::now_ms;
+
+/// Settings.
+#[derive(Clone, Debug)]
+pub struct StreamsConfig {
+    /// The retry policy of the planner.
+    pub policy: Policy,
+    /// A checkpoint with no event for this long is stale on resume.
+    pub stale_after: Duration,
+    /// When appends are acknowledged.
+    pub durability: Durability,
+    /// Most events one append may carry.
+    pub max_events_per_append: usize,
+    /// Most runs active at once.
+    pub max_active_runs: usize,
+    /// A run with no event for this long is ended as `expired`.
+    pub expire_after: Duration,
+}
+
+impl Default for StreamsConfig {
+    fn default() -> Self {
+        StreamsConfig {
+            policy: Policy::default(),
+            stale_after: limits::STREAM_STALE_AFTER,
+            durability: Durability::Always,
+            max_events_per_append: limits::MAX_EVENTS_PER_APPEND,
+            max_active_runs: limits::MAX_ACTIVE_RUNS,
+            expire_after: limits::STREAM_EXPIRE_AFTER,
+        }
+    }
+}
+
+struct State {
+    runs: HashMap<String, Run>,
+}
+
+/// The streams of one daemon.
+pub struct Streams {
+    /// Where the runs are kept (the journal and the runs' files, or a database).
+    store: Box<dyn StreamStore>,
+    state: Mutex<State>,
+    config: StreamsConfig,
+    /// The run logs, for the R2 plans' `execution` of each completed tool call.
+    tool_log: std::sync::OnceLock<Arc<dyn ToolLog>>,
+}
+
+/// An accepted change waiting for the journal.
+#[must_use = "wait for the journal with Streams::settle"]
+pub struct Ticket {
+    run_id: String,
+    /// The run's `events[..upto]` are durable once this record is.
+    upto: usize,
+    durable: Arc<Promise>,
+    /// What to answer once durable.
+    pub answer: Value,
+}
+
+impl Streams {
+    /// Open: the journal under `streams_dir`, run state files under `runs_dir`; replay.
+    pub fn open(
+        streams_dir: &Path,
+        runs_dir: &Path,
+        sealer: Arc<dyn Sealer>,
+        config: StreamsConfig,
+        faults: Faults,
+    ) -> Result<Streams, StreamError> {
+        let (store, records) =
+            FileStore::open(streams_dir, runs_dir, sealer, config.durability, faults)?;
+        let streams = Streams {
+            store: Box::new(store),
+            state: Mutex::new(State {
+                runs: HashMap::new(),
+            }),
+            config,
+            tool_log: std::sync::OnceLock::new(),
+        };
+        {
+            let mut st = streams.lock();
+            for r in records {
+                streams.replay_record(&mut st, r.record, r.mark);
+            }
+            // Runs whose state file says they ended (a crash after the commit point, before
+            // the end record) are not resumable.
+            let ended: Vec<String> = st
+                .runs
+                .keys()
+                .filter(|id| streams.has_ended(id))
+                .cloned()
+                .collect();
+            for id in ended {
+                st.runs.remove(&id);
+            }
+            for run in st.runs.values_mut() {
+                run.published = run.events.len();
+            }
+        }
+        streams.release_segments();
+        Ok(streams)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// What replay found at open.
+    pub fn replay_report(&self) -> &ReplayReport {
+        self.store.replay_report()
+    }
+
+    /// Runs active now.
+    pub fn active_runs(&self) -> usize {
+        self.lock().runs.len()
+    }
+
+    /// Whether `run_id` has a stream that has not ended (its directory must not be pruned).
+    pub fn is_active(&self, run_id: &str) -> bool {
+        self.lock().runs.contains_key(run_id)
+    }
+
+    /// Queue a record for run `run_id`, making its `events[..upto]` durable with it.
+    fn submit(
+        &self,
+        run_id: &str,
+        upto: usize,
+        rec: &Record,
+        answer: Value,
+    ) -> Result<Ticket, StreamError> {
+        Ok(Ticket {
+            run_id: run_id.to_owned(),
+            upto,
+            durable: self.store.append(Out::Record(rec))?,
+            answer,
+        })
+    }
+
+    fn channel(t: &Ticket) -> oneshot::Receiver<Result<Position, JournalError>> {
+        let (tx, rx) = oneshot::channel();
+        t.durable.then(move |res| {
+            let _ = tx.send(res);
+        });
+        rx
+    }
+
+    /// Wait until a ticket's record is durable, then publish what it covers. Returns the
+    /// answer for the client.
+    pub async fn settle(&self, t: Ticket) -> Result<Value, StreamError> {
+        let res = Self::channel(&t).await.unwrap_or(Err(JournalError::Closed));
+        self.after_durable(&t.run_id, t.upto, res)?;
+        Ok(t.answer)
+    }
+
+    /// [`Streams::settle`], blocking (tests, offline tools; never from an async task).
+    pub fn settle_blocking(&self, t: Ticket) -> Result<Value, StreamError> {
+        let res = Self::channel(&t)
+            .blocking_recv()
+            .unwrap_or(Err(JournalError::Closed));
+        self.after_durable(&t.run_id, t.upto, res)?;
+        Ok(t.answer)
+    }
+
+    /// [`Streams::settle`] without waiting: `done` gets the answer when the record is durable,
+    /// on the journal's committer thread (so it must not block), or at once if it already is.
+    pub fn settle_then(
+        self: &Arc<Self>,
+        t: Ticket,
+        done: impl FnOnce(Result<Value, StreamError>) + Send + 'static,
+    ) {
+        let streams = Arc::clone(self);
+        let Ticket {
+            run_id,
+            upto,
+            durable,
+            answer,
+        } = t;
+        durable.then(move |res| {
+            done(streams.after_durable(&run_id, upto, res).map(|()| answer));
+        });
+    }
+
+    fn after_durable(
+        &self,
+        run_id: &str,
+        upto: usize,
+        res: Result<Position, JournalError>,
+    ) -> Result<(), StreamError> {
+        let pos = res?;
+        let mut st = self.lock();
+        if let Some(run) = st.runs.get_mut(run_id) {
+            run.first_segment = run.first_segment.min(pos.segment);
+            if upto > run.published {
+                let from = run.published;
+                let to = upto.min(run.events.len());
+                run.published = to;
+                let fresh = &run.events[from..to];
+                run.subscribers
+                    .retain(|tx| fresh.iter().all(|(s, e)| tx.push(*s, e)));
+            }
+        }
+        Ok(())
+    }
+
+    /// The run, if `stream_id` holds it and it is not ending (see [`Run::check_holder`]).
+    fn run_mut<'a>(
+        st: &'a mut State,
+        run_id: &str,
+        stream_id: &str,
+    ) -> Result<&'a mut Run, StreamError> {
+        let run = st.runs.get_mut(run_id).ok_or(StreamError::NotActive)?;
+        run.check_holder(stream_id)?;
+        Ok(run)
+    }
+
+    /// Whether the run has a state file (it ended). Its existence decides, not its content:
+    /// an unreadable state file must not bring a committed run back.
+    fn has_ended(&self, run_id: &str) -> bool {
+        self.store.has_ended(run_id)
+    }
+
+    /// `stream.begin`.
+    pub fn begin(
+        &self,
+        run_id: &str,
+        thread_id: Option<String>,
+        model: Option<String>,
+        takeover: bool,
+    ) -> Result<Ticket, StreamError> {
+        validate_run_id(run_id)?;
+        // Under the lock: an end() finishing meanwhile has written its state file before it
+        // removes the run, so one of the two checks sees it.
+        let mut st = self.lock();
+        if self.has_ended(run_id) {
+            let status = self
+                .read_state(run_id)
+                .and_then(|s| s["status"].as_str().map(str::to_owned))
+                .unwrap_or_else(|| "ended".into());
+            return Err(StreamError::Ended { status });
+        }
+        let now = now_ms();
+        if let Some(run) = st.runs.get(run_id) {
+            if run.ending {
+                return Err(StreamError::Ending);
+            }
+            if run.status == Status::Failed {
+                return Err(StreamError::Failed);
+            }
+        }
+        let (epoch, next_seq) = match st.runs.get(run_id) {
+            Some(run) if !takeover => return Err(StreamError::Streaming { epoch: run.epoch }),
+            Some(run) => (run.epoch + 1, run.next_seq),
+            None => {
+                if st.runs.len() >= self.config.max_active_runs {
+                    return Err(StreamError::TooManyRuns {
+                        max: self.config.max_active_runs,
+                    });
+                }
+                (1, 1)
+            }
+        };
+        let stream_id = new_stream_id();
+        let rec = Record::Begin(record::Begin {
+            run: run_id.to_owned(),
+            epoch,
+            sid: stream_id.clone(),
+            thread: thread_id.clone(),
+            model: model.clone(),
+            at: now,
+        });
+        let answer = json!({"stream_id": stream_id, "epoch": epoch, "next_seq": next_seq});
+        let segment = self.store.active_mark();
+        let ticket = self.submit(run_id, 0, &rec, answer)?;
+        Self::apply_begin(
+            &mut st, run_id, epoch, &stream_id, thread_id, model, now, segment,
+        );
+        if let Some(run) = st.runs.get_mut(run_id) {
+            run.last = Some(Arc::clone(&ticket.durable));
+        }
+        Ok(ticket)
+    }
+
+    /// `stream.append`: events numbered from `seq`. A replayed seq is acknowledged and
+    /// dropped; a gap is refused.
+    pub fn append(
+        &self,
+        run_id: &str,
+        stream_id: &str,
+        seq: u64,
+        events: &[Value],
+    ) -> Result<Ticket, StreamError> {
+        let parsed = self.parse_events(events)?;
+        self.append_events(run_id, stream_id, seq, parsed)
+    }
+
+    /// A request's events as [`Event`]s: the count checked, then each event, with the index
+    /// of the first that is wrong.
+    pub fn parse_events(&self, events: &[Value]) -> Result<Vec<Event>, StreamError> {
+        self.check_count(events.len())?;
+        events
+            .iter()
+            .enumerate()
+            .map(|(index, e)| {
+                Event::parse(e).map_err(|reason| StreamError::BadEvent { index, reason })
+            })
+            .collect()
+    }
+
+    fn check_count(&self, n: usize) -> Result<(), StreamError> {
+        if n == 0 {
+            return Err(StreamError::NoEvents);
+        }
+        if n > self.config.max_events_per_append {
+            return Err(StreamError::TooManyEvents {
+                max: self.config.max_events_per_append,
+            });
+        }
+        Ok(())
+    }
+
+    /// [`Self::append`] with the events already parsed (the socket's fast path reads them
+    /// straight from the request line).
+    pub fn append_events(
+        &self,
+        run_id: &str,
+        stream_id: &str,
+        seq: u64,
+        parsed: Vec<Event>,
+    ) -> Result<Ticket, StreamError> {
+        self.check_count(parsed.len())?;
+        let mut st = self.lock();
+        let run = Self::run_mut(&mut st, run_id, stream_id)?;
+        if run.status == Status::Failed {
+            return Err(StreamError::Failed);
+        }
+        if seq == 0 {
+            return Err(StreamError::SeqZero);
+        }
+        if seq > run.next_seq {
+            return Err(StreamError::Gap {
+                next: run.next_seq,
+                got: seq,
+            });
+        }
+        let skip = (run.next_seq - seq) as usize;
+        if skip >= parsed.len() {
+            // A replay of appends already accepted: acknowledge, change nothing.
+            let acked = run.next_seq - 1;
+            // Answered when the original is durable (it may still be in flight).
+            let durable = run.last.clone().unwrap_or_else(|| {
+                Promise::ready(Ok(Position {
+                    segment: u64::MAX,
+                    offset: 0,
+                }))
+            });
+            drop(st);
+            return Ok(Ticket {
+                run_id: run_id.to_owned(),
+                upto: 0,
+                durable,
+                answer: json!({"acked_seq": acked, "duplicate": true}),
+            });
+        }
+        let fresh = &parsed[skip..];
+        run.acc.check_batch(fresh).map_err(StreamError::BadBatch)?;
+        let first = run.next_seq;
+        // One clock reading for the record and the run: replay restores exactly this time.
+        let at = now_ms();
+        // Serialized straight from the events (the same JSON as `Record::Events`), without
+        // building a `Value` per append.
+        let prepared = self.store.prepare(Out::Events(&record::EventsOut {
+            t: "ev",
+            run: run_id,
+            epoch: run.epoch,
+            seq: first,
+            events: fresh,
+            at,
+        }))?;
+        let mut out = Vec::new();
+        for (i, e) in fresh.iter().enumerate() {
+            out.extend(
+                run.acc
+                    .apply(first + i as u64, e)
+                    .map_err(StreamError::BadBatch)?,
+            );
+        }
+        run.next_seq = first + fresh.len() as u64;
+        run.updated_at_ms = at;
+        run.status = Status::Streaming;
+        run.push_events(out);
+        let upto = run.events.len();
+        let acked = run.next_seq - 1;
+        // Queued while the run is locked: the journal keeps each run's records in seq order.
+        // The segment is noted now, not when the record is durable: a release in between must
+        // not delete the segment that will hold it.
+        run.first_segment = run.first_segment.min(self.store.active_mark());
+        let durable = self.store.queue(prepared);
+        run.last = Some(Arc::clone(&durable));
+        drop(st);
+        Ok(Ticket {
+            run_id: run_id.to_owned(),
+            upto,
+            durable,
+            answer: json!({"acked_seq": acked}),
+        })
+    }
+
+    /// Delete journal segments no active run needs.
+    fn release_segments(&self) {
+        let min = self
+            .lock()
+            .runs
+            .values()
+            .map(|r| r.first_segment)
+            .min()
+            .unwrap_or(u64::MAX);
+        self.store.release_before(min);
+    }
+
+    /// `stream.subscribe`: every event with seq > `after_seq` (durable ones at once, later ones
+    /// as they become durable), then `finish`. For an ended run: just `finish`.
+    pub fn subscribe(&self, run_id: &str, after_seq: u64) -> Result<Feed, StreamError> {
+        validate_run_id(run_id)?;
+        let (tx, rx) = feed::feed();
+        let mut st = self.lock();
+        match st.runs.get_mut(run_id) {
+            Some(run) => {
+                let published = &run.events[..run.published.min(run.events.len())];
+                let lo = published.partition_point(|(s, _)| *s <= after_seq);
+                for (s, e) in &published[lo..] {
+                    tx.push_uncapped(*s, e);
+                }
+                run.subscribers.push(tx);
+            }
+            None => {
+                drop(st);
+                let state = self.read_state(run_id).ok_or(StreamError::NoSuchRun)?;
+                let seq = state["finish_seq"].as_u64().unwrap_or(0);
+                if seq > after_seq {
+                    let finish = json!({"type": "finish", "status": state["status"]});
+                    tx.push_uncapped(seq, &event_json(&finish));
+                }
+            }
+        }
+        Ok(rx)
+    }
+
+    /// `stream.get`: a run's state (active: summary and checkpoint; ended: its state file,
+    /// without the final message unless `reveal`).
+    pub fn get(&self, run_id: &str, reveal: bool) -> Result<Value, StreamError> {
+        validate_run_id(run_id)?;
+        if let Some(run) = self.lock().runs.get(run_id) {
+            let mut v = run.summary();
+            if reveal {
+                v["checkpoint"] = run.checkpoint();
+            }
+            return Ok(v);
+        }
+        let mut state = self.read_state(run_id).ok_or(StreamError::NoSuchRun)?;
+        if !reveal {
+            if let Some(m) = state.get_mut("final_message") {
+                *m = json!({"hidden": "pass reveal: true"});
+            }
+        }
+        Ok(state)
+    }
+
+    /// `stream.list`: the active runs.
+    pub fn list(&self) -> Vec<Value> {
+        let mut v: Vec<Value> = self.lock().runs.values().map(Run::summary).collect();
+        v.sort_by(|a, b| a["run_id"].as_str().cmp(&b["run_id"].as_str()));
+        v
+    }
+
+    /// The journal's counters.
+    pub fn journal_stats(&self) -> &Stats {
+        self.store.stats()
+    }
+
+    /// Where records queued now are kept (the journal's active segment).
+    pub fn active_mark(&self) -> u64 {
+        self.store.active_mark()
+    }
+}

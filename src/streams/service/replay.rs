@@ -1,0 +1,123 @@
+//! The journal read back: replaying records at open through the same code as live changes,
+//! and re-sealing everything under a new key (snapshot records, state and checkpoint files).
+
+use super::*;
+
+impl Streams {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn apply_begin(
+        st: &mut State,
+        run_id: &str,
+        epoch: u64,
+        stream_id: &str,
+        thread_id: Option<String>,
+        model: Option<String>,
+        at: u64,
+        mark: u64,
+    ) {
+        st.runs
+            .entry(run_id.to_owned())
+            .or_insert_with(|| Run::new(run_id, at, mark))
+            .begin(epoch, stream_id, thread_id, model, at, mark);
+    }
+
+    /// Apply one journal record at start-up.
+    pub(super) fn replay_record(&self, st: &mut State, rec: Record, segment: u64) {
+        match rec {
+            Record::Begin(b) => Self::apply_begin(
+                st, &b.run, b.epoch, &b.sid, b.thread, b.model, b.at, segment,
+            ),
+            Record::Events(ev) => {
+                let Some(run) = st.runs.get_mut(&ev.run) else {
+                    return;
+                };
+                let first = ev.seq;
+                if first != run.next_seq {
+                    tracing::warn!(
+                        run = %ev.run,
+                        "stream journal: a record out of sequence was skipped"
+                    );
+                    return;
+                }
+                let mut out = Vec::new();
+                for (i, e) in ev.events.iter().enumerate() {
+                    let seq = first.saturating_add(i as u64);
+                    if let Ok(parsed) = Event::parse(e) {
+                        if let Ok(o) = run.acc.apply(seq, &parsed) {
+                            out.extend(o);
+                        }
+                    }
+                    run.next_seq = seq.saturating_add(1);
+                }
+                run.status = Status::Streaming;
+                run.updated_at_ms = ev.at;
+                run.push_events(out);
+            }
+            Record::Plan(p) => {
+                let Some(run) = st.runs.get_mut(&p.run) else {
+                    return;
+                };
+                let mut out = run.acc.flush_trim();
+                run.push_events(std::mem::take(&mut out));
+                // Re-plan from the recorded plan's decisions (not re-run: jitter and the clock
+                // differ); what matters for the state is the plan kind, its cancelled calls,
+                // counters and events.
+                match p.plan() {
+                    Ok(plan) => {
+                        let cause = plan.cause;
+                        let _ = run.apply_plan(&plan, &cause, p.at);
+                    }
+                    Err(e) => tracing::error!(run = %p.run, kind = ?e.classify(),
+                        "stream journal: a plan that does not read was skipped"),
+                }
+            }
+            Record::Snapshot(snap) => {
+                let run_id = snap.run.clone();
+                st.runs.insert(run_id, Run::from_snapshot(*snap, segment));
+            }
+            Record::End(e) => {
+                st.runs.remove(&e.run);
+            }
+            Record::Reseal(_) => {}
+        }
+    }
+
+    /// Re-seal everything of the streams under the sealer's current (primary) key: a snapshot
+    /// record of every active run (after which the segments holding their older records are
+    /// released), and every run's state and checkpoint file. Called during a rotation of the
+    /// key, before the old one is forgotten. Returns (runs snapshotted, files re-sealed).
+    pub fn reseal(&self) -> Result<(usize, usize), StreamError> {
+        let tickets: Vec<(String, Arc<Promise>)> = {
+            let st = self.lock();
+            // The snapshots open a new segment: everything before them can then go whole.
+            self.store.start_new_mark();
+            // A marker first, so the new segment starts even with no active run.
+            let mark = self
+                .store
+                .append(Out::Record(&Record::Reseal(record::Reseal {
+                    run: String::new(),
+                    at: now_ms(),
+                })))?;
+            let mut v = vec![(String::new(), mark)];
+            for run in st.runs.values() {
+                let snap = self.store.append(Out::Record(&run.snapshot_record()))?;
+                v.push((run.run_id.clone(), snap));
+            }
+            v
+        };
+        let runs = tickets.len() - 1;
+        for (run_id, p) in tickets {
+            let pos = store::wait(&p)?;
+            if let Some(run) = self.lock().runs.get_mut(&run_id) {
+                // Everything the run needs is in the snapshot now.
+                run.first_segment = pos.segment;
+            }
+        }
+        self.release_segments();
+        let files = self.store.reseal_files()?;
+        tracing::info!(runs, files, "streams re-sealed under the current key");
+        Ok((runs, files))
+    }
+
+    // ---- checkpoints (the plain snapshot contract) ----
+}
