@@ -3,10 +3,13 @@
 //! - [`frame`]: bounded line framing with idle and read timeouts.
 //! - [`protocol`]: request parsing, response/notification lines, error codes and kinds.
 //! - [`server`]: bind (singleton, stale socket, 0600), accept (peer uid), connections, shutdown.
-//! - [`handlers`]: method → service; [`streams`]: the `stream.*` and `checkpoint.*` methods.
+//! - [`handlers`]: routing (admission, hello, unsubscribe) to the method families: [`creds`]
+//!   (`cred.*`), [`admin`] (`admin.*`), [`streams`] (`stream.*`, `checkpoint.*`), [`runs`] (`run.*`).
 //! - [`subscriptions`]: a connection's subscriptions, their cap and `unsubscribe`.
 
 pub mod activation;
+pub mod admin;
+pub mod creds;
 pub mod frame;
 pub mod handlers;
 pub mod protocol;

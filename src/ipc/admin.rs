@@ -1,0 +1,117 @@
+//! `admin.*`: status, fsck and reindex, key rotation (re-sealing the streams when the default
+//! store's key changes).
+
+use std::sync::Arc;
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::creds::{store_of, writer_permit, StoreOnly};
+use super::handlers::blocking;
+use super::protocol::{params, Request, RpcError, PROTOCOL_VERSION};
+use crate::config::PluginGrant;
+use crate::service::Daemon;
+
+/// Route an admitted `admin.*` request.
+pub async fn dispatch(
+    daemon: &Arc<Daemon>,
+    req: Request,
+    grant: PluginGrant,
+) -> Result<Value, RpcError> {
+    match req.method.as_str() {
+        "admin.status" => {
+            let _: StoreOnly = params(req.params)?;
+            let d = Arc::clone(daemon);
+            blocking(move || Ok::<_, RpcError>(status(&d, &grant))).await
+        }
+        "admin.fsck" | "admin.reindex" => {
+            let (store_name, repair) = if req.method == "admin.reindex" {
+                let p: StoreOnly = params(req.params)?;
+                (p.store, true)
+            } else {
+                let p: FsckParams = params(req.params)?;
+                (p.store, p.repair)
+            };
+            let (name, store) = store_of(daemon, &grant, store_name.as_deref()).await?;
+            let _permit = writer_permit(daemon, &name).await;
+            let report = blocking(move || store.fsck(repair)).await?;
+            let mut v = serde_json::to_value(&report).unwrap_or_default();
+            v["store"] = name.into();
+            Ok(v)
+        }
+        "admin.rotate_key" => {
+            let p: StoreOnly = params(req.params)?;
+            let (name, store) = store_of(daemon, &grant, p.store.as_deref()).await?;
+            let _permit = writer_permit(daemon, &name).await;
+            // The default store's key also seals the streams: re-seal them under the new key
+            // before the old one is forgotten.
+            let seals_streams = name == crate::service::STREAMS_KEY_STORE;
+            let d = Arc::clone(daemon);
+            let report = blocking(move || {
+                store.rotate_key_with(
+                    |_, _| {},
+                    || {
+                        if !seals_streams {
+                            return Ok(());
+                        }
+                        match d.streams() {
+                            Ok(s) => s.reseal().map(|_| ()).map_err(|e| e.to_string()),
+                            // No streams data yet: nothing to re-seal.
+                            Err(_) if !crate::streams::has_data(d.data_dir()) => Ok(()),
+                            Err(e) => Err(format!("the streams could not be opened: {e}")),
+                        }
+                    },
+                )
+            })
+            .await?;
+            let mut v = serde_json::to_value(&report).unwrap_or_default();
+            v["store"] = name.into();
+            Ok(v)
+        }
+        other => Err(RpcError::method_not_found(other)),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FsckParams {
+    #[serde(default)]
+    store: Option<String>,
+    #[serde(default)]
+    repair: bool,
+}
+
+/// `admin.status`: only the stores `grant` covers.
+pub fn status(daemon: &Daemon, grant: &PluginGrant) -> Value {
+    let stores: Vec<Value> = daemon
+        .stores()
+        .iter()
+        .filter(|(name, _)| grant.allows_store(name))
+        .map(|(name, slot)| match &slot.store {
+            Ok(s) => {
+                let sealed = s.sealed_reason();
+                json!({
+                    "name": name,
+                    "path": slot.config.base,
+                    "sealed": sealed.is_some(),
+                    "sealed_reason": sealed.map(|r| r.to_string()),
+                    "credentials": s.file_count().ok(),
+                    "key_fingerprints": s.key_fingerprints(),
+                    "key_source": s.key_source().map(|k| k.to_string()),
+                })
+            }
+            Err(e) => json!({"name": name, "path": slot.config.base, "error": e}),
+        })
+        .collect();
+    json!({
+        "server": "holdfast",
+        "version": env!("CARGO_PKG_VERSION"),
+        "protocol": PROTOCOL_VERSION,
+        "pid": std::process::id(),
+        "uptime_ms": u64::try_from(daemon.started().elapsed().as_millis()).unwrap_or(u64::MAX),
+        "socket": daemon.socket(),
+        "data_dir": daemon.data_dir(),
+        "connections": daemon.connections(),
+        "stores": stores,
+    })
+}
