@@ -15,7 +15,13 @@ use crate::crypto::KeySource;
 use crate::store::{Change, CredentialStore, IndexFlush, OpenMode, StoreConfig, StoreOptions};
 use crate::streams::{Sealer, StreamError, Streams};
 
+mod engines;
+mod leases;
 pub mod watch;
+
+pub use engines::STREAMS_KEY_STORE;
+use leases::Lease;
+pub use leases::LeaseAnswer;
 
 use crate::limits::EVENT_BACKLOG;
 
@@ -53,26 +59,6 @@ pub struct StoreSlot {
     pub writers: Arc<tokio::sync::Semaphore>,
 }
 
-/// A refresh lease: one client may refresh a credential; others wait for its write.
-#[derive(Debug, Clone)]
-struct Lease {
-    id: u64,
-    conn: u64,
-    expires: Instant,
-}
-
-/// What `cred.refresh_lease` answers.
-#[derive(Debug, Clone, Serialize)]
-pub struct LeaseAnswer {
-    /// Whether this client holds the lease now.
-    pub granted: bool,
-    /// The lease (when granted).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub lease_id: Option<u64>,
-    /// Milliseconds until the lease expires (granted), or until the holder's does (not).
-    pub expires_in_ms: u64,
-}
-
 /// Whether a run has a live stream (see [`Daemon::live_streams`]).
 pub type LiveStreams = Box<dyn Fn(&str) -> bool + Send>;
 
@@ -106,29 +92,6 @@ pub struct Daemon {
     /// The run logs (opened on first use: no key needed, they are not encrypted).
     run_log: Mutex<Option<Arc<crate::runlog::RunLog>>>,
 }
-
-/// Seals stream records with a store's keys.
-struct StoreSealer(Arc<CredentialStore>);
-
-impl Sealer for StoreSealer {
-    fn seal(&self, plaintext: &[u8]) -> Result<Vec<u8>, String> {
-        self.0
-            .seal(plaintext)
-            .map(String::into_bytes)
-            .map_err(|e| e.to_string())
-    }
-
-    fn open(&self, sealed: &[u8]) -> Result<zeroize::Zeroizing<Vec<u8>>, String> {
-        let token = std::str::from_utf8(sealed).map_err(|_| "not a Fernet token".to_string())?;
-        self.0
-            .unseal(token)
-            .map(|p| zeroize::Zeroizing::new(p.expose().to_vec()))
-            .map_err(|e| e.to_string())
-    }
-}
-
-/// The store whose key seals streams: the default store.
-pub const STREAMS_KEY_STORE: &str = crate::paths::DEFAULT_STORE;
 
 impl Daemon {
     /// When it started (monotonic).
@@ -257,124 +220,6 @@ impl Daemon {
         })
     }
 
-    /// The streams, opening them (replaying the journal: blocking) if they are not yet: they
-    /// need the default store's key. Call from the blocking pool, or at start.
-    pub fn streams(&self) -> Result<Arc<Streams>, StreamError> {
-        let mut guard = self.streams.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(s) = guard.as_ref() {
-            return Ok(Arc::clone(s));
-        }
-        let slot = self.store(STREAMS_KEY_STORE).ok_or_else(|| {
-            StreamError::Unavailable(
-                "streams are sealed with the default store's key, and there is no default store \
-                 yet: run `holdfast init`"
-                    .into(),
-            )
-        })?;
-        let store = slot.store.clone().map_err(|e| {
-            StreamError::Storage(format!(
-                "the default store (whose key seals streams) did not open: {e}"
-            ))
-        })?;
-        if let Some(reason) = store.sealed_reason() {
-            return Err(StreamError::Sealed(format!(
-                "streams are sealed with the default store's key, which is unavailable: {reason}"
-            )));
-        }
-        let (streams_dir, runs_dir) = crate::streams::dirs(&self.data_dir);
-        let streams = Streams::open(
-            &streams_dir,
-            &runs_dir,
-            Arc::new(StoreSealer(store)),
-            self.config.streams_config(),
-            crate::durable::Faults::none(),
-        )?;
-        let report = streams.replay_report();
-        tracing::info!(
-            active_runs = streams.active_runs(),
-            frames = report.frames,
-            segments = report.segments,
-            torn_tail = report.torn_tail.is_some(),
-            corrupt = report.corrupt.len(),
-            "streams open"
-        );
-        // The planner's R2 annotation reads the run log (tool begin/end records).
-        if let Ok(log) = self.run_log() {
-            streams.attach_tool_log(log);
-        }
-        let streams = Arc::new(streams);
-        *guard = Some(Arc::clone(&streams));
-        Ok(streams)
-    }
-
-    /// Delete runs idle past `[runs] retention_days` (never one with a live stream).
-    pub fn prune_runs(&self) {
-        let Some(age) = self.config.run_retention() else {
-            return;
-        };
-        let log = match self.run_log() {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::warn!(error = %e, "run retention: the run logs did not open");
-                return;
-            }
-        };
-        let keep = match self.live_streams() {
-            Ok(k) => k,
-            Err(e) => {
-                tracing::warn!(error = %e, "run retention: skipped (which streams are live is unknown)");
-                return;
-            }
-        };
-        match log.prune(age, &keep, false) {
-            Ok(gone) if !gone.is_empty() => {
-                tracing::info!(
-                    runs = gone.len(),
-                    days = age.as_secs() / 86_400,
-                    "run retention: deleted runs idle past retention"
-                );
-            }
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "run retention sweep failed"),
-        }
-    }
-
-    /// Which runs have a live stream (their directories must not be pruned): the streams are
-    /// opened if they are not yet. With no default store there are no streams at all; if the
-    /// streams cannot be opened otherwise (sealed), nobody can say: an error.
-    pub fn live_streams(&self) -> Result<LiveStreams, StreamError> {
-        match self.streams() {
-            Ok(s) => Ok(Box::new(move |id: &str| s.is_active(id))),
-            Err(e) if e.kind() == crate::error::ErrorKind::Unsupported => {
-                Ok(Box::new(|_: &str| false))
-            }
-            Err(e) => Err(e),
-        }
-    }
-
-    /// The run logs under `<data_dir>/runs/`.
-    pub fn run_log(&self) -> Result<Arc<crate::runlog::RunLog>, crate::runlog::RunLogError> {
-        let mut guard = self.run_log.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(l) = guard.as_ref() {
-            return Ok(Arc::clone(l));
-        }
-        let (_, runs_dir) = crate::streams::dirs(&self.data_dir);
-        let log = Arc::new(crate::runlog::RunLog::open(
-            &runs_dir,
-            crate::durable::Faults::none(),
-        )?);
-        *guard = Some(Arc::clone(&log));
-        Ok(log)
-    }
-
-    /// The streams if they are open (never blocks).
-    pub fn streams_if_open(&self) -> Option<Arc<Streams>> {
-        self.streams
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
     /// Every store, by name.
     pub fn stores(&self) -> Vec<(String, Arc<StoreSlot>)> {
         self.stores
@@ -500,88 +345,6 @@ impl Daemon {
         });
     }
 
-    /// Ask for the refresh lease on `(store, id)` for connection `conn`. `None`: the connection
-    /// already holds [`MAX_LEASES_PER_CONNECTION`] leases.
-    pub fn refresh_lease(
-        &self,
-        store: &str,
-        id: &str,
-        conn: u64,
-        ttl: Duration,
-    ) -> Option<LeaseAnswer> {
-        let now = Instant::now();
-        let mut leases = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
-        leases.retain(|_, l| l.expires > now);
-        let key = (store.to_owned(), id.to_owned());
-        if let Some(l) = leases.get(&key) {
-            if l.conn != conn {
-                return Some(LeaseAnswer {
-                    granted: false,
-                    lease_id: None,
-                    expires_in_ms: millis(l.expires - now),
-                });
-            }
-        } else if leases.values().filter(|l| l.conn == conn).count() >= MAX_LEASES_PER_CONNECTION {
-            return None;
-        }
-        let lease = Lease {
-            id: self.next_lease.fetch_add(1, Ordering::Relaxed),
-            conn,
-            expires: now + ttl,
-        };
-        let answer = LeaseAnswer {
-            granted: true,
-            lease_id: Some(lease.id),
-            expires_in_ms: millis(ttl),
-        };
-        leases.insert(key, lease);
-        Some(answer)
-    }
-
-    /// Release the lease on `(store, id)` if `conn` holds it. `wrote`: the holder wrote the
-    /// credential (watchers hear `cred.changed` instead); otherwise waiters hear
-    /// `lease.released`. Returns whether a lease was released.
-    pub fn release_lease(&self, store: &str, id: &str, conn: u64, wrote: bool) -> bool {
-        let mut leases = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
-        let key = (store.to_owned(), id.to_owned());
-        if leases.get(&key).is_none_or(|l| l.conn != conn) {
-            return false;
-        }
-        leases.remove(&key);
-        drop(leases);
-        if !wrote {
-            self.lease_event(store, id, "released");
-        }
-        true
-    }
-
-    /// Drop every lease a closing connection holds, telling waiters.
-    pub fn release_connection(&self, conn: u64) {
-        let mut leases = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
-        let mine: Vec<(String, String)> = leases
-            .iter()
-            .filter(|(_, l)| l.conn == conn)
-            .map(|(k, _)| k.clone())
-            .collect();
-        for k in &mine {
-            leases.remove(k);
-        }
-        drop(leases);
-        for (store, id) in mine {
-            self.lease_event(&store, &id, "holder_disconnected");
-        }
-    }
-
-    fn lease_event(&self, store: &str, id: &str, source: &'static str) {
-        let _ = self.events.send(CredEvent {
-            kind: "lease.released",
-            store: store.to_owned(),
-            id: id.to_owned(),
-            generation: None,
-            source,
-        });
-    }
-
     /// Flush every store's index (shutdown).
     pub fn flush_all(&self) {
         for (name, slot) in self.stores() {
@@ -634,8 +397,4 @@ fn open_slot(cfg: StoreConfig) -> StoreSlot {
         store,
         writers: Arc::new(tokio::sync::Semaphore::new(MAX_WRITERS_PER_STORE)),
     }
-}
-
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }

@@ -1,0 +1,148 @@
+//! The streams and the run logs, opened on first use: the streams need the default store's key
+//! (its keys seal every journal record: [`StoreSealer`]), the run logs need none. Retention of
+//! old runs lives here too.
+
+use super::*;
+
+/// The store whose key seals streams: the default store.
+pub const STREAMS_KEY_STORE: &str = crate::paths::DEFAULT_STORE;
+
+/// Seals stream records with a store's keys.
+struct StoreSealer(Arc<CredentialStore>);
+
+impl Sealer for StoreSealer {
+    fn seal(&self, plaintext: &[u8]) -> Result<Vec<u8>, String> {
+        self.0
+            .seal(plaintext)
+            .map(String::into_bytes)
+            .map_err(|e| e.to_string())
+    }
+
+    fn open(&self, sealed: &[u8]) -> Result<zeroize::Zeroizing<Vec<u8>>, String> {
+        let token = std::str::from_utf8(sealed).map_err(|_| "not a Fernet token".to_string())?;
+        self.0
+            .unseal(token)
+            .map(|p| zeroize::Zeroizing::new(p.expose().to_vec()))
+            .map_err(|e| e.to_string())
+    }
+}
+
+impl Daemon {
+    /// The streams, opening them (replaying the journal: blocking) if they are not yet: they
+    /// need the default store's key. Call from the blocking pool, or at start.
+    pub fn streams(&self) -> Result<Arc<Streams>, StreamError> {
+        let mut guard = self.streams.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(s) = guard.as_ref() {
+            return Ok(Arc::clone(s));
+        }
+        let slot = self.store(STREAMS_KEY_STORE).ok_or_else(|| {
+            StreamError::Unavailable(
+                "streams are sealed with the default store's key, and there is no default store \
+                 yet: run `holdfast init`"
+                    .into(),
+            )
+        })?;
+        let store = slot.store.clone().map_err(|e| {
+            StreamError::Storage(format!(
+                "the default store (whose key seals streams) did not open: {e}"
+            ))
+        })?;
+        if let Some(reason) = store.sealed_reason() {
+            return Err(StreamError::Sealed(format!(
+                "streams are sealed with the default store's key, which is unavailable: {reason}"
+            )));
+        }
+        let (streams_dir, runs_dir) = crate::streams::dirs(&self.data_dir);
+        let streams = Streams::open(
+            &streams_dir,
+            &runs_dir,
+            Arc::new(StoreSealer(store)),
+            self.config.streams_config(),
+            crate::durable::Faults::none(),
+        )?;
+        let report = streams.replay_report();
+        tracing::info!(
+            active_runs = streams.active_runs(),
+            frames = report.frames,
+            segments = report.segments,
+            torn_tail = report.torn_tail.is_some(),
+            corrupt = report.corrupt.len(),
+            "streams open"
+        );
+        // The planner's R2 annotation reads the run log (tool begin/end records).
+        if let Ok(log) = self.run_log() {
+            streams.attach_tool_log(log);
+        }
+        let streams = Arc::new(streams);
+        *guard = Some(Arc::clone(&streams));
+        Ok(streams)
+    }
+
+    /// Delete runs idle past `[runs] retention_days` (never one with a live stream).
+    pub fn prune_runs(&self) {
+        let Some(age) = self.config.run_retention() else {
+            return;
+        };
+        let log = match self.run_log() {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, "run retention: the run logs did not open");
+                return;
+            }
+        };
+        let keep = match self.live_streams() {
+            Ok(k) => k,
+            Err(e) => {
+                tracing::warn!(error = %e, "run retention: skipped (which streams are live is unknown)");
+                return;
+            }
+        };
+        match log.prune(age, &keep, false) {
+            Ok(gone) if !gone.is_empty() => {
+                tracing::info!(
+                    runs = gone.len(),
+                    days = age.as_secs() / 86_400,
+                    "run retention: deleted runs idle past retention"
+                );
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "run retention sweep failed"),
+        }
+    }
+
+    /// Which runs have a live stream (their directories must not be pruned): the streams are
+    /// opened if they are not yet. With no default store there are no streams at all; if the
+    /// streams cannot be opened otherwise (sealed), nobody can say: an error.
+    pub fn live_streams(&self) -> Result<LiveStreams, StreamError> {
+        match self.streams() {
+            Ok(s) => Ok(Box::new(move |id: &str| s.is_active(id))),
+            Err(e) if e.kind() == crate::error::ErrorKind::Unsupported => {
+                Ok(Box::new(|_: &str| false))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The run logs under `<data_dir>/runs/`.
+    pub fn run_log(&self) -> Result<Arc<crate::runlog::RunLog>, crate::runlog::RunLogError> {
+        let mut guard = self.run_log.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(l) = guard.as_ref() {
+            return Ok(Arc::clone(l));
+        }
+        let (_, runs_dir) = crate::streams::dirs(&self.data_dir);
+        let log = Arc::new(crate::runlog::RunLog::open(
+            &runs_dir,
+            crate::durable::Faults::none(),
+        )?);
+        *guard = Some(Arc::clone(&log));
+        Ok(log)
+    }
+
+    /// The streams if they are open (never blocks).
+    pub fn streams_if_open(&self) -> Option<Arc<Streams>> {
+        self.streams
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
