@@ -19,9 +19,8 @@
 //!    targets. Speed is measured, not asserted: a MISS does not change the exit code.
 #![allow(clippy::disallowed_methods)] // the floors write and fsync files directly: that is what they measure
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, OpenOptions};
 use std::io::{Read, Write};
-use std::os::unix::fs::FileExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -39,6 +38,7 @@ use holdfast::crypto::{KeySource, Secret};
 use holdfast::durable::{self, Faults};
 use holdfast::store::{init_store, Credential, CredentialStore, StoreConfig, StoreOptions};
 
+mod floors;
 mod report;
 
 use report::{out, out_json, CliError, CliResult, Global};
@@ -48,7 +48,6 @@ const STORE: &str = "default";
 /// The socket floor's message size.
 const MSG_BYTES: usize = 100;
 /// The fsync and atomic-replace floors' file size.
-const BLOCK_BYTES: usize = 4096;
 /// Requests each client makes before the clock starts (connection set up, caches warm).
 const WARMUP_OPS: usize = 20;
 /// How long to wait for the daemon's socket to answer.
@@ -455,79 +454,6 @@ fn socket_floor(dir: &Path, trips: usize, echo_in: EchoIn) -> CliResult<Stats> {
         }
     }
     let _ = fs::remove_file(&path);
-    Ok(Stats::of(lat))
-}
-
-/// fsync of a 4 KiB block: `new` a freshly created file each time (block allocation and a
-/// journal commit: what the first fsync of every durable write pays), else one block of one
-/// file rewritten in place (the least an fsync can cost here).
-fn fsync_floor(dir: &Path, n: usize, new: bool) -> CliResult<Stats> {
-    let sub = dir.join(if new {
-        "floor-fsync-new"
-    } else {
-        "floor-fsync"
-    });
-    durable::create_private_dir(&sub, &Faults::none()).map_err(|e| fail("fsync floor", e))?;
-    let open = |name: String| {
-        OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(sub.join(name))
-            .map_err(|e| fail("fsync floor", e))
-    };
-    let same: Option<File> = if new { None } else { Some(open("f".into())?) };
-    let mut block = [0u8; BLOCK_BYTES];
-    let mut lat = Vec::with_capacity(n);
-    for i in 0..n + 5 {
-        block[0] = i as u8;
-        let fresh;
-        let f = match &same {
-            Some(f) => f,
-            None => {
-                fresh = open(format!("f{i}"))?;
-                &fresh
-            }
-        };
-        f.write_all_at(&block, 0)
-            .map_err(|e| fail("fsync floor", e))?;
-        let t = Instant::now();
-        f.sync_all().map_err(|e| fail("fsync floor", e))?;
-        if i >= 5 {
-            lat.push(t.elapsed());
-        }
-    }
-    // The files stay (until the temp dir goes): unlinking them now would make the next
-    // floor's first journal commits pay for freeing their blocks.
-    Ok(Stats::of(lat))
-}
-
-/// One `durable::atomic_write` of 4 KiB (temp file, write, fsync, rename, fsync of the
-/// directory): `replace` over the same name each time (the old file's blocks are freed, as
-/// when a credential is overwritten), else to a new name each time.
-fn atomic_floor(dir: &Path, n: usize, replace: bool) -> CliResult<Stats> {
-    let sub = dir.join(if replace {
-        "floor-replace"
-    } else {
-        "floor-create"
-    });
-    durable::create_private_dir(&sub, &Faults::none()).map_err(|e| fail("atomic floor", e))?;
-    let mut block = vec![0u8; BLOCK_BYTES];
-    let mut lat = Vec::with_capacity(n);
-    for i in 0..n + 5 {
-        block[0] = i as u8;
-        let name = if replace {
-            "file".to_string()
-        } else {
-            format!("f{i}")
-        };
-        let t = Instant::now();
-        durable::atomic_write(&sub, &name, &block, &Faults::none())
-            .map_err(|e| fail("atomic floor", e))?;
-        if i >= 5 {
-            lat.push(t.elapsed());
-        }
-    }
     Ok(Stats::of(lat))
 }
 
@@ -1082,22 +1008,22 @@ fn run(a: &BenchArgs) -> CliResult {
         (
             "fsync_4k_in_place",
             "fsync, 4 KiB rewritten in place",
-            fsync_floor(&env.root, plan.fsyncs, false)?,
+            floors::fsync(&env.root, plan.fsyncs, false)?,
         ),
         (
             "fsync_4k_new_file",
             "fsync, new 4 KiB file",
-            fsync_floor(&env.root, plan.fsyncs, true)?,
+            floors::fsync(&env.root, plan.fsyncs, true)?,
         ),
         (
             "atomic_create_4k",
             "atomic_write 4 KiB to a new name (2 fsyncs)",
-            atomic_floor(&env.root, plan.replaces, false)?,
+            floors::atomic_write(&env.root, plan.replaces, false)?,
         ),
         (
             "atomic_replace_4k",
             "atomic_write 4 KiB replacing a file (2 fsyncs)",
-            atomic_floor(&env.root, plan.replaces, true)?,
+            floors::atomic_write(&env.root, plan.replaces, true)?,
         ),
     ];
 

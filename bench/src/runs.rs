@@ -8,37 +8,16 @@
 //! logged (the check alone: no write, no fsync).
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 
 use super::streams::{timed, RawConn};
 use super::{
-    fail, fmt_count, fmt_d, out, out_json, progress, CliResult, DaemonChild, Env, Global, Stats,
+    fmt_count, fmt_d, out, out_json, progress, CliResult, DaemonChild, Env, Global, Stats,
 };
 
 const CLIENTS: &[usize] = &[1, 16];
-
-fn line_floor(dir: &Path, n: usize) -> CliResult<Stats> {
-    use std::io::Write as _;
-    let path = dir.join("floor-line");
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .map_err(|e| fail("creating the floor file", e))?;
-    let line = format!("{}\n", "x".repeat(300));
-    let mut lat = Vec::with_capacity(n);
-    for _ in 0..n {
-        let t = Instant::now();
-        f.write_all(line.as_bytes())
-            .and_then(|()| f.sync_data())
-            .map_err(|e| fail("the fsync floor", e))?;
-        lat.push(t.elapsed());
-    }
-    let _ = std::fs::remove_file(&path);
-    Ok(Stats::of(lat))
-}
 
 fn detail(node: &str) -> String {
     format!(
@@ -140,7 +119,7 @@ pub fn run(g: &Global, quick: bool, seconds: Option<f64>, tmpdir: Option<&Path>)
     progress(&format!(
         "floor: {n_floor} x (300 B line appended + fdatasync)"
     ));
-    let floor = line_floor(tmp.path(), n_floor)?;
+    let floor = super::floors::line(tmp.path(), n_floor)?;
     let child = DaemonChild::start(&env)?;
     let mut rows = Vec::new();
     for op in [

@@ -11,7 +11,6 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Barrier};
@@ -74,38 +73,6 @@ fn cpu_secs(pid: u32) -> Option<f64> {
 /// Server CPU per operation between two [`cpu_secs`] readings.
 fn per_op_us(before: Option<f64>, after: Option<f64>, ops: usize) -> Option<f64> {
     Some((after? - before?) / ops.max(1) as f64 * 1e6)
-}
-
-/// 20 bytes written at the end of what was written and `fdatasync`ed, `n` times.
-fn append_floor(dir: &Path, n: usize, preallocated: bool) -> CliResult<Stats> {
-    let path = dir.join(if preallocated {
-        "floor-prealloc"
-    } else {
-        "floor-append"
-    });
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .read(true)
-        .write(true)
-        .open(&path)
-        .map_err(|e| fail("creating the floor file", e))?;
-    if preallocated {
-        f.write_all_at(&vec![0u8; 4 << 20], 0)
-            .and_then(|()| f.sync_all())
-            .map_err(|e| fail("preallocating the floor file", e))?;
-    }
-    let rec = [b'x'; 28];
-    let mut lat = Vec::with_capacity(n);
-    for i in 0..n {
-        let t = Instant::now();
-        f.write_all_at(&rec, (i * rec.len()) as u64)
-            .and_then(|()| f.sync_data())
-            .map_err(|e| fail("the fsync floor", e))?;
-        lat.push(t.elapsed());
-    }
-    let _ = std::fs::remove_file(&path);
-    Ok(Stats::of(lat))
 }
 
 /// Run `streams` threads for `d`, each calling `op` in a loop after a common start.
@@ -538,8 +505,8 @@ pub fn run(g: &Global, quick: bool, seconds: Option<f64>, tmpdir: Option<&Path>)
     progress(&format!(
         "floors: {n_floor} x (20 B write + fdatasync), preallocated and appending"
     ));
-    let floor_pre = append_floor(tmp.path(), n_floor, true)?;
-    let floor_app = append_floor(tmp.path(), n_floor, false)?;
+    let floor_pre = super::floors::append(tmp.path(), n_floor, true)?;
+    let floor_app = super::floors::append(tmp.path(), n_floor, false)?;
     let mut rows = Vec::new();
     let child = DaemonChild::start(&env)?;
     for &n in STREAMS {
