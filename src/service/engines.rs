@@ -3,6 +3,7 @@
 //! old runs lives here too.
 
 use super::*;
+use crate::streams::SealError;
 
 /// The store whose key seals streams: the default store.
 pub const STREAMS_KEY_STORE: &str = crate::paths::DEFAULT_STORE;
@@ -11,19 +12,20 @@ pub const STREAMS_KEY_STORE: &str = crate::paths::DEFAULT_STORE;
 struct StoreSealer(Arc<CredentialStore>);
 
 impl Sealer for StoreSealer {
-    fn seal(&self, plaintext: &[u8]) -> Result<Vec<u8>, String> {
+    fn seal(&self, plaintext: &[u8]) -> Result<Vec<u8>, SealError> {
         self.0
             .seal(plaintext)
             .map(String::into_bytes)
-            .map_err(|e| e.to_string())
+            .map_err(|e| SealError::Seal(e.into()))
     }
 
-    fn open(&self, sealed: &[u8]) -> Result<zeroize::Zeroizing<Vec<u8>>, String> {
-        let token = std::str::from_utf8(sealed).map_err(|_| "not a Fernet token".to_string())?;
+    fn open(&self, sealed: &[u8]) -> Result<zeroize::Zeroizing<Vec<u8>>, SealError> {
+        let token = std::str::from_utf8(sealed)
+            .map_err(|_| SealError::Open("not a Fernet token".into()))?;
         self.0
             .unseal(token)
             .map(|p| zeroize::Zeroizing::new(p.expose().to_vec()))
-            .map_err(|e| e.to_string())
+            .map_err(|e| SealError::Open(e.into()))
     }
 }
 

@@ -3,6 +3,7 @@
 //! the message (`Display`) is what the client and the log see. Storage failures carry the
 //! durable layer's own error.
 
+use super::store::SealError;
 use crate::durable::journal::JournalError;
 use crate::durable::IoError;
 use crate::error::ErrorKind;
@@ -128,9 +129,12 @@ pub enum StreamError {
     },
 
     // ---- keys and files ----
-    /// The streams' key is unavailable or sealing failed.
+    /// The streams' key is unavailable.
     #[error("{0}")]
     Sealed(String),
+    /// Sealing a record failed.
+    #[error(transparent)]
+    Seal(SealError),
     /// A file does not decrypt, or does not read.
     #[error("{0}")]
     Integrity(String),
@@ -171,7 +175,7 @@ impl StreamError {
                 ErrorKind::Conflict
             }
             TooManyRuns { .. } => ErrorKind::Busy,
-            Sealed(_) => ErrorKind::Sealed,
+            Sealed(_) | Seal(_) => ErrorKind::Sealed,
             Integrity(_) => ErrorKind::Integrity,
             Unavailable(_) => ErrorKind::Unsupported,
             Io(_) | Journal(_) | Storage(_) => ErrorKind::Storage,

@@ -27,7 +27,7 @@ pub use error::StreamError;
 pub use feed::{Feed, Next};
 pub use run::{EventJson, Status};
 pub use service::{Streams, StreamsConfig, Ticket};
-pub use store::{dirs, has_data, FileStore, Sealer, StreamStore};
+pub use store::{dirs, has_data, FileStore, SealError, Sealer, StreamStore};
 pub use tool_log::ToolLog;
 
 use crate::limits;

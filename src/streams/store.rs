@@ -166,7 +166,7 @@ impl FileStore {
 
     fn seal(&self, rec: &impl serde::Serialize) -> Result<Vec<u8>, StreamError> {
         let plain = Zeroizing::new(serde_json::to_vec(rec).unwrap_or_default());
-        self.sealer.seal(&plain).map_err(StreamError::Sealed)
+        self.sealer.seal(&plain).map_err(StreamError::Seal)
     }
 
     fn open_sealed(&self, path: &Path) -> Result<Option<Zeroizing<Vec<u8>>>, StreamError> {
@@ -276,7 +276,7 @@ impl StreamStore for FileStore {
                 let Some(plain) = self.open_sealed(&dir.join(name))? else {
                     continue;
                 };
-                let sealed = self.sealer.seal(&plain).map_err(StreamError::Sealed)?;
+                let sealed = self.sealer.seal(&plain).map_err(StreamError::Seal)?;
                 self.write_file(&dir, name, &sealed)?;
                 files += 1;
             }
@@ -305,9 +305,22 @@ pub fn wait(p: &Promise) -> Result<Position, JournalError> {
 /// Seals and opens records (the default store's Fernet keys in the daemon).
 pub trait Sealer: Send + Sync {
     /// Encrypt.
-    fn seal(&self, plaintext: &[u8]) -> Result<Vec<u8>, String>;
+    fn seal(&self, plaintext: &[u8]) -> Result<Vec<u8>, SealError>;
     /// Decrypt (any key of the ring).
-    fn open(&self, sealed: &[u8]) -> Result<Zeroizing<Vec<u8>>, String>;
+    fn open(&self, sealed: &[u8]) -> Result<Zeroizing<Vec<u8>>, SealError>;
+}
+
+/// Why a [`Sealer`] failed: the cause is the key holder's own error (the store's, the
+/// keyring's), kept as its source. Its message never holds the plaintext.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SealError {
+    /// No usable key (the store is sealed), or encryption failed.
+    #[error("{0}")]
+    Seal(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// Not a token, or no key of the ring authenticates it.
+    #[error("{0}")]
+    Open(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// Whether a data directory holds any streams data (journal segments or run files).

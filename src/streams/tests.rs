@@ -15,12 +15,15 @@ use crate::error::ErrorKind;
 struct TestSealer(Keyring);
 
 impl Sealer for TestSealer {
-    fn seal(&self, plaintext: &[u8]) -> Result<Vec<u8>, String> {
+    fn seal(&self, plaintext: &[u8]) -> Result<Vec<u8>, SealError> {
         Ok(self.0.encrypt(plaintext).into_bytes())
     }
-    fn open(&self, sealed: &[u8]) -> Result<Zeroizing<Vec<u8>>, String> {
-        let token = std::str::from_utf8(sealed).map_err(|e| e.to_string())?;
-        let (plain, _) = self.0.decrypt(token).map_err(|e| e.to_string())?;
+    fn open(&self, sealed: &[u8]) -> Result<Zeroizing<Vec<u8>>, SealError> {
+        let token = std::str::from_utf8(sealed).map_err(|e| SealError::Open(e.into()))?;
+        let (plain, _) = self
+            .0
+            .decrypt(token)
+            .map_err(|e| SealError::Open(e.into()))?;
         Ok(Zeroizing::new(plain.expose().to_vec()))
     }
 }
@@ -527,16 +530,16 @@ fn idle_runs_expire_and_keep_what_they_were() {
 struct RotatingSealer(std::sync::RwLock<Vec<crate::crypto::Secret>>);
 
 impl Sealer for RotatingSealer {
-    fn seal(&self, plaintext: &[u8]) -> Result<Vec<u8>, String> {
+    fn seal(&self, plaintext: &[u8]) -> Result<Vec<u8>, SealError> {
         let keys = self.0.read().unwrap();
         let ring = Keyring::new(&keys[0], &keys[1..]).unwrap();
         Ok(ring.encrypt(plaintext).into_bytes())
     }
-    fn open(&self, sealed: &[u8]) -> Result<Zeroizing<Vec<u8>>, String> {
+    fn open(&self, sealed: &[u8]) -> Result<Zeroizing<Vec<u8>>, SealError> {
         let keys = self.0.read().unwrap();
         let ring = Keyring::new(&keys[0], &keys[1..]).unwrap();
-        let token = std::str::from_utf8(sealed).map_err(|e| e.to_string())?;
-        let (plain, _) = ring.decrypt(token).map_err(|e| e.to_string())?;
+        let token = std::str::from_utf8(sealed).map_err(|e| SealError::Open(e.into()))?;
+        let (plain, _) = ring.decrypt(token).map_err(|e| SealError::Open(e.into()))?;
         Ok(Zeroizing::new(plain.expose().to_vec()))
     }
 }
