@@ -101,21 +101,36 @@ pub struct ReplayReport {
     pub corrupt: Vec<(u64, u64, PathBuf)>,
 }
 
+/// The failure that poisoned the journal: one failed step, shared by every append it failed.
+pub type Failure = Arc<IoError>;
+
 /// Why an append or the journal failed.
 #[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum JournalError {
     /// A write or fsync failed; the journal refuses appends until reopened.
     #[error("stream journal refuses writes until the daemon restarts: {0}")]
-    Poisoned(String),
+    Poisoned(Failure),
     /// The journal is shutting down.
     #[error("stream journal is closed")]
     Closed,
     /// A payload over [`MAX_PAYLOAD`].
     #[error("record of {0} bytes is over the {MAX_PAYLOAD}-byte limit")]
     TooLarge(usize),
-    /// Opening or replaying failed.
-    #[error("{0}")]
-    Open(String),
+    /// Opening or replaying failed at one step.
+    #[error("stream journal {}: {step}: {source}", dir.display())]
+    Open {
+        /// The journal's directory.
+        dir: PathBuf,
+        /// The step (`creating it`, `locking`, `replaying`, …).
+        step: &'static str,
+        /// What went wrong there.
+        #[source]
+        source: Arc<dyn std::error::Error + Send + Sync>,
+    },
+    /// Another process holds the journal's lock.
+    #[error("stream journal {} is in use by another process (a running daemon?)", .0.display())]
+    InUse(PathBuf),
 }
 
 /// Counters (for status and benchmarks).
@@ -230,7 +245,7 @@ struct Pending {
 struct Queue {
     pending: Vec<Pending>,
     closing: bool,
-    poisoned: Option<String>,
+    poisoned: Option<Failure>,
     /// Start a new segment before the next batch.
     roll: bool,
     /// The committer is waiting for work: only then does an append pay for a wake-up (a
@@ -406,26 +421,24 @@ impl Journal {
         durability: Durability,
         faults: Faults,
     ) -> Result<(Journal, Vec<Replayed>, ReplayReport), JournalError> {
-        let fail = |what: &str, e: &dyn std::fmt::Display| {
-            JournalError::Open(format!("stream journal {}: {what}: {e}", dir.display()))
-        };
-        create_private_dir(dir, &faults).map_err(|e| fail("creating it", &e))?;
-        super::perms::check_private_dir(dir).map_err(|e| fail("permissions", &e))?;
+        let fail =
+            |step: &'static str, e: Box<dyn std::error::Error + Send + Sync>| JournalError::Open {
+                dir: dir.to_path_buf(),
+                step,
+                source: Arc::from(e),
+            };
+        create_private_dir(dir, &faults).map_err(|e| fail("creating it", e.into()))?;
+        super::perms::check_private_dir(dir).map_err(|e| fail("permissions", e.into()))?;
         // One writer per journal, for its whole life: a second process would cut the first's
         // in-flight write as a "torn tail" and interleave frames.
         let lock = match super::lock::try_lock(&dir.join(LOCK_FILE), super::LockMode::Exclusive) {
             Ok(Some(g)) => g,
-            Ok(None) => {
-                return Err(JournalError::Open(format!(
-                    "stream journal {} is in use by another process (a running daemon?)",
-                    dir.display()
-                )))
-            }
-            Err(e) => return Err(fail("locking", &e)),
+            Ok(None) => return Err(JournalError::InUse(dir.to_path_buf())),
+            Err(e) => return Err(fail("locking", e.into())),
         };
-        super::sweep_temp_files(dir, &faults).map_err(|e| fail("sweeping temp files", &e))?;
+        super::sweep_temp_files(dir, &faults).map_err(|e| fail("sweeping temp files", e.into()))?;
         let mut numbers: Vec<u64> = fs::read_dir(dir)
-            .map_err(|e| fail("listing", &e))?
+            .map_err(|e| fail("listing", e.into()))?
             .flatten()
             .filter_map(|e| segment_number(&e.file_name().to_string_lossy()))
             .collect();
@@ -439,8 +452,8 @@ impl Journal {
         for (i, &n) in numbers.iter().enumerate() {
             let last = i + 1 == numbers.len();
             let path = dir.join(segment_name(n));
-            let bytes = fs::read(&path).map_err(|e| fail("reading a segment", &e))?;
-            let tail = scan(n, &bytes, &mut frames).map_err(|e| fail("replaying", &e))?;
+            let bytes = fs::read(&path).map_err(|e| fail("reading a segment", e.into()))?;
+            let tail = scan(n, &bytes, &mut frames).map_err(|e| fail("replaying", e.into()))?;
             match tail {
                 Tail::Clean(off) if last => active = Some((n, off)),
                 Tail::Clean(_) => {}
@@ -451,17 +464,17 @@ impl Journal {
                         &bytes[off as usize..(off as usize + TORN_WINDOW).min(bytes.len())];
                     let end =
                         off as usize + window.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
-                    let f = open_segment(dir, n).map_err(|e| fail("opening", &e))?;
+                    let f = open_segment(dir, n).map_err(|e| fail("opening", e.into()))?;
                     f.write_all_at(&vec![0u8; end - off as usize], off)
                         .and_then(|()| f.sync_data())
-                        .map_err(|e| fail("cutting a torn tail", &e))?;
+                        .map_err(|e| fail("cutting a torn tail", e.into()))?;
                     tracing::warn!(segment = n, offset = off, "stream journal: cut a torn tail (a crash during a write; nothing acknowledged is lost)");
                     report.torn_tail = Some((n, off, (end as u64) - off));
                     active = Some((n, off));
                 }
                 Tail::Torn(off) | Tail::Corrupt(off) => {
                     let qdir = dir.join("quarantine");
-                    create_private_dir(&qdir, &faults).map_err(|e| fail("quarantine", &e))?;
+                    create_private_dir(&qdir, &faults).map_err(|e| fail("quarantine", e.into()))?;
                     let copy = qdir.join(format!(
                         "{}.{}",
                         segment_name(n),
@@ -469,7 +482,7 @@ impl Journal {
                             .duration_since(std::time::UNIX_EPOCH)
                             .map_or(0, |d| d.as_secs())
                     ));
-                    fs::copy(&path, &copy).map_err(|e| fail("quarantining", &e))?;
+                    fs::copy(&path, &copy).map_err(|e| fail("quarantining", e.into()))?;
                     tracing::error!(segment = n, offset = off, copy = %copy.display(), "stream journal: a corrupt frame; the segment was copied to quarantine and its later frames are not replayed");
                     report.corrupt.push((n, off, copy));
                     if last {
@@ -486,7 +499,7 @@ impl Journal {
             Some((n, off)) => (
                 n,
                 off,
-                Some(open_segment(dir, n).map_err(|e| fail("opening", &e))?),
+                Some(open_segment(dir, n).map_err(|e| fail("opening", e.into()))?),
             ),
             None => (numbers.last().map_or(1, |n| n + 1), HEADER_BYTES, None),
         };
@@ -515,7 +528,7 @@ impl Journal {
                     }
                     .run()
                 })
-                .map_err(|e| fail("starting the committer thread", &e))?
+                .map_err(|e| fail("starting the committer thread", e.into()))?
         };
         Ok((
             Journal {
@@ -617,7 +630,7 @@ impl Journal {
     }
 
     /// Why the journal refuses appends, if it does.
-    pub fn poisoned(&self) -> Option<String> {
+    pub fn poisoned(&self) -> Option<Failure> {
         self.shared
             .queue
             .lock()
@@ -756,7 +769,7 @@ impl Committer {
     }
 
     /// Write one batch (rolling over to the next segment where needed), sync it, acknowledge.
-    fn commit(&mut self, batch: Vec<Pending>) -> Result<(), String> {
+    fn commit(&mut self, batch: Vec<Pending>) -> Result<(), Failure> {
         let mut acks: Vec<(Ack, Position)> = Vec::with_capacity(batch.len());
         let mut buf: Vec<u8> = Vec::new();
         let mut start = self.offset;
@@ -814,35 +827,42 @@ impl Committer {
         result
     }
 
-    fn write(&mut self, buf: &[u8], at: u64) -> Result<(), String> {
+    /// The path of segment `n`.
+    fn path(&self, n: u64) -> PathBuf {
+        self.shared.dir.join(segment_name(n))
+    }
+
+    /// Open segment `n` for writing.
+    fn open_for_writing(&self, n: u64) -> Result<File, Failure> {
+        open_segment(&self.shared.dir, n)
+            .map_err(|e| Arc::new(IoError::new(Op::Open, self.path(n), e)))
+    }
+
+    fn write(&mut self, buf: &[u8], at: u64) -> Result<(), Failure> {
         if buf.is_empty() {
             return Ok(());
         }
         if self.file.is_none() {
             // The first batch of a journal that had no segment.
             let n = self.segment;
-            prepare_segment(&self.shared.dir, n, &self.shared.faults)
-                .map_err(|e| format!("preparing {}: {e}", segment_name(n)))?;
-            self.file = Some(
-                open_segment(&self.shared.dir, n)
-                    .map_err(|e| format!("opening {}: {e}", segment_name(n)))?,
-            );
+            prepare_segment(&self.shared.dir, n, &self.shared.faults).map_err(Arc::new)?;
+            self.file = Some(self.open_for_writing(n)?);
         }
         self.shared
             .faults
-            .check(Op::WriteTemp)
+            .check(Op::Append)
             .and_then(|()| match &self.file {
                 Some(f) => f.write_all_at(buf, at),
                 None => Err(io::Error::other("no segment open")),
             })
-            .map_err(|e| format!("writing {}: {e}", segment_name(self.segment)))?;
+            .map_err(|e| Arc::new(IoError::new(Op::Append, self.path(self.segment), e)))?;
         self.offset = at + buf.len() as u64;
         self.unsynced = true;
         Ok(())
     }
 
     /// Sync per the policy (`force`: whatever the policy says, unless `None`).
-    fn sync(&mut self, force: bool) -> Result<(), String> {
+    fn sync(&mut self, force: bool) -> Result<(), Failure> {
         let due = match self.shared.durability {
             Durability::Always => true,
             Durability::Batch(every) => force || self.last_sync.elapsed() >= every,
@@ -855,7 +875,7 @@ impl Committer {
             .faults
             .check(Op::FsyncFile)
             .and_then(|()| self.file.as_ref().map_or(Ok(()), File::sync_data))
-            .map_err(|e| format!("fsync of {}: {e}", segment_name(self.segment)))?;
+            .map_err(|e| Arc::new(IoError::new(Op::FsyncFile, self.path(self.segment), e)))?;
         self.shared.stats.syncs.fetch_add(1, Ordering::Relaxed);
         self.last_sync = Instant::now();
         self.unsynced = false;
@@ -863,19 +883,20 @@ impl Committer {
     }
 
     /// Switch to the next segment (prepared ahead, or now).
-    fn roll(&mut self) -> Result<(), String> {
+    fn roll(&mut self) -> Result<(), Failure> {
         let n = self.segment + 1;
         let prepared = match self.next.take() {
-            Some(h) => h
-                .join()
-                .map_err(|_| "segment preparation panicked".to_string())?,
+            Some(h) => h.join().unwrap_or_else(|_| {
+                Err(IoError::new(
+                    Op::CreateTemp,
+                    self.path(n),
+                    io::Error::other("segment preparation panicked"),
+                ))
+            }),
             None => prepare_segment(&self.shared.dir, n, &self.shared.faults),
         };
-        prepared.map_err(|e| format!("preparing {}: {e}", segment_name(n)))?;
-        self.file = Some(
-            open_segment(&self.shared.dir, n)
-                .map_err(|e| format!("opening {}: {e}", segment_name(n)))?,
-        );
+        prepared.map_err(Arc::new)?;
+        self.file = Some(self.open_for_writing(n)?);
         self.segment = n;
         self.offset = HEADER_BYTES;
         self.shared.active.store(n, Ordering::SeqCst);
