@@ -6,12 +6,9 @@
 //! inside `batch()` (index rewritten once at the end), and 4 threads at once (group commit:
 //! the index is rewritten only by the last queued writer). It prints sets/s and how many index
 //! rewrites each run made. Figures are recorded in docs/benchmarks.md.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::disallowed_methods,
-    clippy::print_stdout
-)] // test code: fixtures are made directly, and a panic is a failed test
+// Test code: fixtures are made directly, and a panic is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
+#![allow(clippy::print_stdout)] // its output is its figures
 
 use std::os::unix::fs::DirBuilderExt;
 use std::sync::Arc;

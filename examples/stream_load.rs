@@ -5,12 +5,9 @@
 //! VM's noise does not move (docs/benchmarks.md).
 //!
 //! `cargo run --release --example stream_load -- SOCKET STREAMS SECONDS [noop]`
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::disallowed_methods,
-    clippy::print_stdout
-)] // test code: fixtures are made directly, and a panic is a failed test
+// Test code: fixtures are made directly, and a panic is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
+#![allow(clippy::print_stdout)] // its output is its figures
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Barrier};

@@ -1,12 +1,8 @@
 //! Bad input and hostile files: id rules, tampered / truncated / empty / swapped credential
 //! files, clock skew, missing / wrong / unsafe keys, unsafe store permissions, and secrets
 //! never leaking into output or `Debug` (SECURITY-CHECKLIST items 9, 25-30, 33).
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::disallowed_methods,
-    clippy::print_stdout
-)] // test code: fixtures are made directly, and a panic is a failed test
+// Test code: fixtures are made directly, and a panic is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
 #[allow(dead_code)] // each test binary uses only some of the shared helpers
 mod common;

@@ -2,12 +2,8 @@
 //! daemon child, 1- and 16-client phases, targets. This checks the shape of its JSON and that
 //! every measured figure is a positive number; it asserts nothing about speed (speed is
 //! measured, not asserted: see docs/benchmarks.md).
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::disallowed_methods,
-    clippy::print_stdout
-)] // test code: fixtures are made directly, and a panic is a failed test
+// Test code: fixtures are made directly, and a panic is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
 #[allow(dead_code)] // each test binary uses only some of the shared helpers
 mod common;

@@ -1,11 +1,7 @@
 //! The admin CLI as a user sees it: output text, JSON shapes and exit codes, run as a real
 //! process with a temporary HOME (and XDG dirs) and none of holdfast's or hive's variables.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::disallowed_methods,
-    clippy::print_stdout
-)] // test code: fixtures are made directly, and a panic is a failed test
+// Test code: fixtures are made directly, and a panic is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
 #[allow(dead_code)] // each test binary uses only some of the shared helpers
 mod common;

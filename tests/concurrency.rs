@@ -4,12 +4,8 @@
 //! child entry points are `#[ignore]`d tests that do nothing unless the `HF_CHILD_*` environment
 //! variables are set. Every child waits behind a start barrier (a file the parent creates once
 //! all children have reported ready) so the writes really overlap.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::disallowed_methods,
-    clippy::print_stdout
-)] // test code: fixtures are made directly, and a panic is a failed test
+// Test code: fixtures are made directly, and a panic is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
 #[allow(dead_code)] // each test binary uses only some of the shared helpers
 mod common;

@@ -5,12 +5,8 @@
 //! Issue 3's "tests that must exist", and SECURITY-CHECKLIST.md items 1-14 and 31-33 as far
 //! as a test process can reach them. Tests that need a second uid (checklist 2-4, 31) run
 //! only as root (CI is root) and print "SKIPPED" loudly otherwise.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::disallowed_methods,
-    clippy::print_stdout
-)] // test code: fixtures are made directly, and a panic is a failed test
+// Test code: fixtures are made directly, and a panic is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;

@@ -43,12 +43,8 @@
 //! An input that breaks an invariant is written to `tests/corpus/protocol/crash-<sha256[..16]>`
 //! (parse and frame failures shrunk first) so that every later run replays it, and the test
 //! fails. (Numbers are compared within a few ULP: see [`same_json`].)
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::disallowed_methods,
-    clippy::print_stdout
-)] // test code: fixtures are made directly, and a panic is a failed test
+// Test code: fixtures are made directly, and a panic is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
 #[allow(dead_code)] // each test binary uses only some of the shared helpers
 mod common;

@@ -8,12 +8,8 @@
 //! Each test works on a fresh temp dir; child processes get a private HOME/XDG environment with
 //! every HIVE_*/HOLDFAST_* variable removed. Secrets never go through argv (keys travel as key
 //! files or environment variables, credential values on stdin).
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::disallowed_methods,
-    clippy::print_stdout
-)] // test code: fixtures are made directly, and a panic is a failed test
+// Test code: fixtures are made directly, and a panic is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
 #[allow(dead_code)] // each test binary uses only some of the shared helpers
 mod common;

@@ -1,12 +1,8 @@
 //! The daemon against a hostile environment (SECURITY-CHECKLIST 21, 35 and 36): a real full disk
 //! (a 256 KiB tmpfs in a private mount namespace), a zero RLIMIT_MEMLOCK, and a wall clock that
 //! jumps an hour either way while a lease runs.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::disallowed_methods,
-    clippy::print_stdout
-)] // test code: fixtures are made directly, and a panic is a failed test
+// Test code: fixtures are made directly, and a panic is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
 use std::process::Command;
 

@@ -1,12 +1,8 @@
 //! Run logs through the real daemon and across processes: the hive race with threads,
 //! connections and processes at once; restart between log_node and ensure_node; every `run.*`
 //! method; the R2 annotation driven by tool-call records.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::disallowed_methods,
-    clippy::print_stdout
-)] // test code: fixtures are made directly, and a panic is a failed test
+// Test code: fixtures are made directly, and a panic is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -10,12 +10,8 @@
 //! - unknown top-level index fields added by another writer survive our rewrite;
 //! - a hung lock holder costs at most one helper thread, however many waiters time out;
 //! - reads during key reloads and deletes never deadlock.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::disallowed_methods,
-    clippy::print_stdout
-)] // test code: fixtures are made directly, and a panic is a failed test
+// Test code: fixtures are made directly, and a panic is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
 #[allow(dead_code)]
 mod common;

@@ -2,12 +2,8 @@
 //! subscribers that disconnect at random points, and the daemon itself killed mid-stream.
 //! Issue 4's "tests that must exist" (the planner's table and commit atomicity at every crash
 //! point are unit tests: `cargo test --lib recovery streams`).
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::disallowed_methods,
-    clippy::print_stdout
-)] // test code: fixtures are made directly, and a panic is a failed test
+// Test code: fixtures are made directly, and a panic is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;

@@ -1,12 +1,9 @@
 //! systemd integration, with systemd's own tools where they exist here: socket activation through
 //! `systemd-socket-activate`, every malformed `LISTEN_*` refused, a fake `NOTIFY_SOCKET`
 //! capturing `READY=1`, `WATCHDOG=1` and `STOPPING=1`, a key from `$CREDENTIALS_DIRECTORY`.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::disallowed_methods,
-    clippy::print_stdout
-)] // test code: fixtures are made directly, and a panic is a failed test
+// Test code: fixtures are made directly, and a panic is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
+#![allow(clippy::print_stdout)] // what a fault test explored is printed
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;

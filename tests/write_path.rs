@@ -6,12 +6,8 @@
 //!    target, the directory fsynced, and only then is "stored …" written to stdout.
 //! 2. Under a real pseudo-terminal (Python's `pty`), `cred set` prompts on the terminal with echo
 //!    off: the secret typed is stored and never appears in what the terminal shows.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::disallowed_methods,
-    clippy::print_stdout
-)] // test code: fixtures are made directly, and a panic is a failed test
+// Test code: fixtures are made directly, and a panic is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
 #[allow(dead_code)] // each test binary uses only some of the shared helpers
 mod common;

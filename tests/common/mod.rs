@@ -10,12 +10,8 @@
 //!
 //! Not every test binary uses every helper: each `mod common;` that leaves some unused carries
 //! `#[allow(dead_code)]`.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::disallowed_methods,
-    clippy::print_stdout
-)] // test code: fixtures are made directly, and a panic is a failed test
+// Test code: fixtures are made directly, and a panic is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
 use std::collections::BTreeSet;
 use std::ffi::OsStr;
