@@ -17,6 +17,9 @@ python3 scripts/module-graph.py
 echo "== cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets --quiet -- -D warnings
 
+echo "== cargo build --workspace --bins (holdfast-bench too: tests/bench_smoke.rs runs it via holdfast bench)"
+cargo build --workspace --bins --quiet
+
 echo "== cargo test (lib, bin, integration tests; benches are built by clippy above, run by cargo bench)"
 cargo test --lib --bins --tests --quiet -- --show-output
 

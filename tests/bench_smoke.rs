@@ -39,8 +39,22 @@ fn find<'a>(rows: &'a [Value], size: u64, clients: u64, op: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no row for {op} with {clients} client(s) at {size}"))
 }
 
+/// `holdfast bench` runs `holdfast-bench` from beside the `holdfast` binary; it is another
+/// package of the workspace, which `cargo test` does not build for this one's tests.
+#[track_caller]
+fn bench_binary_is_built() {
+    let bench =
+        std::path::Path::new(env!("CARGO_BIN_EXE_holdfast")).with_file_name("holdfast-bench");
+    assert!(
+        bench.is_file(),
+        "{} is missing: build it first (cargo build --workspace --bins; scripts/test.sh does)",
+        bench.display()
+    );
+}
+
 #[test]
 fn quick_json_run_reports_every_figure() {
+    bench_binary_is_built();
     let t = common::TempHome::new();
     let tmp = t.root.join("tmp");
     fs::create_dir(&tmp).expect("mkdir tmp");
@@ -163,6 +177,7 @@ fn quick_json_run_reports_every_figure() {
 
 #[test]
 fn sizes_smaller_than_the_client_count_are_a_usage_error() {
+    bench_binary_is_built();
     let t = common::TempHome::new();
     let mut c = t.cmd();
     c.args(["bench", "--sizes", "10", "--clients", "16"]);
@@ -175,6 +190,7 @@ fn sizes_smaller_than_the_client_count_are_a_usage_error() {
 /// the start-up phase restores all its runs, and every target has a verdict or says why not.
 #[test]
 fn streams_quick_json_run_reports_every_figure() {
+    bench_binary_is_built();
     let t = common::TempHome::new();
     let tmp = t.root.join("tmp");
     fs::create_dir(&tmp).expect("mkdir tmp");
@@ -226,6 +242,7 @@ fn streams_quick_json_run_reports_every_figure() {
 /// `holdfast bench --runs --quick --json`: every phase reports positive figures.
 #[test]
 fn runs_quick_json_run_reports_every_figure() {
+    bench_binary_is_built();
     let t = common::TempHome::new();
     let tmp = t.root.join("tmp");
     fs::create_dir(&tmp).expect("mkdir tmp");
