@@ -12,6 +12,7 @@ pub mod admin;
 pub mod creds;
 pub mod frame;
 pub mod handlers;
+pub mod outbox;
 pub mod protocol;
 pub mod runs;
 pub mod server;

@@ -3,7 +3,6 @@
 //! refusal), one task per connection (bounded frames, timeouts, a capped output queue,
 //! pipelined requests), and graceful shutdown.
 
-use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -20,6 +19,7 @@ use zeroize::Zeroizing;
 
 use super::frame::{FrameError, FrameReader};
 use super::handlers;
+pub use super::outbox::Outbox;
 use super::protocol::{self, RpcError};
 use crate::config::{Limits, PluginGrant};
 use crate::durable::{self, lock, perms, Faults, LockGuard, LockMode};
@@ -268,176 +268,6 @@ impl Session {
     fn end(&self) {
         self.ended.store(true, Ordering::SeqCst);
         self.ended_notify.notify_waiters();
-    }
-}
-
-/// The output queue of one connection, capped in bytes: a client that stops reading is
-/// disconnected instead of making the daemon buffer without bound.
-///
-/// One line is written at a time, either by the connection's writer task (from the queue) or,
-/// when the queue is empty and nothing is being written, directly by the task that produced it
-/// ([`Outbox::send_now`]): a response to a request answered inline then costs no task switch.
-pub struct Outbox {
-    state: Mutex<OutState>,
-    max: usize,
-    overflowed: AtomicBool,
-    /// Wakes the writer task (a line was queued, or the connection is ending).
-    wake: Notify,
-    /// Notified when the connection must close (overflow, or the peer went away).
-    pub closed: Arc<Notify>,
-}
-
-#[derive(Default)]
-struct OutState {
-    lines: VecDeque<Zeroizing<Vec<u8>>>,
-    /// Bytes queued plus the bytes of the line being written.
-    bytes: usize,
-    /// A line is being written (by the writer task or `send_now`).
-    writing: bool,
-    /// No more lines are accepted; the writer drains what is queued and stops.
-    finished: bool,
-}
-
-impl Outbox {
-    fn new(max: usize, closed: Arc<Notify>) -> Self {
-        Outbox {
-            state: Mutex::new(OutState::default()),
-            max,
-            overflowed: AtomicBool::new(false),
-            wake: Notify::new(),
-            closed,
-        }
-    }
-
-    fn state(&self) -> std::sync::MutexGuard<'_, OutState> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Admit `n` more bytes, or refuse (and start closing the connection). A line is always
-    /// admitted when nothing else is pending, so one response larger than the cap (a list of
-    /// a very large store) is delivered rather than closing the connection.
-    fn admit(&self, st: &mut OutState, n: usize) -> bool {
-        if st.finished {
-            return false;
-        }
-        if st.bytes > 0 && st.bytes + n > self.max {
-            if !self.overflowed.swap(true, Ordering::SeqCst) {
-                tracing::warn!(
-                    queued = st.bytes,
-                    cap = self.max,
-                    "client is not reading its responses; closing the connection"
-                );
-            }
-            self.closed.notify_one();
-            return false;
-        }
-        st.bytes += n;
-        true
-    }
-
-    /// Queue a line for the writer task. `false` if the connection is gone or its queue is
-    /// over the cap (it is then being closed).
-    pub fn send(&self, line: Zeroizing<Vec<u8>>) -> bool {
-        let mut st = self.state();
-        if !self.admit(&mut st, line.len()) {
-            return false;
-        }
-        st.lines.push_back(line);
-        drop(st);
-        self.wake.notify_one();
-        true
-    }
-
-    /// Send a line, writing it to `stream` right here if the queue is empty and the socket
-    /// takes it without waiting; otherwise (or for what it did not take) queue it.
-    pub fn send_now(&self, stream: &Stream, line: Zeroizing<Vec<u8>>) -> bool {
-        {
-            let mut st = self.state();
-            if !st.lines.is_empty() || st.writing {
-                drop(st);
-                return self.send(line);
-            }
-            if !self.admit(&mut st, line.len()) {
-                return false;
-            }
-            st.writing = true;
-        }
-        // One non-blocking attempt: poll the write once with a waker that does nothing. If the
-        // socket is not writable, the writer task (which registers a real waker) takes over.
-        let written = {
-            let mut send = stream;
-            let mut fut = std::pin::pin!(send.write(&line));
-            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-            match fut.as_mut().poll(&mut cx) {
-                std::task::Poll::Ready(Ok(n)) => n,
-                std::task::Poll::Ready(Err(_)) => {
-                    let mut st = self.state();
-                    st.writing = false;
-                    st.bytes -= line.len();
-                    drop(st);
-                    self.closed.notify_one();
-                    return false;
-                }
-                std::task::Poll::Pending => 0,
-            }
-        };
-        let mut st = self.state();
-        st.writing = false;
-        st.bytes -= written;
-        if written < line.len() {
-            // Ahead of anything queued while this line was being written.
-            st.lines
-                .push_front(Zeroizing::new(line[written..].to_vec()));
-        }
-        let pending = !st.lines.is_empty();
-        drop(st);
-        if pending {
-            self.wake.notify_one();
-        }
-        true
-    }
-
-    /// The next line for the writer task (marked as being written), `None` when the
-    /// connection has finished and everything queued was written.
-    async fn next(&self) -> Option<Zeroizing<Vec<u8>>> {
-        loop {
-            {
-                let mut st = self.state();
-                if !st.writing {
-                    if let Some(line) = st.lines.pop_front() {
-                        st.writing = true;
-                        return Some(line);
-                    }
-                    if st.finished {
-                        return None;
-                    }
-                }
-            }
-            self.wake.notified().await;
-        }
-    }
-
-    /// The writer task finished writing a line of `n` bytes.
-    fn written(&self, n: usize) {
-        let mut st = self.state();
-        st.writing = false;
-        st.bytes -= n;
-        let pending = !st.lines.is_empty();
-        drop(st);
-        if pending {
-            self.wake.notify_one();
-        }
-    }
-
-    /// Accept no more lines; the writer drains the queue and stops.
-    fn finish(&self) {
-        self.state().finished = true;
-        self.wake.notify_one();
-    }
-
-    /// Whether the connection is closing (overflow, or no more lines accepted).
-    pub fn is_closed(&self) -> bool {
-        self.overflowed.load(Ordering::SeqCst) || self.state().finished
     }
 }
 
