@@ -13,12 +13,13 @@ pub mod linelog;
 pub mod lock;
 pub mod perms;
 mod poison;
+mod spares;
 
 pub use atomic::{
     atomic_write, atomic_write_recycling, create_exclusive, create_private_dir, create_shared_dirs,
     fsync_dir, is_spare_name, is_temp_name, leftover_names, move_aside, read_capped,
-    read_capped_stamped, remove_durably, set_mode, sweep_temp_files, FileStamp, Spares,
-    ORPHAN_SWEEP_BATCH, SPARE_MARKER, TEMP_MARKER,
+    read_capped_stamped, remove_durably, set_mode, sweep_temp_files, FileStamp, ORPHAN_SWEEP_BATCH,
+    SPARE_MARKER, TEMP_MARKER,
 };
 pub use cache::FileCache;
 pub use fault::{FaultMode, Faults, Op};
@@ -26,6 +27,7 @@ pub use linelog::{append_line, remove_tree, Appended, LineFile};
 pub use lock::{LockError, LockGuard, LockMode};
 pub use perms::PermError;
 pub use poison::Poison;
+pub use spares::Spares;
 
 use std::io;
 use std::path::PathBuf;
