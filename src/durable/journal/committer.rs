@@ -1,0 +1,251 @@
+//! The committer thread: takes every queued append, writes the batch with one `pwrite`,
+//! `fdatasync`s it, settles each appender's promise, rolls over to the next segment, and
+//! poisons the journal on a failed write or sync.
+
+use super::*;
+
+pub(super) struct Committer {
+    pub(super) shared: Arc<Shared>,
+    /// The segment being appended to; `None` until the first batch creates it.
+    pub(super) file: Option<File>,
+    pub(super) segment: u64,
+    pub(super) offset: u64,
+    /// The next segment, being prepared on a helper thread.
+    pub(super) next: Option<JoinHandle<Result<(), IoError>>>,
+    pub(super) last_sync: Instant,
+    pub(super) unsynced: bool,
+}
+
+impl Committer {
+    pub(super) fn run(mut self) {
+        let shared = Arc::clone(&self.shared);
+        loop {
+            let batch = {
+                let mut q = shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
+                loop {
+                    if !q.pending.is_empty() {
+                        break;
+                    }
+                    if q.closing {
+                        drop(q);
+                        if let Err(e) = self.sync(true) {
+                            tracing::error!(error = %e, "stream journal: the fsync at close failed");
+                        }
+                        return;
+                    }
+                    q.idle = true;
+                    q = match self.shared.durability {
+                        // Batch: sync what was written once the interval has passed.
+                        Durability::Batch(every) if self.unsynced => {
+                            let left = every.saturating_sub(self.last_sync.elapsed());
+                            let (mut q, waited) = shared
+                                .wake
+                                .wait_timeout(q, left)
+                                .unwrap_or_else(PoisonError::into_inner);
+                            if q.pending.is_empty() && waited.timed_out() {
+                                // The fsync without the queue lock: appends keep queueing.
+                                drop(q);
+                                let synced = self.sync(true);
+                                q = shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
+                                if let Err(e) = synced {
+                                    q.poisoned = Some(e);
+                                }
+                            }
+                            q
+                        }
+                        _ => shared.wake.wait(q).unwrap_or_else(PoisonError::into_inner),
+                    };
+                    q.idle = false;
+                }
+                // Take what fits one batch; the rest waits for the next.
+                let mut bytes = 0;
+                let take = q
+                    .pending
+                    .iter()
+                    .take_while(|p| {
+                        bytes += p.payload.len() + FRAME_HEADER;
+                        bytes <= MAX_BATCH_BYTES
+                    })
+                    .count()
+                    .max(1);
+                let roll = std::mem::take(&mut q.roll);
+                (roll, q.pending.drain(..take).collect::<Vec<_>>())
+            };
+            let (roll, batch) = batch;
+            if roll {
+                if let Err(why) = self.sync(true).and_then(|()| self.roll()) {
+                    let mut q = shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
+                    tracing::error!(error = %why, "stream journal could not start a segment; refusing appends until restart");
+                    q.poisoned = Some(why.clone());
+                    // Everything queued fails too: nothing after a failure is vouched for.
+                    let mut failed: Vec<Pending> = q.pending.drain(..).collect();
+                    drop(q);
+                    failed.extend(batch);
+                    for p in failed {
+                        let _ = p.ack.send(Err(JournalError::Poisoned(why.clone())));
+                    }
+                    continue;
+                }
+            }
+            // A batch taken after a failure (the queue is poisoned) is refused, not written.
+            let poisoned = shared
+                .queue
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .poisoned
+                .clone();
+            if let Some(why) = poisoned {
+                for p in batch {
+                    let _ = p.ack.send(Err(JournalError::Poisoned(why.clone())));
+                }
+                continue;
+            }
+            if let Err(why) = self.commit(batch) {
+                let mut q = shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
+                tracing::error!(error = %why, "stream journal write failed; refusing appends until restart");
+                q.poisoned = Some(why.clone());
+                let failed: Vec<Pending> = q.pending.drain(..).collect();
+                drop(q);
+                // Outside the lock: a callback may append again (and be refused).
+                for p in failed {
+                    let _ = p.ack.send(Err(JournalError::Poisoned(why.clone())));
+                }
+            }
+        }
+    }
+
+    /// Write one batch (rolling over to the next segment where needed), sync it, acknowledge.
+    pub(super) fn commit(&mut self, batch: Vec<Pending>) -> Result<(), Failure> {
+        let mut acks: Vec<(Ack, Position)> = Vec::with_capacity(batch.len());
+        let mut buf: Vec<u8> = Vec::new();
+        let mut start = self.offset;
+        let mut result = Ok(());
+        for p in batch {
+            let need = (FRAME_HEADER + p.payload.len()) as u64;
+            if result.is_ok() && start + buf.len() as u64 + need > SEGMENT_BYTES {
+                result = self
+                    .write(&buf, start)
+                    .and_then(|()| self.sync(true))
+                    .and_then(|()| self.roll());
+                buf.clear();
+                start = self.offset;
+            }
+            if let Err(e) = &result {
+                let _ = p.ack.send(Err(JournalError::Poisoned(e.clone())));
+                continue;
+            }
+            let pos = Position {
+                segment: self.segment,
+                offset: start + buf.len() as u64,
+            };
+            buf.extend_from_slice(&(p.payload.len() as u32).to_le_bytes());
+            buf.extend_from_slice(&frame_crc(self.segment, &p.payload).to_le_bytes());
+            buf.extend_from_slice(&p.payload);
+            acks.push((p.ack, pos));
+        }
+        let result = result
+            .and_then(|()| self.write(&buf, start))
+            .and_then(|()| self.sync(false));
+        // Counted before anyone is answered: an appender that reads the counters after its
+        // answer sees its own append in them.
+        let stats = &self.shared.stats;
+        stats
+            .appends
+            .fetch_add(acks.len() as u64, Ordering::Relaxed);
+        stats.batches.fetch_add(1, Ordering::Relaxed);
+        for (ack, pos) in acks {
+            let _ = ack.send(match &result {
+                Ok(()) => Ok(pos),
+                Err(e) => Err(JournalError::Poisoned(e.clone())),
+            });
+        }
+        // Past half of this segment, start preparing the next one.
+        if self.next.is_none() && self.offset > SEGMENT_BYTES / 2 {
+            let (dir, faults, n) = (
+                self.shared.dir.clone(),
+                self.shared.faults.clone(),
+                self.segment + 1,
+            );
+            self.next = Some(std::thread::spawn(move || {
+                prepare_segment(&dir, n, &faults)
+            }));
+        }
+        result
+    }
+
+    /// The path of segment `n`.
+    pub(super) fn path(&self, n: u64) -> PathBuf {
+        self.shared.dir.join(segment_name(n))
+    }
+
+    /// Open segment `n` for writing.
+    pub(super) fn open_for_writing(&self, n: u64) -> Result<File, Failure> {
+        open_segment(&self.shared.dir, n)
+            .map_err(|e| Arc::new(IoError::new(Op::Open, self.path(n), e)))
+    }
+
+    pub(super) fn write(&mut self, buf: &[u8], at: u64) -> Result<(), Failure> {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        if self.file.is_none() {
+            // The first batch of a journal that had no segment.
+            let n = self.segment;
+            prepare_segment(&self.shared.dir, n, &self.shared.faults).map_err(Arc::new)?;
+            self.file = Some(self.open_for_writing(n)?);
+        }
+        self.shared
+            .faults
+            .check(Op::Append)
+            .and_then(|()| match &self.file {
+                Some(f) => f.write_all_at(buf, at),
+                None => Err(io::Error::other("no segment open")),
+            })
+            .map_err(|e| Arc::new(IoError::new(Op::Append, self.path(self.segment), e)))?;
+        self.offset = at + buf.len() as u64;
+        self.unsynced = true;
+        Ok(())
+    }
+
+    /// Sync per the policy (`force`: whatever the policy says, unless `None`).
+    pub(super) fn sync(&mut self, force: bool) -> Result<(), Failure> {
+        let due = match self.shared.durability {
+            Durability::Always => true,
+            Durability::Batch(every) => force || self.last_sync.elapsed() >= every,
+            Durability::None => false,
+        };
+        if !due || !self.unsynced {
+            return Ok(());
+        }
+        self.shared
+            .faults
+            .check(Op::FsyncFile)
+            .and_then(|()| self.file.as_ref().map_or(Ok(()), File::sync_data))
+            .map_err(|e| Arc::new(IoError::new(Op::FsyncFile, self.path(self.segment), e)))?;
+        self.shared.stats.syncs.fetch_add(1, Ordering::Relaxed);
+        self.last_sync = Instant::now();
+        self.unsynced = false;
+        Ok(())
+    }
+
+    /// Switch to the next segment (prepared ahead, or now).
+    pub(super) fn roll(&mut self) -> Result<(), Failure> {
+        let n = self.segment + 1;
+        let prepared = match self.next.take() {
+            Some(h) => h.join().unwrap_or_else(|_| {
+                Err(IoError::new(
+                    Op::CreateTemp,
+                    self.path(n),
+                    io::Error::other("segment preparation panicked"),
+                ))
+            }),
+            None => prepare_segment(&self.shared.dir, n, &self.shared.faults),
+        };
+        prepared.map_err(Arc::new)?;
+        self.file = Some(self.open_for_writing(n)?);
+        self.segment = n;
+        self.offset = HEADER_BYTES;
+        self.shared.active.store(n, Ordering::SeqCst);
+        Ok(())
+    }
+}

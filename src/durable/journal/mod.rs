@@ -1,0 +1,445 @@
+//! The stream journal: one framed append-only log shared by every stream, with group commit.
+//!
+//! **Why one log and not a file per run.** An acknowledged delta must be on disk, so every
+//! acknowledgement waits for an fsync. With a file per run, N streams appending at once need N
+//! fsyncs (each file its own); with one log, every append that arrived while the previous
+//! fsync ran is written with one `write` and covered by one `fdatasync` (group commit), however
+//! many streams they came from — the design of every database WAL and of Redis's AOF. Readers
+//! do not need per-run files: the daemon keeps each active run's events in memory, rebuilt from
+//! the journal at start-up, and deletes a segment once no active run has records in it.
+//!
+//! **Segments.** `journal-<16 hex>.log`, 16 MiB each, zero-filled and fsynced before first use
+//! (prepared ahead on a helper thread), so that an append rewrites allocated blocks in place and
+//! its `fdatasync` flushes data only — no block allocation, no size change, no journal commit of
+//! the file system. A segment starts with a 16-byte header (`HFJ1`, the segment number, a
+//! CRC32C of both).
+//!
+//! **Frames.** `u32 length · u32 crc32c · payload` (little-endian), the CRC over the segment
+//! number and the payload (a frame copied from another segment does not validate). A length of
+//! zero with a zero CRC is the end of the written part (zero fill).
+//!
+//! **Start-up.** Every segment is scanned in order. The last one may end in a torn frame (a crash
+//! mid-write): its bytes are zeroed and fsynced before appending resumes there ("cut at the last
+//! good frame"). A bad frame followed by data further than one write batch away — or a bad frame
+//! in any segment but the last — is corruption: the segment is copied to `quarantine/`, replay
+//! of that segment stops there, and the report says so (nothing is silently dropped).
+//!
+//! **Failures.** A failed write or fsync fails every append of that batch and poisons the
+//! journal (every later append fails) until it is reopened: after a failed fsync the kernel may
+//! have dropped the dirty pages (fsyncgate), so nothing written since can be vouched for.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+
+mod committer;
+mod promise;
+mod segment;
+
+use committer::Committer;
+use promise::Ack;
+pub use promise::Promise;
+use segment::*;
+
+use super::fault::{Faults, Op};
+use super::{create_private_dir, fsync_dir, IoError};
+
+pub use crate::limits::SEGMENT_BYTES;
+/// The segment header: `HFJ1` · u64 segment number · u32 crc32c.
+const HEADER_BYTES: u64 = 16;
+const MAGIC: &[u8; 4] = b"HFJ1";
+use crate::limits::MAX_BATCH_BYTES;
+pub use crate::limits::MAX_PAYLOAD;
+/// How far past the last good frame one interrupted write can have reached: a batch, or a
+/// single frame larger than a batch.
+const TORN_WINDOW: usize = if MAX_PAYLOAD > MAX_BATCH_BYTES {
+    MAX_PAYLOAD
+} else {
+    MAX_BATCH_BYTES
+} + FRAME_HEADER;
+const FRAME_HEADER: usize = 8;
+/// Held (flock) by the journal's one writer.
+const LOCK_FILE: &str = "journal.lock";
+
+/// When appends are acknowledged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// After the `fdatasync` that covers them (default).
+    Always,
+    /// After the `write`; an `fdatasync` at most this often (a crash loses at most that much).
+    Batch(Duration),
+    /// After the `write`, never synced (tests, benchmarks of everything but the disk).
+    None,
+}
+
+/// Where a frame landed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Position {
+    /// Segment number.
+    pub segment: u64,
+    /// Byte offset of the frame in the segment.
+    pub offset: u64,
+}
+
+/// A frame found at start-up.
+#[derive(Debug)]
+pub struct Replayed {
+    /// Where it is.
+    pub pos: Position,
+    /// Its payload.
+    pub payload: Vec<u8>,
+}
+
+/// What start-up found.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct ReplayReport {
+    /// Segments scanned.
+    pub segments: usize,
+    /// Good frames.
+    pub frames: usize,
+    /// A torn tail cut off: (segment, offset, bytes zeroed).
+    pub torn_tail: Option<(u64, u64, u64)>,
+    /// Corrupt segments, each copied to quarantine: (segment, offset of the bad frame, copy).
+    pub corrupt: Vec<(u64, u64, PathBuf)>,
+}
+
+/// The failure that poisoned the journal: one failed step, shared by every append it failed.
+pub type Failure = Arc<IoError>;
+
+/// Why an append or the journal failed.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum JournalError {
+    /// A write or fsync failed; the journal refuses appends until reopened.
+    #[error("stream journal refuses writes until the daemon restarts: {0}")]
+    Poisoned(Failure),
+    /// The journal is shutting down.
+    #[error("stream journal is closed")]
+    Closed,
+    /// A payload over [`MAX_PAYLOAD`].
+    #[error("record of {0} bytes is over the {MAX_PAYLOAD}-byte limit")]
+    TooLarge(usize),
+    /// Opening or replaying failed at one step.
+    #[error("stream journal {}: {step}: {source}", dir.display())]
+    Open {
+        /// The journal's directory.
+        dir: PathBuf,
+        /// The step (`creating it`, `locking`, `replaying`, …).
+        step: &'static str,
+        /// What went wrong there.
+        #[source]
+        source: Arc<dyn std::error::Error + Send + Sync>,
+    },
+    /// Another process holds the journal's lock.
+    #[error("stream journal {} is in use by another process (a running daemon?)", .0.display())]
+    InUse(PathBuf),
+}
+
+/// Counters (for status and benchmarks).
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Frames appended.
+    pub appends: AtomicU64,
+    /// Batches written (each one `write`).
+    pub batches: AtomicU64,
+    /// `fdatasync`s.
+    pub syncs: AtomicU64,
+}
+
+struct Pending {
+    payload: Vec<u8>,
+    ack: Ack,
+}
+
+#[derive(Default)]
+struct Queue {
+    pending: Vec<Pending>,
+    closing: bool,
+    poisoned: Option<Failure>,
+    /// Start a new segment before the next batch.
+    roll: bool,
+    /// The committer is waiting for work: only then does an append pay for a wake-up (a
+    /// futex syscall each, on every append, while the committer is busy anyway).
+    idle: bool,
+}
+
+struct Shared {
+    dir: PathBuf,
+    /// The segment appends go to now.
+    active: AtomicU64,
+    queue: Mutex<Queue>,
+    wake: Condvar,
+    durability: Durability,
+    faults: Faults,
+    stats: Stats,
+}
+
+/// The journal: append from any thread; a committer thread writes and syncs.
+pub struct Journal {
+    shared: Arc<Shared>,
+    committer: Option<JoinHandle<()>>,
+    _lock: super::LockGuard,
+}
+
+impl std::fmt::Debug for Journal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Journal")
+            .field("dir", &self.shared.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Journal {
+    /// Open (or create) the journal in `dir`, replaying every segment. Returns the journal,
+    /// the good frames in order, and what was found.
+    pub fn open(
+        dir: &Path,
+        durability: Durability,
+        faults: Faults,
+    ) -> Result<(Journal, Vec<Replayed>, ReplayReport), JournalError> {
+        let fail =
+            |step: &'static str, e: Box<dyn std::error::Error + Send + Sync>| JournalError::Open {
+                dir: dir.to_path_buf(),
+                step,
+                source: Arc::from(e),
+            };
+        create_private_dir(dir, &faults).map_err(|e| fail("creating it", e.into()))?;
+        super::perms::check_private_dir(dir).map_err(|e| fail("permissions", e.into()))?;
+        // One writer per journal, for its whole life: a second process would cut the first's
+        // in-flight write as a "torn tail" and interleave frames.
+        let lock = match super::lock::try_lock(&dir.join(LOCK_FILE), super::LockMode::Exclusive) {
+            Ok(Some(g)) => g,
+            Ok(None) => return Err(JournalError::InUse(dir.to_path_buf())),
+            Err(e) => return Err(fail("locking", e.into())),
+        };
+        super::sweep_temp_files(dir, &faults).map_err(|e| fail("sweeping temp files", e.into()))?;
+        let mut numbers: Vec<u64> = fs::read_dir(dir)
+            .map_err(|e| fail("listing", e.into()))?
+            .flatten()
+            .filter_map(|e| segment_number(&e.file_name().to_string_lossy()))
+            .collect();
+        numbers.sort_unstable();
+        let mut frames = Vec::new();
+        let mut report = ReplayReport {
+            segments: numbers.len(),
+            ..ReplayReport::default()
+        };
+        let mut active = None;
+        for (i, &n) in numbers.iter().enumerate() {
+            let last = i + 1 == numbers.len();
+            let path = dir.join(segment_name(n));
+            let bytes = fs::read(&path).map_err(|e| fail("reading a segment", e.into()))?;
+            let tail = scan(n, &bytes, &mut frames).map_err(|e| fail("replaying", e.into()))?;
+            match tail {
+                Tail::Clean(off) if last => active = Some((n, off)),
+                Tail::Clean(_) => {}
+                Tail::Torn(off) if last => {
+                    // Zero what the torn write left (up to its last non-zero byte), durably,
+                    // before appending over it.
+                    let window =
+                        &bytes[off as usize..(off as usize + TORN_WINDOW).min(bytes.len())];
+                    let end =
+                        off as usize + window.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+                    let f = open_segment(dir, n).map_err(|e| fail("opening", e.into()))?;
+                    f.write_all_at(&vec![0u8; end - off as usize], off)
+                        .and_then(|()| f.sync_data())
+                        .map_err(|e| fail("cutting a torn tail", e.into()))?;
+                    tracing::warn!(segment = n, offset = off, "stream journal: cut a torn tail (a crash during a write; nothing acknowledged is lost)");
+                    report.torn_tail = Some((n, off, (end as u64) - off));
+                    active = Some((n, off));
+                }
+                Tail::Torn(off) | Tail::Corrupt(off) => {
+                    let qdir = dir.join("quarantine");
+                    create_private_dir(&qdir, &faults).map_err(|e| fail("quarantine", e.into()))?;
+                    let copy = qdir.join(format!(
+                        "{}.{}",
+                        segment_name(n),
+                        std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .map_or(0, |d| d.as_secs())
+                    ));
+                    fs::copy(&path, &copy).map_err(|e| fail("quarantining", e.into()))?;
+                    tracing::error!(segment = n, offset = off, copy = %copy.display(), "stream journal: a corrupt frame; the segment was copied to quarantine and its later frames are not replayed");
+                    report.corrupt.push((n, off, copy));
+                    if last {
+                        // Appends go to a fresh segment; the damaged one is kept as it is.
+                        active = None;
+                    }
+                }
+            }
+        }
+        report.frames = frames.len();
+        // No segment to append to yet: the first batch creates one (a daemon that never
+        // streams never writes 16 MiB of zeros).
+        let (segment, offset, file) = match active {
+            Some((n, off)) => (
+                n,
+                off,
+                Some(open_segment(dir, n).map_err(|e| fail("opening", e.into()))?),
+            ),
+            None => (numbers.last().map_or(1, |n| n + 1), HEADER_BYTES, None),
+        };
+        let shared = Arc::new(Shared {
+            dir: dir.to_path_buf(),
+            active: AtomicU64::new(segment),
+            queue: Mutex::new(Queue::default()),
+            wake: Condvar::new(),
+            durability,
+            faults,
+            stats: Stats::default(),
+        });
+        let committer = {
+            let shared = Arc::clone(&shared);
+            std::thread::Builder::new()
+                .name("holdfast-journal".into())
+                .spawn(move || {
+                    Committer {
+                        shared,
+                        file,
+                        segment,
+                        offset,
+                        next: None,
+                        last_sync: Instant::now(),
+                        unsynced: false,
+                    }
+                    .run()
+                })
+                .map_err(|e| fail("starting the committer thread", e.into()))?
+        };
+        Ok((
+            Journal {
+                shared,
+                committer: Some(committer),
+                _lock: lock,
+            },
+            frames,
+            report,
+        ))
+    }
+
+    /// Queue `payload`; the receiver answers once it is durable (per the durability policy).
+    pub fn append(&self, payload: Vec<u8>) -> oneshot::Receiver<Result<Position, JournalError>> {
+        let (tx, rx) = oneshot::channel();
+        self.enqueue(payload, Ack::Channel(tx));
+        rx
+    }
+
+    /// Queue `payload`; the promise is kept once it is durable (per the durability policy).
+    pub fn append_promise(&self, payload: Vec<u8>) -> Arc<Promise> {
+        let p = Promise::new();
+        self.enqueue(payload, Ack::Promise(Arc::clone(&p)));
+        p
+    }
+
+    fn enqueue(&self, payload: Vec<u8>, ack: Ack) {
+        if payload.is_empty() || payload.len() > MAX_PAYLOAD {
+            let _ = ack.send(Err(JournalError::TooLarge(payload.len())));
+            return;
+        }
+        let mut q = self
+            .shared
+            .queue
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(why) = &q.poisoned {
+            let why = why.clone();
+            drop(q);
+            let _ = ack.send(Err(JournalError::Poisoned(why)));
+            return;
+        }
+        if q.closing {
+            drop(q);
+            let _ = ack.send(Err(JournalError::Closed));
+            return;
+        }
+        q.pending.push(Pending { payload, ack });
+        let idle = q.idle;
+        drop(q);
+        if idle {
+            self.shared.wake.notify_one();
+        }
+    }
+
+    /// Make the next append start a new segment, so that everything before it can be
+    /// released as a whole (after a re-seal, the records under the old key).
+    pub fn start_new_segment(&self) {
+        self.shared
+            .queue
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .roll = true;
+    }
+
+    /// Append and wait (blocking; not from an async task).
+    pub fn append_wait(&self, payload: Vec<u8>) -> Result<Position, JournalError> {
+        self.append(payload)
+            .blocking_recv()
+            .unwrap_or(Err(JournalError::Closed))
+    }
+
+    /// Delete every segment numbered below `segment` (no live record is in them any more).
+    pub fn release_before(&self, segment: u64) -> io::Result<usize> {
+        let segment = segment.min(self.active_segment());
+        let mut removed = 0;
+        for e in fs::read_dir(&self.shared.dir)?.flatten() {
+            if let Some(n) = segment_number(&e.file_name().to_string_lossy()) {
+                if n < segment {
+                    fs::remove_file(e.path())?;
+                    removed += 1;
+                }
+            }
+        }
+        if removed > 0 {
+            fsync_dir(&self.shared.dir, &self.shared.faults).map_err(|e| e.source)?;
+        }
+        Ok(removed)
+    }
+
+    /// The segment appends go to now (never released).
+    pub fn active_segment(&self) -> u64 {
+        self.shared.active.load(Ordering::SeqCst)
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &Stats {
+        &self.shared.stats
+    }
+
+    /// Why the journal refuses appends, if it does.
+    pub fn poisoned(&self) -> Option<Failure> {
+        self.shared
+            .queue
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .poisoned
+            .clone()
+    }
+}
+
+impl Drop for Journal {
+    /// Appends already queued are written (and synced) before the committer stops.
+    fn drop(&mut self) {
+        self.shared
+            .queue
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .closing = true;
+        self.shared.wake.notify_all();
+        if let Some(t) = self.committer.take() {
+            // Dropped from a callback on the committer thread itself: it stops on its own.
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

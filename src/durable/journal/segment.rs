@@ -1,0 +1,139 @@
+//! The on-disk format of the journal: segment names, headers and frames (with their CRC), a
+//! segment prepared zero-filled before use, and the scan that reads a segment's good frames
+//! and says how its tail ends (zero fill, a torn write, or corruption).
+
+use super::*;
+
+pub(super) fn segment_name(n: u64) -> String {
+    format!("journal-{n:016x}.log")
+}
+
+pub(super) fn segment_number(name: &str) -> Option<u64> {
+    let hex = name.strip_prefix("journal-")?.strip_suffix(".log")?;
+    (hex.len() == 16)
+        .then(|| u64::from_str_radix(hex, 16).ok())
+        .flatten()
+}
+
+pub(super) fn frame_crc(segment: u64, payload: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc32c::crc32c(&segment.to_le_bytes()), payload)
+}
+
+pub(super) fn header(segment: u64) -> [u8; HEADER_BYTES as usize] {
+    let mut h = [0u8; HEADER_BYTES as usize];
+    h[..4].copy_from_slice(MAGIC);
+    h[4..12].copy_from_slice(&segment.to_le_bytes());
+    let crc = crc32c::crc32c(&h[..12]);
+    h[12..].copy_from_slice(&crc.to_le_bytes());
+    h
+}
+
+/// Create segment `n` (zero-filled, header written, fsynced) under a temp name, then publish it.
+pub(super) fn prepare_segment(dir: &Path, n: u64, faults: &Faults) -> Result<(), IoError> {
+    let name = segment_name(n);
+    let tmp = dir.join(format!(".{name}{}prep", crate::durable::TEMP_MARKER));
+    let _ = fs::remove_file(&tmp);
+    faults
+        .check(Op::CreateTemp)
+        .map_err(|e| IoError::new(Op::CreateTemp, &tmp, e))?;
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(&tmp)
+        .map_err(|e| IoError::new(Op::CreateTemp, &tmp, e))?;
+    let zeros = vec![0u8; 1 << 20];
+    let mut written = 0u64;
+    let res = (|| {
+        faults.check(Op::WriteTemp)?;
+        f.write_all(&header(n))?;
+        written += HEADER_BYTES;
+        while written < SEGMENT_BYTES {
+            let chunk = ((SEGMENT_BYTES - written) as usize).min(zeros.len());
+            f.write_all(&zeros[..chunk])?;
+            written += chunk as u64;
+        }
+        Ok(())
+    })();
+    if let Err(e) = res {
+        let _ = fs::remove_file(&tmp);
+        return Err(IoError::new(Op::WriteTemp, &tmp, e));
+    }
+    faults
+        .check(Op::FsyncFile)
+        .and_then(|()| f.sync_all())
+        .map_err(|e| IoError::new(Op::FsyncFile, &tmp, e))?;
+    drop(f);
+    faults
+        .check(Op::Rename)
+        .and_then(|()| fs::rename(&tmp, dir.join(&name)))
+        .map_err(|e| IoError::new(Op::Rename, dir.join(&name), e))?;
+    fsync_dir(dir, faults)
+}
+
+pub(super) fn open_segment(dir: &Path, n: u64) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(dir.join(segment_name(n)))
+}
+
+/// Scan one segment's bytes: good frames, and where (and how) the good part ends.
+pub(super) enum Tail {
+    /// Zero fill from here (or the segment is full).
+    Clean(u64),
+    /// A bad frame at this offset, with only zeros past the torn-write window.
+    Torn(u64),
+    /// A bad frame at this offset, with data past the window (or in a sealed segment).
+    Corrupt(u64),
+}
+
+pub(super) fn scan(n: u64, bytes: &[u8], out: &mut Vec<Replayed>) -> Result<Tail, String> {
+    if bytes.len() < HEADER_BYTES as usize || bytes[..HEADER_BYTES as usize] != header(n) {
+        return Err(format!("segment {} has no valid header", segment_name(n)));
+    }
+    let mut off = HEADER_BYTES as usize;
+    loop {
+        if off + FRAME_HEADER > bytes.len() {
+            return Ok(Tail::Clean(off as u64));
+        }
+        let len = u32::from_le_bytes(bytes[off..off + 4].try_into().unwrap_or_default()) as usize;
+        let crc = u32::from_le_bytes(bytes[off + 4..off + 8].try_into().unwrap_or_default());
+        if len == 0 && crc == 0 {
+            // Zero fill, unless something non-zero follows within reach of a torn write.
+            let rest = &bytes[off..];
+            return Ok(if rest.iter().all(|&b| b == 0) {
+                Tail::Clean(off as u64)
+            } else {
+                bad_tail(bytes, off)
+            });
+        }
+        let end = off + FRAME_HEADER + len;
+        if len == 0 || len > MAX_PAYLOAD || end > bytes.len() {
+            return Ok(bad_tail(bytes, off));
+        }
+        let payload = &bytes[off + FRAME_HEADER..end];
+        if frame_crc(n, payload) != crc {
+            return Ok(bad_tail(bytes, off));
+        }
+        out.push(Replayed {
+            pos: Position {
+                segment: n,
+                offset: off as u64,
+            },
+            payload: payload.to_vec(),
+        });
+        off = end;
+    }
+}
+
+pub(super) fn bad_tail(bytes: &[u8], off: usize) -> Tail {
+    let window_end = (off + TORN_WINDOW).min(bytes.len());
+    if bytes[window_end..].iter().all(|&b| b == 0) {
+        Tail::Torn(off as u64)
+    } else {
+        Tail::Corrupt(off as u64)
+    }
+}
