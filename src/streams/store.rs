@@ -169,15 +169,22 @@ impl FileStore {
         self.sealer.seal(&plain).map_err(StreamError::Seal)
     }
 
-    fn open_sealed(&self, path: &Path) -> Result<Option<Zeroizing<Vec<u8>>>, StreamError> {
+    /// The plaintext of a sealed file, if it exists; `label` names it in errors (a path in
+    /// the log, a plain word in an answer to a client).
+    fn open_sealed(
+        &self,
+        path: &Path,
+        label: &dyn std::fmt::Display,
+    ) -> Result<Option<Zeroizing<Vec<u8>>>, StreamError> {
         let Some(bytes) = durable::read_capped(path, MAX_PAYLOAD as u64)
-            .map_err(|e| StreamError::Storage(format!("{}: {e}", path.display())))?
+            .map_err(|e| StreamError::Storage(format!("{label}: {e}")))?
         else {
             return Ok(None);
         };
-        self.sealer.open(&bytes).map(Some).map_err(|why| {
-            StreamError::Integrity(format!("{} does not decrypt: {why}", path.display()))
-        })
+        self.sealer
+            .open(&bytes)
+            .map(Some)
+            .map_err(|why| StreamError::Integrity(format!("{label} does not decrypt: {why}")))
     }
 
     /// Replace `runs/<run_id>/<name>` with `value`, sealed, under the poison rule.
@@ -229,9 +236,8 @@ impl StreamStore for FileStore {
     }
 
     fn read_state(&self, run_id: &str) -> Option<Value> {
-        let plain = self
-            .open_sealed(&self.runs_dir.join(run_id).join("state"))
-            .ok()??;
+        let path = self.runs_dir.join(run_id).join("state");
+        let plain = self.open_sealed(&path, &path.display()).ok()??;
         serde_json::from_slice(&plain).ok()
     }
 
@@ -241,15 +247,9 @@ impl StreamStore for FileStore {
 
     fn get_checkpoint(&self, run_id: &str) -> Result<Option<Value>, StreamError> {
         let path = self.runs_dir.join(run_id).join("checkpoint");
-        let Some(bytes) = durable::read_capped(&path, MAX_PAYLOAD as u64)
-            .map_err(|e| StreamError::Storage(e.to_string()))?
-        else {
+        let Some(plain) = self.open_sealed(&path, &"checkpoint")? else {
             return Ok(None);
         };
-        let plain = self
-            .sealer
-            .open(&bytes)
-            .map_err(|e| StreamError::Integrity(format!("checkpoint does not decrypt: {e}")))?;
         serde_json::from_slice(&plain)
             .map(Some)
             .map_err(|e| StreamError::Integrity(format!("checkpoint is not JSON: {e}")))
@@ -273,7 +273,8 @@ impl StreamStore for FileStore {
         for e in entries.flatten() {
             let dir = e.path();
             for name in ["state", "checkpoint"] {
-                let Some(plain) = self.open_sealed(&dir.join(name))? else {
+                let path = dir.join(name);
+                let Some(plain) = self.open_sealed(&path, &path.display())? else {
                     continue;
                 };
                 let sealed = self.sealer.seal(&plain).map_err(StreamError::Seal)?;

@@ -178,27 +178,20 @@ impl Streams {
             return Err(StreamError::Ending);
         }
         let checkpoint = run.checkpoint();
-        let (epoch, sid) = (run.epoch + 1, new_stream_id());
+        let (epoch, sid, at) = (run.epoch + 1, new_stream_id(), now_ms());
         let begin = Record::Begin(record::Begin {
             run: run_id.to_owned(),
             epoch,
             sid: sid.clone(),
             thread: thread_id.clone(),
             model: model.clone(),
-            at: now_ms(),
+            at,
         });
         // Sealed before anything changes: a failure here leaves the old holder in place.
         let prepared = self.store.prepare(Out::Record(&begin))?;
-        run.epoch = epoch;
-        run.stream_id = sid;
-        // As replay will (apply_begin): the resumer's model and thread are the run's now.
-        if model.is_some() {
-            run.model = model;
-        }
-        if thread_id.is_some() {
-            run.thread_id = thread_id;
-        }
-        run.first_segment = run.first_segment.min(self.store.active_mark());
+        // The new holder, by the rule replay applies to the same record (the plan that follows
+        // sets the status and the time again).
+        run.begin(epoch, &sid, thread_id, model, at, self.store.active_mark());
         // Not awaited on its own: the plan record queued after it settles both.
         drop(self.store.queue(prepared));
         let input = self.planner_input(run, &json!({"cause": "resumed_from_checkpoint"}), stale)?;
