@@ -3,82 +3,70 @@
 
 use std::sync::Arc;
 
-use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::creds::{store_of, writer_permit, StoreOnly};
+use super::creds::{store_of, writer_permit};
 use super::handlers::blocking;
-use super::protocol::{params, Request, RpcError, PROTOCOL_VERSION};
+use super::protocol::admin::AdminCall;
+use super::protocol::{RpcError, PROTOCOL_VERSION};
 use crate::config::PluginGrant;
 use crate::service::Daemon;
 
-/// Route an admitted `admin.*` request.
+/// Run an admitted `admin.*` call.
 pub async fn dispatch(
     daemon: &Arc<Daemon>,
-    req: Request,
+    call: AdminCall,
     grant: PluginGrant,
 ) -> Result<Value, RpcError> {
-    match req.method.as_str() {
-        "admin.status" => {
-            let _: StoreOnly = params(req.params)?;
+    let (store_name, repair) = match call {
+        AdminCall::Status(_) => {
             let d = Arc::clone(daemon);
-            blocking(move || Ok::<_, RpcError>(status(&d, &grant))).await
+            return blocking(move || Ok::<_, RpcError>(status(&d, &grant))).await;
         }
-        "admin.fsck" | "admin.reindex" => {
-            let (store_name, repair) = if req.method == "admin.reindex" {
-                let p: StoreOnly = params(req.params)?;
-                (p.store, true)
-            } else {
-                let p: FsckParams = params(req.params)?;
-                (p.store, p.repair)
-            };
-            let (name, store) = store_of(daemon, &grant, store_name.as_deref()).await?;
-            let _permit = writer_permit(daemon, &name).await;
-            let report = blocking(move || store.fsck(repair)).await?;
-            let mut v = serde_json::to_value(&report).unwrap_or_default();
-            v["store"] = name.into();
-            Ok(v)
-        }
-        "admin.rotate_key" => {
-            let p: StoreOnly = params(req.params)?;
-            let (name, store) = store_of(daemon, &grant, p.store.as_deref()).await?;
-            let _permit = writer_permit(daemon, &name).await;
-            // The default store's key also seals the streams: re-seal them under the new key
-            // before the old one is forgotten.
-            let seals_streams = name == crate::service::STREAMS_KEY_STORE;
-            let d = Arc::clone(daemon);
-            let report = blocking(move || {
-                store.rotate_key_with(
-                    |_, _| {},
-                    || {
-                        if !seals_streams {
-                            return Ok(());
-                        }
-                        match d.streams() {
-                            Ok(s) => s.reseal().map(|_| ()).map_err(|e| e.to_string()),
-                            // No streams data yet: nothing to re-seal.
-                            Err(_) if !crate::streams::has_data(d.data_dir()) => Ok(()),
-                            Err(e) => Err(format!("the streams could not be opened: {e}")),
-                        }
-                    },
-                )
-            })
-            .await?;
-            let mut v = serde_json::to_value(&report).unwrap_or_default();
-            v["store"] = name.into();
-            Ok(v)
-        }
-        other => Err(RpcError::method_not_found(other)),
-    }
+        AdminCall::RotateKey(p) => return rotate_key(daemon, p.store, grant).await,
+        AdminCall::Reindex(p) => (p.store, true),
+        AdminCall::Fsck(p) => (p.store, p.repair),
+    };
+    let (name, store) = store_of(daemon, &grant, store_name.as_deref()).await?;
+    let _permit = writer_permit(daemon, &name).await;
+    let report = blocking(move || store.fsck(repair)).await?;
+    let mut v = serde_json::to_value(&report).unwrap_or_default();
+    v["store"] = name.into();
+    Ok(v)
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FsckParams {
-    #[serde(default)]
-    store: Option<String>,
-    #[serde(default)]
-    repair: bool,
+/// `admin.rotate_key`.
+async fn rotate_key(
+    daemon: &Arc<Daemon>,
+    store_name: Option<String>,
+    grant: PluginGrant,
+) -> Result<Value, RpcError> {
+    let (name, store) = store_of(daemon, &grant, store_name.as_deref()).await?;
+    let _permit = writer_permit(daemon, &name).await;
+    // The default store's key also seals the streams: re-seal them under the new key
+    // before the old one is forgotten.
+    let seals_streams = name == crate::service::STREAMS_KEY_STORE;
+    let d = Arc::clone(daemon);
+    let report = blocking(move || {
+        store.rotate_key_with(
+            |_, _| {},
+            || {
+                if !seals_streams {
+                    return Ok(());
+                }
+                match d.streams() {
+                    Ok(s) => s.reseal().map(|_| ()).map_err(|e| e.to_string()),
+                    // No streams data yet: nothing to re-seal.
+                    Err(_) if !crate::streams::has_data(d.data_dir()) => Ok(()),
+                    Err(e) => Err(format!("the streams could not be opened: {e}")),
+                }
+            },
+        )
+    })
+    .await?;
+    let mut v = serde_json::to_value(&report).unwrap_or_default();
+    v["store"] = name.into();
+    Ok(v)
 }
 
 /// `admin.status`: only the stores `grant` covers.

@@ -4,12 +4,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Deserialize;
-use serde_json::{json, Map, Value};
+use serde_json::Value;
 use zeroize::Zeroizing;
 
 use super::handlers::{blocking, open_subscription};
-use super::protocol::{self, params, params_ref, Request, RpcError};
+use super::protocol::creds::{
+    ChangedEvent, CredCall, Deleted, Exists, LeaseEvent, Listing, Released, ResyncEvent, Set,
+    Subscribed, Written,
+};
+use super::protocol::{self, result, RpcError};
 use super::server::Session;
 use crate::config::PluginGrant;
 use crate::crypto::Secret;
@@ -19,31 +22,30 @@ use crate::paths::DEFAULT_STORE;
 use crate::service::{CredEvent, Daemon};
 use crate::store::{Change, Credential, CredentialStore};
 
-/// Route an admitted `cred.*` request.
+/// Run an admitted `cred.*` call.
 pub async fn dispatch(
     daemon: &Arc<Daemon>,
     session: &Arc<Session>,
-    req: Request,
+    call: CredCall,
     grant: PluginGrant,
 ) -> Result<Value, RpcError> {
-    match req.method.as_str() {
-        "cred.get" => {
-            let p: ById = params(req.params)?;
+    match call {
+        CredCall::Get(p) => {
             let (_, store) = store_of(daemon, &grant, p.store.as_deref()).await?;
             // Here when route() could not answer from the file cache (a miss, a changed or
             // racy file, an error, a store not open yet): the read may wait on the disk.
             let cred = blocking(move || store.get(&p.id)).await?;
-            Ok(json!({"credential": cred.expose_json(), "generation": cred.generation()}))
+            Ok(
+                serde_json::json!({"credential": cred.expose_json(), "generation": cred.generation()}),
+            )
         }
-        "cred.exists" => {
-            let p: ById = params(req.params)?;
+        CredCall::Exists(p) => {
             let (_, store) = store_of(daemon, &grant, p.store.as_deref()).await?;
             let exists = blocking(move || store.exists(&p.id)).await?;
-            Ok(json!({"exists": exists}))
+            result(&Exists { exists })
         }
-        "cred.set" => cred_set(daemon, session, &grant, req.params).await,
-        "cred.delete" => {
-            let p: ById = params(req.params)?;
+        CredCall::Set(p) => cred_set(daemon, session, &grant, p).await,
+        CredCall::Delete(p) => {
             let (name, store) = store_of(daemon, &grant, p.store.as_deref()).await?;
             let id = p.id.clone();
             let _permit = writer_permit(daemon, &name).await;
@@ -56,17 +58,16 @@ pub async fn dispatch(
                 daemon.publish(&name, &change, "daemon");
                 daemon.release_lease(&name, &id, session.id, true);
             }
-            Ok(json!({"deleted": deleted}))
+            result(&Deleted { deleted })
         }
-        "cred.list" => {
-            let p: StoreOnly = params(req.params)?;
+        CredCall::List(p) => {
             let (_, store) = store_of(daemon, &grant, p.store.as_deref()).await?;
             let listing = blocking(move || store.list()).await?;
-            let credentials: Vec<Value> = listing
+            let credentials = listing
                 .credentials
                 .into_iter()
                 .map(|c| {
-                    let mut item = Map::new();
+                    let mut item = serde_json::Map::new();
                     item.insert("id".into(), c.id.into());
                     item.insert("generation".into(), c.generation.into());
                     if let Value::Object(meta) = c.metadata {
@@ -74,14 +75,16 @@ pub async fn dispatch(
                             item.entry(k).or_insert(v);
                         }
                     }
-                    Value::Object(item)
+                    item
                 })
                 .collect();
-            Ok(json!({"credentials": credentials, "unreadable": listing.unreadable}))
+            result(&Listing {
+                credentials,
+                unreadable: listing.unreadable,
+            })
         }
-        "cred.watch" => cred_watch(daemon, session, &grant, req.params).await,
-        "cred.refresh_lease" => {
-            let p: LeaseParams = params(req.params)?;
+        CredCall::Watch(p) => cred_watch(daemon, session, &grant, p.store).await,
+        CredCall::RefreshLease(p) => {
             crate::store::id::validate(&p.id)
                 .map_err(|e| RpcError::invalid_params(e.to_string()))?;
             let (name, _) = store_of(daemon, &grant, p.store.as_deref()).await?;
@@ -102,39 +105,37 @@ pub async fn dispatch(
                     ),
                 ));
             };
-            let mut v = serde_json::to_value(&answer).unwrap_or_default();
+            let mut v = result(&answer)?;
             if !answer.granted {
                 v["hint"] = "another client is refreshing this credential: watch it (cred.watch) and read it again on its cred.changed event, or ask again on lease.released or after expires_in_ms".into();
             }
             Ok(v)
         }
-        "cred.release_lease" => {
-            let p: ById = params(req.params)?;
+        CredCall::ReleaseLease(p) => {
             let (name, _) = store_of(daemon, &grant, p.store.as_deref()).await?;
-            Ok(json!({"released": daemon.release_lease(&name, &p.id, session.id, false)}))
+            result(&Released {
+                released: daemon.release_lease(&name, &p.id, session.id, false),
+            })
         }
-        other => Err(RpcError::method_not_found(other)),
     }
 }
 
 /// `cred.get` / `cred.exists` on the connection's task, if the store is open and the file
-/// cache has the credential (`None`: take the async path). Bad params and refusals are
-/// answered here too.
+/// cache has the credential (`None`: take the async path). Refusals are answered here too.
 pub(super) fn read_inline(
     daemon: &Daemon,
     grant: &PluginGrant,
-    method: &str,
-    params: &Value,
+    call: &CredCall,
     id: &protocol::Id,
 ) -> Option<Zeroizing<Vec<u8>>> {
-    let err = |e: RpcError| Some(protocol::response_err(id, &e));
-    let p: ById = match params_ref(params) {
-        Ok(p) => p,
-        Err(e) => return err(e),
+    let (p, exists) = match call {
+        CredCall::Get(p) => (p, false),
+        CredCall::Exists(p) => (p, true),
+        _ => return None,
     };
     let name = p.store.as_deref().unwrap_or(DEFAULT_STORE);
     if let Err(e) = check_store_name(grant, name) {
-        return err(e);
+        return Some(protocol::response_err(id, &e));
     }
     let slot = daemon.open_store(name)?;
     let store = match &slot.store {
@@ -144,8 +145,8 @@ pub(super) fn read_inline(
     // Only a clean hit of the file cache (an lstat and a decryption, no file opened): anything
     // that could wait on the disk (a miss, a key reload, an error path) goes to the pool.
     let cred = store.get_cached(&p.id)?.ok()?;
-    Some(if method == "cred.exists" {
-        protocol::response_ok(id, json!({"exists": true}))
+    Some(if exists {
+        protocol::response_ok(id, serde_json::json!({"exists": true}))
     } else {
         protocol::response_credential(id, &cred, cred.generation())
     })
@@ -216,45 +217,6 @@ pub(super) async fn store_of(
     }
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ById {
-    #[serde(default)]
-    store: Option<String>,
-    id: String,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct StoreOnly {
-    #[serde(default)]
-    pub(super) store: Option<String>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct SetParams {
-    #[serde(default)]
-    store: Option<String>,
-    #[serde(default)]
-    credential: Option<Value>,
-    #[serde(default)]
-    id: Option<String>,
-    #[serde(default)]
-    value: Option<Value>,
-    #[serde(default)]
-    if_generation: Option<u64>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct LeaseParams {
-    #[serde(default)]
-    store: Option<String>,
-    id: String,
-    ttl_ms: u64,
-}
-
 /// Normalize a `cred.set` credential document: each key may omit its `name` (the map key
 /// names it); then check it against the schema.
 fn credential_from_params(doc: Value) -> Result<Credential, RpcError> {
@@ -275,9 +237,8 @@ async fn cred_set(
     daemon: &Arc<Daemon>,
     session: &Arc<Session>,
     grant: &PluginGrant,
-    raw: Map<String, Value>,
+    p: Set,
 ) -> Result<Value, RpcError> {
-    let p: SetParams = params(raw)?;
     let cred = match (p.credential, p.id, p.value) {
         (Some(doc), None, None) => credential_from_params(doc)?,
         (None, Some(id), Some(Value::String(value))) => {
@@ -309,18 +270,17 @@ async fn cred_set(
         },
         "daemon",
     );
-    Ok(json!({"id": id, "generation": generation}))
+    result(&Written { id, generation })
 }
 
 async fn cred_watch(
     daemon: &Arc<Daemon>,
     session: &Arc<Session>,
     grant: &PluginGrant,
-    raw: Map<String, Value>,
+    store: Option<String>,
 ) -> Result<Value, RpcError> {
-    let p: StoreOnly = params(raw)?;
     // Watch one store, or every store the grant covers.
-    let only = match p.store.as_deref() {
+    let only = match store.as_deref() {
         Some(s) => Some(store_of(daemon, grant, Some(s)).await?.0),
         None => None,
     };
@@ -336,10 +296,12 @@ async fn cred_watch(
             let ev: CredEvent = match received {
                 Ok(ev) => ev,
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
-                    let line = protocol::notification(json!({
-                        "subscription": sub, "type": "resync", "missed": n,
-                        "hint": "events were dropped because this client fell behind: list again",
-                    }));
+                    let line = protocol::notification_of(&ResyncEvent {
+                        subscription: sub,
+                        kind: "resync",
+                        missed: n,
+                        hint: "events were dropped because this client fell behind: list again",
+                    });
                     if !gate.send(&session_f.outbox, line) {
                         break;
                     }
@@ -350,45 +312,46 @@ async fn cred_watch(
             if only.as_ref().is_some_and(|s| *s != ev.store) || !grant_f.allows_store(&ev.store) {
                 continue;
             }
-            let params = if ev.kind == "cred.changed" {
-                json!({
-                    "subscription": sub,
-                    "type": ev.kind,
-                    "store": ev.store,
-                    "id": ev.id,
-                    "generation": ev.generation,
-                    "deleted": ev.generation.is_none(),
-                    "source": ev.source,
+            let line = if ev.kind == "cred.changed" {
+                protocol::notification_of(&ChangedEvent {
+                    subscription: sub,
+                    kind: ev.kind,
+                    store: &ev.store,
+                    id: &ev.id,
+                    generation: ev.generation,
+                    deleted: ev.generation.is_none(),
+                    source: ev.source,
                 })
             } else {
-                json!({
-                    "subscription": sub,
-                    "type": ev.kind,
-                    "store": ev.store,
-                    "id": ev.id,
-                    "reason": ev.source,
+                protocol::notification_of(&LeaseEvent {
+                    subscription: sub,
+                    kind: ev.kind,
+                    store: &ev.store,
+                    id: &ev.id,
+                    reason: ev.source,
                 })
             };
-            let line = protocol::notification(params);
             if !gate.send(&session_f.outbox, line) {
                 break;
             }
         }
         session_f.subscriptions.ended(sub);
     });
-    Ok(json!({"subscription": sub}))
+    result(&Subscribed { subscription: sub })
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use serde_json::json;
 
     #[test]
     fn serde_errors_lose_their_quoted_values() {
-        let e = serde_json::from_value::<LeaseParams>(json!({"id": "x", "ttl_ms": "sk-secret"}))
-            .err()
-            .unwrap()
-            .to_string();
+        let e = serde_json::from_value::<super::super::protocol::creds::Lease>(
+            json!({"id": "x", "ttl_ms": "sk-secret"}),
+        )
+        .err()
+        .unwrap()
+        .to_string();
         assert!(
             e.contains("sk-secret"),
             "premise: serde quotes the value: {e}"
@@ -396,10 +359,12 @@ mod tests {
         let r = super::super::protocol::redact_quoted(&e);
         assert!(!r.contains("sk-secret"), "{r}");
         assert!(r.contains("invalid type"), "{r}");
-        let e = serde_json::from_value::<ById>(json!({"id": "x", "sk-secret-name": 1}))
-            .err()
-            .unwrap()
-            .to_string();
+        let e = serde_json::from_value::<super::super::protocol::creds::ById>(
+            json!({"id": "x", "sk-secret-name": 1}),
+        )
+        .err()
+        .unwrap()
+        .to_string();
         assert!(
             e.contains("sk-secret-name"),
             "premise: serde names the field: {e}"

@@ -5,11 +5,13 @@
 
 use std::sync::Arc;
 
-use serde::Deserialize;
-use serde_json::{json, Map, Value};
+use serde_json::Value;
 use zeroize::Zeroizing;
 
-use super::protocol::{self, params, Request, RpcError, PROTOCOL_VERSION};
+use super::protocol::creds::CredCall;
+use super::protocol::session::{Grant, Hello, Unsubscribe, Unsubscribed, Welcome};
+use super::protocol::streams::{Append, StreamCall};
+use super::protocol::{self, result, Call, Id, RpcError, PROTOCOL_VERSION};
 use super::server::Session;
 use crate::config::PluginGrant;
 use crate::error::ErrorKind;
@@ -25,70 +27,72 @@ const ALWAYS_ALLOWED: &[&str] = &["hello", "unsubscribe"];
 pub enum Routed {
     /// Already answered: a parse error, `hello`, a refusal, or a read served right here.
     Done(Zeroizing<Vec<u8>>),
-    /// Needs the async path (a write, a subscription, a store to open): run [`dispatch`].
-    Async(Request, PluginGrant),
+    /// Needs the async path (a write, a subscription, a store to open): run [`respond`].
+    Async(Id, Call, PluginGrant),
     /// An admitted `stream.append`: every one takes [`super::streams::append`].
-    Append(super::streams::AppendRequest),
+    Append(Id, Append),
 }
 
-/// Parse a request line, admit it (hello first, method known, grant), and answer it at once
-/// when that costs no waiting: everything before `hello`, refusals, and `cred.get` /
-/// `cred.exists` of a credential whose file is in the store's file cache and unchanged (an
-/// `lstat` and a decryption, ~4 µs, less than a trip to the blocking pool and back, ~13 µs).
-/// Anything that could wait on the disk goes to the blocking pool; see docs/design.md.
+/// Parse a request line once into its typed call, admit it (hello first, method known,
+/// grant), and answer it at once when that costs no waiting: everything before `hello`,
+/// refusals, and `cred.get` / `cred.exists` of a credential whose file is in the store's file
+/// cache and unchanged (an `lstat` and a decryption, ~4 µs, less than a trip to the blocking
+/// pool and back, ~13 µs). Anything that could wait on the disk goes to the blocking pool;
+/// see docs/design.md.
 pub fn route(daemon: &Daemon, session: &Session, line: &[u8]) -> Routed {
-    if let Some(a) = super::streams::read_append_line(line) {
+    if let Some((id, a)) = protocol::streams::read_append_line(line) {
         daemon.note_request();
         return match admit(session, "stream.append") {
-            Ok(_) => Routed::Append(a),
-            Err(e) => Routed::Done(protocol::response_err(&a.id, &e)),
+            Ok(_) => Routed::Append(id, a),
+            Err(e) => Routed::Done(protocol::response_err(&id, &e)),
         };
     }
-    let mut req = match protocol::parse_request(line) {
+    let env = match protocol::parse_request(line) {
         Ok(r) => r,
         Err(bad) => return Routed::Done(protocol::response_err(&bad.0, &bad.1)),
     };
-    let answer = |id: &protocol::Id, r: Result<Value, RpcError>| {
+    let id = env.id;
+    let answer = |id: &Id, r: Result<Value, RpcError>| {
         Routed::Done(match r {
             Ok(v) => protocol::response_ok(id, v),
             Err(e) => protocol::response_err(id, &e),
         })
     };
-    if req.method == "hello" {
-        let params = std::mem::take(&mut req.params);
-        return answer(&req.id, hello(daemon, session, params));
+    if env.method == "hello" {
+        let r = protocol::typed::<Hello>(protocol::call::text(env.params))
+            .and_then(|p| hello(daemon, session, p));
+        return answer(&id, r);
     }
     daemon.note_request();
-    let grant = match admit(session, &req.method) {
+    let grant = match admit(session, &env.method) {
         Ok(g) => g,
-        Err(e) => return answer(&req.id, Err(e)),
+        Err(e) => return answer(&id, Err(e)),
     };
-    if req.method == "stream.append" {
-        return Routed::Append(super::streams::AppendRequest::from_request(req));
-    }
-    if matches!(req.method.as_str(), "cred.get" | "cred.exists") {
-        let params = Value::Object(std::mem::take(&mut req.params));
-        match super::creds::read_inline(daemon, &grant, &req.method, &params, &req.id) {
-            Some(reply) => return Routed::Done(reply),
-            None => {
-                if let Value::Object(m) = params {
-                    req.params = m;
-                }
+    let call = match Call::parse(&env.method, env.params) {
+        Ok(c) => c,
+        Err(e) => return answer(&id, Err(e)),
+    };
+    match call {
+        Call::Stream(StreamCall::Append(a)) => Routed::Append(id, a),
+        Call::Cred(c @ (CredCall::Get(_) | CredCall::Exists(_))) => {
+            match super::creds::read_inline(daemon, &grant, &c, &id) {
+                Some(reply) => Routed::Done(reply),
+                None => Routed::Async(id, Call::Cred(c), grant),
             }
         }
+        call => Routed::Async(id, call, grant),
     }
-    Routed::Async(req, grant)
 }
 
-/// Run an admitted request on the async path and produce its response line.
+/// Run an admitted call on the async path and produce its response line.
 pub async fn respond(
     daemon: &Arc<Daemon>,
     session: &Arc<Session>,
-    req: Request,
+    id: Id,
+    call: Call,
     grant: PluginGrant,
 ) -> Zeroizing<Vec<u8>> {
-    let id = req.id.clone();
-    match dispatch(daemon, session, req, grant).await {
+    match dispatch(daemon, session, call, grant).await {
         Ok(result) => protocol::response_ok(&id, result),
         Err(e) => protocol::response_err(&id, &e),
     }
@@ -123,40 +127,25 @@ pub(crate) async fn blocking<T: Send + 'static, E: Into<RpcError> + Send + 'stat
         .map_err(Into::into)
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Hello {
-    #[serde(default)]
-    client: Option<String>,
-    #[serde(default)]
-    plugin: Option<String>,
-    #[serde(default)]
-    protocol: Option<u64>,
-}
-
-/// Run one admitted request (see [`route`]).
+/// Run one admitted call (see [`route`]).
 pub async fn dispatch(
     daemon: &Arc<Daemon>,
     session: &Arc<Session>,
-    req: Request,
+    call: Call,
     grant: PluginGrant,
 ) -> Result<Value, RpcError> {
-    if req.method.starts_with("stream.") || req.method.starts_with("checkpoint.") {
-        return super::streams::dispatch(daemon, session, req).await;
-    }
-    if req.method.starts_with("run.") {
-        return super::runs::dispatch(daemon, req).await;
-    }
-    match req.method.as_str() {
-        m if m.starts_with("cred.") => super::creds::dispatch(daemon, session, req, grant).await,
-        m if m.starts_with("admin.") => super::admin::dispatch(daemon, req, grant).await,
-        "unsubscribe" => unsubscribe(session, req.params),
-        other => Err(RpcError::method_not_found(other)),
+    match call {
+        Call::Stream(c) => super::streams::dispatch(daemon, session, c).await,
+        Call::Run(c) => super::runs::dispatch(daemon, c).await,
+        Call::Cred(c) => super::creds::dispatch(daemon, session, c, grant).await,
+        Call::Admin(c) => super::admin::dispatch(daemon, c, grant).await,
+        Call::Unsubscribe(p) => unsubscribe(session, p),
+        // Answered by `route` before admission (a second one is refused there).
+        Call::Hello(_) => Err(RpcError::method_not_found("hello")),
     }
 }
 
-fn hello(daemon: &Daemon, session: &Session, p: Map<String, Value>) -> Result<Value, RpcError> {
-    let p: Hello = params(p)?;
+fn hello(daemon: &Daemon, session: &Session, p: Hello) -> Result<Value, RpcError> {
     if session.grant().is_some() {
         // A connection bound to a plugin's grant must not rebind itself to a wider one.
         return Err(RpcError::invalid_request(
@@ -209,15 +198,18 @@ Some(name) => daemon.config().plugins.get(name).cloned().ok_or_else(|| {
     } else {
         tracing::info!(conn = session.id, client = ?shown(&p.client), plugin = ?shown(&p.plugin), "hello");
     }
-    Ok(json!({
-        "server": "holdfast",
-        "version": env!("CARGO_PKG_VERSION"),
-        "protocol": PROTOCOL_VERSION,
-        "connection": session.id,
-        "methods": methods,
-        "grant": {"plugin": p.plugin, "stores": stores},
-        "data_dir": daemon.data_dir(),
-    }))
+    result(&Welcome {
+        server: "holdfast",
+        version: env!("CARGO_PKG_VERSION"),
+        protocol: PROTOCOL_VERSION,
+        connection: session.id,
+        methods,
+        grant: Grant {
+            plugin: p.plugin.as_deref(),
+            stores,
+        },
+        data_dir: daemon.data_dir(),
+    })
 }
 
 /// A new subscription of this connection, or `busy` at the cap.
@@ -236,16 +228,11 @@ pub fn open_subscription(
     })
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Unsubscribe {
-    subscription: u64,
-}
-
 /// `unsubscribe`: close one of this connection's subscriptions. Once answered, no event of it
 /// follows (see `subscriptions.rs`). `unsubscribed: false`: there was no such open
 /// subscription (a run's subscription ends by itself with `finish`).
-fn unsubscribe(session: &Session, raw: Map<String, Value>) -> Result<Value, RpcError> {
-    let p: Unsubscribe = params(raw)?;
-    Ok(json!({"unsubscribed": session.subscriptions.close(p.subscription)}))
+fn unsubscribe(session: &Session, p: Unsubscribe) -> Result<Value, RpcError> {
+    result(&Unsubscribed {
+        unsubscribed: session.subscriptions.close(p.subscription),
+    })
 }

@@ -462,18 +462,18 @@ async fn connection(
                 break;
             }
         };
-        let (req, grant) = match handlers::route(&daemon, &session, &line) {
+        let (id, call, grant) = match handlers::route(&daemon, &session, &line) {
             handlers::Routed::Done(reply) => {
                 session.outbox.send_now(&stream, reply);
                 continue;
             }
-            handlers::Routed::Async(req, grant) => (req, grant),
-            handlers::Routed::Append(a) => {
+            handlers::Routed::Async(id, call, grant) => (id, call, grant),
+            handlers::Routed::Append(id, a) => {
                 let permit = tokio::select! {
                     _ = shutdown.changed() => break,
                     p = Arc::clone(&inflight).acquire_owned() => match p { Ok(p) => p, Err(_) => break },
                 };
-                super::streams::append(&daemon, &session, a, permit);
+                super::streams::append(&daemon, &session, id, a, permit);
                 continue;
             }
         };
@@ -484,7 +484,7 @@ async fn connection(
         };
         let (daemon, session) = (Arc::clone(&daemon), Arc::clone(&session));
         tokio::spawn(async move {
-            let reply = handlers::respond(&daemon, &session, req, grant).await;
+            let reply = handlers::respond(&daemon, &session, id, call, grant).await;
             session.outbox.send(reply);
             drop(permit);
         });

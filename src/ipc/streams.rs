@@ -3,14 +3,16 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use serde::Deserialize;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use super::handlers::{blocking, open_subscription};
-use super::protocol::{self, params, Request, RpcError};
+use super::protocol::streams::{
+    Append, Deleted, EventNote, Events, JournalStats, Listing, StreamCall, Subscribed,
+};
+use super::protocol::{self, result, RpcError};
 use super::server::Session;
 use crate::service::Daemon;
-use crate::streams::{Event, EventIn, Next, Str};
+use crate::streams::Next;
 use crate::streams::{StreamError, Streams, Ticket};
 
 fn rpc(e: StreamError) -> RpcError {
@@ -26,113 +28,29 @@ async fn streams(daemon: &Arc<Daemon>) -> Result<Arc<Streams>, RpcError> {
     blocking(move || d.streams()).await
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Begin {
-    run_id: String,
-    #[serde(default)]
-    thread_id: Option<String>,
-    #[serde(default)]
-    model: Option<String>,
-    #[serde(default)]
-    takeover: bool,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Append {
-    run_id: String,
-    stream_id: String,
-    seq: u64,
-    events: Vec<Value>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Interrupt {
-    run_id: String,
-    stream_id: String,
-    cause: Value,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Resume {
-    run_id: String,
-    #[serde(default)]
-    model: Option<String>,
-    #[serde(default)]
-    thread_id: Option<String>,
-    #[serde(default)]
-    fail_on_stale: bool,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Commit {
-    run_id: String,
-    stream_id: String,
-    final_message: Value,
-    #[serde(default)]
-    content_from_stream: bool,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Abort {
-    run_id: String,
-    stream_id: String,
-    #[serde(default)]
-    reason: Option<String>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Subscribe {
-    run_id: String,
-    #[serde(default)]
-    after_seq: u64,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RunOnly {
-    run_id: String,
-    #[serde(default)]
-    reveal: bool,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct CheckpointPut {
-    run_id: String,
-    snapshot: Map<String, Value>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Nothing {}
-
-/// Route a `stream.*` or `checkpoint.*` request (already admitted).
+/// Run an admitted `stream.*` or `checkpoint.*` call.
 pub async fn dispatch(
     daemon: &Arc<Daemon>,
     session: &Arc<Session>,
-    req: Request,
+    call: StreamCall,
 ) -> Result<Value, RpcError> {
     let s = streams(daemon).await?;
-    match req.method.as_str() {
-        "stream.begin" => {
-            let p: Begin = params(req.params)?;
+    match call {
+        StreamCall::Begin(p) => {
             let t = s
                 .begin(&p.run_id, p.thread_id, p.model, p.takeover)
                 .map_err(rpc)?;
             s.settle(t).await.map_err(rpc)
         }
-        // `stream.append` is never routed here: it takes the one path of `append` below.
+        // The one path of an append, answered from the journal's commit (`route` sends every
+        // append to `append` below; here the answer is awaited).
+        StreamCall::Append(a) => {
+            let t = queue_append(&s, a)?;
+            s.settle(t).await.map_err(rpc)
+        }
         // The plan's R2 annotation reads the run log and, once the plan is durable, the plan
         // goes into the run log's timeline: file work, on the blocking pool.
-        "stream.interrupt" => {
-            let p: Interrupt = params(req.params)?;
+        StreamCall::Interrupt(p) => {
             let run_id = p.run_id.clone();
             let s2 = Arc::clone(&s);
             let t = blocking(move || s2.interrupt(&p.run_id, &p.stream_id, &p.cause).map_err(rpc))
@@ -146,8 +64,7 @@ pub async fn dispatch(
             .await?;
             Ok(plan)
         }
-        "stream.resume" => {
-            let p: Resume = params(req.params)?;
+        StreamCall::Resume(p) => {
             let run_id = p.run_id.clone();
             let s2 = Arc::clone(&s);
             let t = blocking(move || {
@@ -165,8 +82,7 @@ pub async fn dispatch(
             Ok(answer)
         }
         // The commit point is an atomic file replacement: blocking pool.
-        "stream.commit" => {
-            let p: Commit = params(req.params)?;
+        StreamCall::Commit(p) => {
             if p.final_message.is_null() {
                 return Err(RpcError::invalid_params("final_message is required"));
             }
@@ -180,92 +96,39 @@ pub async fn dispatch(
             })
             .await
         }
-        "stream.abort" => {
-            let p: Abort = params(req.params)?;
+        StreamCall::Abort(p) => {
             let detail = json!({"reason": p.reason});
             blocking(move || s.end(&p.run_id, &p.stream_id, "aborted", detail)).await
         }
-        "stream.subscribe" => {
-            let p: Subscribe = params(req.params)?;
-            subscribe(&s, session, &p.run_id, p.after_seq)
-        }
-        "stream.get" => {
-            let p: RunOnly = params(req.params)?;
+        StreamCall::Subscribe(p) => subscribe(&s, session, &p.run_id, p.after_seq),
+        StreamCall::Get(p) => {
             let s2 = Arc::clone(&s);
             blocking(move || s2.get(&p.run_id, p.reveal)).await
         }
-        "stream.list" => {
-            let _: Nothing = params(req.params)?;
+        StreamCall::List(_) => {
             let j = s.journal_stats();
-            Ok(json!({
-                "runs": s.list(),
-                "journal": {
-                    "appends": j.appends.load(Ordering::Relaxed),
-                    "batches": j.batches.load(Ordering::Relaxed),
-                    "syncs": j.syncs.load(Ordering::Relaxed),
-                    "active_segment": s.active_mark(),
+            result(&Listing {
+                runs: s.list(),
+                journal: JournalStats {
+                    appends: j.appends.load(Ordering::Relaxed),
+                    batches: j.batches.load(Ordering::Relaxed),
+                    syncs: j.syncs.load(Ordering::Relaxed),
+                    active_segment: s.active_mark(),
                 },
-            }))
-        }
-        "checkpoint.put" | "checkpoint.get" | "checkpoint.delete" => {
-            let method = req.method.clone();
-            let s2 = Arc::clone(&s);
-            let raw = req.params;
-            blocking(move || -> Result<Value, RpcError> {
-                match method.as_str() {
-                    "checkpoint.put" => {
-                        let p: CheckpointPut = params(raw)?;
-                        s2.checkpoint_put(&p.run_id, &p.snapshot).map_err(rpc)
-                    }
-                    "checkpoint.get" => {
-                        let p: RunOnly = params(raw)?;
-                        s2.checkpoint_get(&p.run_id).map_err(rpc)
-                    }
-                    _ => {
-                        let p: RunOnly = params(raw)?;
-                        s2.checkpoint_delete(&p.run_id)
-                            .map(|deleted| json!({"deleted": deleted}))
-                            .map_err(rpc)
-                    }
-                }
             })
-            .await
         }
-        other => Err(RpcError::method_not_found(other)),
-    }
-}
-
-/// A `stream.append` request: its id and params, read once — straight from the line into
-/// typed, mostly borrowed fields when it is well formed ([`read_append_line`]), else from the
-/// parsed request when it is executed (with the precise error of whatever is wrong).
-pub struct AppendRequest {
-    /// The request's id.
-    pub id: protocol::Id,
-    params: AppendIn,
-}
-
-enum AppendIn {
-    /// Read from the line by [`read_append_line`].
-    Typed {
-        run_id: String,
-        stream_id: String,
-        seq: u64,
-        events: Vec<Event>,
-    },
-    /// A request the typed reader did not take (an error to report, or an odd but valid form).
-    Parsed(Map<String, Value>),
-}
-
-impl AppendRequest {
-    /// An append from a parsed request (its params are read when it runs).
-    pub fn from_request(req: Request) -> AppendRequest {
-        AppendRequest {
-            id: req.id,
-            params: AppendIn::Parsed(req.params),
+        StreamCall::CheckpointPut(p) => {
+            blocking(move || s.checkpoint_put(&p.run_id, &p.snapshot).map_err(rpc)).await
+        }
+        StreamCall::CheckpointGet(p) => {
+            blocking(move || s.checkpoint_get(&p.run_id).map_err(rpc)).await
+        }
+        StreamCall::CheckpointDelete(p) => {
+            let deleted = blocking(move || s.checkpoint_delete(&p.run_id).map_err(rpc)).await?;
+            result(&Deleted { deleted })
         }
     }
 }
-
 /// The one path of `stream.append`, without a task when the streams are open: validated and
 /// queued on the connection's task, answered from the journal's commit (the response line is
 /// queued by the committer thread once the append is durable). `permit`, the connection's
@@ -274,105 +137,36 @@ impl AppendRequest {
 pub fn append(
     daemon: &Arc<Daemon>,
     session: &Arc<Session>,
-    a: AppendRequest,
+    id: protocol::Id,
+    a: Append,
     permit: tokio::sync::OwnedSemaphorePermit,
 ) {
     if let Some(s) = daemon.streams_if_open() {
-        let ticket = queue_append(&s, a.params);
-        answer_on_commit(&s, session, a.id, ticket, permit);
+        let ticket = queue_append(&s, a);
+        answer_on_commit(&s, session, id, ticket, permit);
         return;
     }
     let (daemon, session) = (Arc::clone(daemon), Arc::clone(session));
     tokio::spawn(async move {
         match streams(&daemon).await {
             Ok(s) => {
-                let ticket = queue_append(&s, a.params);
-                answer_on_commit(&s, &session, a.id, ticket, permit);
+                let ticket = queue_append(&s, a);
+                answer_on_commit(&s, &session, id, ticket, permit);
             }
             Err(e) => {
-                session.outbox.send(protocol::response_err(&a.id, &e));
+                session.outbox.send(protocol::response_err(&id, &e));
             }
         }
     });
 }
 
-fn queue_append(s: &Streams, input: AppendIn) -> Result<Ticket, RpcError> {
-    match input {
-        AppendIn::Typed {
-            run_id,
-            stream_id,
-            seq,
-            events,
-        } => s.append_events(&run_id, &stream_id, seq, events),
-        AppendIn::Parsed(raw) => {
-            let p: Append = params(raw)?;
-            s.parse_events(&p.events)
-                .and_then(|events| s.append_events(&p.run_id, &p.stream_id, p.seq, events))
-        }
-    }
-    .map_err(rpc)
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct AppendLine<'a> {
-    #[serde(borrow)]
-    jsonrpc: Str<'a>,
-    id: Value,
-    #[serde(borrow)]
-    method: Str<'a>,
-    #[serde(borrow)]
-    params: AppendLineParams<'a>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct AppendLineParams<'a> {
-    #[serde(borrow)]
-    run_id: Str<'a>,
-    #[serde(borrow)]
-    stream_id: Str<'a>,
-    seq: u64,
-    #[serde(borrow)]
-    events: Vec<EventIn<'a>>,
-}
-
-/// The hottest method read straight from its line: a well-formed `stream.append` is
-/// deserialized into typed, mostly borrowed fields, with no `serde_json::Value` tree (which cost
-/// most of an append's CPU: a map per object, a string per key). `None` for any other line, and
-/// for an append this reader does not fully accept: the general parser reads those, and the
-/// append then reports exactly what is wrong.
-pub fn read_append_line(line: &[u8]) -> Option<AppendRequest> {
-    const METHOD: &[u8] = b"\"stream.append\"";
-    // Cheap on long lines of other methods: most windows stop at their first byte.
-    if !line
-        .windows(METHOD.len())
-        .any(|w| w[0] == b'"' && w == METHOD)
-    {
-        return None;
-    }
-    let l: AppendLine = serde_json::from_slice(line).ok()?;
-    if l.jsonrpc.0 != "2.0"
-        || l.method.0 != "stream.append"
-        || !matches!(l.id, Value::Number(_) | Value::String(_) | Value::Null)
-    {
-        return None;
-    }
-    let events = l
-        .params
-        .events
-        .into_iter()
-        .map(EventIn::into_event)
-        .collect::<Option<Vec<Event>>>()?;
-    Some(AppendRequest {
-        id: l.id,
-        params: AppendIn::Typed {
-            run_id: l.params.run_id.0.into_owned(),
-            stream_id: l.params.stream_id.0.into_owned(),
-            seq: l.params.seq,
-            events,
-        },
-    })
+fn queue_append(s: &Streams, a: Append) -> Result<Ticket, RpcError> {
+    let events = match a.events {
+        Events::Checked(events) => events,
+        Events::Unchecked(values) => s.parse_events(&values).map_err(rpc)?,
+    };
+    s.append_events(&a.run_id, &a.stream_id, a.seq, events)
+        .map_err(rpc)
 }
 
 fn answer_on_commit(
@@ -403,15 +197,6 @@ fn answer_on_commit(
             });
         }
     }
-}
-
-/// The params of a `stream.subscribe` event notification.
-#[derive(serde::Serialize)]
-struct EventParams<'a> {
-    subscription: u64,
-    run_id: &'a str,
-    seq: u64,
-    event: &'a serde_json::value::RawValue,
 }
 
 /// Forward a run's events to this connection until `finish` (or the connection ends).
@@ -452,7 +237,7 @@ fn subscribe(
             last = seq;
             // The event's JSON is written as stored (serialized once, when it was published);
             // `finish` is followed by `Closed`, which ends the loop.
-            let line = protocol::notification_of(&EventParams {
+            let line = protocol::notification_of(&EventNote {
                 subscription: sub,
                 run_id: &run,
                 seq,
@@ -464,5 +249,9 @@ fn subscribe(
         }
         session_f.subscriptions.ended(sub);
     });
-    Ok(json!({"subscription": sub, "run_id": run_id, "after_seq": after_seq}))
+    result(&Subscribed {
+        subscription: sub,
+        run_id,
+        after_seq,
+    })
 }

@@ -1,0 +1,324 @@
+//! `stream.*` and `checkpoint.*` on the wire: each method's params, read once from the
+//! request's text, the results the handlers build, and the event notification.
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
+
+use crate::streams::{Event, EventIn, Str};
+
+/// A `stream.*` or `checkpoint.*` call with its typed params.
+#[derive(Debug)]
+pub enum StreamCall {
+    /// `stream.begin`.
+    Begin(Begin),
+    /// `stream.append`.
+    Append(Append),
+    /// `stream.interrupt`.
+    Interrupt(Interrupt),
+    /// `stream.resume`.
+    Resume(Resume),
+    /// `stream.commit`.
+    Commit(Commit),
+    /// `stream.abort`.
+    Abort(Abort),
+    /// `stream.subscribe`.
+    Subscribe(Subscribe),
+    /// `stream.get`.
+    Get(RunOnly),
+    /// `stream.list`.
+    List(Nothing),
+    /// `checkpoint.put`.
+    CheckpointPut(CheckpointPut),
+    /// `checkpoint.get`.
+    CheckpointGet(RunOnly),
+    /// `checkpoint.delete`.
+    CheckpointDelete(RunOnly),
+}
+
+/// `stream.begin`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Begin {
+    /// The run.
+    pub run_id: String,
+    /// The conversation it belongs to.
+    #[serde(default)]
+    pub thread_id: Option<String>,
+    /// The model producing it.
+    #[serde(default)]
+    pub model: Option<String>,
+    /// Replace a live producer (fencing it).
+    #[serde(default)]
+    pub takeover: bool,
+}
+
+/// `stream.append`: events `seq`, `seq + 1`, … of the holder `stream_id`.
+#[derive(Debug)]
+pub struct Append {
+    /// The run.
+    pub run_id: String,
+    /// The producer's holder id (from `stream.begin` or `stream.resume`).
+    pub stream_id: String,
+    /// The first event's sequence number.
+    pub seq: u64,
+    /// The events.
+    pub events: Events,
+}
+
+/// A `stream.append`'s events as read from the request.
+#[derive(Debug)]
+pub enum Events {
+    /// Every event well formed, read straight from the request's text.
+    Checked(Vec<Event>),
+    /// Events the typed reader did not take: the streams check them and say which one is wrong,
+    /// and how.
+    Unchecked(Vec<Value>),
+}
+
+/// `stream.interrupt`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Interrupt {
+    /// The run.
+    pub run_id: String,
+    /// The holder reporting the break.
+    pub stream_id: String,
+    /// What broke (the recovery planner's input).
+    pub cause: Value,
+}
+
+/// `stream.resume`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Resume {
+    /// The run.
+    pub run_id: String,
+    /// The model that continues it.
+    #[serde(default)]
+    pub model: Option<String>,
+    /// The conversation it belongs to.
+    #[serde(default)]
+    pub thread_id: Option<String>,
+    /// Refuse (rather than plan) when the run's recovery state is stale.
+    #[serde(default)]
+    pub fail_on_stale: bool,
+}
+
+/// `stream.commit`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Commit {
+    /// The run.
+    pub run_id: String,
+    /// The holder committing.
+    pub stream_id: String,
+    /// The final message (required, not null).
+    pub final_message: Value,
+    /// Take the message's content from the streamed text.
+    #[serde(default)]
+    pub content_from_stream: bool,
+}
+
+/// `stream.abort`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Abort {
+    /// The run.
+    pub run_id: String,
+    /// The holder aborting.
+    pub stream_id: String,
+    /// Why, for the log.
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// `stream.subscribe`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Subscribe {
+    /// The run.
+    pub run_id: String,
+    /// Send the events after this seq (0: all).
+    #[serde(default)]
+    pub after_seq: u64,
+}
+
+/// `stream.get`, `checkpoint.get`, `checkpoint.delete`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunOnly {
+    /// The run.
+    pub run_id: String,
+    /// `stream.get`: include the text (otherwise only its length and digest).
+    #[serde(default)]
+    pub reveal: bool,
+}
+
+/// `checkpoint.put`. Its `Debug` shows the snapshot's size, not its content.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointPut {
+    /// The run.
+    pub run_id: String,
+    /// The agent's state to keep (sealed at rest).
+    pub snapshot: Map<String, Value>,
+}
+
+impl std::fmt::Debug for CheckpointPut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CheckpointPut")
+            .field("run_id", &self.run_id)
+            .field("snapshot_fields", &self.snapshot.len())
+            .finish()
+    }
+}
+
+/// Params that must be empty.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Nothing {}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AppendValues {
+    run_id: String,
+    stream_id: String,
+    seq: u64,
+    events: Vec<Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AppendIn<'a> {
+    #[serde(borrow)]
+    run_id: Str<'a>,
+    #[serde(borrow)]
+    stream_id: Str<'a>,
+    seq: u64,
+    #[serde(borrow)]
+    events: Vec<EventIn<'a>>,
+}
+
+impl AppendIn<'_> {
+    /// `None` if an event is not well formed (the caller reads the params the general way).
+    fn into_append(self) -> Option<Append> {
+        let events = self
+            .events
+            .into_iter()
+            .map(EventIn::into_event)
+            .collect::<Option<Vec<Event>>>()?;
+        Some(Append {
+            run_id: self.run_id.0.into_owned(),
+            stream_id: self.stream_id.0.into_owned(),
+            seq: self.seq,
+            events: Events::Checked(events),
+        })
+    }
+}
+
+/// `stream.append`'s params from their text: the events typed and checked when they are well
+/// formed (no `serde_json::Value` per event), else kept as values for the streams to say
+/// precisely what is wrong.
+pub fn append_params(raw: &str) -> Result<Append, super::RpcError> {
+    if let Some(a) = serde_json::from_str::<AppendIn>(raw)
+        .ok()
+        .and_then(AppendIn::into_append)
+    {
+        return Ok(a);
+    }
+    let p: AppendValues = super::typed(raw)?;
+    Ok(Append {
+        run_id: p.run_id,
+        stream_id: p.stream_id,
+        seq: p.seq,
+        events: Events::Unchecked(p.events),
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AppendLine<'a> {
+    #[serde(borrow)]
+    jsonrpc: Str<'a>,
+    id: Value,
+    #[serde(borrow)]
+    method: Str<'a>,
+    #[serde(borrow)]
+    params: AppendIn<'a>,
+}
+
+/// The hottest request read in one pass over its line: a well-formed `stream.append` (every
+/// event well formed) straight into its typed params, without the envelope's pass. `None` for
+/// any other line: the envelope reader takes it, and [`append_params`] says what is wrong.
+pub fn read_append_line(line: &[u8]) -> Option<(super::Id, Append)> {
+    const METHOD: &[u8] = b"\"stream.append\"";
+    // Cheap on long lines of other methods: most windows stop at their first byte.
+    if !line
+        .windows(METHOD.len())
+        .any(|w| w[0] == b'"' && w == METHOD)
+    {
+        return None;
+    }
+    let l: AppendLine = serde_json::from_slice(line).ok()?;
+    if l.jsonrpc.0 != "2.0"
+        || l.method.0 != "stream.append"
+        || !matches!(l.id, Value::Number(_) | Value::String(_) | Value::Null)
+    {
+        return None;
+    }
+    Some((l.id, l.params.into_append()?))
+}
+
+/// `stream.subscribe`'s result.
+#[derive(Serialize)]
+pub struct Subscribed<'a> {
+    /// The subscription's number on this connection.
+    pub subscription: u64,
+    /// The run.
+    pub run_id: &'a str,
+    /// Events after this seq follow.
+    pub after_seq: u64,
+}
+
+/// `checkpoint.delete`'s result.
+#[derive(Serialize)]
+pub struct Deleted {
+    /// Whether there was a checkpoint.
+    pub deleted: bool,
+}
+
+/// `stream.list`'s result.
+#[derive(Serialize)]
+pub struct Listing {
+    /// The active runs.
+    pub runs: Vec<Value>,
+    /// The journal's counters.
+    pub journal: JournalStats,
+}
+
+/// The journal's counters in `stream.list`.
+#[derive(Serialize)]
+pub struct JournalStats {
+    /// Appends made durable.
+    pub appends: u64,
+    /// Group commits (one write each).
+    pub batches: u64,
+    /// fdatasyncs.
+    pub syncs: u64,
+    /// The segment being appended to.
+    pub active_segment: u64,
+}
+
+/// A `stream.subscribe` event notification: one event of the run, as stored.
+#[derive(Serialize)]
+pub struct EventNote<'a> {
+    /// The subscription.
+    pub subscription: u64,
+    /// The run.
+    pub run_id: &'a str,
+    /// The event's sequence number.
+    pub seq: u64,
+    /// The event's JSON, written as stored.
+    pub event: &'a RawValue,
+}
