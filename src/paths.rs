@@ -12,10 +12,23 @@ fn env_path(var: &str) -> Option<PathBuf> {
         .filter(|p| p.is_absolute())
 }
 
-fn home() -> Result<PathBuf, String> {
-    env_path("HOME").ok_or_else(|| {
-        "HOME is not set (or not absolute); pass --data-dir or set HOLDFAST_DATA_DIR".to_string()
-    })
+/// A default location that cannot be worked out, or a name that cannot become one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PathError {
+    /// `HOME` is unset or relative, and nothing else says where to look.
+    #[error("HOME is not set (or not absolute); pass --data-dir or set HOLDFAST_DATA_DIR")]
+    NoHome,
+    /// A store name that cannot name a directory.
+    #[error(
+        "invalid store name: use 1-{MAX_STORE_NAME_BYTES} letters, digits, '_' or '-' (not \
+         starting with '-')"
+    )]
+    StoreName,
+}
+
+fn home() -> Result<PathBuf, PathError> {
+    env_path("HOME").ok_or(PathError::NoHome)
 }
 
 /// The store a request, a command or a plugin grant means when it names none; its key also
@@ -24,7 +37,7 @@ pub const DEFAULT_STORE: &str = "default";
 
 /// The data directory: `$STATE_DIRECTORY` under systemd, else `$XDG_STATE_HOME/holdfast`,
 /// else `~/.local/state/holdfast`. (`--data-dir` / `HOLDFAST_DATA_DIR` override it earlier.)
-pub fn default_data_dir() -> Result<PathBuf, String> {
+pub fn default_data_dir() -> Result<PathBuf, PathError> {
     if let Some(p) = env_path("STATE_DIRECTORY") {
         return Ok(p);
     }
@@ -35,7 +48,7 @@ pub fn default_data_dir() -> Result<PathBuf, String> {
 }
 
 /// `$XDG_CONFIG_HOME/holdfast`, else `~/.config/holdfast`.
-pub fn config_dir() -> Result<PathBuf, String> {
+pub fn config_dir() -> Result<PathBuf, PathError> {
     if let Some(p) = env_path("XDG_CONFIG_HOME") {
         return Ok(p.join("holdfast"));
     }
@@ -43,13 +56,13 @@ pub fn config_dir() -> Result<PathBuf, String> {
 }
 
 /// The key file holdfast creates for a store: `<config>/keys/<store>.key`.
-pub fn key_file(store: &str) -> Result<PathBuf, String> {
+pub fn key_file(store: &str) -> Result<PathBuf, PathError> {
     Ok(config_dir()?.join("keys").join(format!("{store}.key")))
 }
 
 /// Key sources of a holdfast-managed store, in order: systemd's `$CREDENTIALS_DIRECTORY`,
 /// then the key file.
-pub fn store_key_sources(store: &str) -> Result<Vec<KeySource>, String> {
+pub fn store_key_sources(store: &str) -> Result<Vec<KeySource>, PathError> {
     let mut v = Vec::new();
     if let Some(dir) = env_path("CREDENTIALS_DIRECTORY") {
         v.push(KeySource::SystemdCredential(
@@ -74,7 +87,7 @@ pub fn default_socket() -> PathBuf {
 }
 
 /// hive's home: `$HIVE_HOME`, else `~/.hive`.
-pub fn hive_home() -> Result<PathBuf, String> {
+pub fn hive_home() -> Result<PathBuf, PathError> {
     match env_path("HIVE_HOME") {
         Some(p) => Ok(p),
         None => Ok(home()?.join(".hive")),
@@ -82,13 +95,13 @@ pub fn hive_home() -> Result<PathBuf, String> {
 }
 
 /// hive's credential store: `$HIVE_HOME/credentials` (`~/.hive/credentials`).
-pub fn hive_store_dir() -> Result<PathBuf, String> {
+pub fn hive_store_dir() -> Result<PathBuf, PathError> {
     Ok(hive_home()?.join("credentials"))
 }
 
 /// hive's key sources, in hive's order: `HIVE_CREDENTIAL_KEY`, then
 /// `$HIVE_HOME/secrets/credential_key`.
-pub fn hive_key_sources() -> Result<Vec<KeySource>, String> {
+pub fn hive_key_sources() -> Result<Vec<KeySource>, PathError> {
     Ok(vec![
         KeySource::Env("HIVE_CREDENTIAL_KEY".into()),
         KeySource::File(hive_home()?.join("secrets/credential_key")),
@@ -96,7 +109,7 @@ pub fn hive_key_sources() -> Result<Vec<KeySource>, String> {
 }
 
 /// Store names become directory and file names: 1–64 of `[A-Za-z0-9_-]`, not starting with `-`.
-pub fn validate_store_name(name: &str) -> Result<(), String> {
+pub fn validate_store_name(name: &str) -> Result<(), PathError> {
     let ok = !name.is_empty()
         && name.len() <= MAX_STORE_NAME_BYTES
         && !name.starts_with('-')
@@ -106,9 +119,7 @@ pub fn validate_store_name(name: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!(
-            "invalid store name: use 1-{MAX_STORE_NAME_BYTES} letters, digits, '_' or '-' (not starting with '-')"
-        ))
+        Err(PathError::StoreName)
     }
 }
 

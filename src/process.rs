@@ -19,9 +19,18 @@ pub struct Notes {
     pub info: Vec<String>,
 }
 
+/// The one hardening step the daemon does not start without.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HardenError {
+    /// Core dumps could not be turned off.
+    #[error("cannot set RLIMIT_CORE=0: {0}")]
+    CoreLimit(#[source] rustix::io::Errno),
+}
+
 /// Harden the process. Failures are returned as warnings to log (a kernel that refuses
 /// `PR_SET_DUMPABLE` must not stop the daemon); the core limit is required.
-pub fn harden(max_connections: usize) -> Result<Notes, String> {
+pub fn harden(max_connections: usize) -> Result<Notes, HardenError> {
     let mut notes = Notes::default();
     process::setrlimit(
         Resource::Core,
@@ -30,7 +39,7 @@ pub fn harden(max_connections: usize) -> Result<Notes, String> {
             maximum: Some(0),
         },
     )
-    .map_err(|e| format!("cannot set RLIMIT_CORE=0: {e}"))?;
+    .map_err(HardenError::CoreLimit)?;
     if let Err(e) = process::set_dumpable_behavior(DumpableBehavior::NotDumpable) {
         notes.warnings.push(format!(
             "PR_SET_DUMPABLE=0 failed ({e}); core dumps are still off"

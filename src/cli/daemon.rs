@@ -36,7 +36,7 @@ pub fn run(g: &Global, _args: &DaemonArgs) -> CliResult {
         config,
         inherited,
     })
-    .map_err(|e| CliError::with_code(e.to_string(), 1))
+    .map_err(|e| CliError::with_code(e, 1))
 }
 
 /// `holdfast --hive daemon`: serve hive's store (`$HIVE_HOME/credentials`) as store `hive` too,

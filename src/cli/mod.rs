@@ -196,16 +196,16 @@ pub struct CliError {
 }
 
 impl CliError {
-    fn usage(message: impl Into<String>) -> Self {
+    fn usage(message: impl std::fmt::Display) -> Self {
         CliError {
-            message: message.into(),
+            message: message.to_string(),
             code: ErrorKind::InvalidParams.exit_code(),
         }
     }
 
-    fn with_code(message: impl Into<String>, code: u8) -> Self {
+    fn with_code(message: impl std::fmt::Display, code: u8) -> Self {
         CliError {
-            message: message.into(),
+            message: message.to_string(),
             code,
         }
     }

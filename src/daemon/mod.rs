@@ -37,9 +37,9 @@ pub enum BootError {
     /// Another daemon runs, or the socket path is taken.
     #[error(transparent)]
     Serve(#[from] ServeError),
-    /// A store or the data directory could not be opened.
-    #[error("{0}")]
-    Open(String),
+    /// Where the stores' keys are could not be worked out.
+    #[error(transparent)]
+    Paths(#[from] crate::paths::PathError),
     /// The async runtime could not start.
     #[error("cannot start the async runtime: {0}")]
     Runtime(std::io::Error),
@@ -72,7 +72,7 @@ pub fn run(opts: BootOptions) -> Result<(), BootError> {
         None => server::claim(&socket, &data_dir),
     }?;
     let daemon =
-        Arc::new(Daemon::open(socket.clone(), data_dir.clone(), config).map_err(BootError::Open)?);
+        Arc::new(Daemon::open(socket.clone(), data_dir.clone(), config).map_err(BootError::Paths)?);
     // Streams replay their journal before the socket serves (a client resuming a run must find
     // it). Without a usable default store they open on first use and say why until then.
     if let Err(e) = daemon.streams() {

@@ -25,9 +25,71 @@ pub struct Inherited {
     pub path: PathBuf,
 }
 
+/// Why a socket passed by systemd is refused.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ActivationError {
+    /// `LISTEN_PID` names another process.
+    #[error(
+        "socket activation: LISTEN_PID={listen_pid} is not this process (pid {me}); the socket \
+         was passed to another process (is LISTEN_PID inherited through a wrapper?)"
+    )]
+    OtherPid {
+        /// `LISTEN_PID`.
+        listen_pid: String,
+        /// This process.
+        me: u32,
+    },
+    /// `LISTEN_FDS` without `LISTEN_PID`.
+    #[error(
+        "socket activation: LISTEN_FDS={fds} without LISTEN_PID; refusing a socket that may be \
+         meant for another process"
+    )]
+    NoPid {
+        /// `LISTEN_FDS`.
+        fds: String,
+    },
+    /// `LISTEN_FDS_FIRST_FD` is not 3.
+    #[error(
+        "socket activation: LISTEN_FDS_FIRST_FD is set to another descriptor than 3; systemd \
+         passes sockets from fd 3"
+    )]
+    FirstFd,
+    /// Not exactly one socket.
+    #[error(
+        "socket activation: LISTEN_FDS={fds}; holdfast takes exactly one socket (one \
+         ListenStream= in holdfast.socket)"
+    )]
+    Count {
+        /// `LISTEN_FDS`.
+        fds: String,
+    },
+    /// No descriptor 3.
+    #[error("socket activation: LISTEN_FDS=1 but no descriptor 3 was passed")]
+    Missing,
+    /// Descriptor 3 is something else.
+    #[error(
+        "socket activation: descriptor 3 is not a Unix stream socket ({0}); holdfast serves a \
+         pathname Unix socket (ListenStream=%t/holdfast/holdfast.sock)"
+    )]
+    NotUnix(#[source] std::io::Error),
+    /// A socket that does not listen.
+    #[error(
+        "socket activation: descriptor 3 is a Unix stream socket that is not listening \
+         (ListenStream=, not Accept=yes connections)"
+    )]
+    NotListening,
+    /// An abstract or unnamed socket.
+    #[error(
+        "socket activation: descriptor 3 is not bound to a path (abstract or unnamed sockets \
+         are not served: their access cannot be limited by file permissions)"
+    )]
+    NoPath,
+}
+
 /// Take the socket passed by systemd, if any. Must run before any other thread exists: the
 /// `LISTEN_*` variables are removed from the environment (no child inherits them).
-pub fn take_listener() -> Result<Option<Inherited>, String> {
+pub fn take_listener() -> Result<Option<Inherited>, ActivationError> {
     let Some(fds) = std::env::var_os(LISTEN_FDS) else {
         return Ok(None);
     };
@@ -35,61 +97,29 @@ pub fn take_listener() -> Result<Option<Inherited>, String> {
     let me = std::process::id();
     match std::env::var(LISTEN_PID) {
         Ok(pid) if pid.trim() == me.to_string() => {}
-        Ok(pid) => {
-            return Err(format!(
-                "socket activation: LISTEN_PID={pid} is not this process (pid {me}); the socket \
-                 was passed to another process (is LISTEN_PID inherited through a wrapper?)"
-            ))
-        }
-        Err(_) => {
-            return Err(format!(
-                "socket activation: LISTEN_FDS={fds} without LISTEN_PID; refusing a socket that \
-                 may be meant for another process"
-            ))
-        }
+        Ok(listen_pid) => return Err(ActivationError::OtherPid { listen_pid, me }),
+        Err(_) => return Err(ActivationError::NoPid { fds }),
     }
     if std::env::var("LISTEN_FDS_FIRST_FD").is_ok_and(|f| f.trim() != "3") {
-        return Err(
-            "socket activation: LISTEN_FDS_FIRST_FD is set to another descriptor than 3; \
-             systemd passes sockets from fd 3"
-                .into(),
-        );
+        return Err(ActivationError::FirstFd);
     }
     if fds.trim() != "1" {
-        return Err(format!(
-            "socket activation: LISTEN_FDS={fds}; holdfast takes exactly one socket (one \
-             ListenStream= in holdfast.socket)"
-        ));
+        return Err(ActivationError::Count { fds });
     }
     let mut passed = listenfd::ListenFd::from_env();
     let listener = match passed.take_unix_listener(0) {
         Ok(Some(l)) => l,
-        Ok(None) => {
-            return Err("socket activation: LISTEN_FDS=1 but no descriptor 3 was passed".into())
-        }
-        Err(e) => {
-            return Err(format!(
-                "socket activation: descriptor 3 is not a Unix stream socket ({e}); holdfast \
-                 serves a pathname Unix socket (ListenStream=%t/holdfast/holdfast.sock)"
-            ))
-        }
+        Ok(None) => return Err(ActivationError::Missing),
+        Err(e) => return Err(ActivationError::NotUnix(e)),
     };
     if !rustix::net::sockopt::socket_acceptconn(&listener).unwrap_or(false) {
-        return Err(
-            "socket activation: descriptor 3 is a Unix stream socket that is not listening \
-             (ListenStream=, not Accept=yes connections)"
-                .into(),
-        );
+        return Err(ActivationError::NotListening);
     }
     let path = listener
         .local_addr()
         .ok()
         .and_then(|a| a.as_pathname().map(PathBuf::from))
-        .ok_or_else(|| {
-            "socket activation: descriptor 3 is not bound to a path (abstract or unnamed \
-             sockets are not served: their access cannot be limited by file permissions)"
-                .to_string()
-        })?;
+        .ok_or(ActivationError::NoPath)?;
     Ok(Some(Inherited { listener, path }))
 }
 

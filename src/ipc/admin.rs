@@ -55,10 +55,10 @@ async fn rotate_key(
                     return Ok(());
                 }
                 match d.streams() {
-                    Ok(s) => s.reseal().map(|_| ()).map_err(|e| e.to_string()),
+                    Ok(s) => s.reseal().map(|_| ()).map_err(Into::into),
                     // No streams data yet: nothing to re-seal.
                     Err(_) if !crate::streams::has_data(d.data_dir()) => Ok(()),
-                    Err(e) => Err(format!("the streams could not be opened: {e}")),
+                    Err(e) => Err(ResealError::Open(e).into()),
                 }
             },
         )
@@ -88,7 +88,7 @@ pub fn status(daemon: &Daemon, grant: &PluginGrant) -> Value {
                     "key_source": s.key_source().map(|k| k.to_string()),
                 })
             }
-            Err(e) => json!({"name": name, "path": slot.config.base, "error": e}),
+            Err(e) => json!({"name": name, "path": slot.config.base, "error": e.to_string()}),
         })
         .collect();
     json!({
@@ -102,4 +102,12 @@ pub fn status(daemon: &Daemon, grant: &PluginGrant) -> Value {
         "connections": daemon.connections(),
         "stores": stores,
     })
+}
+
+/// The streams could not be re-sealed under a store's new key.
+#[derive(Debug, thiserror::Error)]
+enum ResealError {
+    /// They did not open.
+    #[error("the streams could not be opened: {0}")]
+    Open(#[source] crate::streams::StreamError),
 }

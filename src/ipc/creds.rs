@@ -155,7 +155,7 @@ pub(super) fn read_inline(
 /// A well-formed store name this connection's grant includes.
 fn check_store_name(grant: &PluginGrant, name: &str) -> Result<(), RpcError> {
     // The name is the client's text: refuse a malformed one without echoing it.
-    crate::paths::validate_store_name(name).map_err(RpcError::invalid_params)?;
+    crate::paths::validate_store_name(name).map_err(|e| RpcError::invalid_params(e.to_string()))?;
     if !grant.allows_store(name) {
         return Err(RpcError::new(
             ErrorKind::Forbidden,

@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::CauseError;
+
 /// The cause of an interruption.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -59,6 +61,11 @@ impl CauseClass {
             CauseClass::Permanent => "permanent",
         }
     }
+}
+
+/// Every cause's name, in [`ALL`]'s order.
+pub fn names() -> Vec<&'static str> {
+    ALL.iter().map(|c| c.as_str()).collect()
 }
 
 /// Every cause, for messages and tests.
@@ -119,24 +126,14 @@ impl Cause {
 
     /// Parse a cause name. `user_cancel` and `clean_end` are not interruptions: the error says
     /// what to do instead.
-    pub fn parse(s: &str) -> Result<Cause, String> {
+    pub fn parse(s: &str) -> Result<Cause, CauseError> {
         if let Some(c) = ALL.iter().find(|c| c.as_str() == s) {
             return Ok(*c);
         }
         match s {
-            "user_cancel" => Err("user_cancel is not an interruption: abort the stream \
-                                  (stream.abort) instead of recovering it"
-                .into()),
-            "clean_end" => Err("clean_end is not an interruption: commit the stream \
-                                (stream.commit)"
-                .into()),
-            _ => Err(format!(
-                "unknown cause; one of: {}",
-                ALL.iter()
-                    .map(|c| c.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )),
+            "user_cancel" => Err(CauseError::UserCancel),
+            "clean_end" => Err(CauseError::CleanEnd),
+            _ => Err(CauseError::Unknown),
         }
     }
 }

@@ -10,6 +10,7 @@
 //! `holdfast recovery plan` runs it offline on one JSON snapshot (see docs/recovery.md).
 
 mod cause;
+mod error;
 mod httpdate;
 
 use std::time::Duration;
@@ -18,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 pub use cause::{classify_status, Cause, CauseClass, ALL as ALL_CAUSES};
+pub use error::{CauseError, InputError, KNOWN_FIELDS};
 
 /// One tool call as streamed so far.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -258,36 +260,22 @@ impl Plan {
 
 /// The JSON snapshot `holdfast recovery plan` reads (and `stream.interrupt` takes as its
 /// cause): see docs/recovery.md. `now_unix_ms` converts an HTTP-date Retry-After.
-pub fn input_from_json(v: &Value, now_unix_ms: u64) -> Result<Input, String> {
+pub fn input_from_json(v: &Value, now_unix_ms: u64) -> Result<Input, InputError> {
+    use InputError::{Both, Invalid};
+    let invalid = |field, expected| Invalid { field, expected };
     let Value::Object(m) = v else {
-        return Err("the snapshot must be a JSON object".into());
+        return Err(InputError::NotAnObject);
     };
-    const KNOWN: &[&str] = &[
-        "cause",
-        "error",
-        "partial_text",
-        "tool_calls",
-        "attempt",
-        "attempts",
-        "retry_after",
-        "stall_history",
-        "stale",
-        "policy",
-        "jitter",
-        "now_ms",
-    ];
-    if let Some(k) = m.keys().find(|k| !KNOWN.contains(&k.as_str())) {
-        let shown: String = k.chars().take(40).collect();
-        return Err(format!(
-            "unknown field {shown:?}; fields: {}",
-            KNOWN.join(", ")
-        ));
+    if let Some(k) = m.keys().find(|k| !KNOWN_FIELDS.contains(&k.as_str())) {
+        return Err(InputError::UnknownField {
+            field: k.chars().take(40).collect(),
+        });
     }
     let now = m
         .get("now_ms")
         .map(|n| {
             n.as_u64()
-                .ok_or("now_ms must be milliseconds since the epoch")
+                .ok_or(invalid("now_ms", "milliseconds since the epoch"))
         })
         .transpose()?
         .unwrap_or(now_unix_ms);
@@ -300,47 +288,43 @@ pub fn input_from_json(v: &Value, now_unix_ms: u64) -> Result<Input, String> {
                 .and_then(Value::as_u64)
                 .and_then(|s| u16::try_from(s).ok())
                 .filter(|s| (100..=599).contains(s))
-                .ok_or("error.status must be an HTTP status code (100-599)")?;
+                .ok_or(invalid("error.status", "an HTTP status code (100-599)"))?;
             let message = match e.get("message") {
                 None | Some(Value::Null) => "",
                 Some(Value::String(s)) => s.as_str(),
-                Some(_) => return Err("error.message must be a string".into()),
+                Some(_) => return Err(invalid("error.message", "a string")),
             };
             if let Some(ra) = e.get("retry_after") {
                 retry_after = parse_retry_after(ra, now)?.or(retry_after);
             }
             (classify_status(status, message), Some(status))
         }
-        (Some(_), Some(_)) => return Err("give either cause or error, not both".into()),
-        (Some(_), None) => return Err("cause must be a string".into()),
-        _ => {
-            return Err(
-                "a cause is required: \"cause\": \"connection_reset\" (or another cause), or \
-                 \"error\": {\"status\": 429, \"message\": \"…\", \"retry_after\": 30}"
-                    .into(),
-            )
-        }
+        (Some(_), Some(_)) => return Err(Both("cause", "error")),
+        (Some(_), None) => return Err(invalid("cause", "a string")),
+        _ => return Err(InputError::NoCause),
     };
     let text = match m.get("partial_text") {
         None | Some(Value::Null) => String::new(),
         Some(Value::String(s)) => s.clone(),
-        Some(_) => return Err("partial_text must be a string".into()),
+        Some(_) => return Err(invalid("partial_text", "a string")),
     };
     let tool_calls: Vec<ToolCall> = match m.get("tool_calls") {
         None | Some(Value::Null) => Vec::new(),
         Some(v) => serde_json::from_value(v.clone()).map_err(|_| {
-            "tool_calls must be a list of {\"id\", \"name\", \"arguments\"} with string \
-             values (arguments: the raw argument text as streamed)"
-                .to_string()
+            invalid(
+                "tool_calls",
+                "a list of {\"id\", \"name\", \"arguments\"} with string values (arguments: \
+                 the raw argument text as streamed)",
+            )
         })?,
     };
     let attempts = match (m.get("attempt"), m.get("attempts")) {
-        (Some(_), Some(_)) => return Err("give either attempt or attempts, not both".into()),
+        (Some(_), Some(_)) => return Err(Both("attempt", "attempts")),
         (Some(a), None) => {
             let n = a
                 .as_u64()
                 .and_then(|n| u32::try_from(n).ok())
-                .ok_or("attempt must be a small non-negative integer")?;
+                .ok_or(invalid("attempt", "a small non-negative integer"))?;
             let mut at = Attempts::default();
             match cause.class() {
                 CauseClass::Transient => at.transient = n,
@@ -351,7 +335,10 @@ pub fn input_from_json(v: &Value, now_unix_ms: u64) -> Result<Input, String> {
             at
         }
         (None, Some(a)) => serde_json::from_value(a.clone()).map_err(|_| {
-            "attempts must be {\"transient\", \"rate_limited\", \"overloaded\"} counts".to_string()
+            invalid(
+                "attempts",
+                "{\"transient\", \"rate_limited\", \"overloaded\"} counts",
+            )
         })?,
         (None, None) => Attempts::default(),
     };
@@ -366,32 +353,32 @@ pub fn input_from_json(v: &Value, now_unix_ms: u64) -> Result<Input, String> {
                 Value::Object(o) => match o.get("tool") {
                     None | Some(Value::Null) => Ok(None),
                     Some(Value::String(s)) => Ok(Some(s.clone())),
-                    Some(_) => Err("stall_history[].tool must be a string".to_string()),
+                    Some(_) => Err(invalid("stall_history[].tool", "a string")),
                 },
-                _ => Err("stall_history entries are tool names (or null)".to_string()),
+                _ => Err(invalid("stall_history[]", "a tool name (or null)")),
             })
             .collect::<Result<_, _>>()?,
-        Some(_) => return Err("stall_history must be a list of tool names (or null)".into()),
+        Some(_) => return Err(invalid("stall_history", "a list of tool names (or null)")),
     };
     let stale = match m.get("stale") {
         None | Some(Value::Null) => None,
         Some(v) => Some(
             serde_json::from_value(v.clone())
-                .map_err(|_| "stale must be {\"reason\": \"…\", \"fail\": false}".to_string())?,
+                .map_err(|_| invalid("stale", "{\"reason\": \"…\", \"fail\": false}"))?,
         ),
     };
     let policy = match m.get("policy") {
         None | Some(Value::Null) => Policy::default(),
-        Some(v) => serde_json::from_value(v.clone()).map_err(|e| format!("policy: {e}"))?,
+        Some(v) => serde_json::from_value(v.clone()).map_err(InputError::Policy)?,
     };
     let jitter = match m.get("jitter") {
         None | Some(Value::Null) | Some(Value::Bool(false)) => None,
         Some(Value::Number(n)) => Some(
             n.as_f64()
                 .filter(|r| (0.0..1.0).contains(r))
-                .ok_or("jitter must be a number in [0, 1) or false")?,
+                .ok_or(invalid("jitter", "a number in [0, 1) or false"))?,
         ),
-        Some(_) => return Err("jitter must be a number in [0, 1) or false".into()),
+        Some(_) => return Err(invalid("jitter", "a number in [0, 1) or false")),
     };
     Ok(Input {
         cause,
@@ -609,29 +596,31 @@ fn wait_for(input: &Input, class: CauseClass, attempt: u32) -> (u64, u64) {
 
 /// Parse a Retry-After value: delay-seconds (`"120"`, or a JSON number) or an HTTP-date
 /// (`"Sun, 06 Nov 1994 08:49:37 GMT"`), relative to `now_unix_ms`. A date in the past is 0.
-pub fn parse_retry_after(v: &Value, now_unix_ms: u64) -> Result<Option<Duration>, String> {
+pub fn parse_retry_after(v: &Value, now_unix_ms: u64) -> Result<Option<Duration>, InputError> {
+    let invalid = |expected| InputError::Invalid {
+        field: "retry_after",
+        expected,
+    };
     match v {
         Value::Null => Ok(None),
         Value::Number(n) => n
             .as_f64()
             .filter(|s| s.is_finite() && *s >= 0.0)
             .map(|s| Some(Duration::from_secs_f64(s.min(1e9))))
-            .ok_or_else(|| format!("retry_after {n} is not a non-negative number of seconds")),
+            .ok_or(invalid("a non-negative number of seconds")),
         Value::String(s) => {
             let t = s.trim();
             if let Ok(secs) = t.parse::<u64>() {
                 return Ok(Some(Duration::from_secs(secs)));
             }
-            let at = httpdate::parse(t).ok_or_else(|| {
-                "retry_after is neither delay-seconds nor an HTTP-date \
-                 (like \"Sun, 06 Nov 1994 08:49:37 GMT\")"
-                    .to_string()
-            })?;
+            let at = httpdate::parse(t).ok_or(invalid(
+                "delay-seconds or an HTTP-date (like \"Sun, 06 Nov 1994 08:49:37 GMT\")",
+            ))?;
             Ok(Some(Duration::from_millis(
                 (at.saturating_mul(1000)).saturating_sub(now_unix_ms),
             )))
         }
-        _ => Err("retry_after must be a number of seconds or an HTTP-date string".into()),
+        _ => Err(invalid("a number of seconds or an HTTP-date string")),
     }
 }
 

@@ -225,6 +225,7 @@ fn retry_after_is_honoured_mid_stream_in_seconds_or_as_a_date() {
         NOW
     )
     .unwrap_err()
+    .to_string()
     .contains("HTTP-date"));
 }
 
@@ -359,7 +360,7 @@ fn raw_provider_errors_are_classified() {
 
 #[test]
 fn bad_snapshots_get_clear_errors() {
-    let err = |v: Value| input_from_json(&v, NOW).unwrap_err();
+    let err = |v: Value| input_from_json(&v, NOW).unwrap_err().to_string();
     assert!(err(json!({"cause": "user_cancel"})).contains("stream.abort"));
     assert!(err(json!({"cause": "clean_end"})).contains("stream.commit"));
     assert!(err(json!({"cause": "meteor"})).contains("connection_reset"));

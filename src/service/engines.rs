@@ -37,22 +37,15 @@ impl Daemon {
         if let Some(s) = guard.as_ref() {
             return Ok(Arc::clone(s));
         }
-        let slot = self.store(STREAMS_KEY_STORE).ok_or_else(|| {
-            StreamError::Unavailable(
-                "streams are sealed with the default store's key, and there is no default store \
-                 yet: run `holdfast init`"
-                    .into(),
-            )
-        })?;
-        let store = slot.store.clone().map_err(|e| {
-            StreamError::Storage(format!(
-                "the default store (whose key seals streams) did not open: {e}"
-            ))
-        })?;
+        let slot = self
+            .store(STREAMS_KEY_STORE)
+            .ok_or(StreamError::NoKeyStore)?;
+        let store = slot
+            .store
+            .clone()
+            .map_err(|e| StreamError::KeyStoreFailed(e))?;
         if let Some(reason) = store.sealed_reason() {
-            return Err(StreamError::Sealed(format!(
-                "streams are sealed with the default store's key, which is unavailable: {reason}"
-            )));
+            return Err(StreamError::KeySealed(Box::new(reason)));
         }
         let (streams_dir, runs_dir) = crate::streams::dirs(&self.data_dir);
         let streams = Streams::open(

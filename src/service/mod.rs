@@ -54,7 +54,7 @@ pub struct StoreSlot {
     /// Where it lives and its key sources.
     pub config: StoreConfig,
     /// The open store, or why it could not be opened (unsafe permissions, I/O).
-    pub store: Result<Arc<CredentialStore>, String>,
+    pub store: Result<Arc<CredentialStore>, Arc<crate::store::Error>>,
     /// Taken (asynchronously) before a write goes to the blocking pool.
     pub writers: Arc<tokio::sync::Semaphore>,
 }
@@ -159,7 +159,11 @@ impl Daemon {
 
     /// Open every store: `<data>/stores/*` plus the config's `[stores.*]`. A store that fails to
     /// open is kept with its error (status shows it; its operations return it).
-    pub fn open(socket: PathBuf, data_dir: PathBuf, config: Config) -> Result<Self, String> {
+    pub fn open(
+        socket: PathBuf,
+        data_dir: PathBuf,
+        config: Config,
+    ) -> Result<Self, crate::paths::PathError> {
         let mut configs: BTreeMap<String, StoreConfig> = BTreeMap::new();
         let stores_dir = data_dir.join("stores");
         if let Ok(rd) = std::fs::read_dir(&stores_dir) {
@@ -378,7 +382,7 @@ fn open_slot(cfg: StoreConfig) -> StoreSlot {
         },
     )
     .map(Arc::new)
-    .map_err(|e| e.to_string());
+    .map_err(Arc::new);
     if let Ok(s) = &store {
         let fixes = s.permission_fixes();
         if !fixes.is_empty() {

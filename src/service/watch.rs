@@ -94,8 +94,14 @@ pub fn sync_stores(daemon: &Daemon, touched: Option<&Touched>) {
 }
 
 /// Start watching every open store's `credentials/` and `metadata/` directories. Events are
+/// The file watcher did not start (the daemon serves on; foreign writes are then seen by the
+/// periodic rescan only).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot start the file watcher: {0}")]
+pub struct WatchError(#[source] notify::Error);
+
 /// mapped to stores by path at the time they arrive, so stores added later are covered.
-pub fn start(daemon: Arc<Daemon>) -> Result<Watcher, String> {
+pub fn start(daemon: Arc<Daemon>) -> Result<Watcher, WatchError> {
     let handler_daemon = Arc::clone(&daemon);
     let debouncer = new_debouncer(WATCH_DEBOUNCE, None, move |res: DebounceEventResult| {
         let touched = match res {
@@ -142,7 +148,7 @@ pub fn start(daemon: Arc<Daemon>) -> Result<Watcher, String> {
         };
         sync_stores(&handler_daemon, touched.as_ref());
     })
-    .map_err(|e| format!("cannot start the file watcher: {e}"))?;
+    .map_err(WatchError)?;
     let mut watcher = Watcher {
         debouncer,
         watched: Vec::new(),

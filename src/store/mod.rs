@@ -54,6 +54,8 @@ pub enum SealedReason {
     BadKey(String),
 }
 
+impl std::error::Error for SealedReason {}
+
 impl std::fmt::Display for SealedReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

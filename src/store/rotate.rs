@@ -54,7 +54,10 @@ impl CredentialStore {
     pub fn rotate_key_with(
         &self,
         mut progress: impl FnMut(usize, usize),
-        mut before_retire: impl FnMut() -> std::result::Result<(), String>,
+        mut before_retire: impl FnMut() -> std::result::Result<
+            (),
+            Box<dyn std::error::Error + Send + Sync>,
+        >,
     ) -> Result<RotateReport> {
         // A sealed store answers `sealed` to every operation (not `unsupported`).
         if let Some(reason) = self.sealed_reason() {

@@ -57,7 +57,7 @@ pub const MAX_EVENT_TEXT: usize = 256 * 1024;
 impl Event {
     /// Parse a producer event (`{"type": "text", "text"}`, `{"type": "tool_call_delta", "id",
     /// "name"?, "arguments_delta"}`, `{"type": "tool_call_end", "id"}`).
-    pub fn parse(v: &Value) -> Result<Event, String> {
+    pub fn parse(v: &Value) -> Result<Event, EventError> {
         // JSON null reads as absent; any other non-string as "present, not a string".
         let field = |k: &str| match v.get(k) {
             None | Some(Value::Null) => None,
@@ -209,6 +209,76 @@ struct NotAString;
 /// An event field as read: absent (or null), a string, or something else.
 type Field<'a> = Option<Result<Cow<'a, str>, NotAString>>;
 
+/// Why a producer event does not read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum EventError {
+    /// No `type`, or not one of the three.
+    #[error("each event needs a type: text, tool_call_delta or tool_call_end")]
+    NoType,
+    /// A field its type does not have.
+    #[error("unknown field {field:?} in a {kind} event")]
+    UnknownField {
+        /// The field (at most 40 characters of it).
+        field: String,
+        /// The event's type.
+        kind: &'static str,
+    },
+    /// A text longer than allowed.
+    #[error("{field} is over {MAX_EVENT_TEXT} bytes")]
+    TooLong {
+        /// `text` or `arguments_delta`.
+        field: &'static str,
+    },
+    /// A required text missing, or not a string.
+    #[error("{field} (a string) is required")]
+    Required {
+        /// `text` or `arguments_delta`.
+        field: &'static str,
+    },
+    /// A tool call's id missing, empty, too long or not a string.
+    #[error("id (a non-empty string of at most 256 bytes) is required")]
+    CallId,
+    /// A tool's name too long or not a string.
+    #[error("name must be a string of at most 256 bytes")]
+    Name,
+}
+
+/// A tool-call event that does not fit the calls so far.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CallError {
+    /// A delta or end for a call that has ended.
+    #[error("tool call {id:?} already ended")]
+    Ended {
+        /// The call.
+        id: String,
+    },
+    /// An end for a call never started.
+    #[error("tool_call_end for unknown call {id:?}")]
+    Unknown {
+        /// The call.
+        id: String,
+    },
+}
+
+impl CallError {
+    /// This error at `index` in a request's events.
+    pub fn at(self, index: usize) -> BatchError {
+        BatchError { index, error: self }
+    }
+}
+
+/// A batch of events that does not fit the run: which event, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("events[{index}]: {error}")]
+pub struct BatchError {
+    /// The event's index in the request.
+    pub index: usize,
+    /// What is wrong.
+    pub error: CallError,
+}
+
 /// The rules of a producer event, in one place for both readers ([`Event::parse`] and the
 /// socket's fast path, [`EventIn`]): the type, the fields each type takes (`present`: every
 /// field given besides `type`), and their bounds.
@@ -219,32 +289,31 @@ fn event_from(
     id: Field<'_>,
     name: Field<'_>,
     arguments_delta: Field<'_>,
-) -> Result<Event, String> {
+) -> Result<Event, EventError> {
     let allowed: &[&str] = match kind {
         Some("text") => &["text"],
         Some("tool_call_delta") => &["id", "name", "arguments_delta"],
         Some("tool_call_end") => &["id"],
-        _ => {
-            return Err(
-                "each event needs a type: text, tool_call_delta or tool_call_end".to_string(),
-            )
-        }
+        _ => return Err(EventError::NoType),
     };
     if let Some(k) = present.iter().find(|k| !allowed.contains(k)) {
-        return Err(format!(
-            "unknown field {:?} in a {} event",
-            k.chars().take(40).collect::<String>(),
-            kind.unwrap_or("")
-        ));
+        return Err(EventError::UnknownField {
+            field: k.chars().take(40).collect(),
+            kind: match kind {
+                Some("text") => "text",
+                Some("tool_call_delta") => "tool_call_delta",
+                _ => "tool_call_end",
+            },
+        });
     }
-    let bounded = |k: &str, f: Field<'_>| match f {
+    let bounded = |field: &'static str, f: Field<'_>| match f {
         Some(Ok(s)) if s.len() <= MAX_EVENT_TEXT => Ok(s.into_owned()),
-        Some(Ok(_)) => Err(format!("{k} is over {MAX_EVENT_TEXT} bytes")),
-        _ => Err(format!("{k} (a string) is required")),
+        Some(Ok(_)) => Err(EventError::TooLong { field }),
+        _ => Err(EventError::Required { field }),
     };
     let call_id = |f: Field<'_>| match f {
         Some(Ok(s)) if !s.is_empty() && s.len() <= 256 => Ok(s.into_owned()),
-        _ => Err("id (a non-empty string of at most 256 bytes) is required".to_string()),
+        _ => Err(EventError::CallId),
     };
     match kind {
         Some("text") => Ok(Event::Text(bounded("text", text)?)),
@@ -252,7 +321,7 @@ fn event_from(
             let name = match name {
                 None => None,
                 Some(Ok(n)) if n.len() <= 256 => Some(n.into_owned()),
-                _ => return Err("name must be a string of at most 256 bytes".into()),
+                _ => return Err(EventError::Name),
             };
             let arguments_delta = match arguments_delta {
                 None => String::new(),
@@ -317,7 +386,7 @@ fn overlap(tail: &str, cont: &str) -> usize {
 impl Accumulator {
     /// Apply one accepted event (seq `seq`); returns the events to publish now, in order
     /// (text may be held back by the trimmer and released later, shortened).
-    pub fn apply(&mut self, seq: u64, ev: &Event) -> Result<Vec<(u64, Value)>, String> {
+    pub fn apply(&mut self, seq: u64, ev: &Event) -> Result<Vec<(u64, Value)>, CallError> {
         match ev {
             Event::Text(t) => Ok(self.text_event(seq, t)),
             Event::ToolDelta {
@@ -333,11 +402,13 @@ impl Accumulator {
                             id: id.clone(),
                             ..CallAcc::default()
                         });
-                        self.calls.last_mut().ok_or("no call")?
+                        self.calls
+                            .last_mut()
+                            .ok_or_else(|| CallError::Unknown { id: id.clone() })?
                     }
                 };
                 if call.ended {
-                    return Err(format!("tool call {id:?} already ended"));
+                    return Err(CallError::Ended { id: id.clone() });
                 }
                 if let Some(n) = name {
                     if call.name.is_empty() {
@@ -354,7 +425,7 @@ impl Accumulator {
                     .calls
                     .iter_mut()
                     .find(|c| c.id == *id)
-                    .ok_or_else(|| format!("tool_call_end for unknown call {id:?}"))?;
+                    .ok_or_else(|| CallError::Unknown { id: id.clone() })?;
                 call.ended = true;
                 out.push((seq, ev.to_json()));
                 Ok(out)
@@ -364,7 +435,7 @@ impl Accumulator {
 
     /// Check a batch of events, in order, against the state without applying any: a batch is
     /// taken whole or not at all (a call may start and end within one batch).
-    pub fn check_batch(&self, events: &[Event]) -> Result<(), String> {
+    pub fn check_batch(&self, events: &[Event]) -> Result<(), BatchError> {
         // Calls the batch touches: id -> ended (None: unknown before the batch).
         let mut seen: std::collections::HashMap<&str, bool> = std::collections::HashMap::new();
         for (i, ev) in events.iter().enumerate() {
@@ -377,19 +448,13 @@ impl Accumulator {
                 Event::Text(_) => {}
                 Event::ToolDelta { id, .. } => {
                     if state(id, &seen) == Some(true) {
-                        return Err(format!("events[{i}]: tool call {id:?} already ended"));
+                        return Err(CallError::Ended { id: id.clone() }.at(i));
                     }
                     seen.insert(id, false);
                 }
                 Event::ToolEnd { id } => match state(id, &seen) {
-                    None => {
-                        return Err(format!(
-                            "events[{i}]: tool_call_end for unknown call {id:?}"
-                        ))
-                    }
-                    Some(true) => {
-                        return Err(format!("events[{i}]: tool call {id:?} already ended"))
-                    }
+                    None => return Err(CallError::Unknown { id: id.clone() }.at(i)),
+                    Some(true) => return Err(CallError::Ended { id: id.clone() }.at(i)),
                     Some(false) => {
                         seen.insert(id, true);
                     }
@@ -713,7 +778,11 @@ mod tests {
             Event::ToolEnd { id: "c9".into() },
             Event::ToolEnd { id: "c9".into() },
         ];
-        assert!(acc.check_batch(&twice).unwrap_err().contains("events[2]"));
+        assert!(acc
+            .check_batch(&twice)
+            .unwrap_err()
+            .to_string()
+            .contains("events[2]"));
         acc.apply(4, &d("c2", Some("write"), "{\"body\": \""))
             .unwrap();
         let snap = acc.snapshot();

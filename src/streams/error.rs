@@ -3,10 +3,12 @@
 //! the message (`Display`) is what the client and the log see. Storage failures carry the
 //! durable layer's own error.
 
+use super::accum::{BatchError, EventError};
 use super::store::SealError;
 use crate::durable::journal::JournalError;
 use crate::durable::IoError;
 use crate::error::ErrorKind;
+use crate::recovery::InputError;
 
 /// A stream operation that failed.
 #[derive(Debug, thiserror::Error)]
@@ -34,11 +36,11 @@ pub enum StreamError {
         /// Its index in the request.
         index: usize,
         /// What is wrong with it.
-        reason: String,
+        reason: EventError,
     },
     /// A batch of events that does not fit the run (a tool call ended twice, …).
-    #[error("{0}")]
-    BadBatch(String),
+    #[error(transparent)]
+    BadBatch(BatchError),
     /// Seqs start at 1.
     #[error("seq starts at 1")]
     SeqZero,
@@ -56,9 +58,9 @@ pub enum StreamError {
     /// A cause of the wrong shape.
     #[error("cause must be a cause name, or {{status, message, retry_after}} of a provider error")]
     CauseShape,
-    /// The cause does not read (the planner's message).
-    #[error("{0}")]
-    BadCause(String),
+    /// The cause does not read.
+    #[error(transparent)]
+    BadCause(InputError),
     /// A checkpoint with a field the snapshot contract does not have.
     #[error("unknown snapshot field {field:?}; fields: {fields}")]
     SnapshotField {
@@ -129,27 +131,48 @@ pub enum StreamError {
     },
 
     // ---- keys and files ----
-    /// The streams' key is unavailable.
-    #[error("{0}")]
-    Sealed(String),
+    /// There is no default store, whose key seals the streams.
+    #[error(
+        "streams are sealed with the default store's key, and there is no default store yet: \
+         run `holdfast init`"
+    )]
+    NoKeyStore,
+    /// The default store, whose key seals the streams, did not open.
+    #[error("the default store (whose key seals streams) did not open: {0}")]
+    KeyStoreFailed(#[source] std::sync::Arc<dyn std::error::Error + Send + Sync>),
+    /// The default store's key is unavailable.
+    #[error("streams are sealed with the default store's key, which is unavailable: {0}")]
+    KeySealed(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// Sealing a record failed.
     #[error(transparent)]
     Seal(SealError),
-    /// A file does not decrypt, or does not read.
-    #[error("{0}")]
-    Integrity(String),
-    /// The streams are not available in this configuration (no default store).
-    #[error("{0}")]
-    Unavailable(String),
+    /// A sealed file (`what` names it: a path in the log, a word to a client) did not read.
+    #[error("{what}: {source}")]
+    Unreadable {
+        /// The file.
+        what: String,
+        /// What the OS said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A sealed file does not decrypt with any of the keys.
+    #[error("{what} does not decrypt: {source}")]
+    Undecryptable {
+        /// The file.
+        what: String,
+        /// What the sealer said.
+        #[source]
+        source: SealError,
+    },
+    /// A checkpoint decrypts but is not JSON.
+    #[error("checkpoint is not JSON: {0}")]
+    CheckpointNotJson(#[source] serde_json::Error),
     /// A file-system step failed.
     #[error(transparent)]
     Io(#[from] IoError),
     /// The journal refused or failed.
     #[error(transparent)]
     Journal(#[from] JournalError),
-    /// Another storage step failed (reading a directory, opening the default store).
-    #[error("{0}")]
-    Storage(String),
 }
 
 impl StreamError {
@@ -175,10 +198,10 @@ impl StreamError {
                 ErrorKind::Conflict
             }
             TooManyRuns { .. } => ErrorKind::Busy,
-            Sealed(_) | Seal(_) => ErrorKind::Sealed,
-            Integrity(_) => ErrorKind::Integrity,
-            Unavailable(_) => ErrorKind::Unsupported,
-            Io(_) | Journal(_) | Storage(_) => ErrorKind::Storage,
+            KeySealed(_) | Seal(_) => ErrorKind::Sealed,
+            Undecryptable { .. } | CheckpointNotJson(_) => ErrorKind::Integrity,
+            NoKeyStore => ErrorKind::Unsupported,
+            KeyStoreFailed(_) | Unreadable { .. } | Io(_) | Journal(_) => ErrorKind::Storage,
         }
     }
 }

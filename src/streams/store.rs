@@ -21,7 +21,7 @@ use super::record::{EventsOut, Record};
 use crate::durable::journal::{
     Durability, Journal, JournalError, Position, Promise, ReplayReport, Stats,
 };
-use crate::durable::{self, Faults, Poison};
+use crate::durable::{self, Faults, IoError, Op, Poison};
 use crate::limits::MAX_PAYLOAD;
 
 /// A record to queue: a typed record, or the append path's borrowed events.
@@ -176,15 +176,22 @@ impl FileStore {
         path: &Path,
         label: &dyn std::fmt::Display,
     ) -> Result<Option<Zeroizing<Vec<u8>>>, StreamError> {
-        let Some(bytes) = durable::read_capped(path, MAX_PAYLOAD as u64)
-            .map_err(|e| StreamError::Storage(format!("{label}: {e}")))?
+        let Some(bytes) = durable::read_capped(path, MAX_PAYLOAD as u64).map_err(|source| {
+            StreamError::Unreadable {
+                what: label.to_string(),
+                source,
+            }
+        })?
         else {
             return Ok(None);
         };
         self.sealer
             .open(&bytes)
             .map(Some)
-            .map_err(|why| StreamError::Integrity(format!("{label} does not decrypt: {why}")))
+            .map_err(|source| StreamError::Undecryptable {
+                what: label.to_string(),
+                source,
+            })
     }
 
     /// Replace `runs/<run_id>/<name>` with `value`, sealed, under the poison rule.
@@ -252,7 +259,7 @@ impl StreamStore for FileStore {
         };
         serde_json::from_slice(&plain)
             .map(Some)
-            .map_err(|e| StreamError::Integrity(format!("checkpoint is not JSON: {e}")))
+            .map_err(StreamError::CheckpointNotJson)
     }
 
     fn delete_checkpoint(&self, run_id: &str) -> Result<bool, StreamError> {
@@ -269,7 +276,7 @@ impl StreamStore for FileStore {
     fn reseal_files(&self) -> Result<usize, StreamError> {
         let mut files = 0;
         let entries =
-            fs::read_dir(&self.runs_dir).map_err(|e| StreamError::Storage(e.to_string()))?;
+            fs::read_dir(&self.runs_dir).map_err(|e| IoError::new(Op::Read, &self.runs_dir, e))?;
         for e in entries.flatten() {
             let dir = e.path();
             for name in ["state", "checkpoint"] {

@@ -90,9 +90,14 @@ pub(super) enum Tail {
     Corrupt(u64),
 }
 
-pub(super) fn scan(n: u64, bytes: &[u8], out: &mut Vec<Replayed>) -> Result<Tail, String> {
+/// A segment whose header is not this format's (or not this segment's number).
+#[derive(Debug, thiserror::Error)]
+#[error("segment {} has no valid header", segment_name(*.0))]
+pub(super) struct BadHeader(u64);
+
+pub(super) fn scan(n: u64, bytes: &[u8], out: &mut Vec<Replayed>) -> Result<Tail, BadHeader> {
     if bytes.len() < HEADER_BYTES as usize || bytes[..HEADER_BYTES as usize] != header(n) {
-        return Err(format!("segment {} has no valid header", segment_name(n)));
+        return Err(BadHeader(n));
     }
     let mut off = HEADER_BYTES as usize;
     loop {

@@ -409,7 +409,7 @@ impl Streams {
             out.extend(
                 run.acc
                     .apply(first + i as u64, e)
-                    .map_err(StreamError::BadBatch)?,
+                    .map_err(|e| StreamError::BadBatch(e.at(i)))?,
             );
         }
         run.next_seq = first + fresh.len() as u64;
