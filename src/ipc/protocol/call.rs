@@ -189,6 +189,12 @@ mod tests {
         }
         let e = Call::parse("cred.steal", None).unwrap_err();
         assert_eq!(e.code, codes::METHOD_NOT_FOUND);
+        // A field given twice is refused, not read as its last value.
+        let twice = RawValue::from_string(r#"{"id":"a","id":"sk-b"}"#.into()).unwrap();
+        let e = Call::parse("cred.get", Some(&twice)).unwrap_err();
+        assert_eq!(e.code, codes::INVALID_PARAMS);
+        assert!(e.message.contains("duplicate field"), "{}", e.message);
+        assert!(!e.message.contains("sk-b"), "{}", e.message);
     }
 
     #[test]
