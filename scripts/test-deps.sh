@@ -7,6 +7,7 @@
 #   socket-activation tests (tests/systemd.rs).
 # - libfaketime, to jump one process's wall clock (lease expiry follows the monotonic clock:
 #   SECURITY-CHECKLIST 36, tests/limits_env.rs).
+# - PostgreSQL's server binaries, for a throwaway server per test run (scripts/pg-cluster.sh).
 # - rustfmt and clippy components, for the lint steps.
 # Safe to run again and again: each step checks first and does nothing when satisfied.
 set -euo pipefail
@@ -40,6 +41,10 @@ command -v strace >/dev/null 2>&1 \
   || apt_install systemd yes "systemd-analyze and systemd-socket-activate"
 ls /usr/lib/*/faketime/libfaketimeMT.so.1 >/dev/null 2>&1 \
   || apt_install faketime no "the wall-clock jump test"
+# A throwaway PostgreSQL server per test run (scripts/pg-cluster.sh: initdb in a temp dir, a Unix
+# socket only) for the PostgreSQL backend's tests.
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 \
+  || apt_install postgresql no "the PostgreSQL backend tests"
 
 for comp in rustfmt clippy; do
   if ! rustup component list --installed 2>/dev/null | grep -q "^${comp}"; then
