@@ -161,15 +161,27 @@ fn parse_inner(line: &[u8]) -> Result<Envelope<'_>, (Id, RpcError)> {
 }
 
 /// Could `line` hold what serde_json accepts as raw text but refuses as a value: more than
-/// 100 brackets (it refuses nesting deeper than 127), a `\u` escape (a lone surrogate), a
-/// digit followed by an exponent, or a run of more than 300 digits (a number beyond f64)?
-/// False for nearly every request; true is only a reason to check.
+/// 100 brackets outside strings (it refuses nesting deeper than 127), a `\u` escape in a string
+/// (a lone surrogate), or outside strings a digit followed by an exponent or a run of more than
+/// 300 digits (a number beyond f64)? Strings are tracked, so ids and text (`"3e4f…"`, `"[x]"`)
+/// never send a request the slow way; true is only a reason to check.
 fn may_need_a_tree(line: &[u8]) -> bool {
     let (mut brackets, mut digits, mut prev) = (0usize, 0usize, 0u8);
+    let (mut in_string, mut escaped) = (false, false);
     for &b in line {
+        if in_string {
+            match (escaped, b) {
+                (true, b'u') => return true,
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
         match b {
+            b'"' => in_string = true,
             b'[' | b'{' => brackets += 1,
-            b'u' if prev == b'\\' => return true,
             b'e' | b'E' if prev.is_ascii_digit() => return true,
             _ => {}
         }
@@ -289,6 +301,18 @@ mod tests {
         for v in ["1e400", "-1E400", &"9".repeat(400), r#""\ud800""#] {
             let (_, e) = *parse_request(line(v).as_bytes()).unwrap_err();
             assert_eq!(e.code, codes::PARSE_ERROR, "{v}");
+        }
+        // Their look-alikes inside strings do not even send the line the slow way.
+        for v in [
+            r#""3e4f-9E10""#,
+            r#""[[[""#,
+            r#""a\\u""#,
+            &format!("\"{}\"", "9".repeat(400)),
+        ] {
+            assert!(!may_need_a_tree(line(v).as_bytes()), "{v}");
+        }
+        for v in ["1e5", r#""\u00e9""#, &"[".repeat(101)] {
+            assert!(may_need_a_tree(line(v).as_bytes()), "{v}");
         }
         // Their harmless cousins are requests.
         for v in [
