@@ -30,6 +30,11 @@
 //! [runs]
 //! retention_days = 30          # run logs idle this long are deleted (0: keep forever)
 //!
+//! [backend]                   # where streams and checkpoints live (docs/operations.md)
+//! kind = "file"                # or "postgres", with:
+//! # url = "postgresql://holdfast@db.internal/holdfast?sslmode=require"
+//! # password_file = "pg"        # never the password itself: a file, or $CREDENTIALS_DIRECTORY/pg
+//!
 //! [plugins.summarizer]         # `hello {plugin: "summarizer"}` binds a connection to this grant
 //! stores = ["default"]
 //! methods = ["cred.get", "cred.list", "cred.watch"]   # or "cred.*", "*"
@@ -74,7 +79,12 @@ pub struct Config {
     /// Run-log settings.
     #[serde(default)]
     pub runs: RunsSection,
+    /// Where streams and checkpoints are kept: files (default) or PostgreSQL.
+    #[serde(default)]
+    pub backend: BackendSection,
 }
+
+pub use crate::pg::BackendSection;
 
 /// `[runs]`.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -284,6 +294,16 @@ fn in_range(section: &str, name: &str, v: Option<u64>, lo: u64, hi: u64) -> Resu
 }
 
 impl Config {
+    /// The PostgreSQL backend's settings when `[backend] kind = "postgres"`, else `None`
+    /// (files). Reads the password file: called where the connection is used (the daemon's
+    /// start, `holdfast db`), not by every command.
+    pub fn postgres(&self) -> Result<Option<crate::pg::PgSettings>, crate::pg::DbError> {
+        match self.backend.kind.as_deref() {
+            Some("postgres") => crate::pg::PgSettings::from_section(&self.backend).map(Some),
+            _ => Ok(None),
+        }
+    }
+
     /// The streams' settings, with defaults for what the file does not say.
     pub fn streams_config(&self) -> crate::streams::StreamsConfig {
         use crate::durable::journal::Durability;
@@ -315,6 +335,16 @@ impl Config {
     /// huge cap overflows), and plugin grants that name methods or stores that cannot exist (a
     /// typo would silently grant nothing).
     pub fn validate(&self) -> Result<(), String> {
+        // The connection itself is checked where it is used (`pg::settings`: the daemon's
+        // start, `holdfast db`); here only what the section can be.
+        match self.backend.kind.as_deref() {
+            None | Some("file") | Some("postgres") => {}
+            Some(other) => {
+                return Err(format!(
+                    "[backend] kind = {other:?}: expected \"file\" or \"postgres\""
+                ))
+            }
+        }
         let l = &self.limits;
         let range = |name: &str, v, lo, hi| in_range("limits", name, v, lo, hi);
         range(

@@ -25,6 +25,7 @@ pub mod error;
 pub mod ipc;
 pub mod limits;
 pub mod paths;
+pub mod pg;
 pub mod process;
 pub mod recovery;
 pub mod runlog;

@@ -248,3 +248,29 @@ pub const MAX_RUN_LOG_REWRITE_BYTES: usize = 256 * MAX_RUN_RECORD_BYTES;
 /// Longest lock-holder description read from a lock file (who holds it, for the `busy`
 /// message); anything longer is not one of ours.
 pub const MAX_LOCK_HOLDER_BYTES: usize = 256;
+
+/// How long a connection to PostgreSQL (or a pooled one) may take before the request that
+/// needed it fails with `storage`: long enough for a server across a data centre, short
+/// enough that a client sees a dead server as an error, not a hang.
+pub const PG_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Default of `[backend] pool_size`: connections for reads, loads and checkpoints (commits
+/// and LISTEN have one each); a developer machine's agents rarely run more than a few at once.
+pub const PG_POOL_SIZE: usize = 8;
+
+/// Most operations one PostgreSQL group commit carries: bounds a transaction's arrays (and so
+/// the statement size) while still sharing one commit across hundreds of streams.
+pub const PG_BATCH_MAX: usize = 1024;
+
+/// Largest password file read (`[backend] password_file`, pgpass): a password, not a document.
+pub const MAX_PASSWORD_FILE_BYTES: u64 = 64 << 10;
+
+/// How often a stream follower on the PostgreSQL backend looks for new events even with no
+/// notification (a lost LISTEN connection must delay events, never lose them).
+pub const PG_FOLLOW_POLL: Duration = Duration::from_secs(2);
+
+/// How often a `stream.begin` (takeover) or `stream.resume` on a shared store is tried again
+/// when another host wrote the run between its load and the takeover: the old holder's last
+/// in-flight append; more than a few in a row means two takers are racing, and one gets
+/// `conflict`.
+pub const SHARED_RETRIES: usize = 3;

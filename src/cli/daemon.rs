@@ -18,6 +18,10 @@ pub fn run(g: &Global, _args: &DaemonArgs) -> CliResult {
     let inherited = activation::take_listener().map_err(|e| CliError::with_code(e, 1))?;
     let mut config = g.config()?;
     serve_hive_flag(g, &mut config)?;
+    // A backend that cannot be used as configured (a password in the URL, a missing password
+    // file, a remote host) is refused now, not at the first stream. A server that is down is
+    // not: the streams say so on each request and work once it is back.
+    config.postgres().map_err(CliError::usage)?;
     let notes = crate::process::harden(config.limits().max_connections)
         .map_err(|e| CliError::with_code(e, 1))?;
     for note in notes.warnings {

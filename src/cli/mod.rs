@@ -5,6 +5,7 @@ mod backend;
 mod bench;
 mod cred;
 mod daemon;
+mod db;
 mod import;
 mod init;
 mod key;
@@ -169,6 +170,9 @@ enum Command {
     /// prune old runs. Read from the files with the same locks, daemon or not.
     #[command(subcommand)]
     Runs(runs::RunsCommand),
+    /// The PostgreSQL backend's schema: status, migrate (`[backend] kind = "postgres"`).
+    #[command(subcommand)]
+    Db(db::DbCommand),
     /// Write the systemd units (socket activation, Type=notify, watchdog, hardening) with
     /// ExecStart= pointing at this binary: user units by default, --system for a dedicated
     /// service user. Prints the systemctl command to run next.
@@ -471,6 +475,7 @@ pub fn main() -> ExitCode {
         Command::Recovery(c) => recovery::run(g, c),
         Command::Stream(c) => stream::run(g, c),
         Command::Runs(c) => runs::run(g, c),
+        Command::Db(c) => db::run(g, c),
         Command::InstallUnits(a) => units::run(g, a),
     };
     match result {

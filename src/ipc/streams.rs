@@ -11,12 +11,22 @@ use super::protocol::streams::{
 };
 use super::protocol::{self, result, RpcError};
 use super::server::Session;
+use crate::limits;
 use crate::service::Daemon;
 use crate::streams::Next;
 use crate::streams::{StreamError, Streams, Ticket};
 
 fn rpc(e: StreamError) -> RpcError {
     e.into()
+}
+
+/// A shared store refused a write because the run moved on elsewhere.
+fn fenced(s: &Streams, e: &StreamError) -> bool {
+    s.is_shared()
+        && matches!(
+            e,
+            StreamError::Journal(crate::durable::journal::JournalError::Fenced)
+        )
 }
 
 /// The daemon's streams, opening them on first use (a journal replay: blocking pool).
@@ -36,11 +46,23 @@ pub async fn dispatch(
 ) -> Result<Value, RpcError> {
     let s = streams(daemon).await?;
     match call {
+        // A state-file check (or, on a shared store, a query): blocking pool.
         StreamCall::Begin(p) => {
-            let t = s
-                .begin(&p.run_id, p.thread_id, p.model, p.takeover)
-                .map_err(rpc)?;
-            s.settle(t).await.map_err(rpc)
+            let mut tries = 0;
+            loop {
+                let (s2, p) = (Arc::clone(&s), p.clone());
+                let t = blocking(move || {
+                    s2.begin(&p.run_id, p.thread_id, p.model, p.takeover)
+                        .map_err(rpc)
+                })
+                .await?;
+                match s.settle(t).await {
+                    // Another host wrote the run between its load and this begin: load it
+                    // again and take it then (the refused begin wrote nothing).
+                    Err(e) if fenced(&s, &e) && tries < limits::SHARED_RETRIES => tries += 1,
+                    r => return r.map_err(rpc),
+                }
+            }
         }
         // The one path of an append, answered from the journal's commit (`route` sends every
         // append to `append` below; here the answer is awaited).
@@ -66,13 +88,20 @@ pub async fn dispatch(
         }
         StreamCall::Resume(p) => {
             let run_id = p.run_id.clone();
-            let s2 = Arc::clone(&s);
-            let t = blocking(move || {
-                s2.resume(&p.run_id, p.model, p.thread_id, p.fail_on_stale)
-                    .map_err(rpc)
-            })
-            .await?;
-            let answer = s.settle(t).await.map_err(rpc)?;
+            let mut tries = 0;
+            let answer = loop {
+                let (s2, p) = (Arc::clone(&s), p.clone());
+                let t = blocking(move || {
+                    s2.resume(&p.run_id, p.model, p.thread_id, p.fail_on_stale)
+                        .map_err(rpc)
+                })
+                .await?;
+                match s.settle(t).await {
+                    // As for a begin: the old holder's last append landed after the load.
+                    Err(e) if fenced(&s, &e) && tries < limits::SHARED_RETRIES => tries += 1,
+                    r => break r.map_err(rpc)?,
+                }
+            };
             let (s2, logged) = (Arc::clone(&s), answer["plan"].clone());
             blocking(move || {
                 s2.log_plan(&run_id, "resume", &logged);
@@ -100,15 +129,17 @@ pub async fn dispatch(
             let detail = json!({"reason": p.reason});
             blocking(move || s.end(&p.run_id, &p.stream_id, "aborted", detail)).await
         }
-        StreamCall::Subscribe(p) => subscribe(&s, session, &p.run_id, p.after_seq),
+        StreamCall::Subscribe(p) => subscribe(&s, session, p.run_id, p.after_seq).await,
         StreamCall::Get(p) => {
             let s2 = Arc::clone(&s);
             blocking(move || s2.get(&p.run_id, p.reveal)).await
         }
         StreamCall::List(_) => {
+            let s2 = Arc::clone(&s);
+            let runs = blocking(move || s2.list().map_err(rpc)).await?;
             let j = s.journal_stats();
             result(&Listing {
-                runs: s.list(),
+                runs,
                 journal: JournalStats {
                     appends: j.appends.load(Ordering::Relaxed),
                     batches: j.batches.load(Ordering::Relaxed),
@@ -142,14 +173,25 @@ pub fn append(
     permit: tokio::sync::OwnedSemaphorePermit,
 ) {
     if let Some(s) = daemon.streams_if_open() {
-        let ticket = queue_append(&s, a);
-        answer_on_commit(&s, session, id, ticket, permit);
-        return;
+        if !s.is_shared() || s.is_active(&a.run_id) {
+            let ticket = queue_append(&s, a);
+            answer_on_commit(&s, session, id, ticket, permit);
+            return;
+        }
     }
     let (daemon, session) = (Arc::clone(daemon), Arc::clone(session));
     tokio::spawn(async move {
         match streams(&daemon).await {
             Ok(s) => {
+                if s.is_shared() && !s.is_active(&a.run_id) {
+                    // Not in memory: another host's run (or one this daemon dropped): loaded
+                    // from the shared store first (blocking), then appended as any other.
+                    let (s2, run) = (Arc::clone(&s), a.run_id.clone());
+                    if let Err(e) = blocking(move || s2.load_if_missing(&run).map_err(rpc)).await {
+                        session.outbox.send(protocol::response_err(&id, &e));
+                        return;
+                    }
+                }
                 let ticket = queue_append(&s, a);
                 answer_on_commit(&s, &session, id, ticket, permit);
             }
@@ -199,15 +241,28 @@ fn answer_on_commit(
     }
 }
 
-/// Forward a run's events to this connection until `finish` (or the connection ends).
-fn subscribe(
+/// A subscription's feed: on the blocking pool (a shared store looks the run up).
+async fn feed(
     s: &Arc<Streams>,
-    session: &Arc<Session>,
     run_id: &str,
     after_seq: u64,
+) -> Result<crate::streams::Feed, StreamError> {
+    let (s, run) = (Arc::clone(s), run_id.to_owned());
+    tokio::task::spawn_blocking(move || s.subscribe(&run, after_seq))
+        .await
+        .unwrap_or(Err(StreamError::NotActive))
+}
+
+/// Forward a run's events to this connection until `finish` (or the connection ends).
+async fn subscribe(
+    s: &Arc<Streams>,
+    session: &Arc<Session>,
+    run_id: String,
+    after_seq: u64,
 ) -> Result<Value, RpcError> {
+    let run_id = run_id.as_str();
     let (sub, gate) = open_subscription(session)?;
-    let mut rx = match s.subscribe(run_id, after_seq) {
+    let mut rx = match feed(s, run_id, after_seq).await {
         Ok(rx) => rx,
         Err(e) => {
             session.subscriptions.ended(sub);
@@ -224,7 +279,7 @@ fn subscribe(
                 Some(Next::Lagged) => {
                     // Fell behind: take the rest from the run's durable backlog, after the
                     // last event sent (no gap, no repeat).
-                    match s_f.subscribe(&run, last) {
+                    match feed(&s_f, &run, last).await {
                         Ok(again) => {
                             rx = again;
                             continue;

@@ -37,6 +37,27 @@ impl Daemon {
         if let Some(s) = guard.as_ref() {
             return Ok(Arc::clone(s));
         }
+        if let Some(settings) = self.config.postgres()? {
+            // Several hosts: the streams on PostgreSQL (no key: rows are not sealed). A server
+            // that is down fails this request with `storage`; the next one tries again.
+            let db = crate::pg::Db::new(settings)?;
+            db.run({
+                let db = Arc::clone(&db);
+                async move { db.ensure_schema(true).await }
+            })??;
+            let at = db.settings().at();
+            let streams = Streams::open_shared(
+                crate::streams::PgStore::open(db),
+                self.config.streams_config(),
+            );
+            tracing::info!(backend = "postgres", at = %at, "streams open");
+            if let Ok(log) = self.run_log() {
+                streams.attach_tool_log(log);
+            }
+            let streams = Arc::new(streams);
+            *guard = Some(Arc::clone(&streams));
+            return Ok(streams);
+        }
         let slot = self
             .store(STREAMS_KEY_STORE)
             .ok_or(StreamError::NoKeyStore)?;

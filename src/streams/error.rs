@@ -173,6 +173,9 @@ pub enum StreamError {
     /// The journal refused or failed.
     #[error(transparent)]
     Journal(#[from] JournalError),
+    /// The PostgreSQL backend failed (unreachable, a query refused, a schema it cannot use).
+    #[error(transparent)]
+    Database(#[from] crate::pg::DbError),
 }
 
 impl StreamError {
@@ -201,7 +204,10 @@ impl StreamError {
             KeySealed(_) | Seal(_) => ErrorKind::Sealed,
             Undecryptable { .. } | CheckpointNotJson(_) => ErrorKind::Integrity,
             NoKeyStore => ErrorKind::Unsupported,
-            KeyStoreFailed(_) | Unreadable { .. } | Io(_) | Journal(_) => ErrorKind::Storage,
+            Journal(JournalError::Fenced) => ErrorKind::Conflict,
+            KeyStoreFailed(_) | Unreadable { .. } | Io(_) | Journal(_) | Database(_) => {
+                ErrorKind::Storage
+            }
         }
     }
 }

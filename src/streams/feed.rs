@@ -96,6 +96,11 @@ impl FeedTx {
         true
     }
 
+    /// Whether the subscriber dropped its end (a follower can stop).
+    pub fn receiver_gone(&self) -> bool {
+        self.0.state().gone
+    }
+
     /// Push without the cap: for the backlog at subscription and the run's final events,
     /// both bounded by what the run holds in memory anyway.
     pub fn push_uncapped(&self, seq: u64, event: &EventJson) {

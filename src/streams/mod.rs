@@ -16,6 +16,7 @@
 mod accum;
 mod error;
 mod feed;
+mod pg;
 pub mod record;
 mod run;
 mod service;
@@ -25,9 +26,12 @@ pub mod tool_log;
 pub use accum::{Accumulator, Event, EventIn, Str, MIN_OVERLAP_CHARS};
 pub use error::StreamError;
 pub use feed::{Feed, Next};
+pub use pg::PgStore;
 pub use run::{EventJson, Status};
 pub use service::{Streams, StreamsConfig, Ticket};
-pub use store::{dirs, has_data, FileStore, SealError, Sealer, StreamStore};
+pub use store::{
+    dirs, has_data, FileStore, Head, Loaded, RunTail, SealError, Sealer, SharedStore, StreamStore,
+};
 pub use tool_log::ToolLog;
 
 use crate::limits;

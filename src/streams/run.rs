@@ -11,6 +11,7 @@ use super::accum::Accumulator;
 use super::error::StreamError;
 use super::feed;
 use super::record::{self, Record};
+use super::store::RunTail;
 use crate::durable::journal::Promise;
 use crate::recovery::{Attempts, Cause, Plan, PlanKind};
 use crate::timefmt::now_ms;
@@ -62,6 +63,15 @@ pub(super) struct Run {
     /// Every published-or-pending event of the run, in seq order (the backlog a subscriber
     /// with `after_seq` 0 gets: a page refreshed mid-answer replays it).
     pub(super) events: Vec<(u64, EventJson)>,
+    /// How many of `events` were handed to the store with a record (a shared store writes
+    /// them in the record's transaction).
+    pub(super) queued: usize,
+    /// Records queued for the run (a shared store's fence: the version the next record
+    /// follows).
+    pub(super) version: u64,
+    /// Whether this daemon gave the run its holder (a begin or resume here), rather than
+    /// loading a copy of another's from a shared store.
+    pub(super) held_here: bool,
     /// How many of `events` are durable and published. By position, not seq: text the overlap
     /// trimmer held back joins `events` later than its seq became durable.
     pub(super) published: usize,
@@ -93,6 +103,9 @@ impl Run {
             status: Status::Streaming,
             next_seq: 1,
             events: Vec::new(),
+            queued: 0,
+            version: 0,
+            held_here: false,
             published: 0,
             ending: false,
             last: None,
@@ -252,6 +265,9 @@ impl Run {
             status: r.status,
             next_seq: r.next_seq,
             published: r.events.len(),
+            queued: r.events.len(),
+            version: 0,
+            held_here: false,
             events: r.events,
             last: None,
             ending: false,
@@ -263,6 +279,25 @@ impl Run {
             updated_at_ms: r.updated,
             first_segment: segment,
             subscribers: Vec::new(),
+        }
+    }
+
+    /// What a record queued now changes beside itself (see [`RunTail`]): `events` are the
+    /// run's events not yet handed to the store.
+    pub(super) fn tail(&self) -> RunTail<'_> {
+        RunTail {
+            run: &self.run_id,
+            from_version: self.version,
+            epoch: self.epoch,
+            sid: &self.stream_id,
+            status: self.status,
+            next_seq: self.next_seq,
+            thread: self.thread_id.as_deref(),
+            model: self.model.as_deref(),
+            created_ms: self.created_at_ms,
+            updated_ms: self.updated_at_ms,
+            first_pos: self.queued as u64,
+            events: &self.events[self.queued.min(self.events.len())..],
         }
     }
 

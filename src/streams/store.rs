@@ -17,7 +17,9 @@ use serde_json::Value;
 use zeroize::Zeroizing;
 
 use super::error::StreamError;
+use super::feed::Feed;
 use super::record::{EventsOut, Record};
+use super::{EventJson, Status};
 use crate::durable::journal::{
     Durability, Journal, JournalError, Position, Promise, ReplayReport, Stats,
 };
@@ -42,7 +44,7 @@ impl serde::Serialize for Out<'_> {
 }
 
 /// A record made ready by [`StreamStore::prepare`] (sealed).
-pub struct Prepared(Vec<u8>);
+pub struct Prepared(pub(super) Vec<u8>);
 
 /// A record read back at open, with the mark of where it is kept.
 pub struct Replayed {
@@ -50,6 +52,83 @@ pub struct Replayed {
     pub record: Record,
     /// Its place (a journal segment): a run remembers the oldest mark holding its records.
     pub mark: u64,
+}
+
+/// What a run-bound record changes, beside the record itself: the run's head after it, and the
+/// events published since the run's previous record (positions `first_pos..`). The file store
+/// needs none of it (the journal replays the record); a shared store writes it in the same
+/// transaction, fenced by `from_version`.
+pub struct RunTail<'a> {
+    /// The run.
+    pub run: &'a str,
+    /// The run's version this record follows (0: the run's first record). The record makes it
+    /// `from_version + 1`; a store shared by several daemons refuses it (`Fenced`) if the run's
+    /// version there is another.
+    pub from_version: u64,
+    /// The holder's epoch.
+    pub epoch: u64,
+    /// The holder's stream id.
+    pub sid: &'a str,
+    /// The run's status after the record.
+    pub status: Status,
+    /// The next seq after the record.
+    pub next_seq: u64,
+    /// The run's thread.
+    pub thread: Option<&'a str>,
+    /// The run's model.
+    pub model: Option<&'a str>,
+    /// When the run was created (Unix ms).
+    pub created_ms: u64,
+    /// Its last activity (Unix ms).
+    pub updated_ms: u64,
+    /// The position (in publication order) of `events[0]`.
+    pub first_pos: u64,
+    /// The events published with this record, with their seqs.
+    pub events: &'a [(u64, EventJson)],
+}
+
+/// A run as a shared store holds it.
+pub enum Loaded {
+    /// No such run.
+    Unknown,
+    /// It ended (its state is the commit point's).
+    Ended,
+    /// Active: its version and its records in order, to replay.
+    Active {
+        /// The run's version (records committed).
+        version: u64,
+        /// The records.
+        records: Vec<Record>,
+    },
+}
+
+/// Who holds a run in a shared store.
+pub struct Head {
+    /// The holder's stream id.
+    pub sid: String,
+    /// The run's version.
+    pub version: u64,
+    /// Whether it ended.
+    pub ended: bool,
+}
+
+/// A store several daemons share (PostgreSQL): memory is each daemon's cache of the runs it
+/// serves, the store is the truth. Runs are loaded from it on demand, subscribers follow it,
+/// and every write is fenced by the run's version. The blocking methods are called from
+/// blocking threads only.
+pub trait SharedStore: Send + Sync {
+    /// The run's records (blocking).
+    fn load(&self, run_id: &str) -> Result<Loaded, StreamError>;
+    /// The run's holder and version (blocking).
+    fn head(&self, run_id: &str) -> Result<Option<Head>, StreamError>;
+    /// Every event of the run with seq > `after_seq`, then new ones as they commit on any
+    /// host, then `finish`; an ended run gives only its `finish` (blocking: the run is looked
+    /// up first, so an unknown one is an error).
+    fn follow(&self, run_id: &str, after_seq: u64) -> Result<Feed, StreamError>;
+    /// The active runs' head fields (blocking).
+    fn list(&self) -> Result<Vec<Value>, StreamError>;
+    /// Active runs with no activity since `before_ms` (blocking).
+    fn idle(&self, before_ms: u64) -> Result<Vec<String>, StreamError>;
 }
 
 /// Where stream runs are kept. Records of one run are durable in the order they were queued;
@@ -60,6 +139,18 @@ pub trait StreamStore: Send + Sync {
     fn prepare(&self, rec: Out<'_>) -> Result<Prepared, StreamError>;
     /// Queue a prepared record; the promise settles when it is durable (or failed).
     fn queue(&self, rec: Prepared) -> Arc<Promise>;
+    /// Queue a prepared record of a run, with what it changes ([`RunTail`]).
+    fn queue_run(&self, rec: Prepared, tail: RunTail<'_>) -> Arc<Promise> {
+        let _ = tail;
+        self.queue(rec)
+    }
+    /// The commit point: the run's state written and the run ended, atomically, after every
+    /// record queued before (`tail` carries the last events, `finish` included).
+    fn end_run(&self, state: &Value, tail: RunTail<'_>) -> Result<(), StreamError>;
+    /// A store several daemons share, if this is one.
+    fn shared(&self) -> Option<&dyn SharedStore> {
+        None
+    }
     /// [`StreamStore::prepare`] and [`StreamStore::queue`].
     fn append(&self, rec: Out<'_>) -> Result<Arc<Promise>, StreamError> {
         Ok(self.queue(self.prepare(rec)?))
@@ -73,8 +164,6 @@ pub trait StreamStore: Send + Sync {
     /// Whether the run has a state file: it ended. Its existence decides, not its content (an
     /// unreadable state must not bring a committed run back).
     fn has_ended(&self, run_id: &str) -> bool;
-    /// Write the run's state (the commit point), replacing any earlier one atomically.
-    fn write_state(&self, run_id: &str, state: &Value) -> Result<(), StreamError>;
     /// The run's state, if it has one that reads.
     fn read_state(&self, run_id: &str) -> Option<Value>;
     /// Write the run's checkpoint (replacing it).
@@ -238,8 +327,8 @@ impl StreamStore for FileStore {
         fs::symlink_metadata(self.runs_dir.join(run_id).join("state")).is_ok()
     }
 
-    fn write_state(&self, run_id: &str, state: &Value) -> Result<(), StreamError> {
-        self.write_sealed(run_id, "state", state)
+    fn end_run(&self, state: &Value, tail: RunTail<'_>) -> Result<(), StreamError> {
+        self.write_sealed(tail.run, "state", state)
     }
 
     fn read_state(&self, run_id: &str) -> Option<Value> {

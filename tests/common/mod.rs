@@ -374,7 +374,53 @@ pub struct DaemonEnv {
     pub data_dir: PathBuf,
     /// Whether the daemon (and `init`) run as [`NOBODY`].
     pub as_nobody: bool,
+    /// The `[backend]` section every config of this environment gets (the test backend).
+    pub backend: String,
     starts: usize,
+}
+
+/// The backend the suites run against: `HOLDFAST_TEST_BACKEND=postgres` (with
+/// `HOLDFAST_TEST_PG`, libpq key=value parameters of a server, set by scripts/test.sh, which
+/// starts one) runs them on PostgreSQL; otherwise files.
+pub fn test_pg() -> Option<String> {
+    if std::env::var("HOLDFAST_TEST_BACKEND").as_deref() != Ok("postgres") {
+        return None;
+    }
+    let base = std::env::var("HOLDFAST_TEST_PG").expect(
+        "HOLDFAST_TEST_BACKEND=postgres needs HOLDFAST_TEST_PG (scripts/test.sh sets both)",
+    );
+    Some(base)
+}
+
+/// A new, empty database on the test server; its `[backend]` section.
+pub fn fresh_pg_backend(base: &str) -> String {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let name = format!(
+        "hf_{}_{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    );
+    pg_execute(base, &format!("CREATE DATABASE {name}"));
+    format!("\n[backend]\nkind = \"postgres\"\nurl = \"{base} dbname={name}\"\n")
+}
+
+/// Run one statement on the test server's `postgres` database.
+pub fn pg_execute(base: &str, sql: &str) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (client, conn) =
+            tokio_postgres::connect(&format!("{base} dbname=postgres"), tokio_postgres::NoTls)
+                .await
+                .expect("connect to the test PostgreSQL");
+        let h = tokio::spawn(conn);
+        client.batch_execute(sql).await.expect(sql);
+        drop(client);
+        let _ = h.await;
+    });
 }
 
 /// How to spawn one daemon: extra arguments and environment, and an optional shell prefix run
@@ -398,7 +444,27 @@ impl DaemonEnv {
         Self::make(config_toml, true)
     }
 
+    /// Another "host": its own data directory and socket, the same database as `other` (only
+    /// on the PostgreSQL test backend; on files, its own everything).
+    pub fn new_sharing(config_toml: &str, other: &DaemonEnv) -> Self {
+        Self::make_with(config_toml, false, Some(other.backend.clone()))
+    }
+
+    /// Whether this environment's streams are on PostgreSQL.
+    pub fn on_postgres(&self) -> bool {
+        !self.backend.is_empty()
+    }
+
     fn make(config_toml: &str, as_nobody: bool) -> Self {
+        Self::make_with(config_toml, as_nobody, None)
+    }
+
+    fn make_with(config_toml: &str, as_nobody: bool, backend: Option<String>) -> Self {
+        let backend = match (backend, test_pg()) {
+            (Some(b), _) => b,
+            (None, Some(base)) if !as_nobody => fresh_pg_backend(&base),
+            _ => String::new(),
+        };
         let dir = tempfile::tempdir().expect("tempdir");
         let root = dir.path().to_path_buf();
         let home = root.join("home");
@@ -407,7 +473,7 @@ impl DaemonEnv {
         fs::create_dir(&run_dir).expect("mkdir run");
         fs::set_permissions(&run_dir, fs::Permissions::from_mode(0o700)).expect("chmod run");
         let config = root.join("config.toml");
-        fs::write(&config, config_toml).expect("write config");
+        fs::write(&config, format!("{config_toml}{backend}")).expect("write config");
         if as_nobody {
             for p in [&root, &home, &run_dir, &config] {
                 std::os::unix::fs::chown(p, Some(NOBODY), Some(NOBODY)).expect("chown");
@@ -421,6 +487,7 @@ impl DaemonEnv {
             home,
             config,
             as_nobody,
+            backend,
             starts: 0,
         };
         let out = run(env.cli(), b"");
@@ -430,7 +497,7 @@ impl DaemonEnv {
 
     /// Rewrite the config file (takes effect at the next start).
     pub fn write_config(&self, config_toml: &str) {
-        fs::write(&self.config, config_toml).expect("write config");
+        fs::write(&self.config, format!("{config_toml}{}", self.backend)).expect("write config");
     }
 
     /// The `default` store's base directory.

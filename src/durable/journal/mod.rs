@@ -140,6 +140,14 @@ pub enum JournalError {
     /// Another process holds the journal's lock.
     #[error("stream journal {} is in use by another process (a running daemon?)", .0.display())]
     InUse(PathBuf),
+    /// A shared store (PostgreSQL) refused the record: the run changed elsewhere since this
+    /// daemon last saw it (another host took it over, or ended it). Nothing was written.
+    #[error("the run was changed by another holder (taken over or ended elsewhere); nothing was written")]
+    Fenced,
+    /// A shared store's transaction failed (the database is down, or refused it): nothing of
+    /// the record was written.
+    #[error("{0}")]
+    Backend(Arc<dyn std::error::Error + Send + Sync>),
 }
 
 /// Counters (for status and benchmarks).

@@ -37,7 +37,8 @@ enum PromiseState {
 pub struct Promise(Mutex<PromiseState>);
 
 impl Promise {
-    pub(super) fn new() -> Arc<Promise> {
+    /// A promise to be kept by [`Promise::complete`] (a store's committer).
+    pub fn new() -> Arc<Promise> {
         Arc::new(Promise(Mutex::new(PromiseState::Waiting)))
     }
 
@@ -50,7 +51,8 @@ impl Promise {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub(super) fn complete(&self, res: Result<Position, JournalError>) {
+    /// Keep the promise: run the callbacks waiting, remember the outcome for later ones.
+    pub fn complete(&self, res: Result<Position, JournalError>) {
         let mut st = self.state();
         match std::mem::replace(&mut *st, PromiseState::Done(res.clone())) {
             PromiseState::Registered(cbs) => {
@@ -62,6 +64,14 @@ impl Promise {
             PromiseState::Waiting => {}
             other => *st = other,
         }
+    }
+
+    /// Whether the outcome is known.
+    pub fn is_done(&self) -> bool {
+        !matches!(
+            *self.state(),
+            PromiseState::Waiting | PromiseState::Registered(_)
+        )
     }
 
     /// Run `cb` with the outcome (now, if it is known). Any number of callbacks may wait.

@@ -4,11 +4,6 @@
 use super::*;
 
 impl Streams {
-    /// The commit point: the run's state (sealed, replaced atomically) saying `status`.
-    pub(super) fn write_state(&self, run_id: &str, state: &Value) -> Result<(), StreamError> {
-        self.store.write_state(run_id, state)
-    }
-
     /// The run's state file, if it has one (committed or aborted).
     pub fn read_state(&self, run_id: &str) -> Option<Value> {
         self.store.read_state(run_id)
@@ -18,6 +13,19 @@ impl Streams {
     /// `expired`: their state files keep what they were for inspection. Returns how many.
     pub fn expire_idle(&self) -> usize {
         let cutoff = now_ms().saturating_sub(self.config.expire_after.as_millis() as u64);
+        if let Some(shared) = self.shared() {
+            // Every host's idle runs (whoever expires one first ends it; the others are fenced).
+            match shared.idle(cutoff) {
+                Ok(ids) => {
+                    for id in ids {
+                        if let Err(e) = self.load_if_missing(&id) {
+                            tracing::warn!(run = %id, error = %e, "could not load an idle run to expire it");
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "could not list idle runs to expire"),
+            }
+        }
         let idle: Vec<(String, String, Status)> = self
             .lock()
             .runs
@@ -85,7 +93,9 @@ impl Streams {
         mut detail: Value,
         content_from_stream: bool,
     ) -> Result<Value, StreamError> {
-        let (finish_seq, events_total) = {
+        self.load_if_missing(run_id)?;
+        let finish = event_json(&json!({"type": "finish", "status": status}));
+        let (finish_seq, events_total, ending) = {
             let mut st = self.lock();
             let run = Self::run_mut(&mut st, run_id, stream_id)?;
             // From here until the state file is written (or not), nothing else touches the run.
@@ -96,7 +106,18 @@ impl Streams {
                 detail["final_message"]["content"] = Value::String(run.acc.text_when_flushed());
             }
             let summary = run.summary();
-            (run.next_seq, (run.events.len(), summary))
+            let mut ending = Ending::of(run);
+            if self.store.shared().is_some() {
+                // A shared store writes the run's last events with the commit point: those not
+                // yet handed to it, what the trimmer holds (foreseen on a copy: a failed end
+                // leaves the run as it was), and `finish`.
+                let mut acc = run.acc.clone();
+                ending
+                    .events
+                    .extend(acc.flush_trim().iter().map(|(s, e)| (*s, event_json(e))));
+                ending.events.push((run.next_seq, Arc::clone(&finish)));
+            }
+            (run.next_seq, (run.events.len(), summary), ending)
         };
         let (events_total, summary) = events_total;
         let mut state = json!({"status": status, "run_id": run_id, "at_ms": now_ms(),
@@ -106,14 +127,18 @@ impl Streams {
         if let (Value::Object(s), Value::Object(d)) = (&mut state, detail) {
             s.extend(d);
         }
-        // The single commit point. Before it: resumable, nothing final on disk. After: ended.
-        if let Err(e) = self.write_state(run_id, &state) {
-            if let Some(run) = self.lock().runs.get_mut(run_id) {
+        // The single commit point. Before it: resumable, nothing final kept. After: ended.
+        if let Err(e) = self.store.end_run(&state, ending.tail()) {
+            let mut st = self.lock();
+            if let Some(run) = st.runs.get_mut(run_id) {
                 run.ending = false;
+            }
+            if self.store.shared().is_some() && matches!(e, StreamError::Journal(_)) {
+                // Fenced or not written: the shared store has the run as it is; load it again.
+                st.runs.remove(run_id);
             }
             return Err(e);
         }
-        let finish = event_json(&json!({"type": "finish", "status": status}));
         let mut st = self.lock();
         if let Some(mut run) = st.runs.remove(run_id) {
             let held = run.acc.flush_trim();
@@ -143,5 +168,53 @@ impl Streams {
             json!({"run_id": run_id, "status": status, "finish_seq": finish_seq,
                   "events": events_total}),
         )
+    }
+}
+
+/// What the commit point writes beside the state: the run's head and its last events, owned
+/// (the streams' lock is not held while the store commits).
+struct Ending {
+    run_id: String,
+    version: u64,
+    epoch: u64,
+    sid: String,
+    next_seq: u64,
+    created_ms: u64,
+    updated_ms: u64,
+    first_pos: u64,
+    events: Vec<(u64, crate::streams::EventJson)>,
+}
+
+impl Ending {
+    fn of(run: &Run) -> Ending {
+        let tail = run.tail();
+        Ending {
+            run_id: run.run_id.clone(),
+            version: run.version,
+            epoch: run.epoch,
+            sid: run.stream_id.clone(),
+            next_seq: run.next_seq,
+            created_ms: run.created_at_ms,
+            updated_ms: now_ms(),
+            first_pos: tail.first_pos,
+            events: tail.events.to_vec(),
+        }
+    }
+
+    fn tail(&self) -> store::RunTail<'_> {
+        store::RunTail {
+            run: &self.run_id,
+            from_version: self.version,
+            epoch: self.epoch,
+            sid: &self.sid,
+            status: Status::Streaming,
+            next_seq: self.next_seq,
+            thread: None,
+            model: None,
+            created_ms: self.created_ms,
+            updated_ms: self.updated_ms,
+            first_pos: self.first_pos,
+            events: &self.events,
+        }
     }
 }

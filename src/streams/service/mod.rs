@@ -8,6 +8,7 @@ mod checkpoint;
 mod ending;
 mod plans;
 mod replay;
+mod shared;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -81,6 +82,9 @@ pub struct Ticket {
     run_id: String,
     /// The run's `events[..upto]` are durable once this record is.
     upto: usize,
+    /// The run's version once this record is kept (a failed one drops a shared store's run
+    /// from memory if memory has it).
+    version: u64,
     durable: Arc<Promise>,
     /// What to answer once durable.
     pub answer: Value,
@@ -123,6 +127,7 @@ impl Streams {
             }
             for run in st.runs.values_mut() {
                 run.published = run.events.len();
+                run.queued = run.events.len();
             }
         }
         streams.release_segments();
@@ -148,20 +153,27 @@ impl Streams {
         self.lock().runs.contains_key(run_id)
     }
 
-    /// Queue a record for run `run_id`, making its `events[..upto]` durable with it.
-    fn submit(
-        &self,
-        run_id: &str,
-        upto: usize,
-        rec: &Record,
-        answer: Value,
-    ) -> Result<Ticket, StreamError> {
+    /// Queue a record of `run`, making its events so far durable with it.
+    fn submit(&self, run: &mut Run, rec: &Record, answer: Value) -> Result<Ticket, StreamError> {
+        let prepared = self.store.prepare(Out::Record(rec))?;
+        let durable = self.queue_for(run, prepared);
         Ok(Ticket {
-            run_id: run_id.to_owned(),
-            upto,
-            durable: self.store.append(Out::Record(rec))?,
+            run_id: run.run_id.clone(),
+            upto: run.events.len(),
+            version: run.version,
+            durable,
             answer,
         })
+    }
+
+    /// Hand a prepared record of `run` to the store with what it changes (the events since the
+    /// run's previous record, its head; a shared store fences it by the run's version).
+    fn queue_for(&self, run: &mut Run, prepared: store::Prepared) -> Arc<Promise> {
+        let p = self.store.queue_run(prepared, run.tail());
+        run.version += 1;
+        run.queued = run.events.len();
+        run.last = Some(Arc::clone(&p));
+        p
     }
 
     fn channel(t: &Ticket) -> oneshot::Receiver<Result<Position, JournalError>> {
@@ -176,7 +188,7 @@ impl Streams {
     /// answer for the client.
     pub async fn settle(&self, t: Ticket) -> Result<Value, StreamError> {
         let res = Self::channel(&t).await.unwrap_or(Err(JournalError::Closed));
-        self.after_durable(&t.run_id, t.upto, res)?;
+        self.after_durable(&t.run_id, t.upto, t.version, res)?;
         Ok(t.answer)
     }
 
@@ -185,7 +197,7 @@ impl Streams {
         let res = Self::channel(&t)
             .blocking_recv()
             .unwrap_or(Err(JournalError::Closed));
-        self.after_durable(&t.run_id, t.upto, res)?;
+        self.after_durable(&t.run_id, t.upto, t.version, res)?;
         Ok(t.answer)
     }
 
@@ -200,11 +212,16 @@ impl Streams {
         let Ticket {
             run_id,
             upto,
+            version,
             durable,
             answer,
         } = t;
         durable.then(move |res| {
-            done(streams.after_durable(&run_id, upto, res).map(|()| answer));
+            done(
+                streams
+                    .after_durable(&run_id, upto, version, res)
+                    .map(|()| answer),
+            );
         });
     }
 
@@ -212,9 +229,23 @@ impl Streams {
         &self,
         run_id: &str,
         upto: usize,
+        version: u64,
         res: Result<Position, JournalError>,
     ) -> Result<(), StreamError> {
-        let pos = res?;
+        let pos = match res {
+            Ok(pos) => pos,
+            Err(e) => {
+                if self.store.shared().is_some() {
+                    // Memory is ahead of the shared store (or another host's): forget the run;
+                    // the next request loads it as the store has it.
+                    let mut st = self.lock();
+                    if st.runs.get(run_id).is_some_and(|r| r.version >= version) {
+                        st.runs.remove(run_id);
+                    }
+                }
+                return Err(e.into());
+            }
+        };
         let mut st = self.lock();
         if let Some(run) = st.runs.get_mut(run_id) {
             run.first_segment = run.first_segment.min(pos.segment);
@@ -256,10 +287,18 @@ impl Streams {
         takeover: bool,
     ) -> Result<Ticket, StreamError> {
         validate_run_id(run_id)?;
+        // A shared store is asked first, without the lock (a query must not hold up every
+        // append); an end on another host meanwhile makes the begin's write fail (fenced).
+        let shared_ended = if self.is_shared() {
+            self.refresh(run_id)?;
+            self.has_ended(run_id)
+        } else {
+            false
+        };
         // Under the lock: an end() finishing meanwhile has written its state file before it
         // removes the run, so one of the two checks sees it.
         let mut st = self.lock();
-        if self.has_ended(run_id) {
+        if shared_ended || (!self.is_shared() && self.has_ended(run_id)) {
             let status = self
                 .read_state(run_id)
                 .and_then(|s| s["status"].as_str().map(str::to_owned))
@@ -298,14 +337,21 @@ impl Streams {
         });
         let answer = json!({"stream_id": stream_id, "epoch": epoch, "next_seq": next_seq});
         let segment = self.store.active_mark();
-        let ticket = self.submit(run_id, 0, &rec, answer)?;
+        // Sealed before the run changes: a refusal changes nothing.
+        let prepared = self.store.prepare(Out::Record(&rec))?;
         Self::apply_begin(
             &mut st, run_id, epoch, &stream_id, thread_id, model, now, segment,
         );
-        if let Some(run) = st.runs.get_mut(run_id) {
-            run.last = Some(Arc::clone(&ticket.durable));
-        }
-        Ok(ticket)
+        let run = st.runs.get_mut(run_id).ok_or(StreamError::NotActive)?;
+        run.held_here = true;
+        let durable = self.queue_for(run, prepared);
+        Ok(Ticket {
+            run_id: run_id.to_owned(),
+            upto: 0,
+            version: run.version,
+            durable,
+            answer,
+        })
     }
 
     /// `stream.append`: events numbered from `seq`. A replayed seq is acknowledged and
@@ -385,6 +431,7 @@ impl Streams {
             return Ok(Ticket {
                 run_id: run_id.to_owned(),
                 upto: 0,
+                version: 0,
                 durable,
                 answer: json!({"acked_seq": acked, "duplicate": true}),
             });
@@ -422,12 +469,13 @@ impl Streams {
         // The segment is noted now, not when the record is durable: a release in between must
         // not delete the segment that will hold it.
         run.first_segment = run.first_segment.min(self.store.active_mark());
-        let durable = self.store.queue(prepared);
-        run.last = Some(Arc::clone(&durable));
+        let durable = self.queue_for(run, prepared);
+        let version = run.version;
         drop(st);
         Ok(Ticket {
             run_id: run_id.to_owned(),
             upto,
+            version,
             durable,
             answer: json!({"acked_seq": acked}),
         })
@@ -447,8 +495,13 @@ impl Streams {
 
     /// `stream.subscribe`: every event with seq > `after_seq` (durable ones at once, later ones
     /// as they become durable), then `finish`. For an ended run: just `finish`.
+    /// On a shared store the run's events are read from the store (blocking: call from the
+    /// blocking pool), whichever host commits them.
     pub fn subscribe(&self, run_id: &str, after_seq: u64) -> Result<Feed, StreamError> {
         validate_run_id(run_id)?;
+        if let Some(shared) = self.shared() {
+            return shared.follow(run_id, after_seq);
+        }
         let (tx, rx) = feed::feed();
         let mut st = self.lock();
         match st.runs.get_mut(run_id) {
@@ -477,6 +530,7 @@ impl Streams {
     /// without the final message unless `reveal`).
     pub fn get(&self, run_id: &str, reveal: bool) -> Result<Value, StreamError> {
         validate_run_id(run_id)?;
+        self.refresh(run_id)?;
         if let Some(run) = self.lock().runs.get(run_id) {
             let mut v = run.summary();
             if reveal {
@@ -493,11 +547,15 @@ impl Streams {
         Ok(state)
     }
 
-    /// `stream.list`: the active runs.
-    pub fn list(&self) -> Vec<Value> {
+    /// `stream.list`: the active runs (on a shared store, every host's, with their head
+    /// fields and holder host: blocking).
+    pub fn list(&self) -> Result<Vec<Value>, StreamError> {
+        if let Some(shared) = self.shared() {
+            return shared.list();
+        }
         let mut v: Vec<Value> = self.lock().runs.values().map(Run::summary).collect();
         v.sort_by(|a, b| a["run_id"].as_str().cmp(&b["run_id"].as_str()));
-        v
+        Ok(v)
     }
 
     /// The journal's counters.

@@ -12,6 +12,7 @@ impl Streams {
         stream_id: &str,
         cause: &Value,
     ) -> Result<Ticket, StreamError> {
+        self.load_if_missing(run_id)?;
         let mut t = self.interrupt_locked(run_id, stream_id, cause)?;
         self.annotate(run_id, &mut t.answer);
         Ok(t)
@@ -122,12 +123,8 @@ impl Streams {
         });
         let mut answer = plan_json;
         answer["next_seq"] = run.next_seq.into();
-        let run_id = run.run_id.clone();
-        let upto = run.events.len();
         run.first_segment = run.first_segment.min(self.store.active_mark());
-        let t = self.submit(&run_id, upto, &rec, answer)?;
-        run.last = Some(Arc::clone(&t.durable));
-        Ok(t)
+        self.submit(run, &rec, answer)
     }
 
     /// `stream.resume`: a new process takes the run over, gets its checkpoint and a plan.
@@ -138,6 +135,8 @@ impl Streams {
         thread_id: Option<String>,
         fail_on_stale: bool,
     ) -> Result<Ticket, StreamError> {
+        validate_run_id(run_id)?;
+        self.refresh(run_id)?;
         let mut t = self.resume_locked(run_id, model, thread_id, fail_on_stale)?;
         if let Some(plan) = t.answer.get_mut("plan") {
             self.annotate(run_id, plan);
@@ -192,8 +191,9 @@ impl Streams {
         // The new holder, by the rule replay applies to the same record (the plan that follows
         // sets the status and the time again).
         run.begin(epoch, &sid, thread_id, model, at, self.store.active_mark());
+        run.held_here = true;
         // Not awaited on its own: the plan record queued after it settles both.
-        drop(self.store.queue(prepared));
+        drop(self.queue_for(run, prepared));
         let input = self.planner_input(run, &json!({"cause": "resumed_from_checkpoint"}), stale)?;
         let mut t = self.plan_and_record(run, input, "resume")?;
         t.answer = json!({
