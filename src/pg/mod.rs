@@ -39,7 +39,7 @@ pub enum DbError {
         source: std::io::Error,
     },
     /// No connection could be made.
-    #[error("PostgreSQL at {at} is unreachable: {source}")]
+    #[error("PostgreSQL at {at} is unreachable: {}", describe(source))]
     Connect {
         /// Where (host and database, no password).
         at: String,
@@ -48,7 +48,7 @@ pub enum DbError {
         source: Arc<tokio_postgres::Error>,
     },
     /// A statement or transaction failed.
-    #[error("PostgreSQL: {0}")]
+    #[error("PostgreSQL: {}", describe(.0))]
     Query(#[source] Arc<tokio_postgres::Error>),
     /// The database's schema is newer than this binary knows.
     #[error("the database's schema is version {found}, newer than this holdfast's {known}: upgrade holdfast on this host (nothing was changed)")]
@@ -69,6 +69,19 @@ pub enum DbError {
     /// The runtime of the database tasks could not start, or stopped.
     #[error("PostgreSQL client runtime: {0}")]
     Runtime(String),
+}
+
+/// The client's error with the server's own message when there is one (the client's
+/// `Display` says only "db error"). The server's messages name what failed (a relation, a
+/// state), not the values a statement carried.
+fn describe(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} {} ({})", db.severity(), db.message(), db.code().code()),
+        None => match std::error::Error::source(e) {
+            Some(cause) => format!("{e}: {cause}"),
+            None => e.to_string(),
+        },
+    }
 }
 
 impl From<tokio_postgres::Error> for DbError {

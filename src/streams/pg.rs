@@ -45,6 +45,7 @@ const FOLLOW_PAGE: i64 = 512;
 /// One queued write: a run's record (and/or its end), fenced by `from`.
 struct Op {
     run: String,
+    copy: u64,
     from: u64,
     epoch: u64,
     sid: String,
@@ -163,6 +164,7 @@ impl PgStore {
             .unwrap_or_default();
         Op {
             run: tail.run.to_owned(),
+            copy: tail.copy,
             from: tail.from_version,
             epoch: tail.epoch,
             sid: tail.sid.to_owned(),
@@ -598,8 +600,9 @@ async fn listener(db: Arc<Db>, wakes: Arc<Wakes>) {
     }
 }
 
-/// Runs whose write failed on a broken transaction, from the version that failed: a later op
-/// of theirs that follows it fails the same way (its predecessor was never written).
+/// Run copies whose write failed with the transaction: a later op of the same copy follows a
+/// record that was not written, so it fails the same way; a copy loaded afresh (another
+/// number) writes from the database's version again.
 type Broken = HashMap<String, (u64, Arc<dyn std::error::Error + Send + Sync>)>;
 
 async fn committer(
@@ -622,12 +625,11 @@ async fn committer(
         let mut live = Vec::with_capacity(batch.len());
         for op in batch {
             match broken.get(&op.run) {
-                Some((from, err)) if op.from >= *from => {
+                Some((copy, err)) if op.copy == *copy => {
                     op.promise
                         .complete(Err(JournalError::Backend(Arc::clone(err))));
                 }
                 Some(_) => {
-                    // A reloaded run writes from the database's version again.
                     broken.remove(&op.run);
                     live.push(op);
                 }

@@ -24,6 +24,12 @@ pub(super) fn new_stream_id() -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
+/// A number no other run copy of this process has.
+fn next_copy() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Where a run is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -69,6 +75,9 @@ pub(super) struct Run {
     /// Records queued for the run (a shared store's fence: the version the next record
     /// follows).
     pub(super) version: u64,
+    /// Which copy of the run this is: a run loaded again (after a failed write dropped it) is
+    /// a new copy, whose writes a shared store's committer must not fail for the old one's.
+    pub(super) copy: u64,
     /// Whether this daemon gave the run its holder (a begin or resume here), rather than
     /// loading a copy of another's from a shared store.
     pub(super) held_here: bool,
@@ -105,6 +114,7 @@ impl Run {
             events: Vec::new(),
             queued: 0,
             version: 0,
+            copy: next_copy(),
             held_here: false,
             published: 0,
             ending: false,
@@ -267,6 +277,7 @@ impl Run {
             published: r.events.len(),
             queued: r.events.len(),
             version: 0,
+            copy: next_copy(),
             held_here: false,
             events: r.events,
             last: None,
@@ -297,6 +308,7 @@ impl Run {
             created_ms: self.created_at_ms,
             updated_ms: self.updated_at_ms,
             first_pos: self.queued as u64,
+            copy: self.copy,
             events: &self.events[self.queued.min(self.events.len())..],
         }
     }

@@ -83,6 +83,10 @@ pub struct RunTail<'a> {
     pub updated_ms: u64,
     /// The position (in publication order) of `events[0]`.
     pub first_pos: u64,
+    /// Which in-memory copy of the run queued the record (a number unique in the process): a
+    /// shared store fails the records queued behind a failed one of the same copy with the
+    /// same error, and serves a copy loaded afresh.
+    pub copy: u64,
     /// The events published with this record, with their seqs.
     pub events: &'a [(u64, EventJson)],
 }

@@ -182,6 +182,7 @@ struct Ending {
     created_ms: u64,
     updated_ms: u64,
     first_pos: u64,
+    copy: u64,
     events: Vec<(u64, crate::streams::EventJson)>,
 }
 
@@ -197,6 +198,7 @@ impl Ending {
             created_ms: run.created_at_ms,
             updated_ms: now_ms(),
             first_pos: tail.first_pos,
+            copy: run.copy,
             events: tail.events.to_vec(),
         }
     }
@@ -214,6 +216,7 @@ impl Ending {
             created_ms: self.created_ms,
             updated_ms: self.updated_ms,
             first_pos: self.first_pos,
+            copy: self.copy,
             events: &self.events,
         }
     }

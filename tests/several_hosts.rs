@@ -1,0 +1,354 @@
+//! The PostgreSQL backend under fire: each test starts its own throwaway server
+//! (scripts/pg-cluster.sh: initdb in a temp dir, a Unix socket there only) so it can stop it
+//! with `pg_ctl -m immediate` or not start it at all, and two daemons ("hosts": two data
+//! directories, two sockets) on its one database. SKIPPED, with the reason, where no server
+//! can be started. The streams suite itself runs on both backends (scripts/test.sh).
+// Test code: fixtures are made directly, and a panic is a failed test.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::disallowed_methods,
+    clippy::print_stdout
+)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+#[allow(dead_code)] // each test binary uses only some of the shared helpers
+mod common;
+use common::*;
+
+/// A server of this test's own, stopped (fast) when dropped.
+struct Server {
+    dir: PathBuf,
+    _tmp: tempfile::TempDir,
+}
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/pg-cluster.sh")
+}
+
+impl Server {
+    /// Start one, or `None` after printing why not (SKIPPED).
+    fn start(test: &str) -> Option<Server> {
+        // Short: the socket path DIR/.s.PGSQL.5432 must fit 107 bytes.
+        let tmp = tempfile::Builder::new()
+            .prefix("hfpg")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let dir = tmp.path().to_path_buf();
+        let out = Command::new(script())
+            .arg("start")
+            .arg(&dir)
+            .output()
+            .unwrap();
+        if !out.status.success() {
+            println!(
+                "SKIPPED {test}: no PostgreSQL server can be started here: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+            return None;
+        }
+        Some(Server { dir, _tmp: tmp })
+    }
+
+    /// libpq key=value parameters of the server (no database).
+    fn base(&self) -> String {
+        let user = if is_root() {
+            "postgres".to_owned()
+        } else {
+            std::env::var("USER").unwrap()
+        };
+        format!("host={} user={user}", self.dir.display())
+    }
+
+    /// The `[backend]` section of a new database on this server.
+    fn backend(&self) -> String {
+        fresh_pg_backend(&self.base())
+    }
+
+    /// `pg_ctl -m immediate stop`: the server dies as in a crash (no checkpoint, clients cut).
+    fn crash(&self) {
+        let bindir = pg_bindir();
+        let mut c = if is_root() {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(bindir.join("pg_ctl"));
+            c
+        } else {
+            Command::new(bindir.join("pg_ctl"))
+        };
+        let st = c
+            .arg("-D")
+            .arg(self.dir.join("data"))
+            .args(["-m", "immediate", "-w", "stop"])
+            .output()
+            .unwrap();
+        assert!(
+            st.status.success(),
+            "{}",
+            String::from_utf8_lossy(&st.stderr)
+        );
+    }
+
+    fn restart(&self) {
+        let out = Command::new(script())
+            .arg("start")
+            .arg(&self.dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = Command::new(script()).arg("stop").arg(&self.dir).output();
+    }
+}
+
+fn pg_bindir() -> PathBuf {
+    let out = Command::new("pg_config").arg("--bindir").output();
+    if let Ok(o) = out {
+        let p = PathBuf::from(String::from_utf8_lossy(&o.stdout).trim());
+        if p.join("pg_ctl").exists() {
+            return p;
+        }
+    }
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .unwrap()
+        .flatten()
+        .map(|e| e.path().join("bin"))
+        .collect();
+    dirs.sort();
+    dirs.pop().unwrap()
+}
+
+/// A daemon environment on `backend` (another "host" when given the same section).
+fn host(backend: &str) -> DaemonEnv {
+    let env = DaemonEnv::new("");
+    env.write_config(backend);
+    env
+}
+
+fn text_of(i: usize, k: usize) -> String {
+    format!("r{i}-d{k:04} ")
+}
+
+/// Appends from both hosts while the server is killed with `pg_ctl -m immediate` and started
+/// again: every acknowledged append is there afterwards, an append that got `storage` is
+/// either absent or whole (the producer sends it again with the same seq: taken, or
+/// acknowledged as a duplicate — never twice), and both daemons serve again without a restart.
+#[test]
+fn postgres_killed_mid_append_loses_nothing_acknowledged() {
+    let Some(server) = Server::start("postgres_killed_mid_append_loses_nothing_acknowledged")
+    else {
+        return;
+    };
+    let backend = server.backend();
+    let (mut a, mut b) = (host(&backend), host(&backend));
+    let (da, db) = (a.start(), b.start());
+    const RUNS: usize = 4;
+    const DELTAS: usize = 300;
+    let crash_at = Instant::now() + Duration::from_millis(700);
+    let sockets = [da.socket.clone(), db.socket.clone()];
+    let producers: Vec<_> = (0..RUNS)
+        .map(|i| {
+            let socket = sockets[i % 2].clone();
+            thread::spawn(move || {
+                let run = format!("crash-{i}");
+                let mut c = Conn::open(&socket);
+                let sid = c.ok("stream.begin", json!({"run_id": run}))["stream_id"].clone();
+                let (mut storage_errors, mut duplicates) = (0usize, 0usize);
+                for k in 0..DELTAS {
+                    let seq = k as u64 + 1;
+                    let deadline = Instant::now() + Duration::from_secs(60);
+                    loop {
+                        let r = c.call(
+                            "stream.append",
+                            json!({"run_id": run, "stream_id": sid, "seq": seq,
+                                   "events": [{"type": "text", "text": text_of(i, k)}]}),
+                        );
+                        if let Some(res) = r.get("result") {
+                            assert_eq!(res["acked_seq"], seq, "{r}");
+                            duplicates += usize::from(res["duplicate"] == true);
+                            break;
+                        }
+                        let kind = r["error"]["data"]["kind"].as_str().unwrap_or("").to_owned();
+                        assert_eq!(
+                            kind, "storage",
+                            "only storage errors while the server is down: {r}"
+                        );
+                        storage_errors += 1;
+                        assert!(
+                            Instant::now() < deadline,
+                            "no service 60 s after the crash: {r}"
+                        );
+                        thread::sleep(Duration::from_millis(50));
+                    }
+                    // Pace the producers so the crash lands mid-stream.
+                    thread::sleep(Duration::from_millis(2));
+                }
+                let r = c.ok(
+                    "stream.commit",
+                    json!({"run_id": run, "stream_id": sid,
+                           "final_message": {"role": "assistant"},
+                           "content_from_stream": true}),
+                );
+                assert_eq!(r["status"], "committed");
+                (storage_errors, duplicates)
+            })
+        })
+        .collect();
+    while Instant::now() < crash_at {
+        thread::sleep(Duration::from_millis(10));
+    }
+    server.crash();
+    thread::sleep(Duration::from_millis(800));
+    server.restart();
+    let mut totals = (0, 0);
+    for p in producers {
+        let (e, d) = p.join().unwrap();
+        totals.0 += e;
+        totals.1 += d;
+    }
+    assert!(
+        totals.0 > 0,
+        "the crash landed while appends were in flight"
+    );
+    // Every run's text, read on both hosts: each delta once, in order.
+    for socket in &sockets {
+        let mut c = Conn::open(socket);
+        for i in 0..RUNS {
+            let run = format!("crash-{i}");
+            let st = c.ok("stream.get", json!({"run_id": run, "reveal": true}));
+            assert_eq!(st["status"], "committed", "{st}");
+            assert_eq!(st["finish_seq"], DELTAS as u64 + 1, "{st}");
+            // The committed message is the streamed text (content_from_stream): every delta
+            // once, in order.
+            let want: String = (0..DELTAS).map(|k| text_of(i, k)).collect();
+            assert_eq!(st["final_message"]["content"], want, "run {i}");
+        }
+    }
+    println!(
+        "postgres killed (-m immediate) mid-append: {RUNS} runs x {DELTAS} deltas on 2 daemons; \
+         {} appends got `storage` and were sent again ({} of them acknowledged as duplicates: \
+         committed before the crash cut the answer); 0 lost, 0 doubled; both daemons served \
+         again without a restart",
+        totals.0, totals.1
+    );
+    da.stop();
+    db.stop();
+}
+
+/// Nothing starts the server before the daemon: credentials are served, streams answer
+/// `storage` with the reason, and work once the server is up, with no restart.
+#[test]
+fn postgres_down_at_start_is_reported_and_served_once_up() {
+    let Some(server) = Server::start("postgres_down_at_start_is_reported_and_served_once_up")
+    else {
+        return;
+    };
+    let backend = server.backend();
+    server.crash();
+    let mut a = host(&backend);
+    let d = a.start();
+    let mut c = Conn::open(&d.socket);
+    c.ok("cred.set", json!({"id": "k", "value": "v"}));
+    let e = c.err("stream.begin", json!({"run_id": "early"}));
+    assert_eq!(e["data"]["kind"], "storage", "{e}");
+    let msg = e["message"].as_str().unwrap();
+    assert!(
+        msg.contains("PostgreSQL") && msg.contains("unreachable"),
+        "{msg}"
+    );
+    server.restart();
+    let r = c.ok("stream.begin", json!({"run_id": "early"}));
+    assert_eq!(r["epoch"], 1);
+    println!("postgres down at start: `storage` ({msg}); served once it was up, no restart");
+    d.stop();
+}
+
+/// `holdfast db status | migrate`, and a schema newer than the binary: refused with both
+/// versions by the CLI (exit 4) and by the daemon (`storage`), and left unchanged.
+#[test]
+fn db_commands_migrate_and_a_newer_schema_is_refused() {
+    let Some(server) = Server::start("db_commands_migrate_and_a_newer_schema_is_refused") else {
+        return;
+    };
+    let backend = server.backend();
+    let mut a = host(&backend);
+    let st = run(a.holdfast(&["db", "status"]), b"");
+    assert_eq!(st.code, 3, "pending: {st}");
+    assert!(st.stdout.contains("version 0"), "{st}");
+    let m = run(a.holdfast(&["db", "migrate"]), b"");
+    assert_eq!(m.code, 0, "{m}");
+    assert!(m.stdout.contains("applied: [1]"), "{m}");
+    let m = run(a.holdfast(&["db", "migrate"]), b"");
+    assert!(m.stdout.contains("already at version 1"), "{m}");
+    let st = run(a.holdfast(&["db", "status", "--json"]), b"");
+    assert_eq!(st.code, 0, "{st}");
+    let v: Value = serde_json::from_str(&st.stdout).unwrap();
+    assert_eq!(v["database"], 1);
+    assert_eq!(v["pending"], json!([]));
+    // A newer holdfast migrated this database.
+    let dbname = backend
+        .split("dbname=")
+        .nth(1)
+        .unwrap()
+        .trim_end_matches(['"', '\n']);
+    pg_execute_in(
+        &server.base(),
+        dbname,
+        "INSERT INTO holdfast_schema VALUES (99, 0, 'holdfast 9.9 elsewhere')",
+    );
+    let st = run(a.holdfast(&["db", "status"]), b"");
+    assert_eq!(st.code, 4, "{st}");
+    let m = run(a.holdfast(&["db", "migrate"]), b"");
+    assert_eq!(m.code, 4, "{m}");
+    assert!(
+        m.stderr.contains("version 99") && m.stderr.contains("newer"),
+        "{m}"
+    );
+    let d = a.start();
+    let mut c = Conn::open(&d.socket);
+    let e = c.err("stream.begin", json!({"run_id": "r"}));
+    assert_eq!(e["data"]["kind"], "storage", "{e}");
+    assert!(e["message"].as_str().unwrap().contains("version 99"), "{e}");
+    d.stop();
+    // A password in the URL is refused before anything connects.
+    a.write_config(
+        "[backend]\nkind = \"postgres\"\nurl = \"postgresql://u:hunter2@localhost/db\"\n",
+    );
+    let o = run(a.holdfast(&["db", "status"]), b"");
+    assert_eq!(o.code, 2, "{o}");
+    assert!(
+        o.stderr.contains("holds a password") && !o.stderr.contains("hunter2"),
+        "{o}"
+    );
+    println!("db status/migrate: 0 -> 1, idempotent; schema 99 refused by CLI (exit 4) and daemon (storage); a password in the URL refused without echoing it");
+}
+
+fn pg_execute_in(base: &str, db: &str, sql: &str) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (client, conn) =
+            tokio_postgres::connect(&format!("{base} dbname={db}"), tokio_postgres::NoTls)
+                .await
+                .unwrap();
+        let h = tokio::spawn(conn);
+        client.batch_execute(sql).await.unwrap();
+        drop(client);
+        let _ = h.await;
+    });
+}
