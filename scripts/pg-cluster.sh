@@ -66,7 +66,7 @@ case "$cmd" in
     fi
     # No TCP at all; the socket only in DIR; fsync stays on (the backend's durability is tested).
     as_owner "$bindir/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 30 \
-      -o "-c listen_addresses='' -c unix_socket_directories='$dir' -c max_connections=100" \
+      -o "-c listen_addresses='' -c unix_socket_directories='$dir' -c max_connections=300" \
       start >/dev/null \
       || { echo "pg-cluster: the server did not start; see $dir/server.log" >&2; tail -n 5 "$dir/server.log" >&2; exit 3; }
     url

@@ -274,3 +274,8 @@ pub const PG_FOLLOW_POLL: Duration = Duration::from_secs(2);
 /// in-flight append; more than a few in a row means two takers are racing, and one gets
 /// `conflict`.
 pub const SHARED_RETRIES: usize = 3;
+
+/// How long the events of an ended run stay in PostgreSQL (`hf_stream_events`): a follower
+/// still reading a run when it ended reads its tail within seconds; a new subscriber to an
+/// ended run gets only its `finish`, from the run's state. Swept by the stream-expiry job.
+pub const PG_ENDED_EVENTS_KEPT: Duration = Duration::from_secs(3600);

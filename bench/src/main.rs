@@ -96,6 +96,20 @@ pub struct BenchArgs {
     /// when redis-server is installed: scripts/bench-deps.sh), and start-up with 1,000 active runs.
     #[arg(long)]
     streams: bool,
+    /// With --streams: `postgres` also measures the daemon on the PostgreSQL backend and, on
+    /// the same server in the same run, the naive way (one INSERT + COMMIT per delta,
+    /// synchronous_commit on), beside the file backend. Needs --pg.
+    #[arg(
+        long,
+        value_name = "file|postgres",
+        default_value = "file",
+        requires = "streams"
+    )]
+    backend: String,
+    /// The server for --backend postgres: libpq key=value parameters (`host=DIR user=NAME`) of a
+    /// server where the bench may create a database. scripts/bench-pg.sh starts a throwaway one.
+    #[arg(long, env = "HOLDFAST_BENCH_PG", value_name = "PARAMS")]
+    pg: Option<String>,
     /// Measure the run log instead: durable run.log_node and run.ensure_node with 1 and 16
     /// clients (a run each, one shared run, new and already-logged nodes) against the fsync
     /// floor of appending a line.
@@ -963,7 +977,20 @@ fn run(a: &BenchArgs) -> CliResult {
         holdfast: holdfast_binary(a)?,
     };
     if a.streams {
-        return streams::run(g, a.quick, a.seconds, a.tmpdir.as_deref());
+        let pg =
+            match (a.backend.as_str(), &a.pg) {
+                ("file", _) => None,
+                ("postgres", Some(p)) => Some(p.as_str()),
+                ("postgres", None) => return Err(CliError::usage(
+                    "--backend postgres needs --pg \"host=... user=...\" (or scripts/bench-pg.sh)",
+                )),
+                (other, _) => {
+                    return Err(CliError::usage(format!(
+                        "--backend {other:?}: expected file or postgres"
+                    )))
+                }
+            };
+        return streams::run(g, a.quick, a.seconds, a.tmpdir.as_deref(), pg);
     }
     if a.runs {
         return runs::run(g, a.quick, a.seconds, a.tmpdir.as_deref());

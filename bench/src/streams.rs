@@ -200,7 +200,13 @@ fn journal_counters(socket: &Path) -> CliResult<(u64, u64)> {
     ))
 }
 
-fn holdfast_phase(env: &Env, pid: u32, streams: usize, d: Duration) -> CliResult<Row> {
+fn holdfast_phase(
+    env: &Env,
+    pid: u32,
+    streams: usize,
+    d: Duration,
+    system: &'static str,
+) -> CliResult<Row> {
     let before = journal_counters(&env.socket)?;
     let socket = env.socket.clone();
     let cpu0 = cpu_secs(pid);
@@ -252,13 +258,18 @@ fn holdfast_phase(env: &Env, pid: u32, streams: usize, d: Duration) -> CliResult
             );
         }
     }
+    let per = if system.contains("PostgreSQL") {
+        "commit"
+    } else {
+        "fsync"
+    };
     Ok(Row {
-        system: "holdfast stream.append",
+        system,
         streams,
         ops,
         secs,
         stats: Some(stats),
-        note: format!("{per_sync:.1} records per fsync"),
+        note: format!("{per_sync:.1} records per {per}"),
         server_cpu_us: per_op_us(cpu0, cpu1, ops),
     })
 }
@@ -498,7 +509,13 @@ fn startup(env: &Env) -> CliResult<(f64, usize)> {
 }
 
 /// `holdfast bench --streams`.
-pub fn run(g: &Global, quick: bool, seconds: Option<f64>, tmpdir: Option<&Path>) -> CliResult {
+pub fn run(
+    g: &Global,
+    quick: bool,
+    seconds: Option<f64>,
+    tmpdir: Option<&Path>,
+    pg: Option<&str>,
+) -> CliResult {
     let d = Duration::from_secs_f64(seconds.unwrap_or(if quick { 0.5 } else { 5.0 }));
     let (tmp, env) = super::temp_world(g, tmpdir, "holdfast-bench-streams-")?;
     let n_floor = if quick { 100 } else { 1000 };
@@ -514,7 +531,13 @@ pub fn run(g: &Global, quick: bool, seconds: Option<f64>, tmpdir: Option<&Path>)
             "holdfast: {n} stream(s) for {:.1} s",
             d.as_secs_f64()
         ));
-        rows.push(holdfast_phase(&env, child.pid(), n, d)?);
+        rows.push(holdfast_phase(
+            &env,
+            child.pid(),
+            n,
+            d,
+            "holdfast stream.append",
+        )?);
     }
     for &n in STREAMS {
         progress(&format!("holdfast no-op: {n} client(s)"));
@@ -526,6 +549,9 @@ pub fn run(g: &Global, quick: bool, seconds: Option<f64>, tmpdir: Option<&Path>)
         )?);
     }
     child.stop()?;
+    if let Some(pg) = pg {
+        rows.extend(postgres_phases(&env, pg, d)?);
+    }
     for &n in STREAMS {
         progress(&format!(
             "SQLite: {n} connection(s) for {:.1} s",
@@ -693,4 +719,123 @@ pub fn run(g: &Global, quick: bool, seconds: Option<f64>, tmpdir: Option<&Path>)
         }
     }
     Ok(())
+}
+
+/// The PostgreSQL rows: the daemon on the PostgreSQL backend (a database of its own), then the
+/// naive way on the same server (one connection per stream, one INSERT per delta, each its own
+/// transaction, committed with the server's `synchronous_commit = on`).
+fn postgres_phases(env: &Env, pg: &str, d: Duration) -> CliResult<Vec<Row>> {
+    let name = format!("holdfast_bench_{}", std::process::id());
+    pg_batch(
+        pg,
+        "postgres",
+        &format!("DROP DATABASE IF EXISTS {name}; CREATE DATABASE {name}"),
+    )?;
+    let config = env.home.join("config/holdfast/config.toml");
+    let toml = format!("[backend]\nkind = \"postgres\"\nurl = \"{pg} dbname={name}\"\n");
+    holdfast::durable::atomic_write(
+        config.parent().unwrap_or(Path::new(".")),
+        "config.toml",
+        toml.as_bytes(),
+        &holdfast::durable::Faults::none(),
+    )
+    .map_err(|e| fail("writing the bench's config", e))?;
+    let mut rows = Vec::new();
+    let child = DaemonChild::start(env)?;
+    for &n in STREAMS {
+        progress(&format!(
+            "holdfast on PostgreSQL: {n} stream(s) for {:.1} s",
+            d.as_secs_f64()
+        ));
+        rows.push(holdfast_phase(
+            env,
+            child.pid(),
+            n,
+            d,
+            "holdfast on PostgreSQL",
+        )?);
+    }
+    child.stop()?;
+    // The rest of the bench (start-up) is the file backend's.
+    holdfast::durable::remove_durably(
+        config.parent().unwrap_or(Path::new(".")),
+        "config.toml",
+        &holdfast::durable::Faults::none(),
+    )
+    .map_err(|e| fail("removing the bench's config", e))?;
+    pg_batch(
+        pg,
+        &name,
+        "CREATE TABLE naive_deltas (run text, seq bigint, text text, PRIMARY KEY (run, seq))",
+    )?;
+    for &n in STREAMS {
+        progress(&format!(
+            "PostgreSQL INSERT + COMMIT per delta: {n} connection(s) for {:.1} s",
+            d.as_secs_f64()
+        ));
+        let params = format!("{pg} dbname={name}");
+        let (ops, secs, stats) = timed(
+            n,
+            d,
+            move |i| {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| e.to_string())?;
+                let client = rt.block_on(async {
+                    let (client, conn) = tokio_postgres::connect(&params, tokio_postgres::NoTls)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    tokio::spawn(conn);
+                    Ok::<_, String>(client)
+                })?;
+                Ok((rt, client, format!("naive-{n}-{i}")))
+            },
+            |(rt, client, run): &mut (tokio::runtime::Runtime, tokio_postgres::Client, String),
+             k| {
+                rt.block_on(client.execute(
+                    "INSERT INTO naive_deltas VALUES ($1, $2, $3)",
+                    &[&*run, &(k as i64), &delta_text(k)],
+                ))
+                .map(drop)
+                .map_err(|e| e.to_string())
+            },
+        )?;
+        rows.push(Row {
+            system: "PostgreSQL INSERT+COMMIT",
+            streams: n,
+            ops,
+            secs,
+            stats: Some(stats),
+            note: "one transaction per delta (the naive way)".into(),
+            server_cpu_us: None,
+        });
+    }
+    pg_batch(pg, "postgres", &format!("DROP DATABASE IF EXISTS {name}"))?;
+    Ok(rows)
+}
+
+/// Run `sql` on database `db` of the bench's server.
+fn pg_batch(pg: &str, db: &str, sql: &str) -> CliResult<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| fail("a runtime", e))?;
+    rt.block_on(async {
+        let (client, conn) =
+            tokio_postgres::connect(&format!("{pg} dbname={db}"), tokio_postgres::NoTls)
+                .await
+                .map_err(|e| fail("connecting to the bench's PostgreSQL", e))?;
+        let h = tokio::spawn(conn);
+        // One statement at a time: CREATE DATABASE refuses to run in a multi-statement batch.
+        for stmt in sql.split(';').map(str::trim).filter(|s| !s.is_empty()) {
+            client
+                .batch_execute(stmt)
+                .await
+                .map_err(|e| fail("the bench's PostgreSQL", e))?;
+        }
+        drop(client);
+        let _ = h.await;
+        Ok(())
+    })
 }

@@ -465,6 +465,18 @@ impl SharedStore for PgStore {
         })
     }
 
+    fn sweep(&self, events_before_ms: u64) -> Result<u64, StreamError> {
+        self.query(move |c| {
+            Box::pin(async move {
+                let a = c.execute(SWEEP_SQL[0], &[]).await?;
+                let b = c
+                    .execute(SWEEP_SQL[1], &[&(events_before_ms as i64)])
+                    .await?;
+                Ok(a + b)
+            })
+        })
+    }
+
     fn idle(&self, before_ms: u64) -> Result<Vec<String>, StreamError> {
         self.query(move |c| {
             Box::pin(async move {
@@ -479,6 +491,14 @@ impl SharedStore for PgStore {
         })
     }
 }
+
+/// What [`SharedStore::sweep`] runs.
+const SWEEP_SQL: [&str; 2] = [
+    "DELETE FROM hf_stream_records r USING hf_stream_runs s
+      WHERE r.run_id = s.run_id AND s.ended",
+    "DELETE FROM hf_stream_events e USING hf_stream_runs s
+      WHERE e.run_id = s.run_id AND s.ended AND s.ended_ms < $1",
+];
 
 /// Follow a run's events into `tx` until its `finish` (or the subscriber leaves or lags).
 async fn follower(db: Arc<Db>, run: String, after_seq: u64, tx: FeedTx, wake: Arc<Notify>) {
@@ -611,7 +631,7 @@ async fn committer(
     wakes: Arc<Wakes>,
     stats: Arc<Stats>,
 ) {
-    let mut client: Option<tokio_postgres::Client> = None;
+    let mut client: Option<(tokio_postgres::Client, tokio_postgres::Statement)> = None;
     let mut broken: Broken = HashMap::new();
     while let Some(first) = rx.recv().await {
         let mut batch = vec![first];
@@ -639,21 +659,22 @@ async fn committer(
         if live.is_empty() {
             continue;
         }
-        if client.as_ref().is_none_or(|c| c.is_closed()) {
-            client = db.dedicated(|_| {}).await.map_or_else(
-                |e| {
+        if client.as_ref().is_none_or(|(c, _)| c.is_closed()) {
+            client = match connect_committer(&db).await {
+                Ok(c) => Some(c),
+                Err(e) => {
                     fail_all(&live, &mut broken, Arc::new(e));
-                    None
-                },
-                Some,
-            );
-            let Some(_) = &client else { continue };
+                    continue;
+                }
+            };
         }
-        let Some(c) = client.as_mut() else { continue };
+        let Some((c, stmt)) = client.as_ref() else {
+            continue;
+        };
         stats
             .batches
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        match commit(c, &live, db.settings().host_name.as_str()).await {
+        match commit(c, stmt, &live, db.settings().host_name.as_str()).await {
             Ok(passed) => {
                 stats
                     .syncs
@@ -681,10 +702,7 @@ async fn committer(
 fn fail_all(ops: &[Op], broken: &mut Broken, err: Arc<DbError>) {
     let err: Arc<dyn std::error::Error + Send + Sync> = err;
     for op in ops {
-        let e = broken
-            .entry(op.run.clone())
-            .or_insert((op.from, Arc::clone(&err)));
-        e.0 = e.0.min(op.from);
+        broken.insert(op.run.clone(), (op.copy, Arc::clone(&err)));
         op.promise
             .complete(Err(JournalError::Backend(Arc::clone(&err))));
     }
@@ -697,123 +715,105 @@ struct RunWrite<'a> {
     chained: bool,
 }
 
-/// Write a batch in one transaction; the runs whose fence held.
+/// The committer's connection and its one statement, prepared once.
+async fn connect_committer(
+    db: &Db,
+) -> Result<(tokio_postgres::Client, tokio_postgres::Statement), DbError> {
+    let c = db.dedicated(|_| {}).await?;
+    let stmt = c.prepare(COMMIT_SQL).await?;
+    Ok((c, stmt))
+}
+
+/// A whole batch in one statement, so one round trip and one commit (a lone statement is its
+/// own transaction): the runs' rows fenced by version (`upd`) or created (`ins`), then only for
+/// the runs whose fence held (`ok`) their records and events, and a notification per run
+/// (sent by the server at commit). Arrays carry the batch (`unnest`), so the statement is the
+/// same whatever the batch size and is prepared once per connection.
+const COMMIT_SQL: &str = "
+WITH i AS (
+  SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[], $5::text[],
+                       $6::text[], $7::bigint[], $8::text[], $9::text[], $10::bigint[],
+                       $11::bigint[], $12::text[])
+    AS t(run_id, v_from, v_to, epoch, sid, status, next_seq, thread, model, created, updated,
+         state)
+),
+upd AS (
+  UPDATE hf_stream_runs r
+     SET version = i.v_to, epoch = i.epoch, sid = i.sid,
+         status = CASE WHEN i.state IS NULL THEN i.status ELSE i.state::jsonb ->> 'status' END,
+         next_seq = i.next_seq,
+         thread = coalesce(i.thread, r.thread), model = coalesce(i.model, r.model),
+         updated_ms = i.updated, host = $13,
+         ended = i.state IS NOT NULL,
+         ended_ms = CASE WHEN i.state IS NOT NULL THEN i.updated END,
+         state = i.state
+    FROM i
+   WHERE i.v_from > 0 AND r.run_id = i.run_id AND r.version = i.v_from AND NOT r.ended
+  RETURNING r.run_id
+),
+ins AS (
+  INSERT INTO hf_stream_runs (run_id, version, epoch, sid, status, next_seq, thread, model, host,
+                              created_ms, updated_ms, ended, ended_ms, state)
+  SELECT i.run_id, i.v_to, i.epoch, i.sid,
+         CASE WHEN i.state IS NULL THEN i.status ELSE i.state::jsonb ->> 'status' END,
+         i.next_seq, i.thread, i.model, $13, i.created, i.updated, i.state IS NOT NULL,
+         CASE WHEN i.state IS NOT NULL THEN i.updated END, i.state
+    FROM i WHERE i.v_from = 0
+  ON CONFLICT (run_id) DO NOTHING
+  RETURNING run_id
+),
+ok AS (SELECT run_id FROM upd UNION ALL SELECT run_id FROM ins),
+recs AS (
+  INSERT INTO hf_stream_records (run_id, version, body)
+  SELECT t.run_id, t.version, t.body
+    FROM unnest($14::text[], $15::bigint[], $16::text[]) AS t(run_id, version, body)
+   WHERE t.run_id IN (SELECT run_id FROM ok)
+),
+evs AS (
+  INSERT INTO hf_stream_events (run_id, pos, seq, finish, body)
+  SELECT t.run_id, t.pos, t.seq, t.finish, t.body
+    FROM unnest($17::text[], $18::bigint[], $19::bigint[], $20::boolean[], $21::text[])
+      AS t(run_id, pos, seq, finish, body)
+   WHERE t.run_id IN (SELECT run_id FROM ok)
+)
+SELECT run_id, pg_notify('holdfast_streams', run_id) FROM ok";
+
+/// Write a batch (one statement: [`COMMIT_SQL`]); the runs whose fence held.
 async fn commit(
-    c: &mut tokio_postgres::Client,
+    c: &tokio_postgres::Client,
+    stmt: &tokio_postgres::Statement,
     ops: &[Op],
     host: &str,
 ) -> Result<HashSet<String>, DbError> {
-    let mut runs: Vec<(&str, RunWrite<'_>)> = Vec::new();
+    let mut runs: Vec<RunWrite<'_>> = Vec::new();
     let mut index: HashMap<&str, usize> = HashMap::new();
     for op in ops {
         match index.get(op.run.as_str()) {
             Some(&i) => {
-                let w = &mut runs[i].1;
+                let w = &mut runs[i];
                 w.chained &= op.from == w.last.from + 1 && w.last.end_state.is_none();
                 w.last = op;
             }
             None => {
                 index.insert(&op.run, runs.len());
-                runs.push((
-                    &op.run,
-                    RunWrite {
-                        first: op,
-                        last: op,
-                        chained: true,
-                    },
-                ));
+                runs.push(RunWrite {
+                    first: op,
+                    last: op,
+                    chained: true,
+                });
             }
         }
     }
-    let tx = c.transaction().await?;
-    let mut passed: HashSet<String> = HashSet::new();
-    // New runs (a first begin): inserted unless another host created the run meanwhile.
-    let mut ins = Cols::default();
-    let mut upd = Cols::default();
-    for (_, w) in runs.iter().filter(|(_, w)| w.chained) {
-        if w.first.from == 0 {
-            ins.push(w);
-        } else {
-            upd.push(w);
-        }
-    }
-    if !ins.run.is_empty() {
-        let rows = tx
-            .query(
-                "INSERT INTO hf_stream_runs (run_id, version, epoch, sid, status, next_seq, thread,
-                     model, host, created_ms, updated_ms, ended, ended_ms, state)
-                 SELECT i.run_id, i.v_to, i.epoch, i.sid, i.status, i.next_seq, i.thread, i.model,
-                        $12, i.created, i.updated, i.state IS NOT NULL,
-                        CASE WHEN i.state IS NOT NULL THEN i.updated END, i.state
-                 FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[], $5::text[],
-                             $6::bigint[], $7::text[], $8::text[], $9::bigint[], $10::bigint[],
-                             $11::text[])
-                      AS i(run_id, v_to, epoch, sid, status, next_seq, thread, model, created,
-                           updated, state)
-                 ON CONFLICT (run_id) DO NOTHING
-                 RETURNING run_id",
-                &[
-                    &ins.run,
-                    &ins.v_to,
-                    &ins.epoch,
-                    &ins.sid,
-                    &ins.status,
-                    &ins.next_seq,
-                    &ins.thread,
-                    &ins.model,
-                    &ins.created,
-                    &ins.updated,
-                    &ins.state,
-                    &host,
-                ],
-            )
-            .await?;
-        passed.extend(rows.iter().map(|r| r.get::<_, String>(0)));
-    }
-    if !upd.run.is_empty() {
-        let rows = tx
-            .query(
-                "UPDATE hf_stream_runs r SET version = i.v_to, epoch = i.epoch, sid = i.sid,
-                        status = CASE WHEN i.state IS NULL THEN i.status
-                                      ELSE i.state::jsonb ->> 'status' END,
-                        next_seq = i.next_seq,
-                        thread = coalesce(i.thread, r.thread), model = coalesce(i.model, r.model),
-                        updated_ms = i.updated, host = $12,
-                        ended = i.state IS NOT NULL,
-                        ended_ms = CASE WHEN i.state IS NOT NULL THEN i.updated END,
-                        state = i.state
-                 FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[], $5::text[],
-                             $6::bigint[], $7::text[], $8::text[], $9::bigint[], $10::bigint[],
-                             $11::text[], $13::bigint[])
-                      AS i(run_id, v_to, epoch, sid, status, next_seq, thread, model, created,
-                           updated, state, v_from)
-                 WHERE r.run_id = i.run_id AND r.version = i.v_from AND NOT r.ended
-                 RETURNING r.run_id",
-                &[
-                    &upd.run,
-                    &upd.v_to,
-                    &upd.epoch,
-                    &upd.sid,
-                    &upd.status,
-                    &upd.next_seq,
-                    &upd.thread,
-                    &upd.model,
-                    &upd.created,
-                    &upd.updated,
-                    &upd.state,
-                    &host,
-                    &upd.v_from,
-                ],
-            )
-            .await?;
-        passed.extend(rows.iter().map(|r| r.get::<_, String>(0)));
+    // Runs whose ops do not follow one another are not written (fenced).
+    let mut cols = Cols::default();
+    for w in runs.iter().filter(|w| w.chained) {
+        cols.push(w);
     }
     let (mut r_run, mut r_ver, mut r_body) = (Vec::new(), Vec::new(), Vec::new());
     let (mut e_run, mut e_pos, mut e_seq, mut e_fin, mut e_body) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut ended = Vec::new();
-    let mut notify = Vec::new();
-    for op in ops.iter().filter(|op| passed.contains(&op.run)) {
+    for op in ops {
         if let Some(b) = &op.body {
             r_run.push(op.run.as_str());
             r_ver.push((op.from + 1) as i64);
@@ -830,42 +830,51 @@ async fn commit(
         if op.end_state.is_some() {
             ended.push(op.run.as_str());
         }
-        if !notify.contains(&op.run.as_str()) {
-            notify.push(op.run.as_str());
+    }
+    let rows = c
+        .query(
+            stmt,
+            &[
+                &cols.run,
+                &cols.v_from,
+                &cols.v_to,
+                &cols.epoch,
+                &cols.sid,
+                &cols.status,
+                &cols.next_seq,
+                &cols.thread,
+                &cols.model,
+                &cols.created,
+                &cols.updated,
+                &cols.state,
+                &host,
+                &r_run,
+                &r_ver,
+                &r_body,
+                &e_run,
+                &e_pos,
+                &e_seq,
+                &e_fin,
+                &e_body,
+            ],
+        )
+        .await?;
+    let passed: HashSet<String> = rows.iter().map(|r| r.get::<_, String>(0)).collect();
+    let ended: Vec<&str> = ended.into_iter().filter(|r| passed.contains(*r)).collect();
+    if !ended.is_empty() {
+        // An ended run is never loaded again (a load reads `ended` first), so its records are
+        // only space: deleted after the commit point, in their own statement. If that fails the
+        // expiry job's sweep deletes them later.
+        if let Err(e) = c
+            .execute(
+                "DELETE FROM hf_stream_records WHERE run_id = ANY($1::text[])",
+                &[&ended],
+            )
+            .await
+        {
+            tracing::warn!(error = %e, "could not delete the records of ended runs (left for the sweep)");
         }
     }
-    if !r_run.is_empty() {
-        tx.execute(
-            "INSERT INTO hf_stream_records (run_id, version, body)
-             SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[])",
-            &[&r_run, &r_ver, &r_body],
-        )
-        .await?;
-    }
-    if !e_run.is_empty() {
-        tx.execute(
-            "INSERT INTO hf_stream_events (run_id, pos, seq, finish, body)
-             SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::boolean[], $5::text[])",
-            &[&e_run, &e_pos, &e_seq, &e_fin, &e_body],
-        )
-        .await?;
-    }
-    if !ended.is_empty() {
-        // An ended run is never replayed: its records go with the commit point.
-        tx.execute(
-            "DELETE FROM hf_stream_records WHERE run_id = ANY($1::text[])",
-            &[&ended],
-        )
-        .await?;
-    }
-    if !notify.is_empty() {
-        tx.execute(
-            &format!("SELECT pg_notify('{CHANNEL}', r) FROM unnest($1::text[]) AS r"),
-            &[&notify],
-        )
-        .await?;
-    }
-    tx.commit().await?;
     Ok(passed)
 }
 

@@ -14,6 +14,12 @@ impl Streams {
     pub fn expire_idle(&self) -> usize {
         let cutoff = now_ms().saturating_sub(self.config.expire_after.as_millis() as u64);
         if let Some(shared) = self.shared() {
+            let keep = now_ms().saturating_sub(limits::PG_ENDED_EVENTS_KEPT.as_millis() as u64);
+            match shared.sweep(keep) {
+                Ok(0) => {}
+                Ok(n) => tracing::debug!(rows = n, "swept what ended runs no longer need"),
+                Err(e) => tracing::warn!(error = %e, "could not sweep ended runs' rows"),
+            }
             // Every host's idle runs (whoever expires one first ends it; the others are fenced).
             match shared.idle(cutoff) {
                 Ok(ids) => {
