@@ -13,6 +13,12 @@
 //! - `hf_stream_events`: the published events (`pos` in publication order, `seq`), what
 //!   subscribers on any host read; kept a while after the run ends for followers still reading.
 //! - `hf_checkpoints`: the `checkpoint.*` snapshots.
+//!
+//! Written for the append path, where every acknowledged delta is one group-commit statement:
+//! no foreign keys (the commit statement writes records and events only for runs whose row it
+//! just fenced, so a check per row would only cost), and no index on a column an append
+//! changes, so the run's row is updated in place (a HOT update; `fillfactor = 50` leaves the
+//! room) instead of adding index entries on every delta. Measured in docs/benchmarks.md.
 
 use super::{Db, DbError};
 
@@ -39,17 +45,16 @@ CREATE TABLE hf_stream_runs (
     ended       boolean NOT NULL DEFAULT false,
     ended_ms    bigint,
     state       text
-);
-CREATE INDEX hf_stream_runs_active ON hf_stream_runs (updated_ms) WHERE NOT ended;
+) WITH (fillfactor = 50);
 CREATE INDEX hf_stream_runs_ended ON hf_stream_runs (ended_ms) WHERE ended;
 CREATE TABLE hf_stream_records (
-    run_id  text NOT NULL REFERENCES hf_stream_runs (run_id) ON DELETE CASCADE,
+    run_id  text NOT NULL,
     version bigint NOT NULL,
     body    text NOT NULL,
     PRIMARY KEY (run_id, version)
 );
 CREATE TABLE hf_stream_events (
-    run_id  text NOT NULL REFERENCES hf_stream_runs (run_id) ON DELETE CASCADE,
+    run_id  text NOT NULL,
     pos     bigint NOT NULL,
     seq     bigint NOT NULL,
     finish  boolean NOT NULL DEFAULT false,
