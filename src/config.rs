@@ -30,7 +30,7 @@
 //! [runs]
 //! retention_days = 30          # run logs idle this long are deleted (0: keep forever)
 //!
-//! [backend]                   # where streams and checkpoints live (docs/operations.md)
+//! [backend]                   # where streams, checkpoints and run logs live (docs/operations.md)
 //! kind = "file"                # or "postgres", with:
 //! # url = "postgresql://holdfast@db.internal/holdfast?sslmode=require"
 //! # password_file = "pg"        # never the password itself: a file, or $CREDENTIALS_DIRECTORY/pg
@@ -79,7 +79,7 @@ pub struct Config {
     /// Run-log settings.
     #[serde(default)]
     pub runs: RunsSection,
-    /// Where streams and checkpoints are kept: files (default) or PostgreSQL.
+    /// Where streams, checkpoints and run logs are kept: files (default) or PostgreSQL.
     #[serde(default)]
     pub backend: BackendSection,
 }

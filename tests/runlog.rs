@@ -59,7 +59,17 @@ fn race_child() {
     };
     let start: u64 = start.parse().unwrap();
     let me: u64 = me.parse().unwrap();
-    let log = holdfast::runlog::RunLog::open(Path::new(&runs), Default::default()).unwrap();
+    // On the PostgreSQL backend the process writes the shared database directly, as the
+    // offline CLI does.
+    let log = match std::env::var("HF_RACE_PG") {
+        Ok(url) => {
+            let toml = format!("[backend]\nkind = \"postgres\"\nurl = \"{url}\"\n");
+            let config: holdfast::config::Config = toml::from_str(&toml).unwrap();
+            let db = holdfast::pg::Db::new(config.postgres().unwrap().unwrap()).unwrap();
+            holdfast::runlog::RunLog::open_shared(db)
+        }
+        Err(_) => holdfast::runlog::RunLog::open(Path::new(&runs), Default::default()).unwrap(),
+    };
     for r in 0..ROUNDS {
         wait_until(start + r * SLOT_MS);
         let node = format!("node-{r}");
@@ -75,27 +85,36 @@ fn race_child() {
 /// hive's race, everywhere at once: per round, 4 connections to the daemon (each its own
 /// thread) and 2 processes writing the log directly call `log_node` / `ensure_node` for the
 /// same node at the same instant. Exactly one line per node, every round; the summary's tokens
-/// are the single entries'.
+/// are the single entries'. On PostgreSQL: two daemons ("hosts") on one database, 16
+/// connections split between them, and the 2 processes on the database directly.
 #[test]
 fn the_hive_race_with_threads_connections_and_processes() {
     let mut env = DaemonEnv::new("");
     let d = env.start();
+    let mut env_b = env.on_postgres().then(|| DaemonEnv::new_sharing("", &env));
+    let d_b = env_b.as_mut().map(DaemonEnv::start);
+    let racers = if d_b.is_some() { 16 } else { 4 };
     let runs = env.data_dir.join("runs");
     std::fs::create_dir_all(&runs).unwrap();
     let start = now_ms() + 1500;
     let children: Vec<_> = (0..2)
         .map(|me| {
-            reexec("race_child", &env.home)
-                .env("HF_RACE_RUNS", &runs)
+            let mut c = reexec("race_child", &env.home);
+            c.env("HF_RACE_RUNS", &runs)
                 .env("HF_RACE_START", start.to_string())
-                .env("HF_RACE_ME", me.to_string())
-                .spawn()
-                .unwrap()
+                .env("HF_RACE_ME", me.to_string());
+            if env.on_postgres() {
+                c.env("HF_RACE_PG", pg_url_of(&env.backend));
+            }
+            c.spawn().unwrap()
         })
         .collect();
-    let conns: Vec<_> = (0..4)
+    let conns: Vec<_> = (0..racers)
         .map(|t| {
-            let socket = d.socket.clone();
+            let socket = match &d_b {
+                Some(b) if t % 4 >= 2 => b.socket.clone(),
+                _ => d.socket.clone(),
+            };
             thread::spawn(move || {
                 let mut c = Conn::open(&socket);
                 for r in 0..ROUNDS {
@@ -123,19 +142,34 @@ fn the_hive_race_with_threads_connections_and_processes() {
     for mut ch in children {
         assert!(ch.wait().unwrap().success());
     }
-    let text = std::fs::read_to_string(runs.join("race/details.jsonl")).unwrap();
+    // The lines as stored: the file's, or the database's rows of the run's details.
+    let lines: Vec<Value> = if env.on_postgres() {
+        pg_pairs(
+            &pg_url_of(&env.backend),
+            "SELECT body, pos FROM hf_run_log_lines WHERE run_id = 'race' AND kind = 0",
+        )
+        .into_iter()
+        .map(|(body, _)| serde_json::from_str(&body).unwrap())
+        .collect()
+    } else {
+        std::fs::read_to_string(runs.join("race/details.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
     let mut per_node: BTreeMap<String, usize> = BTreeMap::new();
-    for l in text.lines() {
-        let v: Value = serde_json::from_str(l).unwrap();
+    for v in &lines {
         *per_node
             .entry(v["node_id"].as_str().unwrap().to_owned())
             .or_default() += 1;
     }
     let duplicates: usize = per_node.values().map(|n| n - 1).sum();
     println!(
-        "hive race: {ROUNDS} rounds x (4 connections + 2 processes), log_node vs ensure_node: \
-         {} lines for {} nodes, {duplicates} duplicates",
-        text.lines().count(),
+        "hive race: {ROUNDS} rounds x ({racers} connections on {} daemon(s) + 2 processes), \
+         log_node vs ensure_node: {} lines for {} nodes, {duplicates} duplicates",
+        if d_b.is_some() { 2 } else { 1 },
+        lines.len(),
         per_node.len()
     );
     assert_eq!(per_node.len(), ROUNDS as usize);
@@ -146,6 +180,9 @@ fn the_hive_race_with_threads_connections_and_processes() {
     assert_eq!(s["summary"]["total_input_tokens"], json!(ROUNDS * 100));
     assert_eq!(s["summary"]["total_output_tokens"], json!(ROUNDS * 40));
     d.stop();
+    if let Some(b) = d_b {
+        b.stop();
+    }
 }
 
 /// A daemon restart between `log_node` and a later `ensure_node`: still one entry.
@@ -237,7 +274,17 @@ fn every_run_method_once() {
     );
     assert_eq!(p["dry_run"], json!(true));
     assert_eq!(p["pruned"].as_array().unwrap().len(), 1);
-    assert!(env.data_dir.join("runs/m").exists());
+    // A dry run deleted nothing.
+    assert_eq!(
+        ok(&mut c, "run.list", json!({}))["runs"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    if !env.on_postgres() {
+        assert!(env.data_dir.join("runs/m").exists());
+    }
 
     // Errors: after the end, unknown run, hostile id, bad params.
     let kind = |r: &Value| r["error"]["data"]["kind"].as_str().unwrap_or("").to_owned();

@@ -92,7 +92,19 @@ impl From<RunLogError> for CliError {
 use super::age;
 use crate::timefmt::now_ms;
 
+/// The run logs where the config keeps them: the data directory's files, or the PostgreSQL
+/// backend's database (`[backend] kind = "postgres"`: the schema must be current).
 fn open(g: &Global) -> CliResult<RunLog> {
+    let config = g.config()?;
+    if let Some(settings) = config.postgres().map_err(CliError::usage)? {
+        let fail = |e: crate::pg::DbError| CliError::with_code(e, 1);
+        let db = crate::pg::Db::new(settings).map_err(fail)?;
+        let d = std::sync::Arc::clone(&db);
+        db.run(async move { d.ensure_schema(false).await })
+            .map_err(fail)?
+            .map_err(fail)?;
+        return Ok(RunLog::open_shared(db));
+    }
     let (_, runs) = crate::streams::dirs(&g.data_dir()?);
     Ok(RunLog::open(&runs, crate::durable::Faults::none())?)
 }

@@ -360,3 +360,94 @@ impl Db {
         Ok(client)
     }
 }
+
+/// A statement parameter that can cross to the database's runtime.
+pub type Param = Box<dyn tokio_postgres::types::ToSql + Sync + Send>;
+
+/// One pooled connection driven from a blocking thread, statement by statement (a transaction
+/// that decides between its statements in synchronous code: the run logs). If it is dropped
+/// inside a transaction, or a statement failed in a way that may have broken it, the connection
+/// is discarded rather than returned to the pool.
+pub struct Session {
+    db: Arc<Db>,
+    obj: Option<deadpool_postgres::Object>,
+    in_tx: bool,
+}
+
+impl Session {
+    /// A connection from the pool (blocking).
+    pub fn open(db: &Arc<Db>) -> Result<Session, DbError> {
+        let d = Arc::clone(db);
+        let obj = db.run(async move { d.conn().await })??;
+        Ok(Session {
+            db: Arc::clone(db),
+            obj: Some(obj),
+            in_tx: false,
+        })
+    }
+
+    /// Run one statement (prepared once per connection) and return its rows (blocking).
+    pub fn query(
+        &mut self,
+        sql: &'static str,
+        params: Vec<Param>,
+    ) -> Result<Vec<tokio_postgres::Row>, DbError> {
+        let obj = self
+            .obj
+            .take()
+            .ok_or_else(|| DbError::Runtime("the session's connection was lost".into()))?;
+        let (obj, res) = self.db.run(async move {
+            let res = async {
+                let stmt = obj.prepare_cached(sql).await?;
+                let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = params
+                    .iter()
+                    .map(|p| p.as_ref() as &(dyn tokio_postgres::types::ToSql + Sync))
+                    .collect();
+                obj.query(&stmt, &refs).await
+            }
+            .await;
+            (obj, res)
+        })?;
+        self.obj = Some(obj);
+        Ok(res?)
+    }
+
+    /// `BEGIN`.
+    pub fn begin(&mut self) -> Result<(), DbError> {
+        self.query("BEGIN", Vec::new())?;
+        self.in_tx = true;
+        Ok(())
+    }
+
+    /// `COMMIT`.
+    pub fn commit(&mut self) -> Result<(), DbError> {
+        self.query("COMMIT", Vec::new())?;
+        self.in_tx = false;
+        Ok(())
+    }
+
+    /// `ROLLBACK`; a connection that cannot is discarded.
+    pub fn rollback(&mut self) {
+        if self.query("ROLLBACK", Vec::new()).is_ok() {
+            self.in_tx = false;
+        } else {
+            self.discard();
+        }
+    }
+
+    fn discard(&mut self) {
+        if let Some(obj) = self.obj.take() {
+            // Detached from the pool: the client (and its connection) closes when dropped.
+            drop(deadpool_postgres::Object::take(obj));
+        }
+        self.in_tx = false;
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        if self.in_tx {
+            self.discard();
+        }
+    }
+}

@@ -13,6 +13,12 @@
 //! - `hf_stream_events`: the published events (`pos` in publication order, `seq`), what
 //!   subscribers on any host read; kept a while after the run ends for followers still reading.
 //! - `hf_checkpoints`: the `checkpoint.*` snapshots.
+//! - (version 2) `hf_run_logs`: one row per run log: a version bumped by every write (a host's
+//!   cached view is read again when it differs), the summary once `run.end` wrote it.
+//!   `hf_run_log_lines`: the lines of its four files (`kind`), in file order (`pos`), each with
+//!   its logical key (a node's `(node_id, attempt)`, a step's `(node_id, step_index)`, a tool
+//!   call's `(tool_use_id, event)`), unique per run: a node is logged once across hosts even if
+//!   two writers slipped past the per-run lock.
 //!
 //! Written for the append path, where every acknowledged delta is one group-commit statement:
 //! no foreign keys (the commit statement writes records and events only for runs whose row it
@@ -23,13 +29,14 @@
 use super::{Db, DbError};
 
 /// The schema version this binary writes and reads.
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
 
 /// The advisory lock migrations run under ("holdfast" in ASCII).
 const MIGRATION_LOCK: i64 = 0x686f_6c64_6661_7374;
 
 /// Each version's statements, in order; index 0 is version 1.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE hf_stream_runs (
     run_id      text PRIMARY KEY,
     version     bigint NOT NULL,
@@ -66,7 +73,27 @@ CREATE TABLE hf_checkpoints (
     body       text NOT NULL,
     updated_ms bigint NOT NULL
 );
-"#];
+"#,
+    r#"
+CREATE TABLE hf_run_logs (
+    run_id      text PRIMARY KEY,
+    version     bigint NOT NULL,
+    summary     text,
+    created_ms  bigint NOT NULL,
+    updated_ms  bigint NOT NULL
+);
+CREATE TABLE hf_run_log_lines (
+    run_id  text NOT NULL,
+    kind    smallint NOT NULL,
+    pos     bigint NOT NULL,
+    key     text,
+    body    text NOT NULL,
+    PRIMARY KEY (run_id, kind, pos)
+);
+CREATE UNIQUE INDEX hf_run_log_lines_key ON hf_run_log_lines (run_id, kind, key)
+    WHERE key IS NOT NULL;
+"#,
+];
 
 /// What `holdfast db status` shows.
 #[derive(Debug, Clone, serde::Serialize)]

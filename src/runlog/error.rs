@@ -108,6 +108,19 @@ pub enum RunLogError {
          start a new run"
     )]
     SeqExhausted,
+
+    // ---- the database (the PostgreSQL backend) ----
+    /// The database failed (unreachable, a statement refused).
+    #[error(transparent)]
+    Database(#[from] crate::pg::DbError),
+    /// A stored summary is not JSON.
+    #[error("the summary stored for run {run_id:?} is not JSON ({reason})")]
+    BadStoredSummary {
+        /// The run.
+        run_id: String,
+        /// The parser's message.
+        reason: String,
+    },
 }
 
 impl RunLogError {
@@ -126,8 +139,8 @@ impl RunLogError {
             NoRun(_) => ErrorKind::NotFound,
             Ended(_) => ErrorKind::Conflict,
             Busy(_) => ErrorKind::Busy,
-            Io(_) | NotA { .. } | Read { .. } => ErrorKind::Storage,
-            BadSummary { .. } | SeqExhausted => ErrorKind::Integrity,
+            Io(_) | NotA { .. } | Read { .. } | Database(_) => ErrorKind::Storage,
+            BadSummary { .. } | SeqExhausted | BadStoredSummary { .. } => ErrorKind::Integrity,
         }
     }
 }

@@ -208,6 +208,27 @@ impl RunFiles {
         }
     }
 
+    /// A new record's line: its `seq` and `logged_at_ms` set, size checked. Returns (line
+    /// without its newline, seq, the counter after it, the time).
+    pub(super) fn stamp(
+        view: &Loaded,
+        record: &mut Map<String, Value>,
+    ) -> Result<(Vec<u8>, u64, u64, u64), RunLogError> {
+        let (seq, next_seq) = Self::take_seq(view)?;
+        let at = now_ms();
+        record.insert("seq".into(), seq.into());
+        record.insert("logged_at_ms".into(), at.into());
+        // A map of JSON values serializes into a Vec without fail.
+        let line = serde_json::to_vec(&record).unwrap_or_default();
+        if line.len() > MAX_RECORD_BYTES {
+            return Err(RunLogError::RecordTooLarge {
+                max: MAX_RECORD_BYTES,
+                len: line.len(),
+            });
+        }
+        Ok((line, seq, next_seq, at))
+    }
+
     /// Append one record to `kind`'s file, durably; returns its seq.
     pub(super) fn append(
         &self,
@@ -216,18 +237,7 @@ impl RunFiles {
         kind: Kind,
         mut record: Map<String, Value>,
     ) -> Result<Entry, RunLogError> {
-        let (seq, next_seq) = Self::take_seq(view)?;
-        let at = now_ms();
-        record.insert("seq".into(), seq.into());
-        record.insert("logged_at_ms".into(), at.into());
-        // A map of JSON values serializes into a Vec without fail.
-        let mut line = serde_json::to_vec(&record).unwrap_or_default();
-        if line.len() > MAX_RECORD_BYTES {
-            return Err(RunLogError::RecordTooLarge {
-                max: MAX_RECORD_BYTES,
-                len: line.len(),
-            });
-        }
+        let (mut line, seq, next_seq, at) = Self::stamp(view, &mut record)?;
         line.push(b'\n');
         let old_len = view.files[kind.index()].len;
         let meta =

@@ -30,7 +30,7 @@
 //! All three are counted in the run's [`Report`].
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -41,8 +41,10 @@ use crate::error::ErrorKind;
 
 mod error;
 mod files;
+mod pg;
 mod schema;
 mod view;
+mod writer;
 
 #[cfg(test)]
 #[allow(clippy::disallowed_methods)] // tests make their fixtures (torn files) directly
@@ -54,23 +56,31 @@ pub use schema::{attention, attention_reasons, needs_attention, EndFields, Execu
 use schema::{content, iso, key_str, node_key, step_key, summarize};
 pub use view::Report;
 use view::{Kind, Loaded, ToolCall, KINDS};
+use writer::{FileWriter, Writer};
 
 /// Largest record accepted: [`crate::limits::MAX_RUN_RECORD_BYTES`].
 pub const MAX_RECORD_BYTES: usize = crate::limits::MAX_RUN_RECORD_BYTES;
 const LOCK_TIMEOUT: Duration = crate::limits::LOCK_TIMEOUT;
 const CACHED_RUNS: usize = crate::limits::RUN_LOG_CACHED_RUNS;
 
-/// The run logs under one `runs/` directory.
+/// The run logs under one `runs/` directory, or in a database several daemons share.
 pub struct RunLog {
-    files: RunFiles,
+    store: Store,
     cache: Mutex<HashMap<String, Arc<Mutex<Loaded>>>>,
+}
+
+/// Where the logs are kept.
+enum Store {
+    Files(RunFiles),
+    Pg(pg::PgRuns),
 }
 
 impl std::fmt::Debug for RunLog {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RunLog")
-            .field("dir", &self.files.dir)
-            .finish()
+        match &self.store {
+            Store::Files(files) => f.debug_struct("RunLog").field("dir", &files.dir).finish(),
+            Store::Pg(p) => f.debug_struct("RunLog").field("db", &p.db).finish(),
+        }
     }
 }
 
@@ -88,22 +98,27 @@ impl RunLog {
     pub fn open(runs_dir: &Path, faults: Faults) -> Result<RunLog, RunLogError> {
         durable::create_private_dir(runs_dir, &faults)?;
         Ok(RunLog {
-            files: RunFiles {
+            store: Store::Files(RunFiles {
                 dir: runs_dir.to_path_buf(),
                 faults,
                 poison: Poison::default(),
-            },
+            }),
             cache: Mutex::new(HashMap::new()),
         })
     }
 
-    /// The `runs/` directory.
-    pub fn dir(&self) -> &Path {
-        &self.files.dir
+    /// The run logs in a PostgreSQL database (the schema must be current:
+    /// `Db::ensure_schema`).
+    pub fn open_shared(db: Arc<crate::pg::Db>) -> RunLog {
+        RunLog {
+            store: Store::Pg(pg::PgRuns { db }),
+            cache: Mutex::new(HashMap::new()),
+        }
     }
 
-    fn run_dir(&self, run_id: &str) -> PathBuf {
-        self.files.dir.join(run_id)
+    /// Whether the logs are in a shared database.
+    pub fn is_shared(&self) -> bool {
+        matches!(self.store, Store::Pg(_))
     }
 
     fn cached(&self, run_id: &str) -> Arc<Mutex<Loaded>> {
@@ -122,21 +137,29 @@ impl RunLog {
     }
 
     /// Run `f` on the up-to-date view of `run_id`, under its lock. With `create`, the run's
-    /// directory is made if missing; without, a run with no directory is `not_found`.
+    /// log is made if missing; without, a run with no log is `not_found`.
     fn with_run<T>(
         &self,
         run_id: &str,
         create: bool,
-        f: impl FnOnce(&Path, &mut Loaded) -> Result<T, RunLogError>,
+        f: impl FnOnce(&mut dyn Writer, &mut Loaded) -> Result<T, RunLogError>,
     ) -> Result<T, RunLogError> {
         validate_run_id(run_id)?;
-        let dir = self.run_dir(run_id);
+        let files = match &self.store {
+            Store::Files(files) => files,
+            Store::Pg(p) => {
+                let slot = self.cached(run_id);
+                let mut view = slot.lock().unwrap_or_else(PoisonError::into_inner);
+                return p.with_run(run_id, create, &mut view, f);
+            }
+        };
+        let dir = files.dir.join(run_id);
         // Twice at most: a writer that waited for the lock while a prune deleted the run finds
         // the directory gone once it holds the lock, and starts again (creating it anew).
         let mut attempts = 0;
         let lock = loop {
             attempts += 1;
-            self.files.ensure_dir(run_id, &dir, create)?;
+            files.ensure_dir(run_id, &dir, create)?;
             let lock =
                 durable::lock::lock(&dir.join("log.lock"), LockMode::Exclusive, LOCK_TIMEOUT)?;
             if dir.is_dir() || attempts >= 2 {
@@ -145,12 +168,13 @@ impl RunLog {
         };
         let slot = self.cached(run_id);
         let mut view = slot.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Err(e) = self.files.refresh(&dir, &mut view) {
+        if let Err(e) = files.refresh(&dir, &mut view) {
             // Whatever was half-read is dropped: the next use reloads from the files.
             *view = Loaded::default();
             return Err(e);
         }
-        let out = f(&dir, &mut view);
+        let mut w = FileWriter { files, dir: &dir };
+        let out = f(&mut w, &mut view);
         if view.stale
             || out
                 .as_ref()
@@ -187,7 +211,7 @@ impl RunLog {
         key: (String, i64),
         record: Map<String, Value>,
     ) -> Result<Value, RunLogError> {
-        self.with_run(run_id, true, |dir, view| {
+        self.with_run(run_id, true, |w, view| {
             let found = view.keyed(kind).get(&key).cloned();
             if let Some(old) = found
                 .as_ref()
@@ -199,11 +223,11 @@ impl RunLog {
             Self::refuse_if_ended(run_id, view)?;
             match found {
                 Some(old) => {
-                    let e = self.files.replace(dir, view, kind, &old, record)?;
+                    let e = w.replace(view, kind, &old, record)?;
                     Ok(json!({"seq": e.seq, "written": true, "replaced": true}))
                 }
                 None => {
-                    let e = self.files.append(dir, view, kind, record)?;
+                    let e = w.append(view, kind, record)?;
                     let seq = e.seq;
                     view.keyed(kind).insert(key, e);
                     Ok(json!({"seq": seq, "written": true, "replaced": false}))
@@ -228,14 +252,14 @@ impl RunLog {
             Some(_) => return Err(RunLogError::NodeIdDiffers),
         }
         let key = node_key(&detail)?;
-        self.with_run(run_id, true, |dir, view| {
+        self.with_run(run_id, true, |w, view| {
             // Any attempt of this node: a range of the (node_id, attempt) keys, not a scan.
             let any_attempt = (node_id.to_owned(), i64::MIN)..=(node_id.to_owned(), i64::MAX);
             if let Some(e) = view.nodes.range(any_attempt).next().map(|(_, e)| e) {
                 return Ok(json!({"seq": e.seq, "written": false}));
             }
             Self::refuse_if_ended(run_id, view)?;
-            let e = self.files.append(dir, view, Kind::Details, detail)?;
+            let e = w.append(view, Kind::Details, detail)?;
             view.nodes.insert(key, e.clone());
             Ok(json!({"seq": e.seq, "written": true}))
         })
@@ -278,7 +302,7 @@ impl RunLog {
         mut rec: Map<String, Value>,
         complete: impl FnOnce(Option<&ToolCall>, &mut Map<String, Value>),
     ) -> Result<Value, RunLogError> {
-        self.with_run(run_id, true, |dir, view| {
+        self.with_run(run_id, true, |w, view| {
             let call = view.tools.get(tool_call_id);
             let logged = call.and_then(|t| {
                 if end {
@@ -292,7 +316,7 @@ impl RunLog {
             }
             Self::refuse_if_ended(run_id, view)?;
             complete(call, &mut rec);
-            let e = self.files.append(dir, view, Kind::Tools, rec)?;
+            let e = w.append(view, Kind::Tools, rec)?;
             let seq = e.seq;
             let t = view.tools.entry(tool_call_id.to_owned()).or_default();
             *(if end { &mut t.end } else { &mut t.begin }) = Some(e);
@@ -334,11 +358,11 @@ impl RunLog {
         run_id: &str,
         record: Map<String, Value>,
     ) -> Result<(), RunLogError> {
-        self.with_run(run_id, true, |dir, view| {
+        self.with_run(run_id, true, |w, view| {
             if view.ended() {
                 return Ok(());
             }
-            let e = self.files.append(dir, view, Kind::Recovery, record)?;
+            let e = w.append(view, Kind::Recovery, record)?;
             view.recovery.push(e);
             Ok(())
         })
@@ -372,12 +396,12 @@ impl RunLog {
         if !STATUSES.contains(&status) {
             return Err(RunLogError::BadStatus(STATUSES.join(", ")));
         }
-        self.with_run(run_id, true, |dir, view| {
+        self.with_run(run_id, true, |w, view| {
             if let Some(s) = &view.summary {
                 return Ok(json!({"summary": s, "written": false}));
             }
             let summary = summarize(run_id, view, status, given, now_ms());
-            self.files.write_summary(dir, &summary)?;
+            w.write_summary(&summary)?;
             view.summary = Some(summary.clone());
             Ok(json!({"summary": summary, "written": true}))
         })
@@ -438,15 +462,22 @@ impl RunLog {
         until_ms: Option<u64>,
     ) -> Result<Vec<Value>, RunLogError> {
         let mut out = Vec::new();
-        for run_id in self.files.run_ids()? {
-            let has_log = KINDS
-                .iter()
-                .map(|k| k.file())
-                .chain(["summary.json"])
-                .any(|f| self.run_dir(&run_id).join(f).exists());
-            if !has_log {
-                continue;
-            }
+        let ids = match &self.store {
+            Store::Files(files) => files
+                .run_ids()?
+                .into_iter()
+                // A run directory may hold only a stream's state: no run log.
+                .filter(|id| {
+                    KINDS
+                        .iter()
+                        .map(|k| k.file())
+                        .chain(["summary.json"])
+                        .any(|f| files.dir.join(id).join(f).exists())
+                })
+                .collect(),
+            Store::Pg(p) => p.run_ids()?,
+        };
+        for run_id in ids {
             let d = match self.with_run(&run_id, false, |_, view| {
                 Ok(Self::describe(&run_id, view, false))
             }) {
@@ -481,10 +512,14 @@ impl RunLog {
     ) -> Result<Vec<Value>, RunLogError> {
         let age_ms = u64::try_from(older_than.as_millis()).unwrap_or(u64::MAX);
         let cutoff = now_ms().saturating_sub(age_ms);
+        let files = match &self.store {
+            Store::Files(files) => files,
+            Store::Pg(p) => return self.prune_shared(p, cutoff, keep, dry_run),
+        };
         let mut out = Vec::new();
         let mut deleted = 0;
-        for run_id in self.files.run_ids()? {
-            let dir = self.run_dir(&run_id);
+        for run_id in files.run_ids()? {
+            let dir = files.dir.join(&run_id);
             let Some(last) = RunFiles::last_activity_ms(&dir) else {
                 continue;
             };
@@ -495,7 +530,7 @@ impl RunLog {
                 out.push(json!({"run_id": run_id, "last_activity_ms": last}));
                 continue;
             }
-            match self.delete_run(&run_id, &dir, cutoff) {
+            match self.delete_run(files, &run_id, &dir, cutoff) {
                 Ok(true) => {
                     deleted += 1;
                     out.push(json!({"run_id": run_id, "last_activity_ms": last}));
@@ -510,19 +545,61 @@ impl RunLog {
             }
         }
         if deleted > 0 {
-            self.files.sync_dir()?;
+            files.sync_dir()?;
+        }
+        Ok(out)
+    }
+
+    /// [`RunLog::prune`] in a shared database: each idle log deleted in a transaction under
+    /// its lock, its age checked again there.
+    fn prune_shared(
+        &self,
+        p: &pg::PgRuns,
+        cutoff: u64,
+        keep: &dyn Fn(&str) -> bool,
+        dry_run: bool,
+    ) -> Result<Vec<Value>, RunLogError> {
+        let mut out = Vec::new();
+        for (run_id, last) in p.idle(cutoff)? {
+            if keep(&run_id) {
+                continue;
+            }
+            let entry = json!({"run_id": run_id, "last_activity_ms": last});
+            if dry_run {
+                out.push(entry);
+                continue;
+            }
+            match p.delete_run(&run_id, cutoff) {
+                Ok(true) => {
+                    self.forget(&run_id);
+                    out.push(entry);
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(run_id, error = %e, "prune: could not delete a run log");
+                    out.push(
+                        json!({"run_id": run_id, "last_activity_ms": last, "error": e.to_string()}),
+                    );
+                }
+            }
         }
         Ok(out)
     }
 
     /// Delete one run's directory under its lock if it is still idle since before `cutoff`.
-    fn delete_run(&self, run_id: &str, dir: &Path, cutoff: u64) -> Result<bool, RunLogError> {
+    fn delete_run(
+        &self,
+        files: &RunFiles,
+        run_id: &str,
+        dir: &Path,
+        cutoff: u64,
+    ) -> Result<bool, RunLogError> {
         let lock = durable::lock::lock(&dir.join("log.lock"), LockMode::Exclusive, LOCK_TIMEOUT)?;
         // Written to while we waited for the lock: not old any more.
         if RunFiles::last_activity_ms(dir).is_some_and(|l| l >= cutoff) {
             return Ok(false);
         }
-        self.files.remove_run(run_id)?;
+        files.remove_run(run_id)?;
         drop(lock);
         self.forget(run_id);
         Ok(true)

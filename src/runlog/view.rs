@@ -118,6 +118,9 @@ pub(super) struct Loaded {
     pub(super) stale: bool,
     pub(super) first_ms: Option<u64>,
     pub(super) last_ms: Option<u64>,
+    /// A shared store's version of the run this view was read at (`None`: files, or not
+    /// read yet).
+    pub(super) store_version: Option<u64>,
 }
 
 impl Loaded {

@@ -94,6 +94,26 @@ impl Daemon {
         Ok(streams)
     }
 
+    /// The PostgreSQL backend's database when the config names one, its schema migrated
+    /// (blocking). A server that is down fails the request that needed it with `storage`; the
+    /// next one tries again.
+    pub fn db(&self) -> Result<Option<Arc<crate::pg::Db>>, crate::pg::DbError> {
+        let mut guard = self.db.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(db) = guard.as_ref() {
+            return Ok(Some(Arc::clone(db)));
+        }
+        let Some(settings) = self.config.postgres()? else {
+            return Ok(None);
+        };
+        let db = crate::pg::Db::new(settings)?;
+        db.run({
+            let db = Arc::clone(&db);
+            async move { db.ensure_schema(true).await }
+        })??;
+        *guard = Some(Arc::clone(&db));
+        Ok(Some(db))
+    }
+
     /// Delete runs idle past `[runs] retention_days` (never one with a live stream).
     pub fn prune_runs(&self) {
         let Some(age) = self.config.run_retention() else {
@@ -145,11 +165,16 @@ impl Daemon {
         if let Some(l) = guard.as_ref() {
             return Ok(Arc::clone(l));
         }
-        let (_, runs_dir) = crate::streams::dirs(&self.data_dir);
-        let log = Arc::new(crate::runlog::RunLog::open(
-            &runs_dir,
-            crate::durable::Faults::none(),
-        )?);
+        let log = match self.db()? {
+            Some(db) => Arc::new(crate::runlog::RunLog::open_shared(db)),
+            None => {
+                let (_, runs_dir) = crate::streams::dirs(&self.data_dir);
+                Arc::new(crate::runlog::RunLog::open(
+                    &runs_dir,
+                    crate::durable::Faults::none(),
+                )?)
+            }
+        };
         *guard = Some(Arc::clone(&log));
         Ok(log)
     }

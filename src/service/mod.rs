@@ -91,6 +91,9 @@ pub struct Daemon {
     streams: Mutex<Option<Arc<Streams>>>,
     /// The run logs (opened on first use: no key needed, they are not encrypted).
     run_log: Mutex<Option<Arc<crate::runlog::RunLog>>>,
+    /// The PostgreSQL backend's database, its schema checked (`[backend] kind = "postgres"`;
+    /// made on first use, shared by the streams and the run logs).
+    db: Mutex<Option<Arc<crate::pg::Db>>>,
 }
 
 impl Daemon {
@@ -221,6 +224,7 @@ impl Daemon {
             requests: AtomicU64::new(0),
             streams: Mutex::new(None),
             run_log: Mutex::new(None),
+            db: Mutex::new(None),
         })
     }
 

@@ -405,6 +405,33 @@ pub fn fresh_pg_backend(base: &str) -> String {
     format!("\n[backend]\nkind = \"postgres\"\nurl = \"{base} dbname={name}\"\n")
 }
 
+/// The libpq parameters of a `[backend]` section's database (its `url`).
+pub fn pg_url_of(backend: &str) -> String {
+    backend
+        .lines()
+        .find_map(|l| l.strip_prefix("url = \""))
+        .map(|u| u.trim_end_matches('"').to_owned())
+        .expect("a [backend] section with a url")
+}
+
+/// The rows of a query of two columns (text, bigint) on the database at `url`.
+pub fn pg_pairs(url: &str, sql: &str) -> Vec<(String, i64)> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+            .await
+            .expect("connect to the test PostgreSQL");
+        let h = tokio::spawn(conn);
+        let rows = client.query(sql, &[]).await.expect(sql);
+        drop(client);
+        let _ = h.await;
+        rows.iter().map(|r| (r.get(0), r.get(1))).collect()
+    })
+}
+
 /// Run one statement on the test server's `postgres` database.
 pub fn pg_execute(base: &str, sql: &str) {
     let rt = tokio::runtime::Builder::new_current_thread()
