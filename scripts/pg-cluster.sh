@@ -7,6 +7,9 @@
 #   scripts/pg-cluster.sh url DIR     # the URL again
 #   scripts/pg-cluster.sh stop DIR    # fast shutdown of the server started in DIR (only that one)
 #
+# PG_CLUSTER_OPTS adds server options at start (e.g. a loopback port with TLS for a test:
+# "-c listen_addresses=127.0.0.1 -c port=5433 -c ssl=on -c ssl_cert_file=...").
+#
 # Run as root, the server runs as the `postgres` user (initdb refuses root), DIR is handed to it,
 # and the URL names the superuser `postgres`; otherwise as the caller. Exit 3 with the reason on
 # stderr when no server can be started here (no binaries, no `postgres` user as root): tests then
@@ -66,7 +69,7 @@ case "$cmd" in
     fi
     # No TCP at all; the socket only in DIR; fsync stays on (the backend's durability is tested).
     as_owner "$bindir/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 30 \
-      -o "-c listen_addresses='' -c unix_socket_directories='$dir' -c max_connections=300" \
+      -o "-c listen_addresses='' -c unix_socket_directories='$dir' -c max_connections=300 ${PG_CLUSTER_OPTS:-}" \
       start >/dev/null \
       || { echo "pg-cluster: the server did not start; see $dir/server.log" >&2; tail -n 5 "$dir/server.log" >&2; exit 3; }
     url

@@ -35,15 +35,23 @@ fn script() -> PathBuf {
 impl Server {
     /// Start one, or `None` after printing why not (SKIPPED).
     fn start(test: &str) -> Option<Server> {
+        Self::start_with(test, |_| String::new())
+    }
+
+    /// Start one with extra server options, made by `opts` from the server's directory (before
+    /// the server starts: files it needs go there).
+    fn start_with(test: &str, opts: impl FnOnce(&Path) -> String) -> Option<Server> {
         // Short: the socket path DIR/.s.PGSQL.5432 must fit 107 bytes.
         let tmp = tempfile::Builder::new()
             .prefix("hfpg")
             .tempdir_in("/tmp")
             .unwrap();
         let dir = tmp.path().to_path_buf();
+        let extra = opts(&dir);
         let out = Command::new(script())
             .arg("start")
             .arg(&dir)
+            .env("PG_CLUSTER_OPTS", extra)
             .output()
             .unwrap();
         if !out.status.success() {
@@ -351,4 +359,167 @@ fn pg_execute_in(base: &str, db: &str, sql: &str) {
         drop(client);
         let _ = h.await;
     });
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// TLS to the server: with `tls = "require"` and the test CA as `ssl_root_cert`, the daemon's
+/// connections are encrypted (the server's `pg_stat_ssl` says so) and verified; with another
+/// CA the handshake is refused (`storage`, naming the certificate), never retried in clear; and
+/// `tls = "disable"` towards a host that is not this one is refused before anything connects.
+#[test]
+fn tls_to_the_server_is_verified_and_never_falls_back_to_clear_text() {
+    if Command::new("openssl").arg("version").output().is_err() {
+        println!("SKIPPED tls_to_the_server_is_verified_and_never_falls_back_to_clear_text: no openssl binary to make the test certificates");
+        return;
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let certs = tempfile::tempdir().unwrap();
+    let c = certs.path();
+    std::fs::write(c.join("san.ext"), "subjectAltName=DNS:localhost\n").unwrap();
+    for ca in ["ca", "other"] {
+        openssl(
+            c,
+            &[
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                &format!("{ca}.key"),
+                "-out",
+                &format!("{ca}.pem"),
+                "-days",
+                "2",
+                "-subj",
+                &format!("/CN=holdfast test {ca}"),
+            ],
+        );
+    }
+    openssl(
+        c,
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=localhost",
+        ],
+    );
+    openssl(
+        c,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.crt",
+            "-days",
+            "2",
+            "-extfile",
+            "san.ext",
+        ],
+    );
+    let Some(server) = Server::start_with("tls_to_the_server_is_verified", |dir| {
+        for f in ["server.crt", "server.key"] {
+            std::fs::copy(c.join(f), dir.join(f)).unwrap();
+            std::fs::set_permissions(
+                dir.join(f),
+                std::os::unix::fs::PermissionsExt::from_mode(0o600),
+            )
+            .unwrap();
+            if is_root() {
+                let st = Command::new("chown")
+                    .arg("postgres:")
+                    .arg(dir.join(f))
+                    .status()
+                    .unwrap();
+                assert!(st.success());
+            }
+        }
+        format!(
+            "-c listen_addresses=127.0.0.1 -c port={port} -c ssl=on -c ssl_cert_file={0}/server.crt -c ssl_key_file={0}/server.key",
+            dir.display()
+        )
+    }) else {
+        return;
+    };
+    let socket_base = format!("{} port={port}", server.base());
+    let db = fresh_pg_backend(&socket_base);
+    let dbname = pg_url_of(&db).split("dbname=").nth(1).unwrap().to_owned();
+    let user = if is_root() {
+        "postgres".to_owned()
+    } else {
+        std::env::var("USER").unwrap()
+    };
+    let backend = |ca: &str| {
+        format!(
+            "[backend]\nkind = \"postgres\"\nurl = \"host=localhost port={port} user={user} dbname={dbname}\"\ntls = \"require\"\nssl_root_cert = \"{}\"\n",
+            c.join(ca).display()
+        )
+    };
+    let mut a = host(&backend("ca.pem"));
+    let d = a.start();
+    let mut conn = Conn::open(&d.socket);
+    let r = conn.ok("stream.begin", json!({"run_id": "tls-run"}));
+    assert_eq!(r["epoch"], 1);
+    let ssl = pg_pairs(
+        &format!("{socket_base} dbname={dbname}"),
+        "SELECT bool_and(s.ssl)::text, count(*) FROM pg_stat_ssl s
+           JOIN pg_stat_activity a USING (pid) WHERE a.application_name = 'holdfast'",
+    );
+    assert_eq!(
+        ssl[0].0, "true",
+        "every holdfast connection is TLS: {ssl:?}"
+    );
+    assert!(ssl[0].1 >= 1, "{ssl:?}");
+    d.stop();
+
+    let mut b = host(&backend("other.pem"));
+    let d = b.start();
+    let mut conn = Conn::open(&d.socket);
+    let e = conn.err("stream.begin", json!({"run_id": "tls-run-2"}));
+    assert_eq!(e["data"]["kind"], "storage", "{e}");
+    let msg = e["message"].as_str().unwrap().to_owned();
+    assert!(
+        msg.contains("certificate") || msg.contains("UnknownIssuer"),
+        "{msg}"
+    );
+    d.stop();
+
+    b.write_config("[backend]\nkind = \"postgres\"\nurl = \"host=db.example.org user=u dbname=d\"\ntls = \"disable\"\n");
+    let o = run(b.holdfast(&["db", "status"]), b"");
+    assert_eq!(o.code, 2, "{o}");
+    assert!(o.stderr.contains("in clear"), "{o}");
+    println!(
+        "TLS: {} holdfast connection(s) encrypted and verified against the test CA; another CA refused ({msg}); tls = \"disable\" to a remote host refused",
+        ssl[0].1
+    );
 }

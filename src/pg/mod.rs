@@ -117,12 +117,20 @@ pub struct BackendSection {
     pub host_name: Option<String>,
     /// Connections in the pool (default 8); one more is kept for commits, one for LISTEN.
     pub pool_size: Option<usize>,
+    /// `auto` (default: TLS to any host that is not this one, none over a Unix socket or
+    /// loopback), `require` (TLS even on loopback), `disable` (never; refused for a host that is
+    /// not this one). TLS always verifies the server's certificate and name.
+    pub tls: Option<String>,
+    /// A PEM file of the CA certificates to trust for TLS, instead of the system's.
+    pub ssl_root_cert: Option<PathBuf>,
 }
 
 /// The backend's settings, read from `[backend]`.
 #[derive(Clone)]
 pub struct PgSettings {
     config: tokio_postgres::Config,
+    /// TLS to the server (see [`BackendSection::tls`]), or none.
+    tls: Option<tokio_postgres_rustls::MakeRustlsConnect>,
     /// How this daemon names itself in the database.
     pub host_name: String,
     pool_size: usize,
@@ -132,6 +140,7 @@ impl fmt::Debug for PgSettings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PgSettings")
             .field("at", &self.at())
+            .field("tls", &self.tls.is_some())
             .field("host_name", &self.host_name)
             .finish_non_exhaustive()
     }
@@ -165,14 +174,27 @@ impl PgSettings {
             let user = config.get_user().unwrap_or_default().to_owned();
             config.dbname(&user);
         }
-        for h in config.get_hosts() {
-            if let Host::Tcp(name) = h {
-                if !is_loopback(name) {
-                    return Err(DbError::Config(format!(
-                        "host {name:?} is not local: this build talks to PostgreSQL over a Unix socket or loopback only (no TLS yet), so a password and stream text would cross the network in clear"
-                    )));
-                }
+        let remote = config.get_hosts().iter().find_map(|h| match h {
+            Host::Tcp(name) if !is_loopback(name) => Some(name.clone()),
+            _ => None,
+        });
+        let tls = match (b.tls.as_deref().unwrap_or("auto"), &remote) {
+            ("auto", None) | ("disable", None) => None,
+            ("auto", Some(_)) | ("require", _) => Some(tls_connector(b.ssl_root_cert.as_deref())?),
+            ("disable", Some(name)) => {
+                return Err(DbError::Config(format!(
+                    "tls = \"disable\" with host {name:?}, which is not this one: a password and stream text would cross the network in clear"
+                )))
             }
+            (other, _) => {
+                return Err(DbError::Config(format!(
+                    "tls = {other:?}: expected \"auto\", \"require\" or \"disable\""
+                )))
+            }
+        };
+        if tls.is_some() {
+            // The server must speak TLS; a refusal is an error, never a fallback to clear text.
+            config.ssl_mode(tokio_postgres::config::SslMode::Require);
         }
         if let Some(p) = password::lookup(b.password_file.as_deref(), &config)? {
             config.password(p.as_bytes());
@@ -182,6 +204,7 @@ impl PgSettings {
         config.keepalives_idle(Duration::from_secs(30));
         Ok(PgSettings {
             config,
+            tls,
             host_name: b.host_name.clone().unwrap_or_else(host_name),
             pool_size: b.pool_size.unwrap_or(limits::PG_POOL_SIZE).max(1),
         })
@@ -205,6 +228,49 @@ impl PgSettings {
             self.config.get_user().unwrap_or_default()
         )
     }
+}
+
+/// A TLS connector that verifies the server's certificate chain and name against `roots`
+/// (a PEM file) or the system's CA certificates.
+fn tls_connector(
+    roots: Option<&std::path::Path>,
+) -> Result<tokio_postgres_rustls::MakeRustlsConnect, DbError> {
+    use rustls::pki_types::{pem::PemObject, CertificateDer};
+    let mut store = rustls::RootCertStore::empty();
+    match roots {
+        Some(path) => {
+            let bad =
+                |what: String| DbError::Config(format!("ssl_root_cert {}: {what}", path.display()));
+            let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+                .map_err(|e| bad(e.to_string()))?
+                .collect::<Result<_, _>>()
+                .map_err(|e| bad(e.to_string()))?;
+            if certs.is_empty() {
+                return Err(bad("no certificate in it".into()));
+            }
+            for c in certs {
+                store.add(c).map_err(|e| bad(e.to_string()))?;
+            }
+        }
+        None => {
+            let found = rustls_native_certs::load_native_certs();
+            for c in found.certs {
+                let _ = store.add(c);
+            }
+            if store.is_empty() {
+                return Err(DbError::Config(
+                    "TLS needs CA certificates: none found on this system (install ca-certificates) and no ssl_root_cert given".into(),
+                ));
+            }
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| DbError::Config(format!("TLS: {e}")))?
+        .with_root_certificates(store)
+        .with_no_client_auth();
+    Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
 }
 
 fn is_loopback(name: &str) -> bool {
@@ -264,13 +330,19 @@ impl Db {
             .enable_all()
             .build()
             .map_err(|e| DbError::Runtime(e.to_string()))?;
-        let mgr = deadpool_postgres::Manager::from_config(
-            settings.config.clone(),
-            tokio_postgres::NoTls,
-            deadpool_postgres::ManagerConfig {
-                recycling_method: deadpool_postgres::RecyclingMethod::Fast,
-            },
-        );
+        let mc = || deadpool_postgres::ManagerConfig {
+            recycling_method: deadpool_postgres::RecyclingMethod::Fast,
+        };
+        let mgr = match &settings.tls {
+            Some(tls) => {
+                deadpool_postgres::Manager::from_config(settings.config.clone(), tls.clone(), mc())
+            }
+            None => deadpool_postgres::Manager::from_config(
+                settings.config.clone(),
+                tokio_postgres::NoTls,
+                mc(),
+            ),
+        };
         let pool = {
             let _guard = rt.enter();
             deadpool_postgres::Pool::builder(mgr)
@@ -336,28 +408,44 @@ impl Db {
         &self,
         on_message: impl Fn(tokio_postgres::AsyncMessage) + Send + 'static,
     ) -> Result<tokio_postgres::Client, DbError> {
-        let (client, mut conn) = self
-            .settings
-            .config
-            .connect(tokio_postgres::NoTls)
-            .await
-            .map_err(|e| DbError::Connect {
-                at: self.settings.at(),
-                source: Arc::new(e),
-            })?;
-        tokio::spawn(async move {
-            loop {
-                match std::future::poll_fn(|cx| conn.poll_message(cx)).await {
-                    Some(Ok(m)) => on_message(m),
-                    Some(Err(e)) => {
-                        tracing::warn!(error = %e, "PostgreSQL connection ended");
-                        break;
-                    }
-                    None => break,
-                }
+        let err = |e| DbError::Connect {
+            at: self.settings.at(),
+            source: Arc::new(e),
+        };
+        let config = &self.settings.config;
+        let client = match &self.settings.tls {
+            Some(tls) => {
+                let (client, conn) = config.connect(tls.clone()).await.map_err(err)?;
+                tokio::spawn(drive(conn, on_message));
+                client
             }
-        });
+            None => {
+                let (client, conn) = config.connect(tokio_postgres::NoTls).await.map_err(err)?;
+                tokio::spawn(drive(conn, on_message));
+                client
+            }
+        };
         Ok(client)
+    }
+}
+
+/// Drive a dedicated connection, handing its asynchronous messages to `on_message`.
+async fn drive<S, T>(
+    mut conn: tokio_postgres::Connection<S, T>,
+    on_message: impl Fn(tokio_postgres::AsyncMessage) + Send + 'static,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    loop {
+        match std::future::poll_fn(|cx| conn.poll_message(cx)).await {
+            Some(Ok(m)) => on_message(m),
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "PostgreSQL connection ended");
+                break;
+            }
+            None => break,
+        }
     }
 }
 
