@@ -523,3 +523,127 @@ fn tls_to_the_server_is_verified_and_never_falls_back_to_clear_text() {
         ssl[0].1
     );
 }
+
+/// `holdfast migrate --to postgres` and back: an active run (mid-stream, resumable), a
+/// committed one, a checkpoint and a run log move with their content, verified by the command
+/// itself and then served by a daemon on the new backend; a target that is not empty is
+/// refused.
+#[test]
+fn migrate_to_postgres_and_back_keeps_everything() {
+    let Some(server) = Server::start("migrate_to_postgres_and_back_keeps_everything") else {
+        return;
+    };
+    let backend = server.backend();
+    let as_file = backend.replace("kind = \"postgres\"", "kind = \"file\"");
+    let mut a = DaemonEnv::new("");
+    a.write_config(&as_file);
+    let d = a.start();
+    let mut c = Conn::open(&d.socket);
+    let sid = c.ok("stream.begin", json!({"run_id": "live", "model": "m"}))["stream_id"].clone();
+    for (i, t) in ["The ", "answer ", "is "].iter().enumerate() {
+        c.ok(
+            "stream.append",
+            json!({"run_id": "live", "stream_id": sid, "seq": i + 1,
+                   "events": [{"type": "text", "text": t}]}),
+        );
+    }
+    let done = c.ok("stream.begin", json!({"run_id": "done"}))["stream_id"].clone();
+    c.ok(
+        "stream.append",
+        json!({"run_id": "done", "stream_id": done, "seq": 1,
+        "events": [{"type": "text", "text": "final"}]}),
+    );
+    c.ok(
+        "stream.commit",
+        json!({"run_id": "done", "stream_id": done,
+        "final_message": {"role": "assistant", "content": "final"}}),
+    );
+    c.ok(
+        "checkpoint.put",
+        json!({"run_id": "cp", "snapshot": {"partial_text": "kept"}}),
+    );
+    c.ok(
+        "run.log_node",
+        json!({"run_id": "live", "detail": {"node_id": "plan", "success": true,
+        "input_tokens": 7, "output_tokens": 3}}),
+    );
+    c.ok(
+        "run.tool_begin",
+        json!({"run_id": "live", "tool_call_id": "t1", "name": "search", "input": {"q": "x"}}),
+    );
+    c.ok(
+        "run.tool_end",
+        json!({"run_id": "live", "tool_call_id": "t1", "result": "ok"}),
+    );
+    c.ok(
+        "run.log_node",
+        json!({"run_id": "done", "detail": {"node_id": "n", "success": true}}),
+    );
+    c.ok("run.end", json!({"run_id": "done", "status": "success"}));
+    let before_live = c.ok("stream.get", json!({"run_id": "live", "reveal": true}));
+    let before_log = c.ok("run.get", json!({"run_id": "live"}));
+    d.stop();
+
+    let o = run(a.holdfast(&["migrate", "--to", "postgres"]), b"");
+    assert_eq!(o.code, 0, "{o}");
+    assert!(o.stdout.contains("moved and verified: 1 active runs (3 events), 1 ended runs, 1 checkpoints, 2 run logs (4 records)"), "{o}");
+    // Again: the database is not empty any more.
+    let again = run(a.holdfast(&["migrate", "--to", "postgres"]), b"");
+    assert_eq!(again.code, 1, "{again}");
+    assert!(again.stderr.contains("already holds"), "{again}");
+
+    // Served from the database now.
+    a.write_config(&backend);
+    let d = a.start();
+    let mut c = Conn::open(&d.socket);
+    let live = c.ok("stream.get", json!({"run_id": "live", "reveal": true}));
+    assert_eq!(live["checkpoint"]["partial_text"], "The answer is ");
+    assert_eq!(live["next_seq"], before_live["next_seq"]);
+    let log = c.ok("run.get", json!({"run_id": "live"}));
+    assert_eq!(log["details"], before_log["details"]);
+    assert_eq!(log["tool_log"], before_log["tool_log"]);
+    let g = c.ok("stream.get", json!({"run_id": "done", "reveal": true}));
+    assert_eq!(g["final_message"]["content"], "final");
+    assert_eq!(
+        c.ok("checkpoint.get", json!({"run_id": "cp"}))["partial_text"],
+        "kept"
+    );
+    let ended = c.ok("run.get", json!({"run_id": "done"}));
+    assert_eq!(ended["ended"], true);
+    // The producer's stream goes on where it was, on the new backend.
+    c.ok(
+        "stream.append",
+        json!({"run_id": "live", "stream_id": sid, "seq": 4,
+        "events": [{"type": "text", "text": "42."}]}),
+    );
+    d.stop();
+
+    // And back, into a data directory of its own (this one's files are not empty).
+    let back = run(a.holdfast(&["migrate", "--to", "file"]), b"");
+    assert_eq!(back.code, 1, "{back}");
+    assert!(back.stderr.contains("file backend already holds"), "{back}");
+    let mut b = DaemonEnv::new("");
+    b.write_config(&backend);
+    let o = run(b.holdfast(&["migrate", "--to", "file"]), b"");
+    assert_eq!(o.code, 0, "{o}");
+    assert!(
+        o.stdout
+            .contains("1 active runs (4 events), 1 ended runs, 1 checkpoints, 2 run logs"),
+        "{o}"
+    );
+    b.write_config(&as_file);
+    let d = b.start();
+    let mut c = Conn::open(&d.socket);
+    let live = c.ok("stream.get", json!({"run_id": "live", "reveal": true}));
+    assert_eq!(live["checkpoint"]["partial_text"], "The answer is 42.");
+    let r = c.ok(
+        "stream.commit",
+        json!({"run_id": "live", "stream_id": sid,
+        "final_message": {"role": "assistant"}, "content_from_stream": true}),
+    );
+    assert_eq!(r["status"], "committed");
+    let g = c.ok("stream.get", json!({"run_id": "live", "reveal": true}));
+    assert_eq!(g["final_message"]["content"], "The answer is 42.");
+    d.stop();
+    println!("migrate: files -> postgres (1 active run, 1 ended, 1 checkpoint, 2 run logs, verified; served and continued there) -> files in a new data dir (verified; the run committed there); non-empty targets refused");
+}

@@ -9,6 +9,7 @@ mod db;
 mod import;
 mod init;
 mod key;
+mod migrate;
 mod recovery;
 mod runs;
 mod status;
@@ -173,6 +174,10 @@ enum Command {
     /// The PostgreSQL backend's schema: status, migrate (`[backend] kind = "postgres"`).
     #[command(subcommand)]
     Db(db::DbCommand),
+    /// Move this data directory's streams, checkpoints and run logs to the [backend] database
+    /// (--to postgres) or back (--to file), then read the copy back and compare it with the
+    /// source. The target must be empty and no daemon running; credentials stay on files.
+    Migrate(migrate::MigrateArgs),
     /// Write the systemd units (socket activation, Type=notify, watchdog, hardening) with
     /// ExecStart= pointing at this binary: user units by default, --system for a dedicated
     /// service user. Prints the systemctl command to run next.
@@ -476,6 +481,7 @@ pub fn main() -> ExitCode {
         Command::Stream(c) => stream::run(g, c),
         Command::Runs(c) => runs::run(g, c),
         Command::Db(c) => db::run(g, c),
+        Command::Migrate(a) => migrate::run(g, a),
         Command::InstallUnits(a) => units::run(g, a),
     };
     match result {

@@ -66,6 +66,9 @@ pub enum RunLogError {
     /// No run log for the run.
     #[error("no run log for run {0:?}")]
     NoRun(String),
+    /// A log moved in where the run already has one.
+    #[error("run {0:?} already has a run log here: a move goes into an empty backend")]
+    NotEmpty(String),
     /// The run has ended: its log is final.
     #[error("run {0:?} has ended (run.end); its log and summary are final")]
     Ended(String),
@@ -137,7 +140,7 @@ impl RunLogError {
             | RecordTooLarge { .. }
             | TooLargeToRewrite => ErrorKind::InvalidParams,
             NoRun(_) => ErrorKind::NotFound,
-            Ended(_) => ErrorKind::Conflict,
+            Ended(_) | NotEmpty(_) => ErrorKind::Conflict,
             Busy(_) => ErrorKind::Busy,
             Io(_) | NotA { .. } | Read { .. } | Database(_) => ErrorKind::Storage,
             BadSummary { .. } | SeqExhausted | BadStoredSummary { .. } => ErrorKind::Integrity,

@@ -20,6 +20,27 @@ use crate::timefmt::now_ms;
 
 const FRESH_TAIL: Duration = crate::limits::RUN_LOG_FRESH_TAIL;
 
+/// A record kept as it is: its line, its own seq and time, the counter after it.
+pub(super) fn as_is(
+    view: &Loaded,
+    record: &Map<String, Value>,
+) -> Result<(Vec<u8>, u64, u64, u64), RunLogError> {
+    let seq = record.get("seq").and_then(Value::as_u64).unwrap_or(0);
+    let at = record
+        .get("logged_at_ms")
+        .and_then(Value::as_u64)
+        .unwrap_or_else(now_ms);
+    // A map of JSON values serializes into a Vec without fail.
+    let line = serde_json::to_vec(record).unwrap_or_default();
+    if line.len() > MAX_RECORD_BYTES {
+        return Err(RunLogError::RecordTooLarge {
+            max: MAX_RECORD_BYTES,
+            len: line.len(),
+        });
+    }
+    Ok((line, seq, view.next_seq.max(seq.saturating_add(1)), at))
+}
+
 /// The files of the run logs under one `runs/` directory.
 pub(super) struct RunFiles {
     pub(super) dir: PathBuf,
@@ -237,7 +258,35 @@ impl RunFiles {
         kind: Kind,
         mut record: Map<String, Value>,
     ) -> Result<Entry, RunLogError> {
-        let (mut line, seq, next_seq, at) = Self::stamp(view, &mut record)?;
+        let (line, seq, next_seq, at) = Self::stamp(view, &mut record)?;
+        self.write_line(dir, view, kind, record, line, seq, next_seq, at)
+    }
+
+    /// Append a record as it is, its `seq` and `logged_at_ms` kept (a log moved from another
+    /// backend).
+    pub(super) fn append_as_is(
+        &self,
+        dir: &Path,
+        view: &mut Loaded,
+        kind: Kind,
+        record: Map<String, Value>,
+    ) -> Result<Entry, RunLogError> {
+        let (line, seq, next_seq, at) = as_is(view, &record)?;
+        self.write_line(dir, view, kind, record, line, seq, next_seq, at)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn write_line(
+        &self,
+        dir: &Path,
+        view: &mut Loaded,
+        kind: Kind,
+        record: Map<String, Value>,
+        mut line: Vec<u8>,
+        seq: u64,
+        next_seq: u64,
+        at: u64,
+    ) -> Result<Entry, RunLogError> {
         line.push(b'\n');
         let old_len = view.files[kind.index()].len;
         let meta =

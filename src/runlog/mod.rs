@@ -63,6 +63,10 @@ pub const MAX_RECORD_BYTES: usize = crate::limits::MAX_RUN_RECORD_BYTES;
 const LOCK_TIMEOUT: Duration = crate::limits::LOCK_TIMEOUT;
 const CACHED_RUNS: usize = crate::limits::RUN_LOG_CACHED_RUNS;
 
+/// One stored record of a run log: its file (`0` details, `1` steps, `2` tool calls, `3`
+/// recovery) and the record.
+pub type Line = (u8, Map<String, Value>);
+
 /// The run logs under one `runs/` directory, or in a database several daemons share.
 pub struct RunLog {
     store: Store,
@@ -603,6 +607,53 @@ impl RunLog {
         drop(lock);
         self.forget(run_id);
         Ok(true)
+    }
+
+    /// Every run with a log (for `holdfast migrate`).
+    pub fn run_ids(&self) -> Result<Vec<String>, RunLogError> {
+        Ok(self
+            .list(None, None, None)?
+            .iter()
+            .filter_map(|d| d["run_id"].as_str().map(str::to_owned))
+            .collect())
+    }
+
+    /// A run's log as it is stored: each file's records in order (by kind: `details`,
+    /// `steps`, `tools`, `recovery`), and its summary if it ended (for `holdfast migrate`).
+    pub fn export(&self, run_id: &str) -> Result<(Vec<Line>, Option<Value>), RunLogError> {
+        self.with_run(run_id, false, |_, view| {
+            let mut lines = Vec::new();
+            for kind in KINDS {
+                for e in view.records(kind) {
+                    lines.push((kind.index() as u8, e.record.clone()));
+                }
+            }
+            Ok((lines, view.summary.clone()))
+        })
+    }
+
+    /// Write a run's log as [`RunLog::export`] gave it, into a run that has none: every
+    /// record with its own `seq` and time, then the summary.
+    pub fn import(
+        &self,
+        run_id: &str,
+        lines: &[Line],
+        summary: Option<&Value>,
+    ) -> Result<(), RunLogError> {
+        self.with_run(run_id, true, |w, view| {
+            if view.next_seq > 0 || view.summary.is_some() {
+                return Err(RunLogError::NotEmpty(run_id.to_owned()));
+            }
+            for (k, record) in lines {
+                let kind = KINDS[(*k as usize).min(KINDS.len() - 1)];
+                w.append_as_is(view, kind, record.clone())?;
+            }
+            if let Some(s) = summary {
+                w.write_summary(s)?;
+                view.summary = Some(s.clone());
+            }
+            Ok(())
+        })
     }
 
     /// The load report of a run, if its log is clean or not (for `runs show`).

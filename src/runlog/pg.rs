@@ -278,6 +278,22 @@ impl Writer for PgWriter<'_> {
         Ok(Entry { seq, pos, record })
     }
 
+    fn append_as_is(
+        &mut self,
+        view: &mut Loaded,
+        kind: Kind,
+        record: Map<String, Value>,
+    ) -> Result<Entry, RunLogError> {
+        let (line, seq, next_seq, at) = super::files::as_is(view, &record)?;
+        let pos = view.files[kind.index()].next_pos;
+        self.insert(kind, pos, &record, line)?;
+        view.files[kind.index()].next_pos = pos + 1;
+        view.next_seq = next_seq;
+        view.first_ms = Some(view.first_ms.map_or(at, |f| f.min(at)));
+        view.last_ms = Some(view.last_ms.map_or(at, |l| l.max(at)));
+        Ok(Entry { seq, pos, record })
+    }
+
     fn replace(
         &mut self,
         view: &mut Loaded,

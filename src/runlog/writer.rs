@@ -20,6 +20,13 @@ pub(super) trait Writer {
         kind: Kind,
         record: Map<String, Value>,
     ) -> Result<Entry, RunLogError>;
+    /// Append a record as it is (its `seq` and `logged_at_ms` kept: a moved log).
+    fn append_as_is(
+        &mut self,
+        view: &mut Loaded,
+        kind: Kind,
+        record: Map<String, Value>,
+    ) -> Result<Entry, RunLogError>;
     /// Replace a logical entry at its place.
     fn replace(
         &mut self,
@@ -46,6 +53,15 @@ impl Writer for FileWriter<'_> {
         record: Map<String, Value>,
     ) -> Result<Entry, RunLogError> {
         self.files.append(self.dir, view, kind, record)
+    }
+
+    fn append_as_is(
+        &mut self,
+        view: &mut Loaded,
+        kind: Kind,
+        record: Map<String, Value>,
+    ) -> Result<Entry, RunLogError> {
+        self.files.append_as_is(self.dir, view, kind, record)
     }
 
     fn replace(

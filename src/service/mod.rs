@@ -17,6 +17,7 @@ use crate::streams::{Sealer, StreamError, Streams};
 
 mod engines;
 mod leases;
+pub mod migrate;
 pub mod watch;
 
 pub use engines::STREAMS_KEY_STORE;

@@ -307,6 +307,31 @@ impl StreamStore for PgStore {
         })
     }
 
+    fn ended_ids(&self) -> Result<Vec<String>, StreamError> {
+        self.query(move |c| {
+            Box::pin(async move {
+                let rows = c
+                    .query(
+                        "SELECT run_id FROM hf_stream_runs WHERE ended ORDER BY run_id",
+                        &[],
+                    )
+                    .await?;
+                Ok(rows.iter().map(|r| r.get(0)).collect())
+            })
+        })
+    }
+
+    fn checkpoint_ids(&self) -> Result<Vec<String>, StreamError> {
+        self.query(move |c| {
+            Box::pin(async move {
+                let rows = c
+                    .query("SELECT run_id FROM hf_checkpoints ORDER BY run_id", &[])
+                    .await?;
+                Ok(rows.iter().map(|r| r.get(0)).collect())
+            })
+        })
+    }
+
     fn reseal_files(&self) -> Result<usize, StreamError> {
         // Nothing here is sealed with the host's key (see the module's doc).
         Ok(0)

@@ -179,6 +179,10 @@ pub trait StreamStore: Send + Sync {
     fn get_checkpoint(&self, run_id: &str) -> Result<Option<Value>, StreamError>;
     /// Delete the run's checkpoint; whether there was one.
     fn delete_checkpoint(&self, run_id: &str) -> Result<bool, StreamError>;
+    /// The runs that ended (they have a state), for `holdfast migrate` (blocking).
+    fn ended_ids(&self) -> Result<Vec<String>, StreamError>;
+    /// The runs with a checkpoint, for `holdfast migrate` (blocking).
+    fn checkpoint_ids(&self) -> Result<Vec<String>, StreamError>;
     /// Re-seal every state and checkpoint under the current key (key rotation); how many.
     fn reseal_files(&self) -> Result<usize, StreamError>;
     /// The journal's counters.
@@ -298,6 +302,19 @@ impl FileStore {
         self.write_file(&dir, name, &sealed)
     }
 
+    /// The run ids whose directory holds `name`, sorted.
+    fn ids_with(&self, name: &str) -> Result<Vec<String>, StreamError> {
+        let entries =
+            fs::read_dir(&self.runs_dir).map_err(|e| IoError::new(Op::Read, &self.runs_dir, e))?;
+        let mut ids: Vec<String> = entries
+            .flatten()
+            .filter(|e| fs::symlink_metadata(e.path().join(name)).is_ok())
+            .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+            .collect();
+        ids.sort();
+        Ok(ids)
+    }
+
     fn write_file(&self, dir: &Path, name: &str, sealed: &[u8]) -> Result<(), StreamError> {
         self.poison.check(dir).map_err(storage)?;
         self.poison
@@ -367,6 +384,14 @@ impl StreamStore for FileStore {
         self.poison
             .watch(durable::remove_durably(&dir, "checkpoint", &self.faults))
             .map_err(storage)
+    }
+
+    fn ended_ids(&self) -> Result<Vec<String>, StreamError> {
+        self.ids_with("state")
+    }
+
+    fn checkpoint_ids(&self) -> Result<Vec<String>, StreamError> {
+        self.ids_with("checkpoint")
     }
 
     fn reseal_files(&self) -> Result<usize, StreamError> {

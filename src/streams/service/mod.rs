@@ -9,6 +9,9 @@ mod ending;
 mod plans;
 mod replay;
 mod shared;
+mod transfer;
+
+pub use transfer::Export;
 
 use std::collections::HashMap;
 use std::path::Path;
