@@ -344,23 +344,6 @@ fn db_commands_migrate_and_a_newer_schema_is_refused() {
     println!("db status/migrate: 0 -> 2, idempotent; schema 99 refused by CLI (exit 4) and daemon (storage); a password in the URL refused without echoing it");
 }
 
-fn pg_execute_in(base: &str, db: &str, sql: &str) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let (client, conn) =
-            tokio_postgres::connect(&format!("{base} dbname={db}"), tokio_postgres::NoTls)
-                .await
-                .unwrap();
-        let h = tokio::spawn(conn);
-        client.batch_execute(sql).await.unwrap();
-        drop(client);
-        let _ = h.await;
-    });
-}
-
 fn openssl(dir: &Path, args: &[&str]) {
     let out = Command::new("openssl")
         .args(args)

@@ -212,15 +212,7 @@ impl PgSettings {
 
     /// A URL-like "where" for messages: hosts, port, database and user, never the password.
     pub fn at(&self) -> String {
-        let hosts: Vec<String> = self
-            .config
-            .get_hosts()
-            .iter()
-            .map(|h| match h {
-                Host::Tcp(n) => n.clone(),
-                Host::Unix(p) => p.display().to_string(),
-            })
-            .collect();
+        let hosts = host_names(&self.config);
         format!(
             "{} (database {:?}, user {:?})",
             hosts.join(","),
@@ -271,6 +263,18 @@ fn tls_connector(
         .with_root_certificates(store)
         .with_no_client_auth();
     Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
+}
+
+/// The config's hosts as written: names, addresses, socket directories.
+fn host_names(config: &tokio_postgres::Config) -> Vec<String> {
+    config
+        .get_hosts()
+        .iter()
+        .map(|h| match h {
+            Host::Tcp(n) => n.clone(),
+            Host::Unix(p) => p.display().to_string(),
+        })
+        .collect()
 }
 
 fn is_loopback(name: &str) -> bool {

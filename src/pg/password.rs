@@ -7,7 +7,6 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use tokio_postgres::config::Host;
 use zeroize::Zeroizing;
 
 use super::DbError;
@@ -51,14 +50,7 @@ pub(super) fn lookup(
         return Ok(None);
     };
     let text = Zeroizing::new(String::from_utf8_lossy(&bytes).into_owned());
-    let hosts: Vec<String> = config
-        .get_hosts()
-        .iter()
-        .map(|h| match h {
-            Host::Tcp(n) => n.clone(),
-            Host::Unix(p) => p.display().to_string(),
-        })
-        .collect();
+    let hosts = super::host_names(config);
     let port = config
         .get_ports()
         .first()

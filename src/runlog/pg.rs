@@ -261,14 +261,15 @@ impl PgWriter<'_> {
     }
 }
 
-impl Writer for PgWriter<'_> {
-    fn append(
+impl PgWriter<'_> {
+    /// Insert a new line (line, seq, the counter after it, its time) and note it in the view.
+    fn put(
         &mut self,
         view: &mut Loaded,
         kind: Kind,
-        mut record: Map<String, Value>,
+        record: Map<String, Value>,
+        (line, seq, next_seq, at): (Vec<u8>, u64, u64, u64),
     ) -> Result<Entry, RunLogError> {
-        let (line, seq, next_seq, at) = RunFiles::stamp(view, &mut record)?;
         let pos = view.files[kind.index()].next_pos;
         self.insert(kind, pos, &record, line)?;
         view.files[kind.index()].next_pos = pos + 1;
@@ -277,6 +278,18 @@ impl Writer for PgWriter<'_> {
         view.last_ms = Some(view.last_ms.map_or(at, |l| l.max(at)));
         Ok(Entry { seq, pos, record })
     }
+}
+
+impl Writer for PgWriter<'_> {
+    fn append(
+        &mut self,
+        view: &mut Loaded,
+        kind: Kind,
+        mut record: Map<String, Value>,
+    ) -> Result<Entry, RunLogError> {
+        let stamped = RunFiles::stamp(view, &mut record)?;
+        self.put(view, kind, record, stamped)
+    }
 
     fn append_as_is(
         &mut self,
@@ -284,14 +297,8 @@ impl Writer for PgWriter<'_> {
         kind: Kind,
         record: Map<String, Value>,
     ) -> Result<Entry, RunLogError> {
-        let (line, seq, next_seq, at) = super::files::as_is(view, &record)?;
-        let pos = view.files[kind.index()].next_pos;
-        self.insert(kind, pos, &record, line)?;
-        view.files[kind.index()].next_pos = pos + 1;
-        view.next_seq = next_seq;
-        view.first_ms = Some(view.first_ms.map_or(at, |f| f.min(at)));
-        view.last_ms = Some(view.last_ms.map_or(at, |l| l.max(at)));
-        Ok(Entry { seq, pos, record })
+        let stamped = super::files::as_is(view, &record)?;
+        self.put(view, kind, record, stamped)
     }
 
     fn replace(

@@ -434,13 +434,18 @@ pub fn pg_pairs(url: &str, sql: &str) -> Vec<(String, i64)> {
 
 /// Run one statement on the test server's `postgres` database.
 pub fn pg_execute(base: &str, sql: &str) {
+    pg_execute_in(base, "postgres", sql);
+}
+
+/// Run statements on database `db` of the test server.
+pub fn pg_execute_in(base: &str, db: &str, sql: &str) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     rt.block_on(async {
         let (client, conn) =
-            tokio_postgres::connect(&format!("{base} dbname=postgres"), tokio_postgres::NoTls)
+            tokio_postgres::connect(&format!("{base} dbname={db}"), tokio_postgres::NoTls)
                 .await
                 .expect("connect to the test PostgreSQL");
         let h = tokio::spawn(conn);
