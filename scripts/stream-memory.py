@@ -5,6 +5,9 @@ per event (read from /proc/PID/status). A run keeps every event while it is acti
 subscriber with after_seq 0 is replayed all of it), so this is the cost of a long answer.
 
     python3 scripts/stream-memory.py target/release/holdfast [OTHER_BINARY ...]
+
+With STREAM_MEMORY_CONFIG set, its text is the daemons' config file (e.g. a [backend] section
+putting the streams on PostgreSQL, whose runs keep no published event in memory).
 """
 import json, os, signal, socket, subprocess, sys, tempfile, time
 def run(binary):
@@ -12,6 +15,10 @@ def run(binary):
     home = os.path.join(tmp, "home"); rund = os.path.join(home, "run"); os.makedirs(rund, mode=0o700)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HOLDFAST_", "HIVE_", "XDG_"))}
     env.update(HOME=home, XDG_RUNTIME_DIR=rund, XDG_CONFIG_HOME=os.path.join(home, "config"), XDG_STATE_HOME=os.path.join(home, "state"))
+    if os.environ.get("STREAM_MEMORY_CONFIG"):
+        os.makedirs(os.path.join(home, "config", "holdfast"), exist_ok=True)
+        with open(os.path.join(home, "config", "holdfast", "config.toml"), "w") as c:
+            c.write(os.environ["STREAM_MEMORY_CONFIG"])
     subprocess.run([binary, "init"], env=env, check=True, capture_output=True)
     d = subprocess.Popen([binary, "daemon"], env=env, stderr=subprocess.DEVNULL)
     sock = os.path.join(rund, "holdfast", "holdfast.sock")

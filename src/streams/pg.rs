@@ -490,6 +490,29 @@ impl SharedStore for PgStore {
         })
     }
 
+    fn events(&self, run_id: &str) -> Result<Vec<(u64, EventJson)>, StreamError> {
+        let run = run_id.to_owned();
+        let rows: Vec<(i64, String)> = self.query(move |c| {
+            Box::pin(async move {
+                let rows = c
+                    .query(
+                        "SELECT seq, body FROM hf_stream_events WHERE run_id = $1 ORDER BY pos",
+                        &[&run],
+                    )
+                    .await?;
+                Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+            })
+        })?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(seq, body)| {
+                serde_json::value::RawValue::from_string(body)
+                    .ok()
+                    .map(|e| (seq as u64, EventJson::from(e)))
+            })
+            .collect())
+    }
+
     fn sweep(&self, events_before_ms: u64) -> Result<u64, StreamError> {
         self.query(move |c| {
             Box::pin(async move {

@@ -66,9 +66,14 @@ pub(super) struct Run {
     pub(super) status: Status,
     /// The next seq the producer must use.
     pub(super) next_seq: u64,
-    /// Every published-or-pending event of the run, in seq order (the backlog a subscriber
-    /// with `after_seq` 0 gets: a page refreshed mid-answer replays it).
+    /// The run's published-or-pending events in seq order, from position `events_base` on
+    /// (the backlog a subscriber with `after_seq` 0 gets on files: a page refreshed mid-answer
+    /// replays it). On a shared store, whose subscribers read events from the store, only
+    /// those not yet handed to it are kept.
     pub(super) events: Vec<(u64, EventJson)>,
+    /// The position of `events[0]` among all the run's events; `published` and `queued`
+    /// count positions from the run's first event.
+    pub(super) events_base: usize,
     /// How many of `events` were handed to the store with a record (a shared store writes
     /// them in the record's transaction).
     pub(super) queued: usize,
@@ -112,6 +117,7 @@ impl Run {
             status: Status::Streaming,
             next_seq: 1,
             events: Vec::new(),
+            events_base: 0,
             queued: 0,
             version: 0,
             copy: next_copy(),
@@ -276,6 +282,7 @@ impl Run {
             next_seq: r.next_seq,
             published: r.events.len(),
             queued: r.events.len(),
+            events_base: 0,
             version: 0,
             copy: next_copy(),
             held_here: false,
@@ -309,8 +316,38 @@ impl Run {
             updated_ms: self.updated_at_ms,
             first_pos: self.queued as u64,
             copy: self.copy,
-            events: &self.events[self.queued.min(self.events.len())..],
+            events: self.events_since(self.queued),
         }
+    }
+
+    /// The position after the run's last event.
+    pub(super) fn end_pos(&self) -> usize {
+        self.events_base + self.events.len()
+    }
+
+    /// The events from position `pos` on (those still in memory).
+    pub(super) fn events_since(&self, pos: usize) -> &[(u64, EventJson)] {
+        let i = pos.saturating_sub(self.events_base).min(self.events.len());
+        &self.events[i..]
+    }
+
+    /// The events at positions `from..to` (those still in memory).
+    pub(super) fn events_between(&self, from: usize, to: usize) -> &[(u64, EventJson)] {
+        &self.events[self.index_range(from, to)]
+    }
+
+    /// Where positions `from..to` are in `events` (what memory still has of them).
+    pub(super) fn index_range(&self, from: usize, to: usize) -> std::ops::Range<usize> {
+        let rel = |p: usize| p.saturating_sub(self.events_base).min(self.events.len());
+        let (a, b) = (rel(from), rel(to));
+        a.min(b)..b
+    }
+
+    /// Drop the events before position `pos` from memory (a shared store holds them).
+    pub(super) fn forget_events_before(&mut self, pos: usize) {
+        let n = pos.saturating_sub(self.events_base).min(self.events.len());
+        self.events.drain(..n);
+        self.events_base += n;
     }
 
     /// Add daemon or producer events (already seq-numbered) to the run.

@@ -133,6 +133,8 @@ pub trait SharedStore: Send + Sync {
     fn list(&self) -> Result<Vec<Value>, StreamError>;
     /// Active runs with no activity since `before_ms` (blocking).
     fn idle(&self, before_ms: u64) -> Result<Vec<String>, StreamError>;
+    /// Every event the run published, in order (blocking).
+    fn events(&self, run_id: &str) -> Result<Vec<(u64, EventJson)>, StreamError>;
     /// Delete what ended runs no longer need: their records, and their events once they ended
     /// before `events_before_ms` (no follower is still reading them). Returns rows deleted.
     fn sweep(&self, events_before_ms: u64) -> Result<u64, StreamError>;

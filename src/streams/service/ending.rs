@@ -123,7 +123,7 @@ impl Streams {
                     .extend(acc.flush_trim().iter().map(|(s, e)| (*s, event_json(e))));
                 ending.events.push((run.next_seq, Arc::clone(&finish)));
             }
-            (run.next_seq, (run.events.len(), summary), ending)
+            (run.next_seq, (run.end_pos(), summary), ending)
         };
         let (events_total, summary) = events_total;
         let mut state = json!({"status": status, "run_id": run_id, "at_ms": now_ms(),
@@ -151,7 +151,7 @@ impl Streams {
             run.push_events(held);
             // Everything before finish went out once durable; finish goes out now (the state
             // file is durable) after whatever is still pending in the journal.
-            for (s, e) in &run.events[run.published.min(run.events.len())..] {
+            for (s, e) in run.events_since(run.published) {
                 for tx in &run.subscribers {
                     tx.push_uncapped(*s, e);
                 }

@@ -129,8 +129,8 @@ impl Streams {
                 st.runs.remove(&id);
             }
             for run in st.runs.values_mut() {
-                run.published = run.events.len();
-                run.queued = run.events.len();
+                run.published = run.end_pos();
+                run.queued = run.end_pos();
             }
         }
         streams.release_segments();
@@ -162,7 +162,7 @@ impl Streams {
         let durable = self.queue_for(run, prepared);
         Ok(Ticket {
             run_id: run.run_id.clone(),
-            upto: run.events.len(),
+            upto: run.end_pos(),
             version: run.version,
             durable,
             answer,
@@ -174,8 +174,13 @@ impl Streams {
     fn queue_for(&self, run: &mut Run, prepared: store::Prepared) -> Arc<Promise> {
         let p = self.store.queue_run(prepared, run.tail());
         run.version += 1;
-        run.queued = run.events.len();
+        run.queued = run.end_pos();
         run.last = Some(Arc::clone(&p));
+        if self.is_shared() {
+            // The store has them now (the queued write holds its own references) and serves
+            // them to subscribers: memory keeps none.
+            run.forget_events_before(run.queued);
+        }
         p
     }
 
@@ -254,9 +259,9 @@ impl Streams {
             run.first_segment = run.first_segment.min(pos.segment);
             if upto > run.published {
                 let from = run.published;
-                let to = upto.min(run.events.len());
+                let to = upto.min(run.end_pos());
                 run.published = to;
-                let fresh = &run.events[from..to];
+                let fresh = &run.events[run.index_range(from, to)];
                 run.subscribers
                     .retain(|tx| fresh.iter().all(|(s, e)| tx.push(*s, e)));
             }
@@ -466,7 +471,7 @@ impl Streams {
         run.updated_at_ms = at;
         run.status = Status::Streaming;
         run.push_events(out);
-        let upto = run.events.len();
+        let upto = run.end_pos();
         let acked = run.next_seq - 1;
         // Queued while the run is locked: the journal keeps each run's records in seq order.
         // The segment is noted now, not when the record is durable: a release in between must
@@ -509,7 +514,7 @@ impl Streams {
         let mut st = self.lock();
         match st.runs.get_mut(run_id) {
             Some(run) => {
-                let published = &run.events[..run.published.min(run.events.len())];
+                let published = run.events_between(run.events_base, run.published);
                 let lo = published.partition_point(|(s, _)| *s <= after_seq);
                 for (s, e) in &published[lo..] {
                     tx.push_uncapped(*s, e);

@@ -101,8 +101,10 @@ impl Streams {
             return Ok(());
         };
         run.version = version;
-        run.queued = run.events.len();
-        run.published = run.events.len();
+        run.queued = run.end_pos();
+        run.published = run.end_pos();
+        // The store serves its events to subscribers: memory keeps none of them.
+        run.forget_events_before(run.queued);
         let mut st = self.lock();
         // Another request may have loaded it meanwhile: the newer copy stays.
         match st.runs.get(run_id) {

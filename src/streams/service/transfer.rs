@@ -38,6 +38,12 @@ impl Streams {
                 .collect()
         };
         active.sort_by(|a, b| a.run.cmp(&b.run));
+        if let Some(shared) = self.shared() {
+            // Memory keeps no published event of a shared store's run: the store has them.
+            for snap in &mut active {
+                snap.events = shared.events(&snap.run)?;
+            }
+        }
         let mut ended = Vec::new();
         for id in self.store.ended_ids()? {
             let state = self.read_state(&id).ok_or(StreamError::NoSuchRun)?;
@@ -84,7 +90,7 @@ impl Streams {
             let durable = self.queue_for(&mut run, prepared);
             tickets.push(Ticket {
                 run_id: run.run_id.clone(),
-                upto: run.events.len(),
+                upto: run.end_pos(),
                 version: run.version,
                 durable,
                 answer: Value::Null,
