@@ -24,6 +24,7 @@
 //! durability = "always"        # "batch" (+ batch_interval_ms) or "none"; see docs/operations.md
 //! stale_after_secs = 3600      # resume: older checkpoints are stale (R4, or fail)
 //! expire_after_secs = 604800   # runs with no event for this long end as "expired"
+//! memory_events = 1024         # an active run's latest events kept in memory (files)
 //! [streams.retry]              # the planner's policy (docs/recovery.md)
 //! transient_budget = 2
 //!
@@ -121,6 +122,9 @@ pub struct StreamsSection {
     /// A run with no event for this long is ended as `expired` (default 7 days): failed and
     /// abandoned runs are kept for inspection until then.
     pub expire_after_secs: Option<u64>,
+    /// How many of an active run's latest published events memory keeps (default 1024);
+    /// older ones are derived from the journal when a subscriber asks for them.
+    pub memory_events: Option<usize>,
     /// The recovery planner's retry policy (budgets, backoff; docs/recovery.md "Policy").
     #[serde(default)]
     pub retry: Option<crate::recovery::Policy>,
@@ -328,6 +332,9 @@ impl Config {
         if let Some(p) = &st.retry {
             c.policy = p.clone();
         }
+        if let Some(n) = st.memory_events {
+            c.memory_events = n;
+        }
         c
     }
 
@@ -380,6 +387,12 @@ impl Config {
         srange("batch_interval_ms", st.batch_interval_ms, 1, 60_000)?;
         srange("stale_after_secs", st.stale_after_secs, 1, 365 * 86_400)?;
         srange("expire_after_secs", st.expire_after_secs, 60, 3650 * 86_400)?;
+        srange(
+            "memory_events",
+            st.memory_events.map(|n| n as u64),
+            1,
+            10_000_000,
+        )?;
         in_range(
             "runs",
             "retention_days",

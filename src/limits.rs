@@ -279,3 +279,10 @@ pub const SHARED_RETRIES: usize = 3;
 /// still reading a run when it ended reads its tail within seconds; a new subscriber to an
 /// ended run gets only its `finish`, from the run's state. Swept by the stream-expiry job.
 pub const PG_ENDED_EVENTS_KEPT: Duration = Duration::from_secs(3600);
+
+/// Default of `[streams] memory_events`: how many of an active run's latest published events
+/// the daemon keeps in memory on the file backend (~121 bytes each; up to twice this many, as
+/// they are dropped a window at a time). A subscriber asking for
+/// older ones (a page refreshed late in a long answer) gets them derived from the run's records
+/// in the journal, as a restart would; 1,024 covers most answers whole.
+pub const STREAM_MEMORY_EVENTS: usize = 1024;

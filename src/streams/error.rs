@@ -164,6 +164,15 @@ pub enum StreamError {
         #[source]
         source: SealError,
     },
+    /// The journal no longer gives the events memory dropped of an active run (it was damaged
+    /// behind the daemon's back).
+    #[error(
+        "run {run_id:?}: the stream journal no longer holds the events of it that memory dropped"
+    )]
+    EventsLost {
+        /// The run.
+        run_id: String,
+    },
     /// A checkpoint decrypts but is not JSON.
     #[error("checkpoint is not JSON: {0}")]
     CheckpointNotJson(#[source] serde_json::Error),
@@ -202,7 +211,7 @@ impl StreamError {
             }
             TooManyRuns { .. } => ErrorKind::Busy,
             KeySealed(_) | Seal(_) => ErrorKind::Sealed,
-            Undecryptable { .. } | CheckpointNotJson(_) => ErrorKind::Integrity,
+            Undecryptable { .. } | CheckpointNotJson(_) | EventsLost { .. } => ErrorKind::Integrity,
             NoKeyStore => ErrorKind::Unsupported,
             Journal(JournalError::Fenced) => ErrorKind::Conflict,
             KeyStoreFailed(_) | Unreadable { .. } | Io(_) | Journal(_) | Database(_) => {

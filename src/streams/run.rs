@@ -251,7 +251,9 @@ impl Run {
 
     /// Everything the run is, for a `snap` record (which replaces all earlier records of the
     /// run on replay).
-    pub(super) fn snapshot_record(&self) -> Record {
+    /// A `snap` record carrying `events` as the run's whole event list (memory may hold only
+    /// the latest: see `service/window.rs`).
+    pub(super) fn snapshot_with(&self, events: Vec<(u64, EventJson)>) -> Record {
         Record::Snapshot(Box::new(record::Snapshot {
             run: self.run_id.clone(),
             thread: self.thread_id.clone(),
@@ -260,7 +262,7 @@ impl Run {
             sid: self.stream_id.clone(),
             status: self.status,
             next_seq: self.next_seq,
-            events: self.events.clone(),
+            events,
             acc: self.acc.clone(),
             attempts: self.attempts,
             stall: self.stall_history.clone(),

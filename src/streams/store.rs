@@ -181,6 +181,13 @@ pub trait StreamStore: Send + Sync {
     fn get_checkpoint(&self, run_id: &str) -> Result<Option<Value>, StreamError>;
     /// Delete the run's checkpoint; whether there was one.
     fn delete_checkpoint(&self, run_id: &str) -> Result<bool, StreamError>;
+    /// The records kept from `mark` on, in order (blocking): what a run's old events are
+    /// derived from when memory no longer holds them. Only a store that keeps records in
+    /// marks (the file journal) has any; a shared store serves events itself.
+    fn records_from(&self, mark: u64) -> Result<Vec<Replayed>, StreamError> {
+        let _ = mark;
+        Ok(Vec::new())
+    }
     /// The runs that ended (they have a state), for `holdfast migrate` (blocking).
     fn ended_ids(&self) -> Result<Vec<String>, StreamError>;
     /// The runs with a checkpoint, for `holdfast migrate` (blocking).
@@ -390,6 +397,26 @@ impl StreamStore for FileStore {
 
     fn ended_ids(&self) -> Result<Vec<String>, StreamError> {
         self.ids_with("state")
+    }
+
+    fn records_from(&self, mark: u64) -> Result<Vec<Replayed>, StreamError> {
+        let frames = self
+            .journal
+            .read_from(mark)
+            .map_err(|e| StreamError::Unreadable {
+                what: "the stream journal".into(),
+                source: e,
+            })?;
+        Ok(frames
+            .into_iter()
+            .filter_map(|f| {
+                let plain = self.sealer.open(&f.payload).ok()?;
+                Record::decode(&plain).ok().map(|record| Replayed {
+                    record,
+                    mark: f.pos.segment,
+                })
+            })
+            .collect())
     }
 
     fn checkpoint_ids(&self) -> Result<Vec<String>, StreamError> {

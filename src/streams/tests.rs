@@ -795,3 +795,93 @@ fn a_lagging_subscriber_is_bounded_and_catches_up_exactly() {
         total
     );
 }
+
+/// On files memory keeps a window of a run's events (`memory_events`); everything older is
+/// derived from the journal when asked for. The same run in a store with a window of 3 and in
+/// one with the default window gives every subscriber the same events, seq for seq: from 0,
+/// from the middle, after falling behind, after a restart and after a key rotation (whose
+/// snapshot must carry the whole run); and memory holds no more than the window.
+#[test]
+fn a_window_of_events_in_memory_serves_every_subscriber_exactly() {
+    let (small, big) = (Env::new(), Env::new());
+    let open = |env: &Env, window: usize| {
+        Streams::open(
+            &env.streams_dir,
+            &env.runs_dir,
+            Arc::clone(&env.sealer),
+            StreamsConfig {
+                memory_events: window,
+                ..StreamsConfig::default()
+            },
+            Faults::none(),
+        )
+        .unwrap()
+    };
+    let scenario = |s: &Streams| {
+        let sid = begin(s, "long");
+        let mut seq = 1;
+        for i in 0..40 {
+            let batch = [text(&format!("w{i:02} ")), text("and ")];
+            ok(s, s.append("long", &sid, seq, &batch));
+            seq += 2;
+        }
+        let plan = ok(s, s.interrupt("long", &sid, &json!("connection_reset")));
+        let next = plan["next_seq"].as_u64().unwrap();
+        // The continuation repeats the tail: the overlap trimmer drops it.
+        ok(
+            s,
+            s.append("long", &sid, next, &[text("and w40 "), text("done.")]),
+        );
+    };
+    let (s_small, s_big) = (open(&small, 3), open(&big, 1024));
+    scenario(&s_small);
+    scenario(&s_big);
+    let held = s_small.events_in_memory("long").unwrap();
+    assert!(held <= 6, "memory holds {held} events, the window is 3 (trimmed by steps of 3)");
+    assert!(s_big.events_in_memory("long").unwrap() > 80);
+    // The two stores plan with their own jitter: the wait they chose is not compared (each
+    // store's replay keeps its own, which the restart and rotation below check).
+    let views = |s: &Streams| -> Vec<Vec<(u64, Value)>> {
+        [0, 1, 37, 80, 82]
+            .iter()
+            .map(|&after| {
+                let mut got = drain(&mut s.subscribe("long", after).unwrap());
+                for (_, e) in &mut got {
+                    if let Some(w) = e.get_mut("wait_ms") {
+                        *w = Value::Null;
+                    }
+                }
+                got
+            })
+            .collect()
+    };
+    let want = views(&s_big);
+    assert!(want[0].len() > 80, "{}", want[0].len());
+    assert_eq!(
+        views(&s_small),
+        want,
+        "window 3 vs the whole list in memory"
+    );
+    let own = drain(&mut s_small.subscribe("long", 0).unwrap());
+    // A restart replays the journal, then keeps the window again.
+    drop(s_small);
+    let s_small = open(&small, 3);
+    assert!(s_small.events_in_memory("long").unwrap() <= 6);
+    assert_eq!(views(&s_small), want, "after a restart");
+    assert_eq!(
+        drain(&mut s_small.subscribe("long", 0).unwrap()),
+        own,
+        "the same events, wait included, before and after the restart"
+    );
+    // A key rotation's snapshot replaces every earlier record and the old segments go: it must
+    // carry the whole run, not the window.
+    s_small.reseal().unwrap();
+    drop(s_small);
+    let s_small = open(&small, 3);
+    assert_eq!(views(&s_small), want, "after a rotation and a restart");
+    println!(
+        "window of 3 events: {} events of one run, subscribers from 5 points, a restart and a \
+         rotation: identical to the whole list in memory",
+        want[0].len()
+    );
+}

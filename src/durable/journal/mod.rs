@@ -332,6 +332,30 @@ impl Journal {
         ))
     }
 
+    /// Every frame of the segments from `first` on, read while the journal runs (a run's
+    /// records, for a subscriber asking for events memory no longer holds). A frame the
+    /// committer is still writing ends a segment's frames (it is not durable, so nothing read
+    /// here can need it); a segment released meanwhile is skipped.
+    pub fn read_from(&self, first: u64) -> io::Result<Vec<Replayed>> {
+        let mut numbers: Vec<u64> = fs::read_dir(&self.shared.dir)?
+            .flatten()
+            .filter_map(|e| segment_number(&e.file_name().to_string_lossy()))
+            .filter(|&n| n >= first)
+            .collect();
+        numbers.sort_unstable();
+        let mut frames = Vec::new();
+        for n in numbers {
+            let bytes = match fs::read(self.shared.dir.join(segment_name(n))) {
+                Ok(b) => b,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+            };
+            // A header that does not read (a segment being prepared) holds nothing yet.
+            let _ = scan(n, &bytes, &mut frames);
+        }
+        Ok(frames)
+    }
+
     /// Queue `payload`; the receiver answers once it is durable (per the durability policy).
     pub fn append(&self, payload: Vec<u8>) -> oneshot::Receiver<Result<Position, JournalError>> {
         let (tx, rx) = oneshot::channel();

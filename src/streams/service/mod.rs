@@ -10,6 +10,7 @@ mod plans;
 mod replay;
 mod shared;
 mod transfer;
+mod window;
 
 pub use transfer::Export;
 
@@ -25,7 +26,7 @@ use super::accum::Event;
 use super::error::StreamError;
 use super::feed::{self, Feed};
 use super::record::{self, Record};
-use super::run::{event_json, new_stream_id, Run, Status};
+use super::run::{event_json, new_stream_id, EventJson, Run, Status};
 use super::store::{self, FileStore, Out, Sealer, StreamStore};
 use super::tool_log::{self, ToolLog};
 use super::validate_run_id;
@@ -50,6 +51,9 @@ pub struct StreamsConfig {
     pub max_active_runs: usize,
     /// A run with no event for this long is ended as `expired`.
     pub expire_after: Duration,
+    /// How many of a run's latest published events memory keeps (files; older ones are
+    /// derived from the journal when a subscriber asks).
+    pub memory_events: usize,
 }
 
 impl Default for StreamsConfig {
@@ -61,6 +65,7 @@ impl Default for StreamsConfig {
             max_events_per_append: limits::MAX_EVENTS_PER_APPEND,
             max_active_runs: limits::MAX_ACTIVE_RUNS,
             expire_after: limits::STREAM_EXPIRE_AFTER,
+            memory_events: limits::STREAM_MEMORY_EVENTS,
         }
     }
 }
@@ -131,6 +136,7 @@ impl Streams {
             for run in st.runs.values_mut() {
                 run.published = run.end_pos();
                 run.queued = run.end_pos();
+                streams.trim(run);
             }
         }
         streams.release_segments();
@@ -264,6 +270,7 @@ impl Streams {
                 let fresh = &run.events[run.index_range(from, to)];
                 run.subscribers
                     .retain(|tx| fresh.iter().all(|(s, e)| tx.push(*s, e)));
+                self.trim(run);
             }
         }
         Ok(())
@@ -511,25 +518,46 @@ impl Streams {
             return shared.follow(run_id, after_seq);
         }
         let (tx, rx) = feed::feed();
-        let mut st = self.lock();
-        match st.runs.get_mut(run_id) {
-            Some(run) => {
-                let published = run.events_between(run.events_base, run.published);
-                let lo = published.partition_point(|(s, _)| *s <= after_seq);
-                for (s, e) in &published[lo..] {
-                    tx.push_uncapped(*s, e);
-                }
-                run.subscribers.push(tx);
-            }
-            None => {
+        // Events memory no longer holds, derived from the journal without the lock (at most
+        // twice: memory may move on while they are read).
+        let mut older: Option<Vec<(u64, EventJson)>> = None;
+        for _ in 0..3 {
+            let mut st = self.lock();
+            let Some(run) = st.runs.get_mut(run_id) else {
+                break;
+            };
+            let needs_older =
+                run.events_base > 0 && run.events.first().is_none_or(|(s, _)| after_seq < *s);
+            let covered = older.as_ref().is_some_and(|o| o.len() >= run.events_base);
+            if needs_older && !covered {
+                let first = run.first_segment;
                 drop(st);
-                let state = self.read_state(run_id).ok_or(StreamError::NoSuchRun)?;
-                let seq = state["finish_seq"].as_u64().unwrap_or(0);
-                if seq > after_seq {
-                    let finish = json!({"type": "finish", "status": state["status"]});
-                    tx.push_uncapped(seq, &event_json(&finish));
+                older = Some(self.derive_events(run_id, first)?);
+                continue;
+            }
+            if needs_older {
+                if let Some(o) = &older {
+                    let before = &o[..run.events_base];
+                    let lo = before.partition_point(|(s, _)| *s <= after_seq);
+                    for (s, e) in &before[lo..] {
+                        tx.push_uncapped(*s, e);
+                    }
                 }
             }
+            let published = run.events_between(run.events_base, run.published);
+            let lo = published.partition_point(|(s, _)| *s <= after_seq);
+            for (s, e) in &published[lo..] {
+                tx.push_uncapped(*s, e);
+            }
+            run.subscribers.push(tx);
+            return Ok(rx);
+        }
+        // Not active (or it ended while its events were read): its finish, if it has one.
+        let state = self.read_state(run_id).ok_or(StreamError::NoSuchRun)?;
+        let seq = state["finish_seq"].as_u64().unwrap_or(0);
+        if seq > after_seq {
+            let finish = json!({"type": "finish", "status": state["status"]});
+            tx.push_uncapped(seq, &event_json(&finish));
         }
         Ok(rx)
     }

@@ -100,7 +100,10 @@ impl Streams {
                 })))?;
             let mut v = vec![(String::new(), mark)];
             for run in st.runs.values() {
-                let snap = self.store.append(Out::Record(&run.snapshot_record()))?;
+                // The whole run: a snapshot replaces every earlier record, and the segments
+                // holding them go.
+                let events = self.all_events(run)?;
+                let snap = self.store.append(Out::Record(&run.snapshot_with(events)))?;
                 v.push((run.run_id.clone(), snap));
             }
             v

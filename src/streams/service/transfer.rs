@@ -27,16 +27,22 @@ impl Streams {
                 }
             }
         }
-        let mut active: Vec<Snapshot> = {
+        let mut active: Vec<Snapshot> = Vec::new();
+        {
             let st = self.lock();
-            st.runs
-                .values()
-                .filter_map(|run| match run.snapshot_record() {
-                    Record::Snapshot(s) => Some(*s),
-                    _ => None,
-                })
-                .collect()
-        };
+            for run in st.runs.values() {
+                // A shared store's events come from it below; memory may hold only the latest
+                // of a file run's.
+                let events = if self.is_shared() {
+                    Vec::new()
+                } else {
+                    self.all_events(run)?
+                };
+                if let Record::Snapshot(s) = run.snapshot_with(events) {
+                    active.push(*s);
+                }
+            }
+        }
         active.sort_by(|a, b| a.run.cmp(&b.run));
         if let Some(shared) = self.shared() {
             // Memory keeps no published event of a shared store's run: the store has them.
