@@ -106,7 +106,9 @@ impl Wakes {
     }
 }
 
-/// The streams' store on PostgreSQL.
+/// The streams' store on PostgreSQL. Its queue to the committer is not capped itself: what
+/// can be in it is capped where requests are admitted (in-flight requests per connection,
+/// connections), as for the file journal's queue.
 pub struct PgStore {
     db: Arc<Db>,
     ops: mpsc::UnboundedSender<Op>,

@@ -66,10 +66,10 @@ pub(super) struct Run {
     pub(super) status: Status,
     /// The next seq the producer must use.
     pub(super) next_seq: u64,
-    /// The run's published-or-pending events in seq order, from position `events_base` on
-    /// (the backlog a subscriber with `after_seq` 0 gets on files: a page refreshed mid-answer
-    /// replays it). On a shared store, whose subscribers read events from the store, only
-    /// those not yet handed to it are kept.
+    /// The run's published-or-pending events in seq order, from position `events_base` on.
+    /// On files, the latest window of them (`service/window.rs`: older ones are derived from
+    /// the journal for a subscriber that asks); on a shared store, whose subscribers read
+    /// events from the store, only those not yet handed to it.
     pub(super) events: Vec<(u64, EventJson)>,
     /// The position of `events[0]` among all the run's events; `published` and `queued`
     /// count positions from the run's first event.

@@ -837,7 +837,10 @@ fn a_window_of_events_in_memory_serves_every_subscriber_exactly() {
     scenario(&s_small);
     scenario(&s_big);
     let held = s_small.events_in_memory("long").unwrap();
-    assert!(held <= 6, "memory holds {held} events, the window is 3 (trimmed by steps of 3)");
+    assert!(
+        held <= 6,
+        "memory holds {held} events, the window is 3 (trimmed by steps of 3)"
+    );
     assert!(s_big.events_in_memory("long").unwrap() > 80);
     // The two stores plan with their own jitter: the wait they chose is not compared (each
     // store's replay keeps its own, which the restart and rotation below check).
