@@ -13,6 +13,8 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -165,11 +167,14 @@ fn postgres_killed_mid_append_loses_nothing_acknowledged() {
     let (da, db) = (a.start(), b.start());
     const RUNS: usize = 4;
     const DELTAS: usize = 300;
-    let crash_at = Instant::now() + Duration::from_millis(700);
+    // The crash comes once a third of the appends are acknowledged, whatever the machine's
+    // speed, so it lands mid-stream.
+    let acked = Arc::new(AtomicUsize::new(0));
     let sockets = [da.socket.clone(), db.socket.clone()];
     let producers: Vec<_> = (0..RUNS)
         .map(|i| {
             let socket = sockets[i % 2].clone();
+            let acked = Arc::clone(&acked);
             thread::spawn(move || {
                 let run = format!("crash-{i}");
                 let mut c = Conn::open(&socket);
@@ -187,6 +192,7 @@ fn postgres_killed_mid_append_loses_nothing_acknowledged() {
                         if let Some(res) = r.get("result") {
                             assert_eq!(res["acked_seq"], seq, "{r}");
                             duplicates += usize::from(res["duplicate"] == true);
+                            acked.fetch_add(1, Ordering::SeqCst);
                             break;
                         }
                         let kind = r["error"]["data"]["kind"].as_str().unwrap_or("").to_owned();
@@ -201,8 +207,6 @@ fn postgres_killed_mid_append_loses_nothing_acknowledged() {
                         );
                         thread::sleep(Duration::from_millis(50));
                     }
-                    // Pace the producers so the crash lands mid-stream.
-                    thread::sleep(Duration::from_millis(2));
                 }
                 let r = c.ok(
                     "stream.commit",
@@ -215,8 +219,13 @@ fn postgres_killed_mid_append_loses_nothing_acknowledged() {
             })
         })
         .collect();
-    while Instant::now() < crash_at {
-        thread::sleep(Duration::from_millis(10));
+    let waited = Instant::now();
+    while acked.load(Ordering::SeqCst) < RUNS * DELTAS / 3 {
+        assert!(
+            waited.elapsed() < Duration::from_secs(60),
+            "appends do not progress"
+        );
+        thread::sleep(Duration::from_millis(1));
     }
     server.crash();
     thread::sleep(Duration::from_millis(800));

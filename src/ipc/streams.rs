@@ -20,13 +20,28 @@ fn rpc(e: StreamError) -> RpcError {
     e.into()
 }
 
-/// A shared store refused a write because the run moved on elsewhere.
-fn fenced(s: &Streams, e: &StreamError) -> bool {
-    s.is_shared()
-        && matches!(
-            e,
-            StreamError::Journal(crate::durable::journal::JournalError::Fenced)
-        )
+/// A takeover (`stream.begin`, `stream.resume`: `take`, on the blocking pool), settled. On a
+/// shared store, one refused because another host wrote the run between its load and the
+/// takeover (the old holder's last append) wrote nothing: it is tried again from a fresh load,
+/// up to [`limits::SHARED_RETRIES`] times.
+async fn taking_over(
+    s: &Arc<Streams>,
+    take: impl Fn(&Streams) -> Result<Ticket, StreamError> + Send + Sync + 'static,
+) -> Result<Value, RpcError> {
+    let take = Arc::new(take);
+    let mut tries = 0;
+    loop {
+        let (s2, take2) = (Arc::clone(s), Arc::clone(&take));
+        let t = blocking(move || take2(&s2).map_err(rpc)).await?;
+        match s.settle(t).await {
+            Err(StreamError::Journal(crate::durable::journal::JournalError::Fenced))
+                if s.is_shared() && tries < limits::SHARED_RETRIES =>
+            {
+                tries += 1
+            }
+            r => return r.map_err(rpc),
+        }
+    }
 }
 
 /// The daemon's streams, opening them on first use (a journal replay: blocking pool).
@@ -48,21 +63,10 @@ pub async fn dispatch(
     match call {
         // A state-file check (or, on a shared store, a query): blocking pool.
         StreamCall::Begin(p) => {
-            let mut tries = 0;
-            loop {
-                let (s2, p) = (Arc::clone(&s), p.clone());
-                let t = blocking(move || {
-                    s2.begin(&p.run_id, p.thread_id, p.model, p.takeover)
-                        .map_err(rpc)
-                })
-                .await?;
-                match s.settle(t).await {
-                    // Another host wrote the run between its load and this begin: load it
-                    // again and take it then (the refused begin wrote nothing).
-                    Err(e) if fenced(&s, &e) && tries < limits::SHARED_RETRIES => tries += 1,
-                    r => return r.map_err(rpc),
-                }
-            }
+            taking_over(&s, move |s| {
+                s.begin(&p.run_id, p.thread_id.clone(), p.model.clone(), p.takeover)
+            })
+            .await
         }
         // The one path of an append, answered from the journal's commit (`route` sends every
         // append to `append` below; here the answer is awaited).
@@ -88,20 +92,15 @@ pub async fn dispatch(
         }
         StreamCall::Resume(p) => {
             let run_id = p.run_id.clone();
-            let mut tries = 0;
-            let answer = loop {
-                let (s2, p) = (Arc::clone(&s), p.clone());
-                let t = blocking(move || {
-                    s2.resume(&p.run_id, p.model, p.thread_id, p.fail_on_stale)
-                        .map_err(rpc)
-                })
-                .await?;
-                match s.settle(t).await {
-                    // As for a begin: the old holder's last append landed after the load.
-                    Err(e) if fenced(&s, &e) && tries < limits::SHARED_RETRIES => tries += 1,
-                    r => break r.map_err(rpc)?,
-                }
-            };
+            let answer = taking_over(&s, move |s| {
+                s.resume(
+                    &p.run_id,
+                    p.model.clone(),
+                    p.thread_id.clone(),
+                    p.fail_on_stale,
+                )
+            })
+            .await?;
             let (s2, logged) = (Arc::clone(&s), answer["plan"].clone());
             blocking(move || {
                 s2.log_plan(&run_id, "resume", &logged);

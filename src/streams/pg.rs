@@ -160,10 +160,7 @@ impl PgStore {
     }
 
     fn op(tail: &RunTail<'_>, body: Option<String>, end_state: Option<String>) -> Op {
-        let status = serde_json::to_value(tail.status)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_owned))
-            .unwrap_or_default();
+        let status = tail.status.as_str().to_owned();
         Op {
             run: tail.run.to_owned(),
             copy: tail.copy,

@@ -42,6 +42,17 @@ pub enum Status {
     Failed,
 }
 
+impl Status {
+    /// Its name on the wire and in the PostgreSQL backend's rows.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Streaming => "streaming",
+            Status::Interrupted => "interrupted",
+            Status::Failed => "failed",
+        }
+    }
+}
+
 /// A published event as its JSON text: serialized once when it joins the run, shared by every
 /// subscriber and snapshot (a `Value` per event cost ~10x the text it carried).
 pub type EventJson = Arc<serde_json::value::RawValue>;

@@ -37,7 +37,7 @@ pub enum StreamCall {
 }
 
 /// `stream.begin`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Begin {
     /// The run.
@@ -89,7 +89,7 @@ pub struct Interrupt {
 }
 
 /// `stream.resume`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Resume {
     /// The run.

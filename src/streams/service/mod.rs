@@ -182,11 +182,7 @@ impl Streams {
         run.version += 1;
         run.queued = run.end_pos();
         run.last = Some(Arc::clone(&p));
-        if self.is_shared() {
-            // The store has them now (the queued write holds its own references) and serves
-            // them to subscribers: memory keeps none.
-            run.forget_events_before(run.queued);
-        }
+        self.trim(run);
         p
     }
 
@@ -304,12 +300,7 @@ impl Streams {
         validate_run_id(run_id)?;
         // A shared store is asked first, without the lock (a query must not hold up every
         // append); an end on another host meanwhile makes the begin's write fail (fenced).
-        let shared_ended = if self.is_shared() {
-            self.refresh(run_id)?;
-            self.has_ended(run_id)
-        } else {
-            false
-        };
+        let shared_ended = self.refresh(run_id)?;
         // Under the lock: an end() finishing meanwhile has written its state file before it
         // removes the run, so one of the two checks sees it.
         let mut st = self.lock();

@@ -36,10 +36,10 @@ impl Streams {
     /// here — this daemon gave it the holder the store names — is kept (memory is ahead of the
     /// store by its records in flight, never behind), and so is a loaded copy the store has
     /// not moved past; anything else (another holder, a newer version, ended, unknown) is
-    /// dropped, and an active run loaded again.
-    pub fn refresh(&self, run_id: &str) -> Result<(), StreamError> {
+    /// dropped, and an active run loaded again. Returns whether the store says the run ended.
+    pub fn refresh(&self, run_id: &str) -> Result<bool, StreamError> {
         let Some(shared) = self.shared() else {
-            return Ok(());
+            return Ok(false);
         };
         let head = shared.head(run_id)?;
         {
@@ -51,11 +51,11 @@ impl Streams {
                         && (run.version == h.version
                             || (run.held_here && run.version > h.version)) =>
                 {
-                    return Ok(())
+                    return Ok(false)
                 }
                 // A first begin still in flight: the store has no row yet.
                 (None, Some(run)) if run.last.as_ref().is_some_and(|p| !p.is_done()) => {
-                    return Ok(())
+                    return Ok(false)
                 }
                 _ => {
                     st.runs.remove(run_id);
@@ -63,8 +63,9 @@ impl Streams {
             }
         }
         match head {
-            Some(h) if !h.ended => self.load(shared, run_id),
-            _ => Ok(()),
+            Some(h) if !h.ended => self.load(shared, run_id).map(|()| false),
+            Some(_) => Ok(true),
+            None => Ok(false),
         }
     }
 
@@ -103,8 +104,7 @@ impl Streams {
         run.version = version;
         run.queued = run.end_pos();
         run.published = run.end_pos();
-        // The store serves its events to subscribers: memory keeps none of them.
-        run.forget_events_before(run.queued);
+        self.trim(&mut run);
         let mut st = self.lock();
         // Another request may have loaded it meanwhile: the newer copy stays.
         match st.runs.get(run_id) {

@@ -1,18 +1,20 @@
-//! A run's events in memory are a window on the file backend: the latest
-//! [`StreamsConfig::memory_events`] published ones (and any not yet published). Older ones are
-//! derived again when needed — a subscriber asking for them, a snapshot record that must carry
+//! What memory keeps of a run's events. On a shared store, none once handed to it (the store
+//! serves subscribers). On files, a window: the latest [`StreamsConfig::memory_events`]
+//! published ones (and any not yet published); older ones are derived again when needed — a subscriber asking for them, a snapshot record that must carry
 //! the whole run — from the run's records in the journal, replayed from nothing through the
 //! same code as at open, so they are the events subscribers were shown, seq for seq.
 
 use super::*;
 
 impl Streams {
-    /// Drop from memory the run's published events older than the window (files only: a
-    /// shared store keeps none). In steps of a window at least, so the list is moved once per
-    /// window of events, not once per append: memory holds at most twice the window (and what
-    /// is not yet published).
+    /// Drop from memory the events the run no longer needs there. On a shared store: every
+    /// event already handed to it (the queued write holds its own references). On files: the
+    /// published ones older than the window, in steps of a window at least, so the list is
+    /// moved once per window of events, not once per append: memory holds at most twice the
+    /// window (and what is not yet published).
     pub(super) fn trim(&self, run: &mut Run) {
         if self.is_shared() {
+            run.forget_events_before(run.queued);
             return;
         }
         let window = self.config.memory_events.max(1);
