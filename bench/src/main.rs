@@ -39,6 +39,7 @@ use holdfast::durable::{self, Faults};
 use holdfast::store::{init_store, Credential, CredentialStore, StoreConfig, StoreOptions};
 
 mod floors;
+mod profile;
 mod report;
 
 use report::{out, out_json, CliError, CliResult, Global};
@@ -77,7 +78,8 @@ pub struct BenchArgs {
     /// samples. Figures from it are rough.
     #[arg(long)]
     quick: bool,
-    /// Concurrent clients to measure with, comma-separated.
+    /// Concurrent clients to measure with, comma-separated (with --streams: the stream counts,
+    /// default 1,16,256).
     #[arg(long, value_delimiter = ',', value_name = "N,N")]
     clients: Option<Vec<usize>>,
     /// Store sizes (credentials stored) to measure at, comma-separated.
@@ -119,6 +121,14 @@ pub struct BenchArgs {
     /// connection on this socket and echo 100-byte messages until it closes.
     #[arg(long, value_name = "SOCKET", hide = true)]
     echo_server: Option<PathBuf>,
+    /// Record where the daemon spends its CPU in each timed phase: `perf record` attached to
+    /// the daemon's pid, one DIR/PHASE.data and a DIR/PHASE.txt summary per phase. Needs perf.
+    #[arg(long, value_name = "DIR")]
+    profile: Option<PathBuf>,
+    /// With --streams: measure holdfast only (no SQLite, Redis or start-up phase), for quick
+    /// A/B runs of two builds.
+    #[arg(long, requires = "streams")]
+    no_peers: bool,
 }
 
 /// What to run, after defaults and checks.
@@ -972,6 +982,9 @@ fn run(a: &BenchArgs) -> CliResult {
     if let Some(path) = &a.echo_server {
         return echo_server(path);
     }
+    if let Some(dir) = &a.profile {
+        profile::enable(dir).map_err(CliError::usage)?;
+    }
     let g = &Global {
         json: a.json,
         holdfast: holdfast_binary(a)?,
@@ -990,7 +1003,15 @@ fn run(a: &BenchArgs) -> CliResult {
                     )))
                 }
             };
-        return streams::run(g, a.quick, a.seconds, a.tmpdir.as_deref(), pg);
+        return streams::run(
+            g,
+            a.quick,
+            a.seconds,
+            a.tmpdir.as_deref(),
+            pg,
+            a.clients.as_deref(),
+            !a.no_peers,
+        );
     }
     if a.runs {
         return runs::run(g, a.quick, a.seconds, a.tmpdir.as_deref());

@@ -163,6 +163,7 @@ impl RawConn {
 /// connection's task with no store, journal or fsync. What no append can beat.
 fn noop_phase(env: &Env, pid: u32, streams: usize, d: Duration) -> CliResult<Row> {
     let socket = env.socket.clone();
+    let _perf = super::profile::record(pid, &format!("noop-{streams}"));
     let cpu0 = cpu_secs(pid);
     let (ops, secs, stats) = timed(
         streams,
@@ -200,17 +201,23 @@ fn journal_counters(socket: &Path) -> CliResult<(u64, u64)> {
     ))
 }
 
+/// Events per append in the batched rows: what a producer sends when tokens arrive faster than
+/// an fsync (docs/protocol.md, "Batching").
+const BATCH_EVENTS: usize = 16;
+
 fn holdfast_phase(
     env: &Env,
     pid: u32,
     streams: usize,
     d: Duration,
     system: &'static str,
+    batch: usize,
 ) -> CliResult<Row> {
     let before = journal_counters(&env.socket)?;
     let socket = env.socket.clone();
+    let perf = super::profile::record(pid, &format!("append-{streams}x{batch}"));
     let cpu0 = cpu_secs(pid);
-    let tag = format!("b{streams}");
+    let tag = format!("b{streams}x{batch}");
     let (ops, secs, stats) = timed(
         streams,
         d,
@@ -227,19 +234,29 @@ fn holdfast_phase(
                 .to_owned();
             Ok((c, run, sid, 1u64))
         },
-        |(c, run, sid, seq): &mut (RawConn, String, String, u64), n| {
+        move |(c, run, sid, seq): &mut (RawConn, String, String, u64), n| {
+            let events: Vec<String> = (0..batch)
+                .map(|k| {
+                    format!(
+                        r#"{{"type":"text","text":"{}"}}"#,
+                        delta_text(n * batch + k)
+                    )
+                })
+                .collect();
             let answer = c.roundtrip(&format!(
-                r#"{{"jsonrpc":"2.0","id":{seq},"method":"stream.append","params":{{"run_id":"{run}","stream_id":"{sid}","seq":{seq},"events":[{{"type":"text","text":"{}"}}]}}}}"#,
-                delta_text(n)
+                r#"{{"jsonrpc":"2.0","id":{seq},"method":"stream.append","params":{{"run_id":"{run}","stream_id":"{sid}","seq":{seq},"events":[{}]}}}}"#,
+                events.join(",")
             ))?;
-            if !answer.contains(&format!("\"acked_seq\":{seq}")) {
+            let last = *seq + batch as u64 - 1;
+            if !answer.contains(&format!("\"acked_seq\":{last}")) {
                 return Err(format!("unexpected answer {answer}"));
             }
-            *seq += 1;
+            *seq += batch as u64;
             Ok(())
         },
     )?;
     let cpu1 = cpu_secs(pid);
+    drop(perf);
     let after = journal_counters(&env.socket)?;
     let per_sync = (after.0 - before.0) as f64 / (after.1 - before.1).max(1) as f64;
     // End the runs, so their journal segments can go.
@@ -263,13 +280,21 @@ fn holdfast_phase(
     } else {
         "fsync"
     };
+    let events = if batch > 1 {
+        format!(
+            "; {} events/s",
+            fmt_count(ops as f64 * batch as f64 / secs.max(1e-9))
+        )
+    } else {
+        String::new()
+    };
     Ok(Row {
         system,
         streams,
         ops,
         secs,
         stats: Some(stats),
-        note: format!("{per_sync:.1} records per {per}"),
+        note: format!("{per_sync:.1} records per {per}{events}"),
         server_cpu_us: per_op_us(cpu0, cpu1, ops),
     })
 }
@@ -515,7 +540,10 @@ pub fn run(
     seconds: Option<f64>,
     tmpdir: Option<&Path>,
     pg: Option<&str>,
+    counts: Option<&[usize]>,
+    peers: bool,
 ) -> CliResult {
+    let counts = counts.unwrap_or(STREAMS);
     let d = Duration::from_secs_f64(seconds.unwrap_or(if quick { 0.5 } else { 5.0 }));
     let (tmp, env) = super::temp_world(g, tmpdir, "holdfast-bench-streams-")?;
     let n_floor = if quick { 100 } else { 1000 };
@@ -526,7 +554,7 @@ pub fn run(
     let floor_app = super::floors::append(tmp.path(), n_floor, false)?;
     let mut rows = Vec::new();
     let child = DaemonChild::start(&env)?;
-    for &n in STREAMS {
+    for &n in counts {
         progress(&format!(
             "holdfast: {n} stream(s) for {:.1} s",
             d.as_secs_f64()
@@ -537,9 +565,25 @@ pub fn run(
             n,
             d,
             "holdfast stream.append",
+            1,
         )?);
     }
-    for &n in STREAMS {
+    // An append carrying a batch costs about one append (docs/protocol.md, "Batching").
+    for &n in counts.iter().filter(|&&n| n > 1) {
+        progress(&format!(
+            "holdfast: {n} stream(s), {BATCH_EVENTS} events per append, for {:.1} s",
+            d.as_secs_f64()
+        ));
+        rows.push(holdfast_phase(
+            &env,
+            child.pid(),
+            n,
+            d,
+            "holdfast append, 16 events each",
+            BATCH_EVENTS,
+        )?);
+    }
+    for &n in counts {
         progress(&format!("holdfast no-op: {n} client(s)"));
         rows.push(noop_phase(
             &env,
@@ -552,20 +596,21 @@ pub fn run(
     if let Some(pg) = pg {
         rows.extend(postgres_phases(&env, pg, d)?);
     }
-    for &n in STREAMS {
+    let sqlite_counts = if peers { counts } else { &[] };
+    for &n in sqlite_counts {
         progress(&format!(
             "SQLite: {n} connection(s) for {:.1} s",
             d.as_secs_f64()
         ));
         rows.push(sqlite_phase(tmp.path(), n, d)?);
     }
-    let redis_bin = redis_binary();
+    let redis_bin = if peers { redis_binary() } else { None };
     match &redis_bin {
         Some(bin) => {
             let dir = tmp.path().join("redis");
             std::fs::create_dir_all(&dir).map_err(|e| fail("redis dir", e))?;
             let redis = start_redis(bin, &dir)?;
-            for &n in STREAMS {
+            for &n in counts {
                 progress(&format!(
                     "Redis: {n} connection(s) for {:.1} s",
                     d.as_secs_f64()
@@ -573,12 +618,17 @@ pub fn run(
                 rows.push(redis_phase(&redis, n, d)?);
             }
         }
+        None if !peers => progress("--no-peers: SQLite, Redis and start-up not measured"),
         None => progress(
             "Redis: redis-server not installed (scripts/bench-deps.sh installs it); skipped",
         ),
     }
-    progress(&format!("start-up with {STARTUP_RUNS} active runs on disk"));
-    let (ready_s, active) = startup(&env)?;
+    let (ready_s, active) = if peers {
+        progress(&format!("start-up with {STARTUP_RUNS} active runs on disk"));
+        startup(&env)?
+    } else {
+        (0.0, STARTUP_RUNS)
+    };
 
     // Targets (issue 4): measured, never asserted.
     // The floor as a rate: one fdatasync per acknowledged delta, back to back.
@@ -632,11 +682,13 @@ pub fn run(
             "measured": fmt_d(p99), "pass": p99 < Duration::from_millis(5)}),
         );
     }
-    targets.push(
-        json!({"target": format!("start-up with {STARTUP_RUNS} active runs: socket ready < 1 s"),
-        "measured": format!("{:.3} s ({active} runs restored)", ready_s),
-        "pass": ready_s < 1.0 && active == STARTUP_RUNS}),
-    );
+    if peers {
+        targets.push(json!({
+            "target": format!("start-up with {STARTUP_RUNS} active runs: socket ready < 1 s"),
+            "measured": format!("{:.3} s ({active} runs restored)", ready_s),
+            "pass": ready_s < 1.0 && active == STARTUP_RUNS
+        }));
+    }
 
     if g.json {
         out_json(&json!({
@@ -700,8 +752,10 @@ pub fn run(
         );
     }
     out("");
-    out(format!("start-up with {STARTUP_RUNS} active runs on disk: socket served hello after {ready_s:.3} s; {active} runs restored"));
-    out("");
+    if peers {
+        out(format!("start-up with {STARTUP_RUNS} active runs on disk: socket served hello after {ready_s:.3} s; {active} runs restored"));
+        out("");
+    }
     out("targets (issue 4; measured, not asserted)");
     for t in &targets {
         let result = match t["pass"].as_bool() {
@@ -753,6 +807,7 @@ fn postgres_phases(env: &Env, pg: &str, d: Duration) -> CliResult<Vec<Row>> {
             n,
             d,
             "holdfast on PostgreSQL",
+            1,
         )?);
     }
     child.stop()?;
