@@ -16,7 +16,7 @@ use crate::service::Daemon;
 pub async fn dispatch(
     daemon: &Arc<Daemon>,
     call: AdminCall,
-    grant: PluginGrant,
+    grant: Arc<PluginGrant>,
 ) -> Result<Value, RpcError> {
     let (store_name, repair) = match call {
         AdminCall::Status(_) => {
@@ -39,7 +39,7 @@ pub async fn dispatch(
 async fn rotate_key(
     daemon: &Arc<Daemon>,
     store_name: Option<String>,
-    grant: PluginGrant,
+    grant: Arc<PluginGrant>,
 ) -> Result<Value, RpcError> {
     let (name, store) = store_of(daemon, &grant, store_name.as_deref()).await?;
     let _permit = writer_permit(daemon, &name).await;

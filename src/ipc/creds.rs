@@ -27,7 +27,7 @@ pub async fn dispatch(
     daemon: &Arc<Daemon>,
     session: &Arc<Session>,
     call: CredCall,
-    grant: PluginGrant,
+    grant: Arc<PluginGrant>,
 ) -> Result<Value, RpcError> {
     match call {
         CredCall::Get(p) => {

@@ -28,7 +28,7 @@ pub enum Routed {
     /// Already answered: a parse error, `hello`, a refusal, or a read served right here.
     Done(Zeroizing<Vec<u8>>),
     /// Needs the async path (a write, a subscription, a store to open): run [`respond`].
-    Async(Id, Call, PluginGrant),
+    Async(Id, Call, Arc<PluginGrant>),
     /// An admitted `stream.append`: every one takes [`super::streams::append`].
     Append(Id, Append),
 }
@@ -90,7 +90,7 @@ pub async fn respond(
     session: &Arc<Session>,
     id: Id,
     call: Call,
-    grant: PluginGrant,
+    grant: Arc<PluginGrant>,
 ) -> Zeroizing<Vec<u8>> {
     match dispatch(daemon, session, call, grant).await {
         Ok(result) => protocol::response_ok(&id, result),
@@ -99,7 +99,7 @@ pub async fn respond(
 }
 
 /// May this connection call `method`? Its grant if so.
-fn admit(session: &Session, method: &str) -> Result<PluginGrant, RpcError> {
+fn admit(session: &Session, method: &str) -> Result<Arc<PluginGrant>, RpcError> {
     if !METHODS.contains(&method) || method == "hello" {
         return Err(RpcError::method_not_found(method));
     }
@@ -132,7 +132,7 @@ pub async fn dispatch(
     daemon: &Arc<Daemon>,
     session: &Arc<Session>,
     call: Call,
-    grant: PluginGrant,
+    grant: Arc<PluginGrant>,
 ) -> Result<Value, RpcError> {
     match call {
         Call::Stream(c) => super::streams::dispatch(daemon, session, c).await,
@@ -190,7 +190,7 @@ Some(name) => daemon.config().plugins.get(name).cloned().ok_or_else(|| {
     *session
         .grant
         .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(grant);
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Arc::new(grant));
     let shown = |s: &Option<String>| s.as_deref().map(|s| s.chars().take(64).collect::<String>());
     if p.client.as_deref() == Some(crate::limits::WATCHDOG_CLIENT) {
         // The daemon's own liveness probe, every few seconds: not worth a journal line each.

@@ -1,5 +1,6 @@
 //! The plugin API: newline-delimited JSON-RPC 2.0 over a pathname Unix socket.
 //!
+//! - [`conn`]: a connection's socket (reads that clear readiness when drained, non-blocking sends).
 //! - [`frame`]: bounded line framing with idle and read timeouts.
 //! - [`protocol`]: request parsing, response/notification lines, error codes and kinds.
 //! - [`server`]: bind (singleton, stale socket, 0600), accept (peer uid), connections, shutdown.
@@ -9,6 +10,7 @@
 
 pub mod activation;
 pub mod admin;
+pub mod conn;
 pub mod creds;
 pub mod frame;
 pub mod handlers;

@@ -2,13 +2,12 @@
 //! capped in bytes, written by the connection's writer task or at once by whoever produced them.
 
 use std::collections::VecDeque;
-use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use interprocess::local_socket::tokio::Stream;
-use tokio::io::AsyncWriteExt;
 use tokio::sync::Notify;
+
+use super::conn::Conn;
 use zeroize::Zeroizing;
 
 /// The output queue of one connection, capped in bytes: a client that stops reading is
@@ -26,6 +25,9 @@ pub struct Outbox {
     /// Notified when the connection must close (overflow, or the peer went away).
     pub closed: Arc<Notify>,
 }
+
+/// At most this many bytes of queued lines are joined into one write.
+const WRITE_BATCH: usize = 64 * 1024;
 
 #[derive(Default)]
 struct OutState {
@@ -90,7 +92,7 @@ impl Outbox {
 
     /// Send a line, writing it to `stream` right here if the queue is empty and the socket
     /// takes it without waiting; otherwise (or for what it did not take) queue it.
-    pub fn send_now(&self, stream: &Stream, line: Zeroizing<Vec<u8>>) -> bool {
+    pub fn send_now(&self, stream: &Conn, line: Zeroizing<Vec<u8>>) -> bool {
         {
             let mut st = self.state();
             if !st.lines.is_empty() || st.writing {
@@ -102,23 +104,17 @@ impl Outbox {
             }
             st.writing = true;
         }
-        // One non-blocking attempt: poll the write once with a waker that does nothing. If the
-        // socket is not writable, the writer task (which registers a real waker) takes over.
-        let written = {
-            let mut send = stream;
-            let mut fut = std::pin::pin!(send.write(&line));
-            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-            match fut.as_mut().poll(&mut cx) {
-                std::task::Poll::Ready(Ok(n)) => n,
-                std::task::Poll::Ready(Err(_)) => {
-                    let mut st = self.state();
-                    st.writing = false;
-                    st.bytes -= line.len();
-                    drop(st);
-                    self.closed.notify_one();
-                    return false;
-                }
-                std::task::Poll::Pending => 0,
+        // One non-blocking attempt; if the socket takes nothing (or not all), the writer task
+        // (which waits for writability) takes over.
+        let written = match stream.try_send(&line) {
+            Ok(n) => n,
+            Err(_) => {
+                let mut st = self.state();
+                st.writing = false;
+                st.bytes -= line.len();
+                drop(st);
+                self.closed.notify_one();
+                return false;
             }
         };
         let mut st = self.state();
@@ -137,16 +133,32 @@ impl Outbox {
         true
     }
 
-    /// The next line for the writer task (marked as being written), `None` when the
-    /// connection has finished and everything queued was written.
+    /// What the writer task sends next: every queued line (up to `WRITE_BATCH` bytes, at least
+    /// one line) joined into one buffer, marked as being written; `None` when the connection
+    /// has finished and everything queued was written. Under load a connection's responses
+    /// then leave in one `send`, not one each.
     pub(super) async fn next(&self) -> Option<Zeroizing<Vec<u8>>> {
         loop {
             {
                 let mut st = self.state();
                 if !st.writing {
-                    if let Some(line) = st.lines.pop_front() {
+                    if let Some(first) = st.lines.pop_front() {
                         st.writing = true;
-                        return Some(line);
+                        if st.lines.is_empty() {
+                            return Some(first);
+                        }
+                        let mut out = Zeroizing::new(Vec::with_capacity(
+                            st.bytes.min(WRITE_BATCH.max(first.len())),
+                        ));
+                        out.extend_from_slice(&first);
+                        while let Some(next) = st.lines.front() {
+                            if out.len() + next.len() > WRITE_BATCH {
+                                break;
+                            }
+                            out.extend_from_slice(next);
+                            st.lines.pop_front();
+                        }
+                        return Some(out);
                     }
                     if st.finished {
                         return None;

@@ -14,6 +14,8 @@ use interprocess::local_socket::tokio::{prelude::*, Listener, Stream};
 use interprocess::local_socket::{GenericFilePath, ListenerOptions};
 use interprocess::os::unix::local_socket::ListenerOptionsExt;
 use tokio::io::{AsyncWriteExt, BufReader};
+
+use super::conn::Conn;
 use tokio::sync::{mpsc, watch, Notify, Semaphore};
 use zeroize::Zeroizing;
 
@@ -25,6 +27,9 @@ use crate::config::{Limits, PluginGrant};
 use crate::durable::{self, lock, perms, Faults, LockGuard, LockMode};
 use crate::error::ErrorKind;
 use crate::limits::{SHUTDOWN_GRACE, SOCKET_CHECK_INTERVAL};
+
+/// Answers to pipelined requests held back to leave in one send, at most this many bytes.
+const CORK_MAX: usize = 64 * 1024;
 use crate::service::Daemon;
 
 /// Why the daemon could not start serving.
@@ -216,7 +221,7 @@ pub struct Session {
     /// Connection number (for logs and leases).
     pub id: u64,
     /// The grant bound by `hello` (`None` until hello).
-    pub grant: Mutex<Option<PluginGrant>>,
+    pub grant: Mutex<Option<Arc<PluginGrant>>>,
     /// Open subscriptions (`cred.watch`, `stream.subscribe`).
     pub subscriptions: super::subscriptions::Subscriptions,
     /// Responses and events to send.
@@ -225,7 +230,7 @@ pub struct Session {
     /// Notified when the connection ends (subscription forwarders stop).
     pub ended_notify: Notify,
     /// The socket, for [`Session::send_now`].
-    sock: Arc<Stream>,
+    sock: Arc<Conn>,
 }
 
 impl Session {
@@ -253,7 +258,7 @@ impl Session {
     }
 
     /// The grant, if `hello` was sent.
-    pub fn grant(&self) -> Option<PluginGrant> {
+    pub fn grant(&self) -> Option<Arc<PluginGrant>> {
         self.grant
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -381,6 +386,14 @@ pub async fn run(
     }
 }
 
+/// Send the answers held back in `corked`, if any.
+fn uncork(session: &Session, stream: &Conn, corked: &mut Zeroizing<Vec<u8>>) {
+    if !corked.is_empty() {
+        let out = std::mem::replace(corked, Zeroizing::new(Vec::new()));
+        session.outbox.send_now(stream, out);
+    }
+}
+
 /// At the connection cap: one error line, then close.
 async fn refuse(mut stream: Stream, cap: usize) {
     let err = RpcError::new(
@@ -398,9 +411,9 @@ async fn connection(
     conn: u64,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    daemon.connection_opened();
-    // `&Stream` reads and writes; the writer task holds its own reference.
+    let (read_half, stream) = Conn::new(stream);
     let stream = Arc::new(stream);
+    daemon.connection_opened();
     let send_stream = Arc::clone(&stream);
     let closed = Arc::new(Notify::new());
     let session = Arc::new(Session {
@@ -415,24 +428,25 @@ async fn connection(
     let writer_session = Arc::clone(&session);
     let writer = tokio::spawn(async move {
         let outbox = &writer_session.outbox;
-        let mut send = &*send_stream;
         while let Some(line) = outbox.next().await {
-            if send.write_all(&line).await.is_err() {
+            if send_stream.send_all(&line).await.is_err() {
                 outbox.closed.notify_one();
                 break;
             }
             outbox.written(line.len());
         }
-        let _ = send.flush().await;
     });
     let inflight = Arc::new(Semaphore::new(limits.max_inflight));
-    let mut reader = FrameReader::new(BufReader::new(&*stream), limits.max_frame);
+    let mut reader = FrameReader::new(BufReader::new(read_half), limits.max_frame);
     tracing::debug!(conn, "connection open");
+    let mut corked = Zeroizing::new(Vec::new());
     loop {
         let idle_ok = || {
             inflight.available_permits() == limits.max_inflight
                 && session.subscriptions.count() == 0
         };
+        // Never wait with answers held back.
+        uncork(&session, &stream, &mut corked);
         let frame = tokio::select! {
             _ = shutdown.changed() => break,
             _ = closed.notified() => break,
@@ -464,11 +478,24 @@ async fn connection(
         };
         let (id, call, grant) = match handlers::route(&daemon, &session, &line) {
             handlers::Routed::Done(reply) => {
-                session.outbox.send_now(&stream, reply);
+                // Pipelined requests answered inline leave in one send: while another whole
+                // line is already buffered, the answer waits in `corked`.
+                if corked.is_empty() && !reader.line_buffered() {
+                    session.outbox.send_now(&stream, reply);
+                } else {
+                    corked.extend_from_slice(&reply);
+                    if !reader.line_buffered() || corked.len() >= CORK_MAX {
+                        uncork(&session, &stream, &mut corked);
+                    }
+                }
                 continue;
             }
-            handlers::Routed::Async(id, call, grant) => (id, call, grant),
+            handlers::Routed::Async(id, call, grant) => {
+                uncork(&session, &stream, &mut corked);
+                (id, call, grant)
+            }
             handlers::Routed::Append(id, a) => {
+                uncork(&session, &stream, &mut corked);
                 let permit = tokio::select! {
                     _ = shutdown.changed() => break,
                     p = Arc::clone(&inflight).acquire_owned() => match p { Ok(p) => p, Err(_) => break },
