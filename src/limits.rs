@@ -86,12 +86,21 @@ pub const WATCH_DEBOUNCE: Duration = Duration::from_millis(200);
 /// failed; the next client may try.
 pub const MAX_LEASE: Duration = Duration::from_secs(300);
 
-/// How often the daemon rewrites the index of a store with pending changes. Writes are
+/// How often the daemon looks for stores whose index has pending changes. Writes are
 /// acknowledged once their credential file is durable; the index (a cache hive lists from)
-/// follows within this interval. 250 ms bounds both hive's lag and the rewrite cost: at
-/// 10,000 credentials a rewrite is ~4 MB of JSON, so at most four a second whatever the
-/// write rate.
+/// follows once the writes pause for `INDEX_QUIET`, and at least every `INDEX_MAX_LAG` while
+/// they never pause.
 pub const INDEX_FLUSH_INTERVAL: Duration = Duration::from_millis(250);
+
+/// A store's index is rewritten once no write changed it for this long: the end of a burst.
+pub const INDEX_QUIET: Duration = Duration::from_millis(250);
+
+/// ... or once its oldest unwritten change is this old, under writes that never pause. At
+/// 10,000 credentials a rewrite is ~4 MB of JSON and two fsyncs; one per flusher tick halved a
+/// lone writer's rate (docs/benchmarks.md), one per 5 s costs it a few percent. hive, which lists
+/// from the index, sees a credential written through holdfast about 0.5 s after a pause and
+/// within 5.25 s under a sustained stream of writes.
+pub const INDEX_MAX_LAG: Duration = Duration::from_secs(5);
 
 /// How often the daemon re-arms its inotify watches and rescans every store in full, as a
 /// safety net under the watcher: a store directory that was replaced (restored from a backup,

@@ -26,7 +26,7 @@ pub use leases::LeaseAnswer;
 
 use crate::limits::EVENT_BACKLOG;
 
-use crate::limits::SPARE_IDLE;
+use crate::limits::{INDEX_MAX_LAG, INDEX_QUIET, SPARE_IDLE};
 
 /// Something a `cred.watch` subscriber hears about.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -265,7 +265,7 @@ impl Daemon {
     pub fn flush_dirty(&self) {
         for (name, slot) in self.stores() {
             if let Ok(s) = &slot.store {
-                if s.is_dirty() {
+                if s.index_due(INDEX_QUIET, INDEX_MAX_LAG) {
                     if let Err(e) = s.flush() {
                         tracing::warn!(store = %name, error = %e, "index rewrite failed; retrying on the next flush");
                     }

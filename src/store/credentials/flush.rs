@@ -51,13 +51,27 @@ impl CredentialStore {
         let stamp = durable::atomic_write(&self.meta_dir, INDEX_FILE, &bytes, self.faults())
             .map_err(|e| self.io_failed(e))?;
         inner.index_stamp = Some(stamp);
-        inner.dirty = false;
+        inner.set_dirty(false);
         Ok(())
     }
 
-    /// Whether the index has changes not yet written (the daemon's flusher polls this).
+    /// Whether the index has changes not yet written.
     pub fn is_dirty(&self) -> bool {
         lock_guard(&self.inner).dirty
+    }
+
+    /// Whether the daemon's flusher should rewrite the index now: it has changes, and either
+    /// nothing changed for `quiet` (a burst of writes ended) or the oldest unwritten change is
+    /// `max_lag` old (writes never pause). A burst of any length then costs one rewrite per
+    /// `max_lag`, not one per flusher tick: at 10,000 credentials a rewrite is ~4 MB of JSON
+    /// and two fsyncs, and at one per tick it halved a lone writer's rate (docs/benchmarks.md).
+    pub fn index_due(&self, quiet: std::time::Duration, max_lag: std::time::Duration) -> bool {
+        let inner = lock_guard(&self.inner);
+        if !inner.dirty {
+            return false;
+        }
+        let old = |t: Option<std::time::Instant>, d| t.is_none_or(|t| t.elapsed() >= d);
+        old(inner.changed_at, quiet) || old(inner.dirty_since, max_lag)
     }
 
     /// Rewrite the index now. Caller holds the store lock.

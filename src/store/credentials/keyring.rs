@@ -254,7 +254,7 @@ impl CredentialStore {
             if let Some(e) = inner.entries.get_mut(name) {
                 e.stamp = Some(stamp);
             }
-            inner.dirty = true;
+            inner.mark_dirty();
             Ok(true)
         })
     }

@@ -183,7 +183,12 @@ struct Inner {
     index_extra: Map<String, Value>,
     /// index.json as we last read or wrote it (another writer changed it if this differs).
     index_stamp: Option<FileStamp>,
+    /// The index has changes not yet written (set through [`Inner::mark_dirty`]).
     dirty: bool,
+    /// When the index became dirty and when it last changed (the daemon's flusher waits for
+    /// a quiet moment, or for the oldest change to be `INDEX_MAX_LAG` old).
+    dirty_since: Option<std::time::Instant>,
+    changed_at: Option<std::time::Instant>,
     unreadable: usize,
     /// The file a `delete` is removing: its index entry is dropped before the unlink, so the
     /// directory scan in `refresh` must not put it back while the file still exists.
@@ -191,6 +196,28 @@ struct Inner {
     /// Changes other processes made, found by a directory scan and not yet reported (kept only
     /// with `IndexFlush::Deferred`, i.e. in the daemon, which drains them into events).
     pending: Vec<Change>,
+}
+
+impl Inner {
+    /// The index no longer matches `entries`.
+    fn mark_dirty(&mut self) {
+        let now = std::time::Instant::now();
+        if !self.dirty {
+            self.dirty = true;
+            self.dirty_since = Some(now);
+        }
+        self.changed_at = Some(now);
+    }
+
+    /// The index matches `entries` again (or is to be rewritten: `needs`).
+    fn set_dirty(&mut self, needs: bool) {
+        if needs {
+            self.mark_dirty();
+        } else {
+            self.dirty = false;
+            self.dirty_since = None;
+        }
+    }
 }
 
 use crate::limits::FILE_CACHE_BYTES;

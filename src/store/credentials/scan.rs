@@ -99,7 +99,7 @@ impl CredentialStore {
             for name in names {
                 if name == INDEX_FILE {
                     if stamp_of(&self.meta_dir.join(INDEX_FILE)) != inner.index_stamp {
-                        inner.dirty = true;
+                        inner.mark_dirty();
                     }
                     continue;
                 }
@@ -127,7 +127,7 @@ impl CredentialStore {
                             generation: Some(entry.generation),
                         });
                         inner.entries.insert(name.clone(), entry);
-                        inner.dirty = true;
+                        inner.mark_dirty();
                     }
                     (_, FileRead::Missing) => {
                         if let Some(gone) = inner.entries.remove(name) {
@@ -135,7 +135,7 @@ impl CredentialStore {
                                 id: gone.id,
                                 generation: None,
                             });
-                            inner.dirty = true;
+                            inner.mark_dirty();
                         }
                     }
                     // Unreadable or damaged: keep what we knew; fsck reports it.
@@ -184,7 +184,7 @@ impl CredentialStore {
                 .zip(&inner.entries)
                 .any(|(a, b)| a.0 != b.0 || a.1.stamp != b.1.stamp);
         if changed && inner.seeded {
-            inner.dirty = true;
+            inner.mark_dirty();
             if self.opts.index_flush == IndexFlush::Deferred {
                 // Whoever scans first (the flusher, a list, the watcher) must not swallow a
                 // change that watchers should hear about: keep it for `take_changes`.
@@ -424,7 +424,7 @@ impl CredentialStore {
         inner.index_stamp = index_stamp;
         inner.unreadable =
             report.clock_skew.len() + report.io_errors.len() + report.quarantined.len();
-        inner.dirty = needs_rewrite;
+        inner.set_dirty(needs_rewrite);
         if repair && needs_rewrite {
             self.with_ring(|ring| self.flush_index(inner, ring))?;
             report.index_rewritten = true;

@@ -116,7 +116,7 @@ impl CredentialStore {
                     generation,
                 },
             );
-            inner.dirty = true;
+            inner.mark_dirty();
             Ok(generation)
         })
     }
