@@ -22,8 +22,10 @@ function and yields exactly what a UI should render::
         rs.final_message                           # what was stored, exactly what was shown
 
 What it renders comes from the run's own subscription — the daemon's published events, each
-once, in order — so it is also exactly what a browser following the run sees. Every chunk is
-durable before the next is read. When the provider raises, the exception is reported as the
+once, in order — so it is also exactly what a browser following the run sees, and nothing is
+rendered before it is durable. Chunks are appended as they arrive without waiting for the
+previous append: those that arrive while one is in flight go together in the next (one round
+trip and one fsync for many tokens); ``appends`` counts the round trips. When the provider raises, the exception is reported as the
 run's interruption (HTTP status and Retry-After taken from it when it has them), the plan is
 waited for and followed: continue from the text so far (R1, R3: ``reopen(prefix)``), end the
 turn with the completed tool calls (R2), start over (R4: ``reopen(None)``, after a
@@ -66,6 +68,216 @@ MAX_CAUSE_MESSAGE = 1000
 
 Cause = Union[str, Dict[str, Any]]
 
+#: Seconds to wait for the run's subscription to show what was just acknowledged.
+CATCH_UP_TIMEOUT = 30
+
+
+# ---------------------------------------------------------------------------------------------
+# Appends batched while one is in flight
+
+#: The most events one ``stream.append`` carries (the daemon's cap is 1,024).
+MAX_BATCH_EVENTS = 1024
+
+
+class _Appender:
+    """The appends of one run from any number of threads: events handed over while an append
+    is in flight wait and go together in the next one — one round trip and one fsync for many
+    tokens (docs/protocol.md, "Batching"). Sent by the thread that hands over events when none
+    is in flight (``append``: it returns once its events are durable), or by a sender thread
+    (``put``: returns at once; ``flush`` waits). A failed append fails every event not yet
+    acknowledged (they are dropped: the daemon has none of them): each waiting ``append``
+    raises it, and so does the next ``put`` or ``flush``; ``reset`` takes the seq to go on from
+    after an interruption."""
+
+    class _Waiter:
+        __slots__ = ("last", "done", "error")
+
+        def __init__(self, last: int) -> None:
+            self.last, self.done, self.error = last, False, None
+
+    def __init__(self, client: Any, run_id: str, stream_id: str, next_seq: int) -> None:
+        import threading
+
+        self._client, self._run, self._stream = client, run_id, stream_id
+        self._cv = threading.Condition(threading.Lock())
+        self._queue: List[Dict[str, Any]] = []
+        self._next = next_seq  # the seq of the first queued event
+        self._acked = next_seq - 1
+        self._sending = False
+        self._waiters: List[Any] = []
+        self._error: Optional[BaseException] = None  # for the next put or flush
+        self._thread: Any = None
+        self._closed = False
+        #: Appends sent (round trips) and the events they carried.
+        self.appends = 0
+        self.events = 0
+
+    @property
+    def next_seq(self) -> int:
+        with self._cv:
+            return self._next + len(self._queue)
+
+    def _take(self) -> Tuple[int, List[Dict[str, Any]]]:
+        batch, self._queue = (self._queue[:MAX_BATCH_EVENTS], self._queue[MAX_BATCH_EVENTS:])
+        seq = self._next
+        self._next += len(batch)
+        self._sending = True
+        return seq, batch
+
+    def _send(self, seq: int, batch: List[Dict[str, Any]]) -> None:
+        try:
+            acked = self._client.stream_append(self._run, self._stream, seq, batch)
+        except BaseException as e:  # noqa: BLE001 - handed to every waiter
+            with self._cv:
+                self._error = e
+                self._next = seq  # nothing from here on was acknowledged
+                self._queue = []
+                self._sending = False
+                for w in self._waiters:
+                    w.error = e
+                self._waiters = []
+                self._cv.notify_all()
+            return
+        with self._cv:
+            self._acked = max(self._acked, acked)
+            self.appends += 1
+            self.events += len(batch)
+            self._sending = False
+            left = []
+            for w in self._waiters:
+                if w.last <= self._acked:
+                    w.done = True
+                else:
+                    left.append(w)
+            self._waiters = left
+            self._cv.notify_all()
+
+    def _raise(self) -> None:
+        e, self._error = self._error, None
+        if e is not None:
+            raise e
+
+    def append(self, events: List[Dict[str, Any]]) -> int:
+        """Hand over ``events`` and return the last seq acknowledged once they are durable."""
+        with self._cv:
+            self._raise()
+            self._queue.extend(events)
+            me = self._Waiter(self._next + len(self._queue) - 1)
+            if me.last <= self._acked:
+                return self._acked
+            self._waiters.append(me)
+        while True:
+            with self._cv:
+                while True:
+                    if me.done:
+                        return self._acked
+                    if me.error is not None:
+                        self._error = None  # raised here; not again by put or flush
+                        raise me.error
+                    if not self._sending and self._queue:
+                        seq, batch = self._take()
+                        break
+                    self._cv.wait()
+            self._send(seq, batch)
+
+    def put(self, events: List[Dict[str, Any]]) -> None:
+        """Hand over ``events`` without waiting; the sender thread appends them."""
+        import threading
+
+        with self._cv:
+            self._raise()
+            self._queue.extend(events)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._sender, daemon=True,
+                                                name="holdfast-appender")
+                self._thread.start()
+            self._cv.notify_all()
+
+    def _sender(self) -> None:
+        while True:
+            with self._cv:
+                while not self._closed and (self._sending or not self._queue):
+                    self._cv.wait()
+                if self._closed:
+                    return
+                seq, batch = self._take()
+            self._send(seq, batch)
+
+    def flush(self) -> int:
+        """Wait until everything handed over is durable; the last seq acknowledged."""
+        with self._cv:
+            while self._error is None and (self._sending or self._queue):
+                self._cv.wait()
+            self._raise()
+            return self._acked
+
+    def reset(self, next_seq: int) -> None:
+        """Go on from ``next_seq`` (after ``stream.interrupt``); call after ``flush``."""
+        with self._cv:
+            self._next, self._acked = next_seq, next_seq - 1
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+
+
+class _AsyncAppender:
+    """``_Appender`` for an ``AsyncClient``: ``put`` hands events over without waiting, a task
+    sends whatever accumulated while the previous append was in flight, ``flush`` waits."""
+
+    def __init__(self, client: Any, run_id: str, stream_id: str, next_seq: int) -> None:
+        self._client, self._run, self._stream = client, run_id, stream_id
+        self._queue: List[Dict[str, Any]] = []
+        self._next = next_seq
+        self._acked = next_seq - 1
+        self._task: Optional["asyncio.Task[None]"] = None
+        self._error: Optional[BaseException] = None
+        self.appends = 0
+        self.events = 0
+
+    def put(self, events: List[Dict[str, Any]]) -> None:
+        if self._error is not None:
+            e, self._error = self._error, None
+            raise e
+        self._queue.extend(events)
+        if self._task is None or self._task.done():
+            self._task = asyncio.ensure_future(self._drain())
+
+    async def _drain(self) -> None:
+        while self._queue and self._error is None:
+            batch = self._queue[:MAX_BATCH_EVENTS]
+            del self._queue[:MAX_BATCH_EVENTS]
+            seq = self._next
+            self._next += len(batch)
+            try:
+                acked = await self._client.stream_append(self._run, self._stream, seq, batch)
+            except BaseException as e:  # noqa: BLE001 - raised by the next put or flush
+                self._error, self._next, self._queue = e, seq, []
+                return
+            self._acked = max(self._acked, acked)
+            self.appends += 1
+            self.events += len(batch)
+
+    async def flush(self) -> int:
+        if self._task is not None:
+            await asyncio.shield(self._task)
+        if self._error is not None:
+            e, self._error = self._error, None
+            raise e
+        return self._acked
+
+    def reset(self, next_seq: int) -> None:
+        self._next, self._acked = next_seq, next_seq - 1
+
+    async def close(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            try:
+                await self._task
+            except BaseException:  # noqa: BLE001 - closing: the run's outcome was decided
+                pass
+
 
 # ---------------------------------------------------------------------------------------------
 # The producer of one run
@@ -102,13 +314,23 @@ class StreamProducer:
             r = client.stream_begin(run_id, thread_id=thread_id, model=model, takeover=takeover)
         self.stream_id: str = r["stream_id"]
         self.epoch: int = r["epoch"]
-        self.next_seq: int = r["next_seq"]
+        self._appender = _Appender(client, run_id, self.stream_id, r["next_seq"])
+
+    @property
+    def next_seq(self) -> int:
+        """The seq the next event handed over gets."""
+        return self._appender.next_seq
+
+    @property
+    def appends(self) -> int:
+        """``stream.append`` round trips so far (fewer than calls when threads share it)."""
+        return self._appender.appends
 
     def append(self, events: List[Dict[str, Any]]) -> int:
-        """Append a batch of events; returns the last seq acknowledged."""
-        acked = self.client.stream_append(self.run_id, self.stream_id, self.next_seq, events)
-        self.next_seq = acked + 1
-        return acked
+        """Append events; returns the last seq acknowledged once they are durable. Safe to
+        call from several threads: events handed over while an append is in flight go
+        together in the next one."""
+        return self._appender.append(events)
 
     def text(self, text: str) -> int:
         """Append assistant text."""
@@ -128,8 +350,9 @@ class StreamProducer:
 
     def interrupt(self, cause: Cause) -> Dict[str, Any]:
         """Report the break; returns the plan and moves ``next_seq`` past its events."""
+        self._appender.flush()
         self.plan = self.client.stream_interrupt(self.run_id, self.stream_id, cause)
-        self.next_seq = self.plan["next_seq"]
+        self._appender.reset(self.plan["next_seq"])
         return self.plan
 
     def commit(self, final_message: Any, content_from_stream: bool = False) -> Dict[str, Any]:
@@ -351,9 +574,11 @@ class _Core:
         self.calls: Dict[str, Dict[str, Any]] = {}
         self.plans: List[Dict[str, Any]] = []
         self.attempt = 0
+        self.last_seq = 0  # the last seq seen on the subscription
 
     def seen(self, params: Dict[str, Any]) -> StreamEvent:
         ev = StreamEvent(int(params.get("seq") or 0), params.get("event") or {})
+        self.last_seq = max(self.last_seq, ev.seq)
         d = ev.data
         if ev.type == "text":
             self.text += ev.text
@@ -463,10 +688,18 @@ class RecoveringStream:
         self._classify = classify
         self._sleep = sleep
         self._core = _Core()
+        self._core.last_seq = after_seq
         self.stream_id: Optional[str] = None
         self.final_message: Optional[Dict[str, Any]] = None
         self.tool_calls: List[Dict[str, Any]] = []
         self.stop_reason: Optional[str] = None
+        self._appender: Any = None
+
+    @property
+    def appends(self) -> int:
+        """``stream.append`` round trips this stream made (chunks that arrived while one was
+        in flight share the next)."""
+        return self._appender.appends if self._appender is not None else 0
 
     @property
     def text(self) -> str:
@@ -509,7 +742,8 @@ class RecoveringStream:
             r = c.stream_begin(run, thread_id=self._thread_id, model=self._model,
                                takeover=self._takeover)
             plan = None
-        self.stream_id, next_seq = r["stream_id"], r["next_seq"]
+        self.stream_id = r["stream_id"]
+        app = self._appender = _Appender(c, run, self.stream_id, r["next_seq"])
         sub = c.subscribe_stream(run, self._after_seq)
         try:
             pending: Tuple[bool, Any] = (True, None)  # (first response?, prefix)
@@ -531,23 +765,36 @@ class RecoveringStream:
                         mid = True
                         evs = adapter.events(chunk)
                         if evs:
-                            next_seq = c.stream_append(run, self.stream_id, next_seq, evs) + 1
+                            app.put(evs)
                         yield from self._drain_sync(sub)
                     evs = adapter.finish()
                     if evs:
-                        next_seq = c.stream_append(run, self.stream_id, next_seq, evs) + 1
+                        app.put(evs)
+                    acked = app.flush()
                 except Exception as exc:  # noqa: BLE001 - classified, else re-raised
                     cause = self._cause(exc, mid)
                     if cause is None:
                         raise
+                    app.flush()  # what the model sent before the break is kept
                     plan = c.stream_interrupt(run, self.stream_id, cause)
-                    next_seq = plan["next_seq"]
+                    app.reset(plan["next_seq"])
                     cause_exc = exc
                     continue
+                # The turn's tool calls are read from what the subscription showed: all of it.
+                yield from self._catch_up_sync(sub, acked)
                 yield from self._finish_sync("done", self._core.completed_calls(), sub, None)
                 return
         finally:
+            app.close()
             sub.close()
+
+    def _catch_up_sync(self, sub: Any, seq: int) -> Iterator[StreamEvent]:
+        while self._core.last_seq < seq:
+            ev = sub.next(CATCH_UP_TIMEOUT)
+            if ev is None:
+                raise TimeoutError("the run's subscription did not deliver seq %d within %d s"
+                                   % (seq, CATCH_UP_TIMEOUT))
+            yield self._core.seen(ev)
 
     def _drain_sync(self, sub: Any) -> Iterator[StreamEvent]:
         while True:
@@ -585,7 +832,8 @@ class RecoveringStream:
             r = await c.stream_begin(run, thread_id=self._thread_id, model=self._model,
                                      takeover=self._takeover)
             plan = None
-        self.stream_id, next_seq = r["stream_id"], r["next_seq"]
+        self.stream_id = r["stream_id"]
+        app = self._appender = _AsyncAppender(c, run, self.stream_id, r["next_seq"])
         sub = await c.subscribe_stream(run, self._after_seq)
         try:
             pending: Tuple[bool, Any] = (True, None)
@@ -611,8 +859,7 @@ class RecoveringStream:
                         mid = True
                         evs = adapter.events(chunk)
                         if evs:
-                            next_seq = await c.stream_append(run, self.stream_id, next_seq,
-                                                             evs) + 1
+                            app.put(evs)
                         while True:
                             got = await sub.next(0)
                             if got is None:
@@ -620,20 +867,29 @@ class RecoveringStream:
                             yield self._core.seen(got)
                     evs = adapter.finish()
                     if evs:
-                        next_seq = await c.stream_append(run, self.stream_id, next_seq, evs) + 1
+                        app.put(evs)
+                    acked = await app.flush()
                 except Exception as exc:  # noqa: BLE001 - classified, else re-raised
                     cause = self._cause(exc, mid)
                     if cause is None:
                         raise
+                    await app.flush()  # what the model sent before the break is kept
                     plan = await c.stream_interrupt(run, self.stream_id, cause)
-                    next_seq = plan["next_seq"]
+                    app.reset(plan["next_seq"])
                     cause_exc = exc
                     continue
+                while self._core.last_seq < acked:
+                    got = await sub.next(CATCH_UP_TIMEOUT)
+                    if got is None:
+                        raise TimeoutError("the run's subscription did not deliver seq %d "
+                                           "within %d s" % (acked, CATCH_UP_TIMEOUT))
+                    yield self._core.seen(got)
                 async for ev in self._finish_async("done", self._core.completed_calls(), sub,
                                                    None):
                     yield ev
                 return
         finally:
+            await app.close()
             await sub.close()
 
     async def _finish_async(self, what: str, arg: Any, sub: Any,

@@ -593,6 +593,70 @@ def test_stream_producer_and_subscriber_see_every_delta_once(daemon):
         print("python stream: 60 deltas, one interruption, %d events to the subscriber, each once" % len(seqs))
 
 
+def test_stream_producer_batches_what_threads_hand_over_while_an_append_is_in_flight(daemon):
+    """8 threads x 200 single-token appends through one StreamProducer: every token durable
+    once when its append returns, each thread's tokens in its order, fewer round trips than
+    calls (those handed over while one was in flight went together)."""
+    import threading
+
+    n_threads, per = 8, 200
+    with hc.Client(socket_path=daemon.socket, client="batcher") as c:
+        p = hc.StreamProducer(c, "py-batch-1", model="m")
+        acked_after = {}
+
+        def worker(t):
+            for i in range(per):
+                tok = "t%d.%03d " % (t, i)
+                acked_after[tok] = p.text(tok)
+
+        threads = [threading.Thread(target=worker, args=(t,)) for t in range(n_threads)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        total = n_threads * per
+        assert p.next_seq == total + 1
+        text = c.stream_get("py-batch-1", reveal=True)["checkpoint"]["partial_text"]
+        toks = text.split()
+        assert len(toks) == total and len(set(toks)) == total, "every token once"
+        for t in range(n_threads):
+            mine = [x for x in toks if x.startswith("t%d." % t)]
+            assert mine == ["t%d.%03d" % (t, i) for i in range(per)], "a thread's order kept"
+        # Each call returned only once its own token was durable: its seq is at most the ack.
+        pos = {tok + " ": i + 1 for i, tok in enumerate(toks)}
+        assert all(pos[tok] <= acked for tok, acked in acked_after.items())
+        assert p.appends < total, (p.appends, total)
+        p.commit({"role": "assistant", "content": text}, content_from_stream=True)
+    print("python producer: %d appends from %d threads in %d round trips (%.1f tokens each)"
+          % (total, n_threads, p.appends, total / p.appends))
+
+
+def test_a_failed_batched_append_fails_every_waiter_and_the_producer_goes_on(daemon):
+    import threading
+
+    with hc.Client(socket_path=daemon.socket, client="a") as a, \
+            hc.Client(socket_path=daemon.socket, client="b") as b:
+        p = hc.StreamProducer(a, "py-batch-2")
+        p.text("kept ")
+        hc.StreamProducer(b, "py-batch-2", takeover=True)  # fences p
+        errors, oks = [], []
+
+        def worker(t):
+            try:
+                oks.append(p.text("zombie%d " % t))
+            except hc.Conflict as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=worker, args=(t,)) for t in range(6)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        assert not oks and len(errors) == 6, (oks, errors)
+        text = b.stream_get("py-batch-2", reveal=True)["checkpoint"]["partial_text"]
+        assert "zombie" not in text
+
+
 def test_stream_resume_fences_the_old_producer(daemon):
     with hc.Client(socket_path=daemon.socket, client="first") as a, \
             hc.Client(socket_path=daemon.socket, client="second") as b:

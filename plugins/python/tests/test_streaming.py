@@ -235,6 +235,52 @@ def test_async_stream_with_an_async_provider(daemon):
     assert [p["cause"] for p in rs.plans] == ["connection_reset"]
 
 
+MANY = "".join("m%04d " % i for i in range(2000))
+
+
+def test_chunks_arriving_while_an_append_is_in_flight_share_the_next(daemon):
+    """A provider faster than the disk: 2,000 chunks with no pause. Rendered exactly once, in
+    order, equal to the stored message, in far fewer appends than chunks (sync and async)."""
+    with daemon.client("fast") as hf:
+        rs = RecoveringStream(hf, "rfast", provider(text=MANY), reopen=lambda p: None)
+        shown = render(rs)
+    assert shown == MANY == rs.final_message["content"]
+    assert 0 < rs.appends < 2000, rs.appends
+
+    async def aprovider():
+        for w in provider(text=MANY):
+            await asyncio.sleep(0)
+            yield w
+
+    async def main():
+        async with hc.AsyncClient(daemon.socket, client="afast") as ahf:
+            ars = RecoveringStream(ahf, "rafast", aprovider(), reopen=lambda p: None)
+            return [ev async for ev in ars], ars
+
+    evs, ars = asyncio.run(main())
+    assert render(evs) == MANY == ars.final_message["content"]
+    assert 0 < ars.appends < 2000, ars.appends
+    print("2,000 chunks: %d appends (sync), %d appends (async); rendered once each"
+          % (rs.appends, ars.appends))
+
+
+def test_a_break_after_batched_chunks_keeps_them_all(daemon):
+    """The chunks handed over before the provider broke are durable before the interruption:
+    the reopen's prefix is every one of them."""
+    calls = []
+
+    def reopen(prefix):
+        calls.append(prefix)
+        return provider(prefix=prefix, text=MANY)
+
+    with daemon.client("fastbreak") as hf:
+        rs = RecoveringStream(hf, "rfastbreak", provider(1500, Http(503), text=MANY),
+                              reopen=reopen, sleep=lambda s: None)
+        shown = render(rs)
+    assert calls == [MANY[:1500 * 6]], len(calls[0]) if calls else calls
+    assert shown == MANY == rs.final_message["content"]
+
+
 # ---------------------------------------------------------------------------------------------
 # The example, as a user runs it
 
