@@ -109,6 +109,14 @@ impl<R: AsyncBufRead + Unpin> FrameReader<R> {
     }
 }
 
+impl<R: tokio::io::AsyncRead> FrameReader<tokio::io::BufReader<R>> {
+    /// Whether a whole line is already buffered: the next [`FrameReader::next`] returns it
+    /// without waiting for the socket.
+    pub fn line_buffered(&self) -> bool {
+        self.inner.buffer().contains(&b'\n')
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
