@@ -386,6 +386,17 @@ pub async fn run(
     }
 }
 
+/// Hold `reply` back in `corked`. The buffer never grows: answers may hold secrets, and a `Vec`
+/// that reallocates leaves copies of them in the memory it frees, where zeroizing cannot reach
+/// (docs/design.md). It is sized once, and sent first when the reply would not fit.
+fn cork(session: &Session, stream: &Conn, corked: &mut Zeroizing<Vec<u8>>, reply: &[u8]) {
+    if corked.capacity() - corked.len() < reply.len() {
+        uncork(session, stream, corked);
+        *corked = Zeroizing::new(Vec::with_capacity(CORK_MAX.max(reply.len())));
+    }
+    corked.extend_from_slice(reply);
+}
+
 /// Send the answers held back in `corked`, if any.
 fn uncork(session: &Session, stream: &Conn, corked: &mut Zeroizing<Vec<u8>>) {
     if !corked.is_empty() {
@@ -483,7 +494,7 @@ async fn connection(
                 if corked.is_empty() && !reader.line_buffered() {
                     session.outbox.send_now(&stream, reply);
                 } else {
-                    corked.extend_from_slice(&reply);
+                    cork(&session, &stream, &mut corked, &reply);
                     if !reader.line_buffered() || corked.len() >= CORK_MAX {
                         uncork(&session, &stream, &mut corked);
                     }
