@@ -10,6 +10,7 @@ use serde::ser::SerializeMap;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{json, Value};
 
+use super::run::EventJson;
 use crate::recovery::{Plan, PlanKind, ToolCall};
 
 /// Shortest repeat of the prefix's tail that is trimmed (shorter coincidences are left alone).
@@ -89,16 +90,21 @@ impl Event {
     }
 }
 
+impl Event {
+    /// A text event's published form.
+    fn serialize_text<S: Serializer>(t: &str, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(2))?;
+        m.serialize_entry("type", "text")?;
+        m.serialize_entry("text", t)?;
+        m.end()
+    }
+}
+
 /// The published form (`to_json`), written straight into a record without a `Value`.
 impl Serialize for Event {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self {
-            Event::Text(t) => {
-                let mut m = s.serialize_map(Some(2))?;
-                m.serialize_entry("type", "text")?;
-                m.serialize_entry("text", t)?;
-                m.end()
-            }
+            Event::Text(t) => Event::serialize_text(t, s),
             Event::ToolDelta {
                 id,
                 name,
@@ -383,10 +389,29 @@ fn overlap(tail: &str, cont: &str) -> usize {
     0
 }
 
+/// A text event as published, `{"type":"text","text":…}`, serialized from the borrowed text.
+struct TextRef<'a>(&'a str);
+
+impl Serialize for TextRef<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        Event::serialize_text(self.0, s)
+    }
+}
+
+/// An event's published JSON text, serialized straight from its fields: the hot path of an
+/// append builds no `Value` per event (with many events per append it was the daemon's top
+/// symbol, docs/benchmarks.md).
+fn published(ev: &impl Serialize) -> EventJson {
+    // Serializing strings and maps into a string cannot fail; the fallback is never reached.
+    serde_json::value::to_raw_value(ev)
+        .map(std::sync::Arc::from)
+        .unwrap_or_else(|_| std::sync::Arc::from(serde_json::value::RawValue::NULL.to_owned()))
+}
+
 impl Accumulator {
     /// Apply one accepted event (seq `seq`); returns the events to publish now, in order
     /// (text may be held back by the trimmer and released later, shortened).
-    pub fn apply(&mut self, seq: u64, ev: &Event) -> Result<Vec<(u64, Value)>, CallError> {
+    pub fn apply(&mut self, seq: u64, ev: &Event) -> Result<Vec<(u64, EventJson)>, CallError> {
         match ev {
             Event::Text(t) => Ok(self.text_event(seq, t)),
             Event::ToolDelta {
@@ -416,7 +441,7 @@ impl Accumulator {
                     }
                 }
                 call.arguments.push_str(arguments_delta);
-                out.push((seq, ev.to_json()));
+                out.push((seq, published(ev)));
                 Ok(out)
             }
             Event::ToolEnd { id } => {
@@ -427,7 +452,7 @@ impl Accumulator {
                     .find(|c| c.id == *id)
                     .ok_or_else(|| CallError::Unknown { id: id.clone() })?;
                 call.ended = true;
-                out.push((seq, ev.to_json()));
+                out.push((seq, published(ev)));
                 Ok(out)
             }
         }
@@ -464,10 +489,10 @@ impl Accumulator {
         Ok(())
     }
 
-    fn text_event(&mut self, seq: u64, t: &str) -> Vec<(u64, Value)> {
+    fn text_event(&mut self, seq: u64, t: &str) -> Vec<(u64, EventJson)> {
         let Some(trim) = &mut self.trim else {
             self.text.push_str(t);
-            return vec![(seq, json!({"type": "text", "text": t}))];
+            return vec![(seq, published(&TextRef(t)))];
         };
         trim.held.push((seq, t.to_owned()));
         let held = trim.held_text();
@@ -491,7 +516,7 @@ impl Accumulator {
     }
 
     /// Decide on held text: drop the longest repeat of the prefix's tail, publish the rest.
-    pub fn flush_trim(&mut self) -> Vec<(u64, Value)> {
+    pub fn flush_trim(&mut self) -> Vec<(u64, EventJson)> {
         let Some(trim) = self.trim.take() else {
             return Vec::new();
         };
@@ -505,7 +530,7 @@ impl Accumulator {
             let rest = &t[cut..];
             if !rest.is_empty() {
                 self.text.push_str(rest);
-                out.push((seq, json!({"type": "text", "text": rest})));
+                out.push((seq, published(&TextRef(rest))));
             }
         }
         out
@@ -649,10 +674,43 @@ mod tests {
         assert!(fast >= 7 && slow_only >= 2 && refused >= 10);
     }
 
-    fn texts(out: &[(u64, Value)]) -> Vec<(u64, String)> {
+    fn texts(out: &[(u64, EventJson)]) -> Vec<(u64, String)> {
         out.iter()
-            .map(|(s, v)| (*s, v["text"].as_str().unwrap_or("").to_owned()))
+            .map(|(s, raw)| {
+                let v: Value = serde_json::from_str(raw.get()).unwrap();
+                (*s, v["text"].as_str().unwrap_or("").to_owned())
+            })
             .collect()
+    }
+
+    /// Published events are serialized from their fields, not through a `Value`: the text must
+    /// be exactly what the `Value` path produced (key order, escaping), since subscribers and
+    /// snapshots compare and store it.
+    #[test]
+    fn published_events_are_the_json_the_value_path_produced() {
+        let mut acc = Accumulator::default();
+        let hostile = "quote \" back \\ nl \n tab \t nul \u{0} ctl \u{1f} é 😀 </script>";
+        let events = [
+            Event::Text(hostile.into()),
+            Event::ToolDelta {
+                id: "c\"1".into(),
+                name: Some("t\n".into()),
+                arguments_delta: "{\"a\":".into(),
+            },
+            Event::ToolEnd { id: "c\"1".into() },
+        ];
+        for (i, ev) in events.iter().enumerate() {
+            let out = acc.apply(i as u64 + 1, ev).unwrap();
+            assert_eq!(out.len(), 1, "{ev:?}");
+            assert_eq!(
+                out[0].1.get(),
+                serde_json::to_string(&ev.to_json()).unwrap()
+            );
+        }
+        assert_eq!(
+            acc.apply(4, &Event::Text("x".into())).unwrap()[0].1.get(),
+            r#"{"type":"text","text":"x"}"#
+        );
     }
 
     fn r1(acc: &mut Accumulator) {

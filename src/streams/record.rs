@@ -437,10 +437,7 @@ mod tests {
                 &Event::parse(&json!({"type": "text", "text": "Hello"})).unwrap(),
             )
             .unwrap();
-        let ev: Vec<(u64, EventJson)> = out
-            .iter()
-            .map(|(s, e)| (*s, crate::streams::run::event_json(e)))
-            .collect();
+        let ev: Vec<(u64, EventJson)> = out.clone();
         let snap = Record::Snapshot(Box::new(Snapshot {
             run: "r1".into(),
             thread: None,

@@ -214,7 +214,8 @@ impl Run {
         self.updated_at_ms = at;
         plan_json["events_published"] = json!(events.iter().map(|(s, _)| s).collect::<Vec<_>>());
         self.last_plan = Some(plan_json.clone());
-        self.push_events(events.clone());
+        self.events
+            .extend(events.iter().map(|(s, e)| (*s, event_json(e))));
         (events, plan_json)
     }
 
@@ -364,8 +365,7 @@ impl Run {
     }
 
     /// Add daemon or producer events (already seq-numbered) to the run.
-    pub(super) fn push_events(&mut self, out: Vec<(u64, Value)>) {
-        self.events
-            .extend(out.iter().map(|(s, e)| (*s, event_json(e))));
+    pub(super) fn push_events(&mut self, out: Vec<(u64, EventJson)>) {
+        self.events.extend(out);
     }
 }

@@ -118,9 +118,7 @@ impl Streams {
                 // yet handed to it, what the trimmer holds (foreseen on a copy: a failed end
                 // leaves the run as it was), and `finish`.
                 let mut acc = run.acc.clone();
-                ending
-                    .events
-                    .extend(acc.flush_trim().iter().map(|(s, e)| (*s, event_json(e))));
+                ending.events.extend(acc.flush_trim());
                 ending.events.push((run.next_seq, Arc::clone(&finish)));
             }
             (run.next_seq, (run.end_pos(), summary), ending)
