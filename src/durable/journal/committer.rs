@@ -14,7 +14,22 @@ pub(super) struct Committer {
     pub(super) next: Option<JoinHandle<Result<(), IoError>>>,
     pub(super) last_sync: Instant,
     pub(super) unsynced: bool,
+    /// How many appends the last batch carried: with many appenders at once, the next batch
+    /// is gathered up to this many (group commit, [`GATHER_WINDOW`]).
+    pub(super) last_batch: usize,
 }
+
+/// Group commit: when the last batch carried at least [`GATHER_MIN`] appends (several
+/// appenders at once) and fewer are queued now, the committer waits up to this long for as many
+/// as it carried before it writes, instead of syncing whoever happened to arrive first.
+/// Measured at 256 streams (docs/benchmarks.md, "Group commit"): twice the records per fsync
+/// (60-70 -> 128-138), a lower p99 (16-19 ms -> 13 ms) and a little less CPU per append; a
+/// lone appender (or two or three) never waits. At 16 streams (~10 per batch -> 15) the A/B
+/// was 3 % lower, within this VM's noise; a higher threshold stopped the gathering at 256 too
+/// (a short batch ends it), so it stays low.
+pub(super) const GATHER_WINDOW: Duration = Duration::from_micros(200);
+/// See [`GATHER_WINDOW`].
+pub(super) const GATHER_MIN: usize = 4;
 
 impl Committer {
     pub(super) fn run(mut self) {
@@ -57,6 +72,24 @@ impl Committer {
                     };
                     q.idle = false;
                 }
+                // Group commit: with many appenders, let the rest of them join first.
+                let want = self.last_batch;
+                if want >= GATHER_MIN && q.pending.len() < want && !q.closing {
+                    let until = Instant::now() + GATHER_WINDOW;
+                    q.want = want;
+                    while q.pending.len() < want && !q.closing {
+                        let left = until.saturating_duration_since(Instant::now());
+                        if left.is_zero() {
+                            break;
+                        }
+                        q = shared
+                            .wake
+                            .wait_timeout(q, left)
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .0;
+                    }
+                    q.want = 0;
+                }
                 // Take what fits one batch; the rest waits for the next.
                 let mut bytes = 0;
                 let take = q
@@ -68,6 +101,7 @@ impl Committer {
                     })
                     .count()
                     .max(1);
+                self.last_batch = take;
                 let roll = std::mem::take(&mut q.roll);
                 (roll, q.pending.drain(..take).collect::<Vec<_>>())
             };

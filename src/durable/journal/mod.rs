@@ -176,6 +176,9 @@ struct Queue {
     /// The committer is waiting for work: only then does an append pay for a wake-up (a
     /// futex syscall each, on every append, while the committer is busy anyway).
     idle: bool,
+    /// The committer is gathering a batch (committer.rs, "group commit"): the append that
+    /// brings `pending` to this many wakes it; 0 when it is not gathering.
+    want: usize,
 }
 
 struct Shared {
@@ -316,6 +319,7 @@ impl Journal {
                         next: None,
                         last_sync: Instant::now(),
                         unsynced: false,
+                        last_batch: 0,
                     }
                     .run()
                 })
@@ -392,7 +396,7 @@ impl Journal {
             return;
         }
         q.pending.push(Pending { payload, ack });
-        let idle = q.idle;
+        let idle = q.idle || (q.want > 0 && q.pending.len() == q.want);
         drop(q);
         if idle {
             self.shared.wake.notify_one();
