@@ -129,6 +129,13 @@ fn quick_json_run_reports_every_figure() {
                 rows += 1;
             }
         }
+        // The 1-client get again through the raw line client, which the target is judged by.
+        check_figures(
+            find(daemon, size, 1, "cred.get (raw client)"),
+            &phase,
+            "raw get",
+        );
+        rows += 1;
     }
     assert_eq!(daemon.len(), rows, "unexpected daemon rows");
 
@@ -143,6 +150,11 @@ fn quick_json_run_reports_every_figure() {
             .find_map(|k| t.get(*k))
             .unwrap_or_else(|| panic!("target without a figure: {t}"));
         positive(measured, "target figure");
+        if t.get("floor_us").is_some() {
+            // The get target is judged by the raw client, with the library's figure beside it.
+            assert_eq!(t["client"], "cred.get (raw client)", "{t}");
+            positive(&t["library_client_us"], "the library client's get");
+        }
     }
     let attribution = v["attribution_p50"].as_array().expect("attribution");
     assert_eq!(attribution.len(), sizes.len());
@@ -260,4 +272,149 @@ fn runs_quick_json_run_reports_every_figure() {
         check_figures(&r["latency"], &["n", "p50_us", "p99_us"], "latency");
     }
     println!("bench --runs --quick: {} rows", rows.len());
+}
+
+/// `holdfast bench --report FILE --readme README --quick`: every part runs, FILE's generated
+/// part is replaced and nothing else in it, the charts it links exist and say the machine,
+/// date and command, the raw figures are kept, the README's summary is the report's, and the
+/// progress lines say what is left. Nothing about speed is asserted.
+#[test]
+fn quick_report_writes_the_document_charts_and_readme_summary() {
+    bench_binary_is_built();
+    let t = common::TempHome::new();
+    let tmp = t.root.join("tmp");
+    let docs = t.root.join("docs");
+    fs::create_dir(&tmp).expect("mkdir tmp");
+    fs::create_dir(&docs).expect("mkdir docs");
+    let begin =
+        "<!-- holdfast bench --report: begin (generated; rerun the command to change it) -->";
+    let end = "<!-- holdfast bench --report: end -->";
+    let file = docs.join("benchmarks.md");
+    fs::write(
+        &file,
+        format!("# Benchmarks\n\nintro kept\n\n{begin}\nstale figures\n{end}\n\n## Hand-written\nanalysis kept\n"),
+    )
+    .unwrap();
+    let readme = t.root.join("README.md");
+    fs::write(
+        &readme,
+        "# x\n\n<!-- holdfast bench --report: summary begin (generated from docs/benchmarks.md's run) -->\nold claim\n<!-- holdfast bench --report: summary end -->\n\nrest kept\n",
+    )
+    .unwrap();
+    let mut c = t.cmd();
+    c.current_dir(&t.root)
+        .args([
+            "bench",
+            "--report",
+            "docs/benchmarks.md",
+            "--readme",
+            "README.md",
+        ])
+        .args(["--quick", "--seconds", "0.1", "--tmpdir"])
+        .arg(&tmp);
+    let o = c.output().expect("run holdfast bench --report");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "bench --report failed: {stderr}");
+    // Progress: the part, the time spent and the time left, on every line.
+    for part in ["1/3 credentials", "2/3 streams", "3/3 run logs"] {
+        assert!(stderr.contains(part), "no progress for {part}: {stderr}");
+    }
+    assert!(
+        stderr
+            .lines()
+            .filter(|l| l.starts_with("bench: "))
+            .all(|l| l.contains(" left] ")),
+        "{stderr}"
+    );
+
+    let doc = fs::read_to_string(&file).unwrap();
+    assert!(doc.starts_with("# Benchmarks\n\nintro kept\n\n"), "{doc}");
+    assert!(
+        doc.ends_with("\n\n## Hand-written\nanalysis kept\n"),
+        "{doc}"
+    );
+    assert!(!doc.contains("stale figures"));
+    assert_eq!(
+        (doc.matches(begin).count(), doc.matches(end).count()),
+        (1, 1)
+    );
+    for needle in [
+        "### Targets",
+        "| stream.append, 16 streams |",
+        "### Streams",
+        "### Credentials",
+        "### Run logs",
+        "**Machine:**",
+        "holdfast bench --report docs/benchmarks.md",
+    ] {
+        assert!(doc.contains(needle), "no {needle:?} in the report:\n{doc}");
+    }
+    let charts: Vec<&str> = doc
+        .split("](benchmarks/")
+        .skip(1)
+        .filter_map(|s| s.split(')').next())
+        .filter(|s| s.ends_with(".svg"))
+        .collect();
+    assert!(charts.len() >= 6, "charts linked: {charts:?}");
+    for name in &charts {
+        let svg = fs::read_to_string(docs.join("benchmarks").join(name))
+            .unwrap_or_else(|e| panic!("{name} is linked but not there: {e}"));
+        assert!(
+            svg.starts_with("<svg ") && svg.trim_end().ends_with("</svg>"),
+            "{name}"
+        );
+        assert!(
+            svg.contains("holdfast bench --report") && svg.contains(" UTC"),
+            "{name} has no provenance"
+        );
+        assert!(svg.contains("<title>"), "{name} has no values");
+    }
+    let raw: Value =
+        serde_json::from_slice(&fs::read(docs.join("benchmarks/report.json")).unwrap()).unwrap();
+    let parts = raw["parts"].as_array().unwrap();
+    assert_eq!(
+        parts
+            .iter()
+            .map(|p| p["name"].as_str().unwrap())
+            .collect::<Vec<_>>(),
+        ["credentials", "streams", "run logs"]
+    );
+    positive(&raw["seconds_total"], "seconds_total");
+    let readme = fs::read_to_string(&readme).unwrap();
+    assert!(
+        !readme.contains("old claim") && readme.ends_with("summary end -->\n\nrest kept\n"),
+        "{readme}"
+    );
+    assert!(
+        readme.contains("[the report](docs/benchmarks.md)") && readme.contains("stream.append"),
+        "{readme}"
+    );
+    println!(
+        "bench --report --quick: {} charts, {} s, {} README lines",
+        charts.len(),
+        raw["seconds_total"],
+        readme.lines().count()
+    );
+}
+
+/// A README without the summary markers is refused before anything is measured.
+#[test]
+fn report_readme_without_markers_is_refused_at_once() {
+    bench_binary_is_built();
+    let t = common::TempHome::new();
+    fs::write(t.root.join("README.md"), "# x\nno markers\n").unwrap();
+    let o = t
+        .cmd()
+        .current_dir(&t.root)
+        .args(["bench", "--report", "out.md", "--readme", "README.md"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("no summary markers") && err.contains("summary begin"),
+        "{err}"
+    );
+    // Refused before anything was made: no report, no charts directory.
+    assert!(!t.root.join("out.md").exists() && !t.root.join("out").exists());
 }

@@ -1,6 +1,7 @@
 //! Output and errors of `holdfast-bench`: figures on stdout (a table, or one JSON object with
 //! `--json`), progress on stderr, and an exit code (2 for a usage error, 1 for a failed run).
 
+use std::cell::RefCell;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -11,6 +12,24 @@ pub struct Global {
     pub json: bool,
     /// The holdfast binary started as the daemon.
     pub holdfast: PathBuf,
+    /// Under `--report`: each bench's JSON object is kept here for the report instead of
+    /// printed.
+    pub collected: Option<RefCell<Vec<serde_json::Value>>>,
+}
+
+impl Global {
+    /// Whether a bench should produce its JSON object rather than print tables.
+    pub fn structured(&self) -> bool {
+        self.json || self.collected.is_some()
+    }
+
+    /// A bench's figures: kept for the report, else printed as one JSON object.
+    pub fn emit(&self, v: serde_json::Value) {
+        match &self.collected {
+            Some(c) => c.borrow_mut().push(v),
+            None => out_json(&v),
+        }
+    }
 }
 
 /// A failed bench: a message for stderr and the exit code.

@@ -13,9 +13,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::streams::{timed, RawConn};
-use super::{
-    fmt_count, fmt_d, out, out_json, progress, CliResult, DaemonChild, Env, Global, Stats,
-};
+use super::{fmt_count, fmt_d, out, progress, CliResult, DaemonChild, Env, Global, Stats};
 
 const CLIENTS: &[usize] = &[1, 16];
 
@@ -148,8 +146,8 @@ pub fn run(g: &Global, quick: bool, seconds: Option<f64>, tmpdir: Option<&Path>)
     }
     child.stop()?;
     let floor_rate = 1.0 / floor.mean.as_secs_f64().max(1e-9);
-    if g.json {
-        out_json(&json!({
+    if g.structured() {
+        g.emit(json!({
             "floor": {"n": floor.n, "p50_us": floor.p50.as_secs_f64() * 1e6,
                       "p99_us": floor.p99.as_secs_f64() * 1e6, "per_sec": floor_rate.round()},
             "rows": rows.iter().map(|r| json!({

@@ -4,7 +4,7 @@
 //! a preallocated zero-filled file as the journal writes, and appended to a growing file); a
 //! real daemon with 1, 16 and 256 concurrent streams (each its own connection, thread and run,
 //! one ~20-byte text delta per append, every append durable); SQLite (WAL, synchronous=FULL, one
-//! row per delta, one connection per stream, through Python's sqlite3 module); Redis
+//! row per delta, one connection per stream, through the C library compiled in via rusqlite); Redis
 //! (`appendonly yes`, `appendfsync always`, RPUSH per delta, one TCP connection per stream on
 //! loopback) when `redis-server` is installed (`scripts/bench-deps.sh` installs it); and the
 //! daemon's start-up with 1,000 active runs on disk.
@@ -19,13 +19,14 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use super::{
-    fail, fmt_count, fmt_d, out, out_json, progress, round3, CliResult, DaemonChild, Env, Global,
-    Stats,
+    fail, fmt_count, fmt_d, out, progress, round3, CliResult, DaemonChild, Env, Global, Stats,
 };
 use holdfast::client::Client;
 
 /// Concurrent streams measured.
 const STREAMS: &[usize] = &[1, 16, 256];
+/// The SQLite rows' system name.
+const SQLITE: &str = "SQLite (WAL, synchronous=FULL)";
 /// Active runs for the start-up measurement.
 const STARTUP_RUNS: usize = 1000;
 
@@ -128,6 +129,8 @@ pub(super) struct RawConn {
     w: std::os::unix::net::UnixStream,
     r: BufReader<std::os::unix::net::UnixStream>,
     line: String,
+    /// The request and its newline, sent in one write (two would wake the daemon twice).
+    out: Vec<u8>,
 }
 
 impl RawConn {
@@ -138,16 +141,17 @@ impl RawConn {
             w,
             r,
             line: String::new(),
+            out: Vec::new(),
         };
         c.roundtrip(r#"{"jsonrpc":"2.0","id":0,"method":"hello","params":{"client":"bench"}}"#)?;
         Ok(c)
     }
 
     pub(super) fn roundtrip(&mut self, req: &str) -> Result<&str, String> {
-        self.w
-            .write_all(req.as_bytes())
-            .and_then(|()| self.w.write_all(b"\n"))
-            .map_err(|e| e.to_string())?;
+        self.out.clear();
+        self.out.extend_from_slice(req.as_bytes());
+        self.out.push(b'\n');
+        self.w.write_all(&self.out).map_err(|e| e.to_string())?;
         self.line.clear();
         self.r
             .read_line(&mut self.line)
@@ -299,94 +303,49 @@ fn holdfast_phase(
     })
 }
 
-const SQLITE_SCRIPT: &str = r#"
-import json, sqlite3, sys, threading, time
-path, streams, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-setup = sqlite3.connect(path)
-setup.execute("PRAGMA journal_mode=WAL")
-setup.execute("CREATE TABLE IF NOT EXISTS deltas (run TEXT, seq INTEGER, text TEXT)")
-setup.commit()
-setup.close()
-lat, errors = [], []
-barrier = threading.Barrier(streams + 1)
-def worker(i):
-    try:
-        c = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=60)
-        c.execute("PRAGMA synchronous=FULL")
-        c.execute("PRAGMA busy_timeout=60000")
-        mine, n = [], 0
-        barrier.wait()
-        start = time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            t = time.perf_counter()
-            c.execute("INSERT INTO deltas VALUES (?, ?, ?)", ("run-%d" % i, n, "delta %08d text " % n))
-            mine.append(time.perf_counter() - t)
-            n += 1
-        lat.extend(mine)
-    except Exception as e:
-        errors.append(repr(e))
-threads = [threading.Thread(target=worker, args=(i,)) for i in range(streams)]
-for t in threads: t.start()
-barrier.wait()
-t0 = time.perf_counter()
-for t in threads: t.join()
-secs = time.perf_counter() - t0
-lat.sort()
-rank = lambda p: lat[max(0, min(len(lat), int(-(-p * len(lat) // 1))) - 1)] if lat else 0
-print(json.dumps({"ops": len(lat), "secs": secs, "p50_us": rank(0.5) * 1e6, "p99_us": rank(0.99) * 1e6,
-                  "errors": errors[:3], "version": sqlite3.sqlite_version}))
-"#;
-
+/// SQLite as a stream store would use it naively: one row per delta, every INSERT its own
+/// durable transaction (WAL, `synchronous=FULL`), one connection per stream, all in one database
+/// file — through the C library itself (rusqlite, SQLite compiled into this binary), so the
+/// figure is SQLite's and not an interpreter's.
 fn sqlite_phase(dir: &Path, streams: usize, d: Duration) -> CliResult<Row> {
     let db = dir.join(format!("sqlite-{streams}.db"));
-    let python = ["/usr/bin/python3", "python3"].into_iter().find(|p| {
-        Command::new(p)
-            .arg("-c")
-            .arg("import sqlite3")
-            .output()
-            .is_ok_and(|o| o.status.success())
-    });
-    let Some(python) = python else {
-        return Ok(Row {
-            system: "SQLite (WAL, synchronous=FULL)",
-            streams,
-            ops: 0,
-            secs: 1.0,
-            stats: None,
-            note: "not measured: no python3 with sqlite3".into(),
-            // Client and database are one Python process: no server CPU of its own.
-            server_cpu_us: None,
-        });
-    };
-    let o = Command::new(python)
-        .arg("-c")
-        .arg(SQLITE_SCRIPT)
-        .arg(&db)
-        .arg(streams.to_string())
-        .arg(d.as_secs_f64().to_string())
-        .output()
-        .map_err(|e| fail("running the SQLite baseline", e))?;
-    let v: Value = serde_json::from_slice(&o.stdout).map_err(|e| {
-        fail(
-            "the SQLite baseline",
-            format!("{e}: {}", String::from_utf8_lossy(&o.stderr)),
+    let setup =
+        rusqlite::Connection::open(&db).map_err(|e| fail("opening the SQLite database", e))?;
+    setup
+        .execute_batch(
+            "PRAGMA journal_mode=WAL;
+             CREATE TABLE IF NOT EXISTS deltas (run TEXT, seq INTEGER, text TEXT);",
         )
-    })?;
-    let d_us = |k: &str| Duration::from_secs_f64(v[k].as_f64().unwrap_or(0.0) / 1e6);
-    let ops = v["ops"].as_u64().unwrap_or(0) as usize;
+        .map_err(|e| fail("creating the SQLite table", e))?;
+    drop(setup);
+    let (ops, secs, stats) = timed(
+        streams,
+        d,
+        move |i| {
+            let c = rusqlite::Connection::open(&db).map_err(|e| e.to_string())?;
+            c.execute_batch("PRAGMA synchronous=FULL;")
+                .map_err(|e| e.to_string())?;
+            // Every stream writes the one database: waiting for its write lock is part of the
+            // cost, as it would be for a stream store built this way.
+            c.busy_timeout(Duration::from_secs(60))
+                .map_err(|e| e.to_string())?;
+            Ok((c, format!("run-{i}")))
+        },
+        move |(c, run): &mut (rusqlite::Connection, String), n| {
+            c.prepare_cached("INSERT INTO deltas VALUES (?1, ?2, ?3)")
+                .and_then(|mut st| st.execute(rusqlite::params![&*run, n as i64, delta_text(n)]))
+                .map_err(|e| e.to_string())?;
+            Ok(())
+        },
+    )?;
     Ok(Row {
-        system: "SQLite (WAL, synchronous=FULL)",
+        system: SQLITE,
         streams,
         ops,
-        secs: v["secs"].as_f64().unwrap_or(1.0),
-        stats: Some(Stats {
-            n: ops,
-            p50: d_us("p50_us"),
-            p99: d_us("p99_us"),
-            mean: Duration::ZERO,
-        }),
-        note: format!("sqlite {}", v["version"].as_str().unwrap_or("?")),
-        // Client and database are one Python process: no server CPU of its own.
+        secs,
+        stats: Some(stats),
+        note: format!("sqlite {} (rusqlite)", rusqlite::version()),
+        // Client and database are one process (the bench's): no server CPU of its own.
         server_cpu_us: None,
     })
 }
@@ -402,6 +361,11 @@ impl Drop for Redis {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Whether the Redis peer can be measured here.
+pub(super) fn redis_installed() -> bool {
+    redis_binary().is_some()
 }
 
 fn redis_binary() -> Option<String> {
@@ -552,6 +516,17 @@ pub fn run(
     ));
     let floor_pre = super::floors::append(tmp.path(), n_floor, true)?;
     let floor_app = super::floors::append(tmp.path(), n_floor, false)?;
+    // What any server answering one durable append per round trip pays at least: a socket
+    // round trip to another process that writes and fdatasyncs before it answers.
+    progress(&format!(
+        "floor: {n_floor} x (socket round trip to a process that writes + fdatasyncs first)"
+    ));
+    let floor_served = super::echo_floor(
+        tmp.path(),
+        n_floor,
+        super::EchoIn::Process,
+        Some(&tmp.path().join("floor-served")),
+    )?;
     let mut rows = Vec::new();
     let child = DaemonChild::start(&env)?;
     for &n in counts {
@@ -638,49 +613,104 @@ pub fn run(
             .find(|r| r.system.starts_with(sys) && r.streams == n)
     };
     let mut targets = Vec::new();
+    let served_rate = 1.0 / floor_served.mean.as_secs_f64().max(1e-9);
     if let Some(h) = find("holdfast", 1) {
         let ratio = h.per_sec() / floor_rate;
-        targets.push(json!({"target": "1 stream within 20 % of the fsync floor",
+        targets.push(json!({"target": "1 stream at least 0.9x the fsync floor",
             "measured": format!("{} /s = {:.2}x the floor ({} /s)", fmt_count(h.per_sec()), ratio, fmt_count(floor_rate)),
-            "pass": ratio >= 0.8}));
+            "pass": ratio >= 0.9,
+            "why": format!("a socket round trip to a process that fdatasyncs before answering: {} /s; holdfast is {:.2}x that",
+                fmt_count(served_rate), h.per_sec() / served_rate)}));
     }
+    // Issue 15's targets: 1.5x Redis at 16 and 256 streams, p99 and server CPU per append
+    // below Redis's at 256.
+    let cpu = |r: Option<&Row>| r.and_then(|r| r.server_cpu_us);
     for n in [16, 256] {
-        if let Some(h) = find("holdfast", n) {
-            let (measured, pass) = match find("Redis", n) {
-                Some(r) => (
-                    format!(
-                        "{} /s vs Redis {} /s",
-                        fmt_count(h.per_sec()),
-                        fmt_count(r.per_sec())
-                    ),
-                    Some(h.per_sec() > r.per_sec()),
-                ),
-                None => (
-                    format!("{} /s; Redis not measured", fmt_count(h.per_sec())),
-                    None,
-                ),
-            };
-            // What each server spends per operation: on 2 cores shared with the clients, the
-            // CPU per append bounds the rate once the fsync is no longer the bottleneck.
-            let cpu = |r: Option<&Row>| r.and_then(|r| r.server_cpu_us);
-            let why = match (cpu(Some(h)), cpu(find("holdfast no-op", n)), cpu(find("Redis", n))) {
-                (Some(a), Some(o), Some(r)) => Some(format!(
-                    "server CPU per op: holdfast append {a:.1} µs, holdfast no-op {o:.1} µs, Redis append {r:.1} µs"
-                )),
-                _ => None,
-            };
-            targets.push(
-                json!({"target": format!("{n} streams ahead of Redis appendfsync always"),
-                "measured": measured, "pass": pass, "why": why}),
-            );
+        let Some(h) = find("holdfast stream.append", n) else {
+            continue;
+        };
+        let redis = find("Redis", n);
+        let ratio = redis.map(|r| h.per_sec() / r.per_sec().max(1e-9));
+        let measured = match redis {
+            Some(r) => format!(
+                "{} /s vs Redis {} /s = {:.2}x",
+                fmt_count(h.per_sec()),
+                fmt_count(r.per_sec()),
+                ratio.unwrap_or(0.0)
+            ),
+            None => format!("{} /s; Redis not measured", fmt_count(h.per_sec())),
+        };
+        // What bounds it: on 2 cores shared with the clients, a request that does nothing
+        // (the no-op row) is the most one-request-per-delta can reach; batching goes past it.
+        let mut why = Vec::new();
+        if let Some(o) = find("holdfast no-op", n) {
+            why.push(format!(
+                "a request doing nothing: {} /s{}",
+                fmt_count(o.per_sec()),
+                redis.map_or(String::new(), |r| format!(
+                    " = {:.2}x Redis's durable append",
+                    o.per_sec() / r.per_sec().max(1e-9)
+                ))
+            ));
         }
+        if let (Some(a), Some(o), Some(r)) =
+            (cpu(Some(h)), cpu(find("holdfast no-op", n)), cpu(redis))
+        {
+            why.push(format!(
+                "server CPU per op: holdfast append {a:.1} µs, holdfast no-op {o:.1} µs, Redis append {r:.1} µs"
+            ));
+        }
+        if let Some(b) = find("holdfast append, 16", n) {
+            let events = b.per_sec() * BATCH_EVENTS as f64;
+            why.push(format!(
+                "{BATCH_EVENTS} events per append: {} events/s{}",
+                fmt_count(events),
+                redis.map_or(String::new(), |r| format!(
+                    " = {:.1}x Redis",
+                    events / r.per_sec().max(1e-9)
+                ))
+            ));
+        }
+        targets.push(json!({
+            "target": format!("{n} streams at least 1.5x Redis appendfsync always"),
+            "measured": measured, "pass": ratio.map(|x| x >= 1.5),
+            "why": (!why.is_empty()).then(|| why.join("; ")),
+        }));
     }
-    if let Some(h) = find("holdfast", 256) {
+    if let Some(h) = find("holdfast stream.append", 256) {
         let p99 = h.stats.map_or(Duration::MAX, |s| s.p99);
-        targets.push(
-            json!({"target": "p99 acknowledgement at 256 streams < 5 ms",
-            "measured": fmt_d(p99), "pass": p99 < Duration::from_millis(5)}),
-        );
+        let redis = find("Redis", 256).and_then(|r| r.stats).map(|s| s.p99);
+        targets.push(json!({
+            "target": "p99 acknowledgement at 256 streams below Redis's",
+            "measured": match redis {
+                Some(r) => format!("{} vs Redis {}", fmt_d(p99), fmt_d(r)),
+                None => format!("{}; Redis not measured", fmt_d(p99)),
+            },
+            "pass": redis.map(|r| p99 < r),
+            // With 256 clients on 2 cores, an append's wait is its turn for the CPU: 256
+            // appends in flight at the measured rate is Little's law's mean latency.
+            "why": format!(
+                "queueing for the CPU, not the disk: 256 appends in flight at {} /s is {} on \
+                 average by Little's law, and an fsync here costs {}",
+                fmt_count(h.per_sec()),
+                fmt_d(Duration::from_secs_f64(256.0 / h.per_sec().max(1e-9))),
+                fmt_d(floor_pre.p50)
+            ),
+        }));
+        if let (Some(a), Some(r)) = (cpu(Some(h)), cpu(find("Redis", 256))) {
+            targets.push(json!({
+                "target": "server CPU per append at 256 streams below Redis's",
+                "measured": format!("{a:.1} µs vs Redis {r:.1} µs"),
+                "pass": a < r,
+                "why": cpu(find("holdfast no-op", 256)).map(|o| format!(
+                    "a request that does nothing costs the daemon {o:.1} µs ({:.0} % of Redis's \
+                     whole append): the socket syscalls and wake-ups of a JSON-RPC round trip \
+                     (profile below); with 16 deltas per append the cost per delta is {}",
+                    o / r * 100.0,
+                    cpu(find("holdfast append, 16", 256)).map_or("not measured".into(), |b| format!("{:.1} µs", b / BATCH_EVENTS as f64))
+                )),
+            }));
+        }
     }
     if peers {
         targets.push(json!({
@@ -690,9 +720,12 @@ pub fn run(
         }));
     }
 
-    if g.json {
-        out_json(&json!({
-            "floors": {"fdatasync_20b_preallocated": floor_pre.json(), "fdatasync_20b_append": floor_app.json()},
+    if g.structured() {
+        g.emit(json!({
+            "seconds": d.as_secs_f64(),
+            "filesystem": super::filesystem(tmp.path()),
+            "floors": {"fdatasync_20b_preallocated": floor_pre.json(), "fdatasync_20b_append": floor_app.json(),
+                       "served_fdatasync": floor_served.json()},
             "rows": rows.iter().map(Row::json).collect::<Vec<_>>(),
             "startup": {"runs": STARTUP_RUNS, "restored": active, "ready_secs": round3(ready_s)},
             "targets": targets,
@@ -715,6 +748,7 @@ pub fn run(
             floor_pre,
         ),
         ("20 B + fdatasync, appending to a file", floor_app),
+        ("socket round trip, server fdatasyncs first", floor_served),
     ] {
         out(format!(
             "  {name:<48} {:>7} {:>10} {:>10}",

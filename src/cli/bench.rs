@@ -16,7 +16,7 @@ use super::{CliError, CliResult, Global};
 #[derive(Args, Debug)]
 #[command(disable_help_flag = true)]
 pub struct BenchArgs {
-    /// Arguments for holdfast-bench (--quick, --streams, --runs, --json, --help, …).
+    /// Arguments for holdfast-bench (--quick, --streams, --runs, --report FILE, --json, --help, …).
     #[arg(
         trailing_var_arg = true,
         allow_hyphen_values = true,
