@@ -389,6 +389,30 @@ fn quick_report_writes_the_document_charts_and_readme_summary() {
         readme.contains("[the report](docs/benchmarks.md)") && readme.contains("stream.append"),
         "{readme}"
     );
+    // Written again from report.json, measuring nothing: the same document and summary.
+    let o = t
+        .cmd()
+        .current_dir(&t.root)
+        .args([
+            "bench",
+            "--report",
+            "docs/benchmarks.md",
+            "--readme",
+            "README.md",
+        ])
+        .args(["--from-json", "docs/benchmarks/report.json"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        fs::read_to_string(&file).unwrap(),
+        doc,
+        "--from-json wrote another document"
+    );
+    assert_eq!(
+        fs::read_to_string(t.root.join("README.md")).unwrap(),
+        readme
+    );
     println!(
         "bench --report --quick: {} charts, {} s, {} README lines",
         charts.len(),

@@ -79,9 +79,29 @@ pub fn report(a: &BenchArgs, holdfast: PathBuf, file: &Path) -> CliResult {
             )));
         }
     }
+    let raw = match &a.from_json {
+        Some(p) => {
+            let text = std::fs::read_to_string(p)
+                .map_err(|e| fail(&format!("reading {}", p.display()), e))?;
+            let v: Value = serde_json::from_str(&text)
+                .map_err(|e| fail(&format!("reading {}", p.display()), e))?;
+            if !v["parts"].is_array() {
+                return Err(CliError::usage(format!(
+                    "--from-json {}: not a report.json (no \"parts\")",
+                    p.display()
+                )));
+            }
+            v
+        }
+        None => measure(a, holdfast, file)?,
+    };
     std::fs::create_dir_all(&charts_dir)
         .map_err(|e| fail(&format!("creating {}", charts_dir.display()), e))?;
+    write_report(a, file, &charts_dir, stem, &raw)
+}
 
+/// Run every part; the figures as `report.json` holds them.
+fn measure(a: &BenchArgs, holdfast: PathBuf, file: &Path) -> CliResult<Value> {
     let g = Global {
         json: false,
         holdfast,
@@ -124,7 +144,7 @@ pub fn report(a: &BenchArgs, holdfast: PathBuf, file: &Path) -> CliResult {
     let streams_estimate =
         STREAMS_FIXED + sd * (3.0 + 2.0 + 3.0 + if redis { 3.0 } else { 0.0 }) + 3.0 * sd.min(2.0);
     let rd = secs(3.0);
-    let parts = vec![
+    let parts = [
         Part {
             name: "credentials",
             command: format!("holdfast bench{q}{s_arg} --sizes {sizes_arg}"),
@@ -210,30 +230,45 @@ pub fn report(a: &BenchArgs, holdfast: PathBuf, file: &Path) -> CliResult {
     if a.pg.is_some() {
         command.push_str(" --pg '…'");
     }
-    let ctx = Context {
-        machine,
-        date,
-        command,
-        total,
-        charts: stem.to_owned(),
-    };
-    let raw = json!({
-        "command": ctx.command,
-        "date": ctx.date,
-        "machine": ctx.machine.json(),
+    Ok(json!({
+        "command": command,
+        "date": date,
+        "machine": machine.json(),
         "seconds_total": (total.as_secs_f64() * 10.0).round() / 10.0,
         "parts": parts.iter().zip(&results).zip(&took).map(|((p, r), t)| json!({
             "name": p.name, "command": p.command, "estimated_secs": p.estimate.round(),
             "secs": (t * 10.0).round() / 10.0, "figures": r,
         })).collect::<Vec<_>>(),
-    });
-    let doc = Doc::new(&ctx, &parts, &results);
+    }))
+}
+
+/// Write FILE, the charts, report.json and (with --readme) the README's summary from `raw`.
+fn write_report(
+    a: &BenchArgs,
+    file: &Path,
+    charts_dir: &Path,
+    stem: &str,
+    raw: &Value,
+) -> CliResult {
+    let text = |k: &str| raw[k].as_str().unwrap_or("?").to_owned();
+    let ctx = Context {
+        machine_line: Machine::from_json(&raw["machine"]).line(),
+        machine_short: Machine::from_json(&raw["machine"]).short(),
+        date: text("date"),
+        command: text("command"),
+        total: Duration::from_secs_f64(raw["seconds_total"].as_f64().unwrap_or(0.0).max(0.0)),
+        charts: stem.to_owned(),
+    };
+    let empty = Vec::new();
+    let parts = raw["parts"].as_array().unwrap_or(&empty);
+    let doc = Doc::new(&ctx, parts);
+    let total = ctx.total;
     for (name, chart) in &doc.charts {
         write_file(&charts_dir.join(name), &chart.render())?;
     }
     write_file(
         &charts_dir.join("report.json"),
-        &(serde_json::to_string_pretty(&raw).unwrap_or_default() + "\n"),
+        &(serde_json::to_string_pretty(raw).unwrap_or_default() + "\n"),
     )?;
     let section = format!("{BEGIN}\n{}{END}", doc.markdown);
     let text = match read_existing(file)? {
@@ -395,6 +430,19 @@ impl Machine {
         }
     }
 
+    /// The machine as report.json holds it.
+    fn from_json(v: &Value) -> Machine {
+        Machine {
+            cpus: v["cpus"].as_u64().unwrap_or(0) as usize,
+            model: text_of(&v["model"]),
+            memory: text_of(&v["memory"]),
+            kernel: text_of(&v["kernel"]),
+            os: text_of(&v["os"]),
+            filesystem: text_of(&v["filesystem"]),
+            holdfast: text_of(&v["holdfast"]),
+        }
+    }
+
     fn line(&self) -> String {
         format!(
             "{} CPUs ({}), {} RAM, {}, Linux {}; temp files on {}; {}",
@@ -447,8 +495,15 @@ fn civil(days: u64) -> (i64, u32, u32) {
     (y, m, d)
 }
 
+/// `v` as text (`?` where the figures lack it).
+fn text_of(v: &Value) -> String {
+    v.as_str().unwrap_or("?").to_owned()
+}
+
 struct Context {
-    machine: Machine,
+    /// The machine in full (CPUs, memory, OS, file system, holdfast build) and in short.
+    machine_line: String,
+    machine_short: String,
     date: String,
     command: String,
     total: Duration,
@@ -460,7 +515,7 @@ impl Context {
     /// The line under every table and chart: machine, date, command.
     fn provenance(&self, part_command: &str) -> Vec<String> {
         vec![
-            format!("{} · {}", self.machine.short(), self.date),
+            format!("{} · {}", self.machine_short, self.date),
             format!("from `{}` (alone: `{part_command}`)", self.command),
         ]
     }
@@ -521,7 +576,7 @@ fn cell(s: &str) -> String {
 }
 
 impl Doc {
-    fn new(ctx: &Context, parts: &[Part], results: &[Value]) -> Doc {
+    fn new(ctx: &Context, parts: &[Value]) -> Doc {
         let mut d = Doc {
             dir: ctx.charts.clone(),
             markdown: String::new(),
@@ -532,9 +587,8 @@ impl Doc {
         let get = |name: &str| {
             parts
                 .iter()
-                .zip(results)
-                .find(|(p, _)| p.name == name)
-                .map(|(p, r)| (p.command.as_str(), r))
+                .find(|p| p["name"] == name)
+                .map(|p| (p["command"].as_str().unwrap_or("?"), &p["figures"]))
         };
         let m = &mut d.markdown;
         let _ = writeln!(m, "## The report: every workload in one run\n");
@@ -545,7 +599,7 @@ impl Doc {
             ctx.date,
             progress::clock(ctx.total.as_secs_f64())
         );
-        let _ = writeln!(m, "**Machine:** {}.\n", ctx.machine.line());
+        let _ = writeln!(m, "**Machine:** {}.\n", ctx.machine_line);
         let _ = writeln!(
             m,
             "Every figure in this section comes from that one run; each part names the command that \
@@ -557,8 +611,8 @@ impl Doc {
         let streams = get("streams");
         let creds = get("credentials");
         let runs = get("run logs");
-        let pg = results.iter().any(|r| {
-            r["rows"].as_array().is_some_and(|rows| {
+        let pg = parts.iter().any(|p| {
+            p["figures"]["rows"].as_array().is_some_and(|rows| {
                 rows.iter().any(|x| {
                     x["system"]
                         .as_str()
@@ -1188,17 +1242,23 @@ impl Doc {
             );
         }
         let _ = writeln!(m);
-        let get_p50 = |size: u64| find("cred.get", 1, size).map_or(f64::NAN, |p| f(&p["p50_us"]));
+        let get_p50 = |size: u64| {
+            find("cred.get (raw client)", 1, size).map_or(f64::NAN, |p| f(&p["p50_us"]))
+        };
+        let lib_p50 = |size: u64| find("cred.get", 1, size).map_or(f64::NAN, |p| f(&p["p50_us"]));
         let set_rate =
             |size: u64| find("cred.set", 1, size).map_or(f64::NAN, |p| f(&p["ops_per_sec"]));
         if let (Some(&lo), Some(&hi)) = (sizes.first(), sizes.last()) {
             self.headline.push(format!(
-                "`cred.get` p50 {} with {} credentials stored and {} with {}; durable `cred.set` \
-                 from one client {} and {}",
+                "`cred.get` p50 {} with {} credentials stored and {} with {} (a raw JSON line; \
+                 through the Rust client library {} and {}); durable `cred.set` from one client \
+                 {} and {}",
                 micros(get_p50(lo)),
                 fmt_count(lo as f64),
                 micros(get_p50(hi)),
                 fmt_count(hi as f64),
+                micros(lib_p50(lo)),
+                micros(lib_p50(hi)),
                 rate(set_rate(lo)),
                 rate(set_rate(hi))
             ));

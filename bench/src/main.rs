@@ -153,6 +153,11 @@ pub struct BenchArgs {
     /// this file (the README), so its claims are the report's figures.
     #[arg(long, value_name = "FILE", requires = "report")]
     readme: Option<PathBuf>,
+    /// With --report: measure nothing; write FILE (and the README's summary) again from the
+    /// figures of an earlier run, its report.json (docs/benchmarks/report.json), e.g. after the
+    /// report's wording changed.
+    #[arg(long, value_name = "REPORT_JSON", requires = "report")]
+    from_json: Option<PathBuf>,
 }
 
 /// What to run, after defaults and checks.
