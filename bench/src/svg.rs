@@ -221,12 +221,26 @@ impl Chart {
             .collect();
         let axis = Axis::new(&values, self.scale);
         let caption: Vec<String> = self.caption.iter().flat_map(|c| wrap(c, 128)).collect();
+        let n = self.categories.len().max(1) as f64;
+        let gw = (PLOT_X1 - PLOT_X0) / n;
+        // Category labels wrap to their group's width (~6.5 px a character); the x label and
+        // the caption move down by the extra lines.
+        let per_line = ((gw / 6.5) as usize).max(6);
+        let below = self
+            .categories
+            .iter()
+            .map(|c| wrap(c, per_line).len())
+            .max()
+            .unwrap_or(1)
+            .saturating_sub(1) as f64
+            * 14.0;
         let legend_rows: Vec<Vec<String>> = self.series.iter().map(|s| wrap(&s.name, 30)).collect();
         let legend_h: f64 = legend_rows
             .iter()
             .map(|r| r.len() as f64 * 15.0 + 6.0)
             .sum();
-        let h = (PLOT_Y1 + 58.0 + caption.len() as f64 * 14.0).max(PLOT_Y0 + legend_h + 20.0);
+        let h =
+            (PLOT_Y1 + 58.0 + below + caption.len() as f64 * 14.0).max(PLOT_Y0 + legend_h + 20.0);
         let mut o = String::new();
         let _ = write!(
             o,
@@ -266,21 +280,23 @@ impl Chart {
             (PLOT_Y0 + PLOT_Y1) / 2.0,
             esc(&self.y_label),
             (PLOT_X0 + PLOT_X1) / 2.0,
-            PLOT_Y1 + 36.0,
+            PLOT_Y1 + 36.0 + below,
             esc(&self.x_label)
         );
-        let n = self.categories.len().max(1) as f64;
-        let gw = (PLOT_X1 - PLOT_X0) / n;
         let cx = |i: usize| PLOT_X0 + gw * (i as f64 + 0.5);
+        // Category labels, wrapped to their group's width.
         for (i, c) in self.categories.iter().enumerate() {
-            let _ = writeln!(
-                o,
-                r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" fill="#444">{}</text>"##,
-                cx(i),
-                PLOT_Y1 + 16.0,
-                esc(c)
-            );
+            for (j, line) in wrap(c, per_line).iter().enumerate() {
+                let _ = writeln!(
+                    o,
+                    r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" fill="#444">{}</text>"##,
+                    cx(i),
+                    PLOT_Y1 + 16.0 + j as f64 * 14.0,
+                    esc(line)
+                );
+            }
         }
+
         match self.kind {
             Kind::Bars => {
                 let ns = self.series.len().max(1) as f64;
@@ -394,7 +410,7 @@ impl Chart {
                 o,
                 r##"<text x="{}" y="{:.1}" font-size="10.5" fill="#666">{}</text>"##,
                 12.0,
-                PLOT_Y1 + 60.0 + j as f64 * 14.0,
+                PLOT_Y1 + 60.0 + below + j as f64 * 14.0,
                 esc(c)
             );
         }
