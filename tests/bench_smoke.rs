@@ -301,18 +301,18 @@ fn quick_report_writes_the_document_charts_and_readme_summary() {
         "# x\n\n<!-- holdfast bench --report: summary begin (generated from docs/benchmarks.md's run) -->\nold claim\n<!-- holdfast bench --report: summary end -->\n\nrest kept\n",
     )
     .unwrap();
-    let mut c = t.cmd();
-    c.current_dir(&t.root)
-        .args([
-            "bench",
-            "--report",
-            "docs/benchmarks.md",
-            "--readme",
-            "README.md",
-        ])
+    let report = || {
+        let mut c = t.cmd();
+        c.current_dir(&t.root)
+            .args(["bench", "--report", "docs/benchmarks.md"])
+            .args(["--readme", "README.md"]);
+        c
+    };
+    let o = report()
         .args(["--quick", "--seconds", "0.1", "--tmpdir"])
-        .arg(&tmp);
-    let o = c.output().expect("run holdfast bench --report");
+        .arg(&tmp)
+        .output()
+        .expect("run holdfast bench --report");
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "bench --report failed: {stderr}");
     // Progress: the part, the time spent and the time left, on every line.
@@ -390,16 +390,7 @@ fn quick_report_writes_the_document_charts_and_readme_summary() {
         "{readme}"
     );
     // Written again from report.json, measuring nothing: the same document and summary.
-    let o = t
-        .cmd()
-        .current_dir(&t.root)
-        .args([
-            "bench",
-            "--report",
-            "docs/benchmarks.md",
-            "--readme",
-            "README.md",
-        ])
+    let o = report()
         .args(["--from-json", "docs/benchmarks/report.json"])
         .output()
         .unwrap();

@@ -832,10 +832,21 @@ fn client_thread(
             }
         }
     };
+    run_client(conn.map_err(|e| e.to_string()), barrier, d, |c, _| op(c))
+}
+
+/// One client's timed part: warm up on `conn`, wait at `barrier` for the others, then call
+/// `op(conn, n)` until `d` is up. Returns its latencies and when it finished.
+fn run_client<C>(
+    conn: Result<C, String>,
+    barrier: &Barrier,
+    d: Duration,
+    mut op: impl FnMut(&mut C, usize) -> Result<(), String>,
+) -> Result<(Vec<Duration>, Instant), String> {
     // Every thread reaches the barrier, even after an error, or the others would wait forever.
-    let warm = conn.map_err(|e| e.to_string()).and_then(|mut c| {
-        for _ in 0..WARMUP_OPS {
-            op(&mut c)?;
+    let warm = conn.and_then(|mut c| {
+        for n in 0..WARMUP_OPS {
+            op(&mut c, n)?;
         }
         Ok(c)
     });
@@ -845,13 +856,12 @@ fn client_thread(
     let mut lat = Vec::new();
     while start.elapsed() < d || lat.is_empty() {
         let t = Instant::now();
-        op(&mut c)?;
+        op(&mut c, lat.len())?;
         lat.push(t.elapsed());
     }
     Ok((lat, Instant::now()))
 }
 
-/// `clients` concurrent clients doing `what` against the daemon for `d`.
 /// [`Op::GetRaw`]'s client: `cred.get` of random ids through [`streams::RawConn`].
 fn raw_get_thread(
     socket: &Path,
@@ -860,7 +870,7 @@ fn raw_get_thread(
     barrier: &Barrier,
 ) -> Result<(Vec<Duration>, Instant), String> {
     let mut rng = Rng::new();
-    let mut get = |c: &mut streams::RawConn, n: usize| -> Result<(), String> {
+    let get = move |c: &mut streams::RawConn, n: usize| -> Result<(), String> {
         let id = cred_id(rng.below(size));
         let answer = c.roundtrip(&format!(
             r#"{{"jsonrpc":"2.0","id":{n},"method":"cred.get","params":{{"id":"{id}"}}}}"#
@@ -870,24 +880,10 @@ fn raw_get_thread(
         }
         Ok(())
     };
-    let warm = streams::RawConn::open(socket).and_then(|mut c| {
-        for n in 0..WARMUP_OPS {
-            get(&mut c, n)?;
-        }
-        Ok(c)
-    });
-    barrier.wait();
-    let mut c = warm?;
-    let start = Instant::now();
-    let mut lat = Vec::new();
-    while start.elapsed() < d || lat.is_empty() {
-        let t = Instant::now();
-        get(&mut c, lat.len())?;
-        lat.push(t.elapsed());
-    }
-    Ok((lat, Instant::now()))
+    run_client(streams::RawConn::open(socket), barrier, d, get)
 }
 
+/// `clients` concurrent clients doing `what` against the daemon for `d`.
 fn daemon_phase(env: &Env, what: Op, clients: usize, size: usize, d: Duration) -> CliResult<Phase> {
     let op = what.name();
     progress(&format!(
