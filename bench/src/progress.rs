@@ -38,14 +38,29 @@ impl Budget {
 
     fn status(&self) -> String {
         let name = self.parts.get(self.current).map_or("", |p| p.0.as_str());
-        format!(
+        let s = format!(
             "[{}/{} {name} · {} elapsed · about {} left] {}",
             self.current + 1,
             self.parts.len(),
             clock(self.start.elapsed().as_secs_f64()),
             clock(self.left()),
             self.phase
-        )
+        );
+        if !self.tty {
+            return s;
+        }
+        // On a terminal the status line is redrawn in place: it must fit on one row.
+        let width = rustix::termios::tcgetwinsize(std::io::stderr())
+            .map_or(80, |w| usize::from(w.ws_col))
+            .max(20);
+        if s.chars().count() < width {
+            s
+        } else {
+            s.chars()
+                .take(width - 2)
+                .chain(std::iter::once('…'))
+                .collect()
+        }
     }
 }
 
