@@ -250,19 +250,18 @@ fn write_report(
     stem: &str,
     raw: &Value,
 ) -> CliResult {
-    let text = |k: &str| raw[k].as_str().unwrap_or("?").to_owned();
+    let machine = Machine::from_json(&raw["machine"]);
     let ctx = Context {
-        machine_line: Machine::from_json(&raw["machine"]).line(),
-        machine_short: Machine::from_json(&raw["machine"]).short(),
-        date: text("date"),
-        command: text("command"),
+        machine_line: machine.line(),
+        machine_short: machine.short(),
+        date: text_of(&raw["date"]),
+        command: text_of(&raw["command"]),
         total: Duration::from_secs_f64(raw["seconds_total"].as_f64().unwrap_or(0.0).max(0.0)),
         charts: stem.to_owned(),
     };
     let empty = Vec::new();
     let parts = raw["parts"].as_array().unwrap_or(&empty);
     let doc = Doc::new(&ctx, parts);
-    let total = ctx.total;
     for (name, chart) in &doc.charts {
         write_file(&charts_dir.join(name), &chart.render())?;
     }
@@ -292,7 +291,7 @@ fn write_report(
         file.display(),
         doc.charts.len(),
         charts_dir.display(),
-        progress::clock(total.as_secs_f64())
+        progress::clock(ctx.total.as_secs_f64())
     ));
     for t in &doc.targets {
         super::out(format!(

@@ -109,6 +109,51 @@ fn concurrent_appends_share_fsyncs() {
     }
 }
 
+/// Group commit gathers only while appenders keep coming: after a burst whose batches carried
+/// several appends (so the committer gathers the next one), lone appends are still written —
+/// the window ends — and everything is acknowledged once, in order.
+#[test]
+fn lone_appends_after_a_burst_are_not_held_by_the_gathering() {
+    let d = tempfile::tempdir().unwrap();
+    let (j, _, _) = open(&jd(&d));
+    let j = Arc::new(j);
+    let burst = 256;
+    let pending: Vec<_> = (0..burst)
+        .map(|i| j.append(format!("burst:{i}").into_bytes()))
+        .collect();
+    for rx in pending {
+        rx.blocking_recv().unwrap().unwrap();
+    }
+    let syncs = j.stats().syncs.load(Ordering::Relaxed);
+    assert!(
+        syncs * committer::GATHER_MIN as u64 <= burst as u64,
+        "the burst was not batched ({syncs} fsyncs for {burst}): the gathering is not exercised"
+    );
+    let lone = 20;
+    for i in 0..lone {
+        // On a thread, so a committer stuck gathering fails the test instead of hanging it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let jj = Arc::clone(&j);
+        let h = std::thread::spawn(move || {
+            let _ = tx.send(jj.append_wait(format!("lone:{i}").into_bytes()));
+        });
+        rx.recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| panic!("lone append {i} was never acknowledged"))
+            .unwrap();
+        h.join().unwrap();
+    }
+    println!(
+        "gathering: a burst of {burst} appends in {syncs} fsyncs, then {lone} lone appends acknowledged"
+    );
+    drop(Arc::try_unwrap(j).unwrap());
+    let (_, frames, _) = open(&jd(&d));
+    let want: Vec<String> = (0..burst)
+        .map(|i| format!("burst:{i}"))
+        .chain((0..lone).map(|i| format!("lone:{i}")))
+        .collect();
+    assert_eq!(payloads(&frames), want);
+}
+
 /// A crash mid-write leaves the last frame partly written (zeros, or garbage, past some byte):
 /// every cut point of it is cut off, the earlier frames survive, and appending resumes cleanly.
 #[test]
