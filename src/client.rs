@@ -8,10 +8,10 @@
 //! ```
 
 use std::collections::VecDeque;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
@@ -62,9 +62,53 @@ impl ClientError {
 
 pub use crate::limits::DEFAULT_TIMEOUT;
 
+/// The socket's read side: each read waits for input with `poll` first (at most the timeout;
+/// then `WouldBlock`, as a socket read timeout reports). A thread blocked in `read` on a Unix
+/// socket is woken for nothing each time the daemon reads a request from it (the freed buffer
+/// space wakes every sleeper on the client's socket, and a sleeping `read` does not look at
+/// why): the daemon pays a wake-up and the client a context switch per request. A `poll` for
+/// input is not woken by it (docs/benchmarks.md, "Issue 15, third session").
+struct Polled {
+    stream: UnixStream,
+    timeout: Option<Duration>,
+}
+
+impl Polled {
+    fn wait_readable(&self) -> std::io::Result<()> {
+        use rustix::event::{poll, PollFd, PollFlags, Timespec};
+        let deadline = self.timeout.map(|t| Instant::now() + t);
+        loop {
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            let ts = left.map(|l| Timespec {
+                tv_sec: l.as_secs().try_into().unwrap_or(i64::MAX),
+                tv_nsec: l.subsec_nanos().into(),
+            });
+            let mut fds = [PollFd::new(&self.stream, PollFlags::IN)];
+            match poll(&mut fds, ts.as_ref()) {
+                Ok(0) => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::WouldBlock,
+                        "no answer from the daemon within the read timeout",
+                    ))
+                }
+                Ok(_) => return Ok(()),
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
+impl Read for Polled {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.wait_readable()?;
+        self.stream.read(buf)
+    }
+}
+
 /// A connection that has said hello.
 pub struct Client {
-    reader: BufReader<UnixStream>,
+    reader: BufReader<Polled>,
     writer: UnixStream,
     next_id: u64,
     events: VecDeque<Value>,
@@ -108,11 +152,13 @@ impl Client {
                 })
             }
         }
-        stream.set_read_timeout(Some(DEFAULT_TIMEOUT))?;
         stream.set_write_timeout(Some(DEFAULT_TIMEOUT))?;
         let writer = stream.try_clone()?;
         let mut c = Client {
-            reader: BufReader::new(stream),
+            reader: BufReader::new(Polled {
+                stream,
+                timeout: Some(DEFAULT_TIMEOUT),
+            }),
             writer,
             next_id: 1,
             events: VecDeque::new(),
@@ -131,7 +177,8 @@ impl Client {
     /// Set a timeout for each read from the daemon (`None`: wait forever).
     pub fn set_read_timeout(&mut self, t: Option<Duration>) -> Result<(), ClientError> {
         self.timeout = t;
-        Ok(self.reader.get_ref().set_read_timeout(t)?)
+        self.reader.get_mut().timeout = t;
+        Ok(())
     }
 
     /// Call `method` and wait for its response. Event notifications that arrive meanwhile are
@@ -188,7 +235,7 @@ impl Client {
             return Ok(Some(ev));
         }
         let saved = self.timeout;
-        self.reader.get_ref().set_read_timeout(Some(timeout))?;
+        self.reader.get_mut().timeout = Some(timeout);
         let got = match self.read_message() {
             Ok(msg) if msg.get("method").and_then(Value::as_str) == Some("event") => {
                 Some(msg["params"].clone())
@@ -203,11 +250,11 @@ impl Client {
                 None
             }
             Err(e) => {
-                self.reader.get_ref().set_read_timeout(saved)?;
+                self.reader.get_mut().timeout = saved;
                 return Err(e);
             }
         };
-        self.reader.get_ref().set_read_timeout(saved)?;
+        self.reader.get_mut().timeout = saved;
         Ok(got)
     }
 
@@ -251,5 +298,102 @@ fn rpc_error(err: &Value) -> ClientError {
             .unwrap_or("error")
             .to_owned(),
         data,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::BufRead;
+    use std::os::unix::net::UnixListener;
+
+    /// A server on a socket in `dir` that answers `hello`, then runs `then` with the connection.
+    fn server(
+        dir: &Path,
+        then: impl FnOnce(BufReader<UnixStream>, UnixStream) + Send + 'static,
+    ) -> (std::path::PathBuf, std::thread::JoinHandle<()>) {
+        let path = dir.join("s.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        let h = std::thread::spawn(move || {
+            let (s, _) = listener.accept().unwrap();
+            let mut r = BufReader::new(s.try_clone().unwrap());
+            let mut w = s;
+            let mut line = String::new();
+            r.read_line(&mut line).unwrap();
+            w.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n")
+                .unwrap();
+            then(r, w);
+        });
+        (path, h)
+    }
+
+    fn voluntary_switches() -> u64 {
+        let status = std::fs::read_to_string("/proc/thread-self/status").unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_read_gives_up_after_the_timeout_and_keeps_a_half_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let (path, h) = server(dir.path(), move |_r, mut w| {
+            w.write_all(b"{\"jsonrpc\":\"2.0\",\"method\":\"event\",\"params\":{\"n\"")
+                .unwrap();
+            rx.recv().unwrap();
+            w.write_all(b":1}}\n").unwrap();
+            rx.recv().ok();
+        });
+        let mut c = Client::connect(&path, "t", None).unwrap();
+        let t = Instant::now();
+        assert_eq!(c.next_event(Duration::from_millis(200)).unwrap(), None);
+        let waited = t.elapsed();
+        assert!(
+            waited >= Duration::from_millis(200) && waited < Duration::from_secs(10),
+            "waited {waited:?}"
+        );
+        tx.send(()).unwrap();
+        let ev = c.next_event(Duration::from_secs(10)).unwrap();
+        assert_eq!(ev, Some(json!({"n": 1})), "the half line was kept");
+        // A call with nothing answering fails after the read timeout, as a `WouldBlock`.
+        c.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+        match c.call("x", json!({})) {
+            Err(ClientError::Io(e)) => assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock),
+            other => panic!("expected a timeout, got {other:?}"),
+        }
+        drop(tx);
+        drop(c);
+        h.join().unwrap();
+    }
+
+    /// The reason reads wait in `poll`: a thread blocked in `read` on a Unix socket is woken
+    /// (and goes back to sleep) when the server reads the request, which costs the server a
+    /// wake-up per request. Waiting in `poll`, the caller sleeps once per call.
+    #[test]
+    fn a_caller_waiting_for_its_answer_sleeps_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, h) = server(dir.path(), |mut r, mut w| {
+            // Read the request only once the client is surely waiting for its answer, then
+            // answer a while later.
+            std::thread::sleep(Duration::from_millis(100));
+            let mut line = String::new();
+            r.read_line(&mut line).unwrap();
+            std::thread::sleep(Duration::from_millis(100));
+            w.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":2,\"result\":{\"ok\":true}}\n")
+                .unwrap();
+        });
+        let mut c = Client::connect(&path, "t", None).unwrap();
+        let before = voluntary_switches();
+        let answer = c.call("x", json!({})).unwrap();
+        let slept = voluntary_switches() - before;
+        assert_eq!(answer, json!({"ok": true}));
+        println!("the calling thread slept {slept} time(s) while waiting for its answer");
+        assert_eq!(slept, 1, "woken before its answer came");
+        h.join().unwrap();
     }
 }
