@@ -3,8 +3,10 @@
 counted once, under the syscall it was in (`sys:recvfrom`), else the kernel function it was in
 (`kernel:…`: interrupts, scheduling), else its innermost holdfast frame (`user:…`).
 
-    python3 scripts/perf-fold.py DIR/append-256x1.data [TOP]
+    python3 scripts/perf-fold.py DIR/append-256x1.data [TOP] [THREAD]
 
+THREAD (a prefix of the thread name, e.g. `holdfast-journa` for the journal's committer or
+`holdfast-worker` for tokio's workers) counts only that thread's samples.
 docs/benchmarks.md's table "Where a request's CPU goes" was made with it."""
 import collections
 import re
@@ -13,6 +15,7 @@ import sys
 
 data = sys.argv[1]
 top = int(sys.argv[2]) if len(sys.argv) > 2 else 40
+only = sys.argv[3] if len(sys.argv) > 3 else None
 out = subprocess.run(["perf", "script", "-i", data, "-F", "comm,tid,ip,sym"],
                      capture_output=True, text=True, check=True).stdout
 shares, threads, n = collections.Counter(), collections.Counter(), 0
@@ -20,8 +23,11 @@ for sample in out.split("\n\n"):
     lines = [l.strip() for l in sample.strip().split("\n") if l.strip()]
     if not lines:
         continue
+    thread = lines[0].split()[0]
+    if only and not thread.startswith(only):
+        continue
     n += 1
-    threads[lines[0].split()[0]] += 1
+    threads[thread] += 1
     frames = [re.sub(r"^[0-9a-f]+\s+", "", l) for l in lines[1:]]
     syscall = next((f for f in frames if f.startswith(("__x64_sys_", "__do_sys_"))), None)
     if syscall:

@@ -27,6 +27,10 @@ use holdfast::client::Client;
 const STREAMS: &[usize] = &[1, 16, 256];
 /// The SQLite rows' system name.
 const SQLITE: &str = "SQLite (WAL, synchronous=FULL)";
+/// The Redis rows' system name.
+const REDIS: &str = "Redis (appendfsync always)";
+/// Pairs of slices (holdfast, Redis) each stream count is measured in, when Redis is.
+const PAIRS: usize = 4;
 /// Active runs for the start-up measurement.
 const STARTUP_RUNS: usize = 1000;
 
@@ -76,21 +80,33 @@ fn per_op_us(before: Option<f64>, after: Option<f64>, ops: usize) -> Option<f64>
     Some((after? - before?) / ops.max(1) as f64 * 1e6)
 }
 
-/// Run `streams` threads for `d`, each calling `op` in a loop after a common start.
-pub(super) fn timed<S: Send + 'static>(
+/// Run `streams` threads for `d`, each calling `op` in a loop after a common start: the
+/// operations, the seconds, each operation's latency, and what `probe` saw just before the
+/// start (every thread's setup done) and just after the end: the window holds no setup.
+fn timed_raw<S: Send + 'static, P>(
     streams: usize,
     d: Duration,
     setup: impl Fn(usize) -> Result<S, String> + Send + Sync + 'static,
     op: impl Fn(&mut S, usize) -> Result<(), String> + Send + Sync + 'static,
-) -> CliResult<(usize, f64, Stats)> {
-    let barrier = Arc::new(Barrier::new(streams + 1));
+    mut probe: impl FnMut() -> P,
+) -> CliResult<(usize, f64, Vec<Duration>, P, P)> {
+    let (ready, go) = (
+        Arc::new(Barrier::new(streams + 1)),
+        Arc::new(Barrier::new(streams + 1)),
+    );
     let (setup, op) = (Arc::new(setup), Arc::new(op));
     let handles: Vec<_> = (0..streams)
         .map(|i| {
-            let (barrier, setup, op) = (Arc::clone(&barrier), Arc::clone(&setup), Arc::clone(&op));
+            let (ready, go, setup, op) = (
+                Arc::clone(&ready),
+                Arc::clone(&go),
+                Arc::clone(&setup),
+                Arc::clone(&op),
+            );
             std::thread::spawn(move || -> Result<Vec<Duration>, String> {
                 let state = setup(i);
-                barrier.wait();
+                ready.wait();
+                go.wait();
                 let mut state = state?;
                 let start = Instant::now();
                 let mut lat = Vec::new();
@@ -105,7 +121,9 @@ pub(super) fn timed<S: Send + 'static>(
             })
         })
         .collect();
-    barrier.wait();
+    ready.wait();
+    let first = probe();
+    go.wait();
     let start = Instant::now();
     let mut all = Vec::new();
     for h in handles {
@@ -116,15 +134,92 @@ pub(super) fn timed<S: Send + 'static>(
         );
     }
     let secs = start.elapsed().as_secs_f64();
+    let last = probe();
     if all.is_empty() {
         return Err(fail("a phase", "no operation completed"));
     }
-    Ok((all.len(), secs, Stats::of(all)))
+    Ok((all.len(), secs, all, first, last))
+}
+
+/// [`timed_raw`] with the latencies summarised.
+pub(super) fn timed<S: Send + 'static>(
+    streams: usize,
+    d: Duration,
+    setup: impl Fn(usize) -> Result<S, String> + Send + Sync + 'static,
+    op: impl Fn(&mut S, usize) -> Result<(), String> + Send + Sync + 'static,
+) -> CliResult<(usize, f64, Stats)> {
+    let (ops, secs, lat, (), ()) = timed_raw(streams, d, setup, op, || ())?;
+    Ok((ops, secs, Stats::of(lat)))
+}
+
+/// The median of `v` (not empty).
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    let m = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[m]
+    } else {
+        (v[m - 1] + v[m]) / 2.0
+    }
+}
+
+/// One timed slice of a phase, kept raw so that slices of the same phase can be pooled.
+struct Slice {
+    ops: usize,
+    secs: f64,
+    lat: Vec<Duration>,
+    /// Server CPU seconds the slice used.
+    cpu: Option<f64>,
+    /// The journal's appends and syncs during the slice (holdfast).
+    journal: (u64, u64),
+}
+
+impl Slice {
+    fn per_sec(&self) -> f64 {
+        self.ops as f64 / self.secs.max(1e-9)
+    }
+}
+
+/// The slices of one phase as one row: operations and seconds added, latencies pooled, the
+/// server's CPU per operation over all of them; `note` is given the pooled slice.
+fn pooled(
+    system: &'static str,
+    streams: usize,
+    slices: Vec<Slice>,
+    note: impl FnOnce(&Slice) -> String,
+) -> Row {
+    let mut all = Slice {
+        ops: 0,
+        secs: 0.0,
+        lat: Vec::new(),
+        cpu: Some(0.0),
+        journal: (0, 0),
+    };
+    for s in slices {
+        all.ops += s.ops;
+        all.secs += s.secs;
+        all.lat.extend(s.lat);
+        all.cpu = all.cpu.zip(s.cpu).map(|(a, b)| a + b);
+        all.journal = (all.journal.0 + s.journal.0, all.journal.1 + s.journal.1);
+    }
+    let note = note(&all);
+    Row {
+        system,
+        streams,
+        ops: all.ops,
+        secs: all.secs,
+        server_cpu_us: all.cpu.map(|c| c / all.ops.max(1) as f64 * 1e6),
+        stats: (!all.lat.is_empty()).then(|| Stats::of(all.lat)),
+        note,
+    }
 }
 
 /// A minimal protocol client for the load: one JSON line out, one line in, the answer checked
 /// by substring — as light as the RESP client the Redis phase uses, so the two compare the
-/// servers, not the clients (on 2 cores the load generator competes for the same CPUs).
+/// servers, not the clients (on 2 cores the load generator competes for the same CPUs). Both
+/// wait for an answer as event loops do (Node's libuv, CPython's sockets with a timeout, the
+/// Rust client library): `poll` for input, then read ([`wait_readable`]).
 pub(super) struct RawConn {
     w: std::os::unix::net::UnixStream,
     r: BufReader<std::os::unix::net::UnixStream>,
@@ -153,6 +248,9 @@ impl RawConn {
         self.out.push(b'\n');
         self.w.write_all(&self.out).map_err(|e| e.to_string())?;
         self.line.clear();
+        if self.r.buffer().is_empty() {
+            wait_readable(&self.w)?;
+        }
         self.r
             .read_line(&mut self.line)
             .map_err(|e| e.to_string())?;
@@ -163,13 +261,30 @@ impl RawConn {
     }
 }
 
+/// Wait until `fd` has something to read. A thread blocked in `read` on a Unix socket is woken
+/// for nothing each time the server reads a request from it (the freed buffer space wakes every
+/// sleeper on the client's socket, and a sleeping `read` does not look at why): the server pays
+/// a wake-up and the client a context switch per request. A `poll` for input is not woken by
+/// it. With the daemon unchanged, a no-op request at 256 clients cost it 14.1 µs of CPU with
+/// clients blocked in `read` and 10.3 µs with clients in `poll` (docs/benchmarks.md, "Issue 15,
+/// third session").
+pub(super) fn wait_readable(fd: &impl std::os::fd::AsFd) -> Result<(), String> {
+    use rustix::event::{poll, PollFd, PollFlags};
+    loop {
+        match poll(&mut [PollFd::new(fd, PollFlags::IN)], None) {
+            Ok(_) => return Ok(()),
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}
+
 /// The daemon's own ceiling for `streams` clients: an unknown method, answered on the
 /// connection's task with no store, journal or fsync. What no append can beat.
 fn noop_phase(env: &Env, pid: u32, streams: usize, d: Duration) -> CliResult<Row> {
     let socket = env.socket.clone();
     let _perf = super::profile::record(pid, &format!("noop-{streams}"));
-    let cpu0 = cpu_secs(pid);
-    let (ops, secs, stats) = timed(
+    let (ops, secs, lat, cpu0, cpu1) = timed_raw(
         streams,
         d,
         move |_| RawConn::open(&socket),
@@ -182,15 +297,16 @@ fn noop_phase(env: &Env, pid: u32, streams: usize, d: Duration) -> CliResult<Row
                 Ok(a) => Err(format!("an unknown method was answered {a}")),
             }
         },
+        || cpu_secs(pid),
     )?;
     Ok(Row {
         system: "holdfast no-op (no journal)",
         streams,
         ops,
         secs,
-        stats: Some(stats),
+        stats: Some(Stats::of(lat)),
         note: "the request path's ceiling".into(),
-        server_cpu_us: per_op_us(cpu0, cpu_secs(pid), ops),
+        server_cpu_us: per_op_us(cpu0, cpu1, ops),
     })
 }
 
@@ -217,12 +333,46 @@ fn holdfast_phase(
     system: &'static str,
     batch: usize,
 ) -> CliResult<Row> {
-    let before = journal_counters(&env.socket)?;
+    let slice = holdfast_slice(env, pid, streams, d, batch, 0)?;
+    Ok(pooled(system, streams, vec![slice], |all| {
+        holdfast_note(system, batch, all)
+    }))
+}
+
+/// What a holdfast row says beside its figures: records per fsync (commit), events per second.
+fn holdfast_note(system: &str, batch: usize, all: &Slice) -> String {
+    let per_sync = all.journal.0 as f64 / all.journal.1.max(1) as f64;
+    let per = if system.contains("PostgreSQL") {
+        "commit"
+    } else {
+        "fsync"
+    };
+    let events = if batch > 1 {
+        format!("; {} events/s", fmt_count(all.per_sec() * batch as f64))
+    } else {
+        String::new()
+    };
+    format!("{per_sync:.1} records per {per}{events}")
+}
+
+/// `streams` producers appending `batch` events per request for `d`, each to a run of its own
+/// (named after `slice`: every slice of a phase begins fresh runs); the runs are ended after.
+fn holdfast_slice(
+    env: &Env,
+    pid: u32,
+    streams: usize,
+    d: Duration,
+    batch: usize,
+    slice: usize,
+) -> CliResult<Slice> {
     let socket = env.socket.clone();
-    let perf = super::profile::record(pid, &format!("append-{streams}x{batch}"));
-    let cpu0 = cpu_secs(pid);
-    let tag = format!("b{streams}x{batch}");
-    let (ops, secs, stats) = timed(
+    // One recording per phase: its first slice.
+    let perf =
+        (slice == 0).then(|| super::profile::record(pid, &format!("append-{streams}x{batch}")));
+    let tag = format!("b{streams}x{batch}s{slice}");
+    let probe_socket = env.socket.clone();
+    let probe = move || (cpu_secs(pid), journal_counters(&probe_socket));
+    let (ops, secs, lat, (cpu0, before), (cpu1, after)) = timed_raw(
         streams,
         d,
         move |i| {
@@ -258,11 +408,10 @@ fn holdfast_phase(
             *seq += batch as u64;
             Ok(())
         },
+        probe,
     )?;
-    let cpu1 = cpu_secs(pid);
     drop(perf);
-    let after = journal_counters(&env.socket)?;
-    let per_sync = (after.0 - before.0) as f64 / (after.1 - before.1).max(1) as f64;
+    let (before, after) = (before?, after?);
     // End the runs, so their journal segments can go.
     let mut c =
         Client::connect(&env.socket, "bench-streams", None).map_err(|e| fail("connecting", e))?;
@@ -279,27 +428,12 @@ fn holdfast_phase(
             );
         }
     }
-    let per = if system.contains("PostgreSQL") {
-        "commit"
-    } else {
-        "fsync"
-    };
-    let events = if batch > 1 {
-        format!(
-            "; {} events/s",
-            fmt_count(ops as f64 * batch as f64 / secs.max(1e-9))
-        )
-    } else {
-        String::new()
-    };
-    Ok(Row {
-        system,
-        streams,
+    Ok(Slice {
         ops,
         secs,
-        stats: Some(stats),
-        note: format!("{per_sync:.1} records per {per}{events}"),
-        server_cpu_us: per_op_us(cpu0, cpu1, ops),
+        lat,
+        cpu: cpu0.zip(cpu1).map(|(a, b)| b - a),
+        journal: (after.0 - before.0, after.1 - before.1),
     })
 }
 
@@ -418,11 +552,11 @@ fn start_redis(bin: &str, dir: &Path) -> CliResult<Redis> {
     Err(fail("redis-server", "did not answer PING within 10 s"))
 }
 
-fn redis_phase(redis: &Redis, streams: usize, d: Duration) -> CliResult<Row> {
+/// `streams` connections doing RPUSH for `d`, each to a key of its own.
+fn redis_slice(redis: &Redis, streams: usize, d: Duration) -> CliResult<Slice> {
     let port = redis.port;
     let pid = redis.child.id();
-    let cpu0 = cpu_secs(pid);
-    let (ops, secs, stats) = timed(
+    let (ops, secs, lat, cpu0, cpu1) = timed_raw(
         streams,
         d,
         move |i| {
@@ -440,21 +574,23 @@ fn redis_phase(redis: &Redis, streams: usize, d: Duration) -> CliResult<Row> {
             );
             s.write_all(cmd.as_bytes()).map_err(|e| e.to_string())?;
             line.clear();
+            if r.buffer().is_empty() {
+                wait_readable(s)?;
+            }
             r.read_line(line).map_err(|e| e.to_string())?;
             if !line.starts_with(':') {
                 return Err(format!("redis answered {line:?}"));
             }
             Ok(())
         },
+        || cpu_secs(pid),
     )?;
-    Ok(Row {
-        system: "Redis (appendfsync always)",
-        streams,
+    Ok(Slice {
         ops,
         secs,
-        stats: Some(stats),
-        note: String::new(),
-        server_cpu_us: per_op_us(cpu0, cpu_secs(pid), ops),
+        lat,
+        cpu: cpu0.zip(cpu1).map(|(a, b)| b - a),
+        journal: (0, 0),
     })
 }
 
@@ -528,20 +664,53 @@ pub fn run(
         Some(&tmp.path().join("floor-served")),
     )?;
     let mut rows = Vec::new();
+    // Redis runs beside the daemon from the start: each stream count is measured in pairs of
+    // slices, holdfast and Redis one after the other (the order alternating), so that the
+    // ratio between them is not the VM's drift between two phases minutes apart.
+    let redis_bin = if peers { redis_binary() } else { None };
+    let redis = match &redis_bin {
+        Some(bin) => {
+            let dir = tmp.path().join("redis");
+            std::fs::create_dir_all(&dir).map_err(|e| fail("redis dir", e))?;
+            Some(start_redis(bin, &dir)?)
+        }
+        None => None,
+    };
+    let pairs = if redis.is_some() && !quick { PAIRS } else { 1 };
+    let mut redis_rows = Vec::new();
+    let mut pair_ratios = Vec::new();
     let child = DaemonChild::start(&env)?;
     for &n in counts {
-        progress(&format!(
-            "holdfast: {n} stream(s) for {:.1} s",
-            d.as_secs_f64()
-        ));
-        rows.push(holdfast_phase(
-            &env,
-            child.pid(),
-            n,
-            d,
-            "holdfast stream.append",
-            1,
-        )?);
+        progress(&match redis {
+            Some(_) => format!(
+                "holdfast and Redis: {n} stream(s), {pairs} pair(s) of {:.2} s slices",
+                d.as_secs_f64() / pairs as f64
+            ),
+            None => format!("holdfast: {n} stream(s) for {:.1} s", d.as_secs_f64()),
+        });
+        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+        for k in 0..pairs {
+            let slice = d / pairs as u32;
+            let redis_first = k % 2 == 1;
+            if let (true, Some(r)) = (redis_first, &redis) {
+                theirs.push(redis_slice(r, n, slice)?);
+            }
+            ours.push(holdfast_slice(&env, child.pid(), n, slice, 1, k)?);
+            if let (false, Some(r)) = (redis_first, &redis) {
+                theirs.push(redis_slice(r, n, slice)?);
+            }
+        }
+        if !theirs.is_empty() {
+            let ratios: Vec<f64> = ours
+                .iter()
+                .zip(&theirs)
+                .map(|(h, r)| h.per_sec() / r.per_sec().max(1e-9))
+                .collect();
+            pair_ratios.push((n, ratios));
+            redis_rows.push(pooled(REDIS, n, theirs, |_| String::new()));
+        }
+        let system = "holdfast stream.append";
+        rows.push(pooled(system, n, ours, |all| holdfast_note(system, 1, all)));
     }
     // An append carrying a batch costs about one append (docs/protocol.md, "Batching").
     for &n in counts.iter().filter(|&&n| n > 1) {
@@ -579,20 +748,10 @@ pub fn run(
         ));
         rows.push(sqlite_phase(tmp.path(), n, d)?);
     }
-    let redis_bin = if peers { redis_binary() } else { None };
+    rows.extend(redis_rows);
+    drop(redis);
     match &redis_bin {
-        Some(bin) => {
-            let dir = tmp.path().join("redis");
-            std::fs::create_dir_all(&dir).map_err(|e| fail("redis dir", e))?;
-            let redis = start_redis(bin, &dir)?;
-            for &n in counts {
-                progress(&format!(
-                    "Redis: {n} connection(s) for {:.1} s",
-                    d.as_secs_f64()
-                ));
-                rows.push(redis_phase(&redis, n, d)?);
-            }
-        }
+        Some(_) => {}
         None if !peers => progress("--no-peers: SQLite, Redis and start-up not measured"),
         None => progress(
             "Redis: redis-server not installed (scripts/bench-deps.sh installs it); skipped",
@@ -630,8 +789,30 @@ pub fn run(
             continue;
         };
         let redis = find("Redis", n);
-        let ratio = redis.map(|r| h.per_sec() / r.per_sec().max(1e-9));
+        // Judged by the median of the interleaved pairs' ratios (each pair measured within
+        // seconds), not by two totals: robust to the VM's drift.
+        let pairs = pair_ratios
+            .iter()
+            .find(|(m, _)| *m == n)
+            .map(|(_, r)| r.as_slice())
+            .unwrap_or_default();
+        let ratio = match pairs {
+            [] => redis.map(|r| h.per_sec() / r.per_sec().max(1e-9)),
+            _ => Some(median(pairs)),
+        };
         let measured = match redis {
+            Some(r) if pairs.len() > 1 => format!(
+                "{} /s vs Redis {} /s; {:.2}x (median of {} interleaved pairs: {})",
+                fmt_count(h.per_sec()),
+                fmt_count(r.per_sec()),
+                ratio.unwrap_or(0.0),
+                pairs.len(),
+                pairs
+                    .iter()
+                    .map(|x| format!("{x:.2}x"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
             Some(r) => format!(
                 "{} /s vs Redis {} /s = {:.2}x",
                 fmt_count(h.per_sec()),
