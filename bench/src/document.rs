@@ -821,7 +821,10 @@ impl Doc {
              acknowledged (holdfast: one shared journal, group commit; Redis: RPUSH with \
              `appendfsync always`; SQLite: one INSERT per delta, each its own transaction, one \
              connection per stream, through the C library). One ~20-byte text delta per append \
-             unless the row says otherwise.\n"
+             unless the row says otherwise. holdfast's single-delta appends and Redis are \
+             measured in 4 interleaved pairs of slices (the order alternating), and the targets \
+             judge the median of the pairs' ratios: a VM's speed drifts between phases minutes \
+             apart. Every load client waits for its answer in `poll`, as event loops do.\n"
         );
         self.provenance(ctx, cmd);
         let mut thr: Vec<Series> = systems
