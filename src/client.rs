@@ -361,7 +361,8 @@ mod tests {
         let ev = c.next_event(Duration::from_secs(10)).unwrap();
         assert_eq!(ev, Some(json!({"n": 1})), "the half line was kept");
         // A call with nothing answering fails after the read timeout, as a `WouldBlock`.
-        c.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+        c.set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
         match c.call("x", json!({})) {
             Err(ClientError::Io(e)) => assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock),
             other => panic!("expected a timeout, got {other:?}"),
