@@ -221,11 +221,14 @@ fn answer_on_commit(
         Err(e) => {
             session.outbox.send(protocol::response_err(&id, &e));
         }
-        Ok(t) => {
+        Ok(mut t) => {
             let session = Arc::clone(session);
-            // The answer is known now; build its line here, not on the committer thread, which
-            // answers every append of a batch one after the other.
-            let ready = protocol::response_ok_public(&id, &t.answer);
+            // The answer is known now; build its line here and drop its `Value` here, not on
+            // the committer thread, which answers every append of a batch one after the other
+            // (the drop was 1.4 of its 15 µs per append in the third session's profile).
+            let answer = std::mem::take(&mut t.answer);
+            let ready = protocol::response_ok_public(&id, &answer);
+            drop(answer);
             s.settle_then(t, move |res| {
                 let line = match res {
                     Ok(_) => ready,
