@@ -447,6 +447,37 @@ pub fn sweep_temp_files(dir: &Path, faults: &Faults) -> Result<Vec<String>, IoEr
     Ok(removed)
 }
 
+/// Remove the temp files [`atomic_write`] leaves in `dir` when it is killed while replacing one
+/// of `names` (`.<name>.hf-tmp-<hex>`), and nothing else: the caller owns those names (it holds
+/// the lock every writer of them takes) but may share the directory with other writers. Returns
+/// how many it removed.
+pub fn sweep_temps_of(dir: &Path, names: &[&str], faults: &Faults) -> Result<usize, IoError> {
+    let entries = match fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(IoError::new(Op::RemoveTemp, dir, e)),
+    };
+    let mut removed = 0;
+    for entry in entries {
+        let entry = entry.map_err(|e| IoError::new(Op::RemoveTemp, dir, e))?;
+        let file = entry.file_name();
+        let file = file.to_string_lossy();
+        let ours = names.iter().any(|n| {
+            file.strip_prefix('.')
+                .and_then(|f| f.strip_prefix(n))
+                .is_some_and(|rest| rest.starts_with(TEMP_MARKER))
+        });
+        if ours {
+            remove_temp(&entry.path(), faults)?;
+            removed += 1;
+        }
+    }
+    if removed > 0 {
+        fsync_dir(dir, faults)?;
+    }
+    Ok(removed)
+}
+
 /// Read a regular file without following a symlink, refusing files larger than `cap` bytes.
 /// `Ok(None)` if the file does not exist.
 pub fn read_capped(path: &Path, cap: u64) -> io::Result<Option<Vec<u8>>> {
@@ -576,6 +607,38 @@ mod tests {
         assert_eq!(swept.len(), 1);
         assert_eq!(names(d.path()), vec!["a"]);
         assert_eq!(fs::read(d.path().join("a")).unwrap(), b"old");
+    }
+
+    /// A writer killed while replacing `state` leaves its temp; the sweep of the names a
+    /// caller owns removes that one and leaves every other file (another writer's temp, the
+    /// files themselves) alone.
+    #[test]
+    fn sweep_of_named_temps_removes_only_those() {
+        let d = tempfile::tempdir().unwrap();
+        atomic_write(d.path(), "state", b"old", &Faults::none()).unwrap();
+        let f = Faults::at_op(Op::Rename, 1, FaultMode::Crash);
+        assert!(atomic_write(d.path(), "state", b"new", &f)
+            .unwrap_err()
+            .is_injected_crash());
+        let f = Faults::at_op(Op::Rename, 1, FaultMode::Crash);
+        assert!(atomic_write(d.path(), "details.jsonl", b"x", &f)
+            .unwrap_err()
+            .is_injected_crash());
+        fs::write(d.path().join("statement"), b"not ours").unwrap();
+        assert_eq!(names(d.path()).len(), 4);
+        let removed = sweep_temps_of(d.path(), &["state", "checkpoint"], &Faults::none()).unwrap();
+        assert_eq!(removed, 1);
+        let left = names(d.path());
+        assert_eq!(left.len(), 3, "{left:?}");
+        assert!(
+            left.iter().any(|n| n.starts_with(".details.jsonl.hf-tmp-")),
+            "{left:?}"
+        );
+        assert_eq!(fs::read(d.path().join("state")).unwrap(), b"old");
+        assert_eq!(
+            sweep_temps_of(&d.path().join("missing"), &["state"], &Faults::none()).unwrap(),
+            0
+        );
     }
 
     fn ino(p: &Path) -> u64 {

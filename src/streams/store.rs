@@ -229,6 +229,9 @@ impl FileStore {
     ) -> Result<(FileStore, Vec<Replayed>), StreamError> {
         durable::create_private_dir(runs_dir, &faults).map_err(storage)?;
         let (journal, frames, replay) = Journal::open(streams_dir, durability, faults.clone())?;
+        // The journal's lock is held from here on: no other process writes a run's `state` or
+        // `checkpoint`, so a temp file of theirs is what a killed writer left.
+        sweep_run_temps(runs_dir, &faults)?;
         let (mut undecryptable, mut unreadable) = (0usize, 0usize);
         let mut records = Vec::with_capacity(frames.len());
         for f in frames {
@@ -331,6 +334,30 @@ impl FileStore {
             .map_err(storage)?;
         Ok(())
     }
+}
+
+/// The files a [`FileStore`] writes in a run's directory (the run log's files beside them are
+/// the run log's, under its own lock).
+const RUN_FILES: [&str; 2] = ["state", "checkpoint"];
+
+/// Remove what a writer killed in the middle of replacing a run's `state` or `checkpoint` left
+/// (the caller holds the journal's lock: it is the only writer of them).
+fn sweep_run_temps(runs_dir: &Path, faults: &Faults) -> Result<(), StreamError> {
+    let entries = fs::read_dir(runs_dir).map_err(|e| IoError::new(Op::Read, runs_dir, e))?;
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            removed +=
+                durable::sweep_temps_of(&entry.path(), &RUN_FILES, faults).map_err(storage)?;
+        }
+    }
+    if removed > 0 {
+        tracing::info!(
+            removed,
+            "removed temp files of run state and checkpoint writes cut off by a crash"
+        );
+    }
+    Ok(())
 }
 
 impl StreamStore for FileStore {
