@@ -404,6 +404,21 @@ impl RunFiles {
             .map(|d| d.as_millis() as u64)
     }
 
+    /// Remove the temp files of the run's own files (`details.jsonl` and the other logs,
+    /// `summary.json`) that a rewrite killed midway left; the caller holds the run's lock.
+    pub(super) fn sweep_temps(&self, dir: &Path) -> Result<(), RunLogError> {
+        let mut names: Vec<&str> = super::view::KINDS.iter().map(|k| k.file()).collect();
+        names.push("summary.json");
+        let removed = durable::sweep_temps_of(dir, &names, &self.faults)?;
+        if removed > 0 {
+            tracing::info!(
+                removed,
+                "run log: removed temp files of a rewrite cut off by a crash"
+            );
+        }
+        Ok(())
+    }
+
     /// Write `summary.json` (atomically, under the poison rule).
     pub(super) fn write_summary(&self, dir: &Path, summary: &Value) -> Result<(), RunLogError> {
         // A JSON value serializes into a Vec without fail.

@@ -172,6 +172,12 @@ impl RunLog {
         };
         let slot = self.cached(run_id);
         let mut view = slot.lock().unwrap_or_else(PoisonError::into_inner);
+        if !view.swept {
+            // Under the run's lock, which every rewrite of its files takes: a temp file of
+            // theirs is what a killed rewrite left.
+            files.sweep_temps(&dir)?;
+            view.swept = true;
+        }
         if let Err(e) = files.refresh(&dir, &mut view) {
             // Whatever was half-read is dropped: the next use reloads from the files.
             *view = Loaded::default();

@@ -675,3 +675,29 @@ fn a_file_with_the_largest_seq_reads_and_refuses_new_records() {
     // Nothing was written: the file still holds the one line.
     assert_eq!(lines(tmp.path(), "maxed", "details.jsonl").len(), 1);
 }
+
+/// A rewrite of `details.jsonl` (other content for a logged node) killed before its rename
+/// leaves a temp file; the next process that touches the run, under its lock, removes it and
+/// keeps the old line (found by the mixed-load kill -9 torture, tests/torture.rs).
+#[test]
+fn a_rewrite_cut_off_by_a_crash_leaves_no_temp_once_the_run_is_touched() {
+    let tmp = tempfile::tempdir().unwrap();
+    open(tmp.path()).log_node("r", detail("n", 1, 1)).unwrap();
+    let crashing =
+        RunLog::open(tmp.path(), Faults::at_op(Op::Rename, 1, FaultMode::Crash)).unwrap();
+    assert!(crashing.log_node("r", detail("n", 1, 2)).is_err());
+    drop(crashing);
+    let temps = |dir: &Path| -> Vec<String> {
+        fs::read_dir(dir.join("r"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains(crate::durable::TEMP_MARKER))
+            .collect()
+    };
+    assert_eq!(temps(tmp.path()).len(), 1, "the crash left its temp file");
+    let log = open(tmp.path());
+    let g = log.get("r").unwrap();
+    assert_eq!(g["details"][0]["input_tokens"], json!(1), "{g}");
+    assert_eq!(temps(tmp.path()), Vec::<String>::new());
+}

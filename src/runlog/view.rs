@@ -121,6 +121,9 @@ pub(super) struct Loaded {
     /// A shared store's version of the run this view was read at (`None`: files, or not
     /// read yet).
     pub(super) store_version: Option<u64>,
+    /// The run's directory was swept of temp files a killed rewrite left (files: once per
+    /// view, under the run's lock).
+    pub(super) swept: bool,
 }
 
 impl Loaded {
