@@ -975,6 +975,16 @@ fn mixed_load_kill_9_torture() {
         if !t.violations.is_empty() {
             break;
         }
+        if (cycle + 1) % 500 == 0 {
+            println!(
+                "  … {} cycles in {:.0} s: {} acknowledged writes, {} runs checked, {} violations",
+                cycle + 1,
+                started.elapsed().as_secs_f64(),
+                t.acked.values().sum::<usize>(),
+                t.runs_checked,
+                t.violations.len()
+            );
+        }
     }
     // Everything once more, with nothing in flight.
     check_all(
