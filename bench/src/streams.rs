@@ -7,7 +7,10 @@
 //! row per delta, one connection per stream, through the C library compiled in via rusqlite); Redis
 //! (`appendonly yes`, `appendfsync always`, RPUSH per delta, one TCP connection per stream on
 //! loopback) when `redis-server` is installed (`scripts/bench-deps.sh` installs it); and the
-//! daemon's start-up with 1,000 active runs on disk.
+//! daemon's start-up with 1,000 active runs on disk. With Redis, holdfast's single-delta appends
+//! and Redis are measured in [`PAIRS`] interleaved pairs of slices per stream count, and the
+//! targets judge the median of the pairs' ratios (a VM's speed drifts between phases minutes
+//! apart). Every load client waits for its answer in `poll` ([`wait_readable`]).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
