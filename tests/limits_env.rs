@@ -244,3 +244,62 @@ fn lease_expiry_follows_the_monotonic_clock_when_the_wall_clock_jumps() {
     drop((a, b));
     d.stop();
 }
+
+/// Item 34: holdfast keeps no audit log; its log is operational and best effort
+/// (docs/security.md, docs/operations.md "Logs"). With its log going to a device that refuses
+/// every write (`/dev/full`: ENOSPC) at debug level, every kind of write still succeeds and is
+/// durable: a failing log never blocks or fails an operation, nor takes the daemon down.
+#[test]
+fn an_unwritable_log_never_blocks_or_fails_an_operation() {
+    for format in ["human", "json"] {
+        unwritable_log(format);
+    }
+}
+
+fn unwritable_log(format: &str) {
+    use serde_json::json;
+    let mut env = DaemonEnv::new("");
+    let d = env.start_with(&DaemonOpts {
+        shell_prefix: Some("exec 2>/dev/full".into()),
+        env: vec![("RUST_LOG".into(), "debug".into())],
+        args: vec!["--log-format".into(), format.into()],
+        ..Default::default()
+    });
+    let mut c = Conn::open(&d.socket);
+    c.ok("cred.set", json!({"id": "k", "value": "v1"}));
+    let g = c.ok("cred.get", json!({"id": "k"}));
+    assert_eq!(g["credential"]["keys"]["api_key"]["value"], "v1", "{g}");
+    let b = c.ok("stream.begin", json!({"run_id": "r"}));
+    let sid = b["stream_id"].clone();
+    c.ok(
+        "stream.append",
+        json!({"run_id": "r", "stream_id": sid, "seq": 1,
+               "events": [{"type": "text", "text": "hello"}]}),
+    );
+    c.ok(
+        "stream.commit",
+        json!({"run_id": "r", "stream_id": sid, "content_from_stream": true,
+               "final_message": {"role": "assistant"}}),
+    );
+    c.ok(
+        "run.log_node",
+        json!({"run_id": "r", "detail": {"node_id": "n", "attempt": 1}}),
+    );
+    // A refused request is still answered.
+    let e = c.err("cred.get", json!({"id": "../x"}));
+    assert_eq!(e["data"]["kind"], "invalid_params", "{e}");
+    drop(c);
+    let log = d.stop();
+    assert!(log.is_empty(), "the log went somewhere: {log}");
+    // What was acknowledged is there for the next daemon (which logs normally).
+    let d = env.start();
+    let mut c = Conn::open(&d.socket);
+    let g = c.ok("cred.get", json!({"id": "k"}));
+    assert_eq!(g["credential"]["keys"]["api_key"]["value"], "v1", "{g}");
+    let s = c.ok("stream.get", json!({"run_id": "r", "reveal": true}));
+    assert_eq!(s["status"], "committed", "{s}");
+    assert_eq!(s["final_message"]["content"], "hello", "{s}");
+    drop(c);
+    d.stop();
+    println!("{format} log on /dev/full at debug level: set, get, begin, append, commit, log_node and a refusal all answered; durable across a restart");
+}

@@ -410,9 +410,14 @@ fn init_logging(g: &Global, daemon: bool) {
         _ => "holdfast=debug",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    // The log is operational and best effort (docs/security.md, item 34): a line that cannot
+    // be written (a full disk, a journald that went away: EPIPE) is dropped. By default
+    // tracing-subscriber reports such a failure with `eprintln!` — to the same stderr, which
+    // panics — and the daemon died on its next log line.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .log_internal_errors(false);
     let _ = match g.log_format {
         LogFormat::Human => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
