@@ -11,6 +11,7 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use serde_json::Value;
@@ -198,6 +199,11 @@ pub trait StreamStore: Send + Sync {
     fn stats(&self) -> &Stats;
     /// What open found.
     fn replay_report(&self) -> &ReplayReport;
+    /// Replay is done and `active` are the runs still streaming: tidy up after a crash (the
+    /// file store removes the temp files of `state` and `checkpoint` writes a kill cut off).
+    fn after_replay(&self, active: &[&str]) {
+        let _ = active;
+    }
 }
 
 /// [`StreamStore`] on the data directory: the stream journal and the runs' files.
@@ -210,6 +216,27 @@ pub struct FileStore {
     /// daemon restarts (the journal poisons itself the same way).
     poison: Poison,
     replay: ReplayReport,
+    /// Held (shared) by every `state` / `checkpoint` write from its temp file to its rename,
+    /// and (exclusive) by the background sweep while it clears one run directory: the sweep
+    /// never removes a live write's temp file.
+    writes: Arc<std::sync::RwLock<()>>,
+    /// The background sweep of run directories ([`FileStore::after_replay`]), stopped and
+    /// joined on drop (before the journal's lock is released).
+    sweep: std::sync::Mutex<Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>>,
+}
+
+impl Drop for FileStore {
+    fn drop(&mut self) {
+        let sweep = self
+            .sweep
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some((stop, handle)) = sweep {
+            stop.store(true, Ordering::SeqCst);
+            let _ = handle.join();
+        }
+    }
 }
 
 fn storage(e: durable::IoError) -> StreamError {
@@ -229,9 +256,6 @@ impl FileStore {
     ) -> Result<(FileStore, Vec<Replayed>), StreamError> {
         durable::create_private_dir(runs_dir, &faults).map_err(storage)?;
         let (journal, frames, replay) = Journal::open(streams_dir, durability, faults.clone())?;
-        // The journal's lock is held from here on: no other process writes a run's `state` or
-        // `checkpoint`, so a temp file of theirs is what a killed writer left.
-        sweep_run_temps(runs_dir, &faults)?;
         let (mut undecryptable, mut unreadable) = (0usize, 0usize);
         let mut records = Vec::with_capacity(frames.len());
         for f in frames {
@@ -272,6 +296,8 @@ impl FileStore {
             faults,
             poison: Poison::default(),
             replay,
+            writes: Arc::default(),
+            sweep: std::sync::Mutex::new(None),
         };
         Ok((store, records))
     }
@@ -328,6 +354,10 @@ impl FileStore {
     }
 
     fn write_file(&self, dir: &Path, name: &str, sealed: &[u8]) -> Result<(), StreamError> {
+        let _writing = self
+            .writes
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         self.poison.check(dir).map_err(storage)?;
         self.poison
             .watch(durable::atomic_write(dir, name, sealed, &self.faults))
@@ -340,24 +370,18 @@ impl FileStore {
 /// the run log's, under its own lock).
 const RUN_FILES: [&str; 2] = ["state", "checkpoint"];
 
-/// Remove what a writer killed in the middle of replacing a run's `state` or `checkpoint` left
-/// (the caller holds the journal's lock: it is the only writer of them).
-fn sweep_run_temps(runs_dir: &Path, faults: &Faults) -> Result<(), StreamError> {
-    let entries = fs::read_dir(runs_dir).map_err(|e| IoError::new(Op::Read, runs_dir, e))?;
-    let mut removed = 0;
-    for entry in entries.flatten() {
-        if entry.file_type().is_ok_and(|t| t.is_dir()) {
-            removed +=
-                durable::sweep_temps_of(&entry.path(), &RUN_FILES, faults).map_err(storage)?;
-        }
-    }
-    if removed > 0 {
-        tracing::info!(
-            removed,
-            "removed temp files of run state and checkpoint writes cut off by a crash"
-        );
-    }
-    Ok(())
+/// Remove the temp files a writer killed in the middle of replacing `dir`'s `state` or
+/// `checkpoint` left, with `writes` held exclusively (no write of ours is between its temp file
+/// and its rename meanwhile). Only this store writes those names (it holds the journal's lock).
+fn sweep_run_dir(
+    dir: &Path,
+    writes: &std::sync::RwLock<()>,
+    faults: &Faults,
+) -> Result<usize, durable::IoError> {
+    let _no_writes = writes
+        .write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    durable::sweep_temps_of(dir, &RUN_FILES, faults)
 }
 
 impl StreamStore for FileStore {
@@ -475,6 +499,64 @@ impl StreamStore for FileStore {
 
     fn replay_report(&self) -> &ReplayReport {
         &self.replay
+    }
+
+    /// The active runs' directories at once (a commit or abort cut off by the kill left its
+    /// temp there, and the run is still active), every other run directory (a `checkpoint.put`
+    /// may name any run) on a background thread: a store with tens of thousands of run
+    /// directories would otherwise read them all before it serves (0.24 s for 21,718 here).
+    fn after_replay(&self, active: &[&str]) {
+        let mut removed = 0;
+        for run in active {
+            match sweep_run_dir(&self.runs_dir.join(run), &self.writes, &self.faults) {
+                Ok(n) => removed += n,
+                Err(e) => tracing::warn!(error = %e, "could not sweep a run directory"),
+            }
+        }
+        let (dir, writes, faults) = (
+            self.runs_dir.clone(),
+            Arc::clone(&self.writes),
+            self.faults.clone(),
+        );
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = Arc::clone(&stop);
+        let spawned = std::thread::Builder::new()
+            .name("holdfast-run-sweep".into())
+            .spawn(move || {
+                let Ok(entries) = fs::read_dir(&dir) else {
+                    return;
+                };
+                let mut removed = 0;
+                for entry in entries.flatten() {
+                    if stopped.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                        match sweep_run_dir(&entry.path(), &writes, &faults) {
+                            Ok(n) => removed += n,
+                            Err(e) => tracing::warn!(error = %e, "could not sweep a run directory"),
+                        }
+                    }
+                }
+                if removed > 0 {
+                    tracing::info!(
+                        removed,
+                        "removed temp files of checkpoint writes cut off by a crash"
+                    );
+                }
+            });
+        if let Ok(handle) = spawned {
+            *self
+                .sweep
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((stop, handle));
+        }
+        if removed > 0 {
+            tracing::info!(
+                removed,
+                "removed temp files of run state writes cut off by a crash"
+            );
+        }
     }
 }
 

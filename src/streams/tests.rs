@@ -902,3 +902,50 @@ fn a_window_of_events_in_memory_serves_every_subscriber_exactly() {
         want[0].len()
     );
 }
+
+/// A `checkpoint.put` may name any run, so a kill in the middle of one can leave its temp in a
+/// directory no active run has: those are swept on a background thread after open (reading
+/// every run directory first would delay serving), and only the stream store's own names —
+/// the run log's temp beside them is the run log's to sweep, under its lock. Writes go on
+/// while the sweep runs.
+#[test]
+fn temps_outside_active_runs_are_swept_in_the_background() {
+    let env = Env::new();
+    drop(env.open());
+    let plant = |run: &str, name: &str| {
+        let dir = env.runs_dir.join(run);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(name), b"cut off").unwrap();
+        dir.join(name)
+    };
+    let ours: Vec<_> = (0..200)
+        .map(|i| plant(&format!("old-{i}"), ".checkpoint.hf-tmp-00000000000000aa"))
+        .collect();
+    let theirs = plant("old-0", ".details.jsonl.hf-tmp-00000000000000bb");
+    let s = env.open();
+    // Checkpoints written meanwhile, into directories being swept.
+    for i in 0..50 {
+        s.checkpoint_put(
+            &format!("old-{i}"),
+            json!({"partial_text": format!("p{i}")})
+                .as_object()
+                .unwrap(),
+        )
+        .unwrap();
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while ours.iter().any(|p| p.exists()) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let left: Vec<_> = ours.iter().filter(|p| p.exists()).collect();
+    assert!(left.is_empty(), "not swept: {left:?}");
+    assert!(theirs.exists(), "the run log's temp was removed");
+    for i in 0..50 {
+        assert_eq!(
+            s.checkpoint_get(&format!("old-{i}")).unwrap()["partial_text"],
+            format!("p{i}")
+        );
+    }
+    // Closing does not wait for more than the directory being swept.
+    drop(s);
+}

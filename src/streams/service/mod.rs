@@ -133,6 +133,8 @@ impl Streams {
             for id in ended {
                 st.runs.remove(&id);
             }
+            let active: Vec<&str> = st.runs.keys().map(String::as_str).collect();
+            streams.store.after_replay(&active);
             for run in st.runs.values_mut() {
                 run.published = run.end_pos();
                 run.queued = run.end_pos();
