@@ -73,35 +73,39 @@ struct Polled {
     timeout: Option<Duration>,
 }
 
-impl Polled {
-    fn wait_readable(&self) -> std::io::Result<()> {
-        use rustix::event::{poll, PollFd, PollFlags, Timespec};
-        let deadline = self.timeout.map(|t| Instant::now() + t);
-        loop {
-            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-            let ts = left.map(|l| Timespec {
-                tv_sec: l.as_secs().try_into().unwrap_or(i64::MAX),
-                tv_nsec: l.subsec_nanos().into(),
-            });
-            let mut fds = [PollFd::new(&self.stream, PollFlags::IN)];
-            match poll(&mut fds, ts.as_ref()) {
-                Ok(0) => {
-                    return Err(std::io::Error::new(
-                        std::io::ErrorKind::WouldBlock,
-                        "no answer from the daemon within the read timeout",
-                    ))
-                }
-                Ok(_) => return Ok(()),
-                Err(rustix::io::Errno::INTR) => {}
-                Err(e) => return Err(e.into()),
-            }
+/// Wait until `fd` has input (or is closed), at most `timeout` (`None`: forever): `false` if
+/// the time ran out. See [`Polled`] for why a client should wait here rather than in `read`;
+/// the bench's load clients wait with it too.
+pub fn wait_readable(
+    fd: impl std::os::fd::AsFd,
+    timeout: Option<Duration>,
+) -> std::io::Result<bool> {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let deadline = timeout.map(|t| Instant::now() + t);
+    loop {
+        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        let ts = left.map(|l| Timespec {
+            tv_sec: l.as_secs().try_into().unwrap_or(i64::MAX),
+            tv_nsec: l.subsec_nanos().into(),
+        });
+        let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+        match poll(&mut fds, ts.as_ref()) {
+            Ok(0) => return Ok(false),
+            Ok(_) => return Ok(true),
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
         }
     }
 }
 
 impl Read for Polled {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        self.wait_readable()?;
+        if !wait_readable(&self.stream, self.timeout)? {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::WouldBlock,
+                "no answer from the daemon within the read timeout",
+            ));
+        }
         self.stream.read(buf)
     }
 }
@@ -114,7 +118,6 @@ pub struct Client {
     events: VecDeque<Value>,
     /// A line being read when a timeout struck: kept so the next read continues it.
     partial: Vec<u8>,
-    timeout: Option<Duration>,
     /// The daemon's answer to `hello`.
     pub hello: Value,
 }
@@ -163,7 +166,6 @@ impl Client {
             next_id: 1,
             events: VecDeque::new(),
             partial: Vec::new(),
-            timeout: Some(DEFAULT_TIMEOUT),
             hello: Value::Null,
         };
         let mut params = json!({"client": client, "protocol": PROTOCOL_VERSION});
@@ -176,7 +178,6 @@ impl Client {
 
     /// Set a timeout for each read from the daemon (`None`: wait forever).
     pub fn set_read_timeout(&mut self, t: Option<Duration>) -> Result<(), ClientError> {
-        self.timeout = t;
         self.reader.get_mut().timeout = t;
         Ok(())
     }
@@ -234,9 +235,10 @@ impl Client {
         if let Some(ev) = self.events.pop_front() {
             return Ok(Some(ev));
         }
-        let saved = self.timeout;
-        self.reader.get_mut().timeout = Some(timeout);
-        let got = match self.read_message() {
+        let saved = self.reader.get_mut().timeout.replace(timeout);
+        let read = self.read_message();
+        self.reader.get_mut().timeout = saved;
+        let got = match read {
             Ok(msg) if msg.get("method").and_then(Value::as_str) == Some("event") => {
                 Some(msg["params"].clone())
             }
@@ -249,12 +251,8 @@ impl Client {
             {
                 None
             }
-            Err(e) => {
-                self.reader.get_mut().timeout = saved;
-                return Err(e);
-            }
+            Err(e) => return Err(e),
         };
-        self.reader.get_mut().timeout = saved;
         Ok(got)
     }
 

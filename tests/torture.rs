@@ -105,28 +105,24 @@ fn node_detail(node: &str) -> Value {
 /// What a client process prints, one `T {json}` line each: `send` before a write goes out,
 /// then `ack` (with the result), `err` (the daemon refused it: it did nothing) or `lost` (the
 /// connection failed: the write is in flight, it may or may not have landed).
-struct Log;
-
-impl Log {
-    fn line(v: Value) {
-        println!("T {v}");
-    }
+fn say(v: Value) {
+    println!("T {v}");
 }
 
 /// The outcome of one logged call: `None` when the connection is gone (stop).
 fn logged(c: &mut Client, op: Value, method: &str, params: Value) -> Option<Result<Value, String>> {
-    Log::line(json!({"t": "send", "op": op}));
+    say(json!({"t": "send", "op": op}));
     match c.call(method, params) {
         Ok(v) => {
-            Log::line(json!({"t": "ack", "r": v}));
+            say(json!({"t": "ack", "r": v}));
             Some(Ok(v))
         }
         Err(ClientError::Rpc { kind, message, .. }) => {
-            Log::line(json!({"t": "err", "kind": kind.as_str(), "message": message}));
+            say(json!({"t": "err", "kind": kind.as_str(), "message": message}));
             Some(Err(kind.as_str().to_owned()))
         }
         Err(e) => {
-            Log::line(json!({"t": "lost", "why": e.to_string()}));
+            say(json!({"t": "lost", "why": e.to_string()}));
             None
         }
     }
@@ -162,7 +158,7 @@ fn torture_client() {
     let mut c = match Client::connect(&socket, "torture", None) {
         Ok(c) => c,
         Err(e) => {
-            Log::line(json!({"t": "noconnect", "why": e.to_string()}));
+            say(json!({"t": "noconnect", "why": e.to_string()}));
             return;
         }
     };
@@ -735,8 +731,10 @@ fn check_run(
     model.runs.insert(run.to_owned(), m);
 }
 
-/// Check every credential, run, log and checkpoint in `scope` (or everything), and the store's
-/// files.
+/// Check every credential, the `runs` and `logs` given and every checkpoint, fsck, and no
+/// temp file: in the data directory outside `runs/` and in the directories of the runs
+/// touched, or (`everywhere`) under the whole data directory.
+#[allow(clippy::too_many_arguments)]
 fn check_all(
     d: &RunningDaemon,
     data_dir: &Path,
@@ -744,6 +742,7 @@ fn check_all(
     pending: &[Op],
     runs: &BTreeSet<String>,
     logs: &BTreeSet<String>,
+    everywhere: bool,
     t: &mut Totals,
 ) {
     let mut c = Conn::open(&d.socket);
@@ -841,11 +840,21 @@ fn check_all(
     }
     // Temps in the active runs' directories go before the daemon serves; the others (a
     // checkpoint's, in any run's directory) on a background sweep: give it a moment.
-    let mut temps = temp_files_under(data_dir);
+    // Only a write to a run puts a temp file in its directory: after a cycle, the directories
+    // of the runs it touched (walking all of them each cycle grew with the run count).
+    let touched: Option<Vec<String>> = (!everywhere).then(|| {
+        runs.iter()
+            .chain(logs)
+            .cloned()
+            .chain((0..CLIENTS).map(checkpoint_run))
+            .collect()
+    });
+    let temps_now = || temp_files_under(data_dir, touched.as_deref());
+    let mut temps = temps_now();
     let deadline = Instant::now() + Duration::from_secs(10);
     while !temps.is_empty() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
-        temps = temp_files_under(data_dir);
+        temps = temps_now();
     }
     if !temps.is_empty() {
         t.violations
@@ -853,11 +862,28 @@ fn check_all(
     }
 }
 
-/// Every file under `dir` whose name marks it a temp file.
-fn temp_files_under(dir: &Path) -> Vec<PathBuf> {
+/// Every file under `dir` whose name marks it a temp file; with `runs`, only these run
+/// directories of `dir/runs`.
+fn temp_files_under(dir: &Path, runs: Option<&[String]>) -> Vec<PathBuf> {
     let mut out = Vec::new();
+    let runs_dir = dir.join("runs");
     let mut stack = vec![dir.to_path_buf()];
+    if let Some(runs) = runs {
+        stack.extend(runs.iter().map(|r| runs_dir.join(r)));
+    }
     while let Some(d) = stack.pop() {
+        if runs.is_some() && d == runs_dir {
+            // Its own files only; the run directories chosen are on the stack already.
+            if let Ok(entries) = std::fs::read_dir(&d) {
+                out.extend(
+                    entries
+                        .flatten()
+                        .filter(|e| e.file_name().to_string_lossy().contains(TEMP_MARKER))
+                        .map(|e| e.path()),
+                );
+            }
+            continue;
+        }
         let Ok(entries) = std::fs::read_dir(&d) else {
             continue;
         };
@@ -971,7 +997,9 @@ fn mixed_load_kill_9_torture() {
         every_run.extend(runs.iter().cloned());
         every_log.extend(logs.iter().cloned());
         let t1 = Instant::now();
-        check_all(&d, &data_dir, &mut model, &pending, &runs, &logs, &mut t);
+        check_all(
+            &d, &data_dir, &mut model, &pending, &runs, &logs, false, &mut t,
+        );
         if std::env::var_os("HOLDFAST_TORTURE_VERBOSE").is_some() {
             println!(
                 "cycle {cycle}: restart {:?}, check {:?} ({} runs)",
@@ -1002,6 +1030,7 @@ fn mixed_load_kill_9_torture() {
         &[],
         &every_run,
         &every_log,
+        true,
         &mut t,
     );
     d.stop();

@@ -264,22 +264,16 @@ impl RawConn {
     }
 }
 
-/// Wait until `fd` has something to read. A thread blocked in `read` on a Unix socket is woken
-/// for nothing each time the server reads a request from it (the freed buffer space wakes every
-/// sleeper on the client's socket, and a sleeping `read` does not look at why): the server pays
-/// a wake-up and the client a context switch per request. A `poll` for input is not woken by
-/// it. With the daemon unchanged, a no-op request at 256 clients cost it 14.1 µs of CPU with
-/// clients blocked in `read` and 10.3 µs with clients in `poll` (docs/benchmarks.md, "Issue 15,
-/// third session").
+/// Wait until `fd` has something to read, as the Rust client library does
+/// ([`holdfast::client::wait_readable`]): a thread blocked in `read` on a Unix socket is woken
+/// for nothing each time the server reads a request from it, which charges the server a
+/// wake-up per request. With the daemon unchanged, a no-op request at 256 clients cost it 14.1
+/// µs of CPU with clients blocked in `read` and 10.3 µs with clients in `poll`
+/// (docs/benchmarks.md, "Issue 15, third session").
 pub(super) fn wait_readable(fd: &impl std::os::fd::AsFd) -> Result<(), String> {
-    use rustix::event::{poll, PollFd, PollFlags};
-    loop {
-        match poll(&mut [PollFd::new(fd, PollFlags::IN)], None) {
-            Ok(_) => return Ok(()),
-            Err(rustix::io::Errno::INTR) => {}
-            Err(e) => return Err(e.to_string()),
-        }
-    }
+    holdfast::client::wait_readable(fd, None)
+        .map(drop)
+        .map_err(|e| e.to_string())
 }
 
 /// The daemon's own ceiling for `streams` clients: an unknown method, answered on the
