@@ -229,6 +229,19 @@ fn streams_quick_json_run_reports_every_figure() {
             "holdfast latency",
         );
     }
+    // The two ceilings (bench/src/ceiling.rs) are measured whenever the peers are, with the
+    // same load: both the server's CPU and the clients' are read.
+    for system in ["ceiling: group commit, nothing else", "ceiling + parse + seal"] {
+        for streams in [1, 16, 256] {
+            let row = rows
+                .iter()
+                .find(|r| r["system"] == system && r["streams"] == streams)
+                .unwrap_or_else(|| panic!("no {system} row for {streams}"));
+            positive(&row["ops_per_sec"], system);
+            positive(&row["server_cpu_us_per_op"], system);
+            positive(&row["client_cpu_us_per_op"], system);
+        }
+    }
     let measured: Vec<&str> = rows.iter().filter_map(|r| r["system"].as_str()).collect();
     assert!(
         measured.iter().any(|s| s.starts_with("SQLite")),

@@ -38,6 +38,7 @@ use holdfast::crypto::{KeySource, Secret};
 use holdfast::durable::{self, Faults};
 use holdfast::store::{init_store, Credential, CredentialStore, StoreConfig, StoreOptions};
 
+mod ceiling;
 mod document;
 mod floors;
 mod profile;
@@ -129,6 +130,13 @@ pub struct BenchArgs {
     /// echoing it.
     #[arg(long, value_name = "FILE", hide = true, requires = "echo_server")]
     echo_fsync: Option<PathBuf>,
+    /// (Internal) Serve as the durable-append ceiling (bench/src/ceiling.rs) on DIR/ceiling.sock
+    /// until killed.
+    #[arg(long, value_name = "DIR", hide = true)]
+    ceiling_server: Option<PathBuf>,
+    /// (Internal) With --ceiling-server: parse each append and seal its record first.
+    #[arg(long, hide = true, requires = "ceiling_server")]
+    ceiling_work: bool,
     /// Record where the daemon spends its CPU in each timed phase: `perf record` attached to
     /// the daemon's pid, one DIR/PHASE.data and a DIR/PHASE.txt summary per phase. Needs perf.
     #[arg(long, value_name = "DIR")]
@@ -1089,6 +1097,9 @@ fn holdfast_binary(a: &BenchArgs) -> CliResult<PathBuf> {
 fn run(a: &BenchArgs) -> CliResult {
     if let Some(path) = &a.echo_server {
         return echo_server(path, a.echo_fsync.as_deref());
+    }
+    if let Some(dir) = &a.ceiling_server {
+        return ceiling::serve(dir, a.ceiling_work);
     }
     if let Some(dir) = &a.profile {
         profile::enable(dir).map_err(CliError::usage)?;

@@ -71,6 +71,8 @@ pub const SQLITE: &str = "#2e8b57";
 pub const POSTGRES: &str = "#7b4fa0";
 pub const FLOOR: &str = "#6b6b6b";
 pub const EXTRA: &str = "#d08a1c";
+pub const CEILING: &str = "#222222";
+pub const CEILING_WORK: &str = "#8c6d31";
 
 fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
