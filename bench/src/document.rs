@@ -721,7 +721,8 @@ impl Doc {
                     holdfast: rate(f(&t["measured_per_sec"])),
                     target: "≥ 2,000 /s (issue 3)".into(),
                     pass,
-                    beyond: false,
+                    // The atomic replace alone, with nothing of holdfast, is slower.
+                    beyond: 1e6 / f(&floor["mean_us"]) < 2000.0,
                     why: Some(format!(
                         "each set replaces the credential's file atomically: a write, two \
                          fsyncs (file, directory) and a rename; that alone, with nothing of \
@@ -1436,24 +1437,29 @@ impl Doc {
         for h in &self.headline {
             let _ = writeln!(s, "- {h}.");
         }
-        let missed: Vec<&str> = self
-            .targets
-            .iter()
-            .filter(|t| t.pass == Some(false))
-            .map(|t| t.workload.as_str())
-            .collect();
-        let _ = writeln!(
-            s,
-            "- {met} of {judged} targets met{}.",
-            if missed.is_empty() {
-                String::new()
-            } else {
-                format!(
-                    "; missed, each with the limit behind it in the report: {}",
-                    missed.join("; ")
-                )
-            }
-        );
+        let missed = |beyond: bool| -> Vec<&str> {
+            self.targets
+                .iter()
+                .filter(|t| t.pass == Some(false) && t.beyond == beyond)
+                .map(|t| t.workload.as_str())
+                .collect()
+        };
+        let (open, out_of_reach) = (missed(false), missed(true));
+        let mut tail = String::new();
+        if !open.is_empty() {
+            tail += &format!(
+                "; missed, each with the limit behind it in the report: {}",
+                open.join("; ")
+            );
+        }
+        if !out_of_reach.is_empty() {
+            tail += &format!(
+                "; out of reach on this machine (a server doing less than holdfast must \
+                 missed them too, same run): {}",
+                out_of_reach.join("; ")
+            );
+        }
+        let _ = writeln!(s, "- {met} of {judged} targets met{tail}.");
         s
     }
 }
