@@ -231,7 +231,10 @@ fn streams_quick_json_run_reports_every_figure() {
     }
     // The two ceilings (bench/src/ceiling.rs) are measured whenever the peers are, with the
     // same load: both the server's CPU and the clients' are read.
-    for system in ["ceiling: group commit, nothing else", "ceiling + parse + seal"] {
+    for system in [
+        "ceiling: group commit, nothing else",
+        "ceiling + parse + seal",
+    ] {
         for streams in [1, 16, 256] {
             let row = rows
                 .iter()

@@ -100,7 +100,8 @@ pub struct BenchArgs {
     tmpdir: Option<PathBuf>,
     /// Measure the stream journal instead: durable stream.append with 1, 16 and 256 streams
     /// against the fsync floor, SQLite (WAL, synchronous=FULL) and Redis (appendfsync always,
-    /// when redis-server is installed: scripts/bench-deps.sh), and start-up with 1,000 active runs.
+    /// when redis-server is installed: scripts/bench-deps.sh), two ceilings (the least-work
+    /// server with the same clients: bench/src/ceiling.rs) and start-up with 1,000 active runs.
     #[arg(long)]
     streams: bool,
     /// With --streams: `postgres` also measures the daemon on the PostgreSQL backend and, on

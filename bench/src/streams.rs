@@ -7,10 +7,12 @@
 //! row per delta, one connection per stream, through the C library compiled in via rusqlite); Redis
 //! (`appendonly yes`, `appendfsync always`, RPUSH per delta, one TCP connection per stream on
 //! loopback) when `redis-server` is installed (`scripts/bench-deps.sh` installs it); and the
-//! daemon's start-up with 1,000 active runs on disk. With Redis, holdfast's single-delta appends
-//! and Redis are measured in [`PAIRS`] interleaved pairs of slices per stream count, and the
-//! targets judge the median of the pairs' ratios (a VM's speed drifts between phases minutes
-//! apart). Every load client waits for its answer in `poll` ([`wait_readable`]).
+//! daemon's start-up with 1,000 active runs on disk. With Redis, holdfast's single-delta appends,
+//! Redis and the two ceilings ([`super::ceiling`]: what any server, and any server doing
+//! holdfast's parse and seal, reaches with the same clients) are measured in [`PAIRS`] rounds
+//! of slices per stream count, the order rotating, and the targets judge the median of the
+//! rounds' ratios (a VM's speed drifts between phases minutes apart). Every load client waits
+//! for its answer in `poll` ([`wait_readable`]).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -1089,9 +1091,9 @@ pub fn run(
     }
     out("");
     out(format!(
-        "{:<34} {:>7} {:>10} {:>10} {:>10}",
+        "{:<38} {:>7} {:>10} {:>10} {:>10}",
         "durable appends (1 delta each)", "streams", "ops/s", "p50", "p99"
-    ) + "   server CPU/op");
+    ) + "   server CPU/op   client CPU/op");
     for r in &rows {
         let (p50, p99) = r
             .stats
@@ -1099,14 +1101,18 @@ pub fn run(
         let cpu = r
             .server_cpu_us
             .map_or("-".to_owned(), |c| format!("{c:.1} µs"));
+        let client = r
+            .client_cpu_us
+            .map_or("-".to_owned(), |c| format!("{c:.1} µs"));
         out(format!(
-            "  {:<32} {:>7} {:>10} {:>10} {:>10}  {:>14}  {}",
+            "  {:<36} {:>7} {:>10} {:>10} {:>10}  {:>14}  {:>14}  {}",
             r.system,
             r.streams,
             fmt_count(r.per_sec()),
             p50,
             p99,
             cpu,
+            client,
             r.note
         ));
     }
