@@ -661,6 +661,18 @@ pub struct RunningDaemon {
 }
 
 impl RunningDaemon {
+    /// A daemon this test spawned itself (`child` is the daemon, whatever wrapper execs it),
+    /// serving `socket`, its stderr in `log`.
+    pub fn adopt(child: Child, socket: PathBuf, log: PathBuf) -> Self {
+        RunningDaemon {
+            pid: child.id(),
+            child,
+            socket,
+            log,
+            exited: None,
+        }
+    }
+
     /// Its stderr so far, raw (with any ANSI escapes).
     pub fn log_raw(&self) -> String {
         String::from_utf8_lossy(&fs::read(&self.log).unwrap_or_default()).into_owned()
