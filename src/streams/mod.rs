@@ -56,5 +56,7 @@ pub fn validate_run_id(id: &str) -> Result<(), StreamError> {
 }
 
 #[cfg(test)]
+mod protocol_faults;
+#[cfg(test)]
 #[allow(clippy::disallowed_methods)] // tests make their fixtures (torn files) directly
 mod tests;

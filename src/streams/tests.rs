@@ -12,7 +12,7 @@ use crate::durable::fault::FaultMode;
 use crate::durable::Faults;
 use crate::error::ErrorKind;
 
-struct TestSealer(Keyring);
+pub(super) struct TestSealer(pub(super) Keyring);
 
 impl Sealer for TestSealer {
     fn seal(&self, plaintext: &[u8]) -> Result<Vec<u8>, SealError> {
@@ -28,15 +28,15 @@ impl Sealer for TestSealer {
     }
 }
 
-struct Env {
+pub(super) struct Env {
     _dir: tempfile::TempDir,
-    streams_dir: PathBuf,
-    runs_dir: PathBuf,
-    sealer: Arc<dyn Sealer>,
+    pub(super) streams_dir: PathBuf,
+    pub(super) runs_dir: PathBuf,
+    pub(super) sealer: Arc<dyn Sealer>,
 }
 
 impl Env {
-    fn new() -> Env {
+    pub(super) fn new() -> Env {
         let dir = tempfile::tempdir().unwrap();
         let key = generate_key();
         Env {
@@ -47,7 +47,7 @@ impl Env {
         }
     }
 
-    fn open_with(&self, faults: Faults) -> Streams {
+    pub(super) fn open_with(&self, faults: Faults) -> Streams {
         Streams::open(
             &self.streams_dir,
             &self.runs_dir,
@@ -58,16 +58,16 @@ impl Env {
         .expect("open streams")
     }
 
-    fn open(&self) -> Streams {
+    pub(super) fn open(&self) -> Streams {
         self.open_with(Faults::none())
     }
 }
 
-fn ok(s: &Streams, t: Result<Ticket, StreamError>) -> Value {
+pub(super) fn ok(s: &Streams, t: Result<Ticket, StreamError>) -> Value {
     s.settle_blocking(t.expect("accepted")).expect("durable")
 }
 
-fn text(t: &str) -> Value {
+pub(super) fn text(t: &str) -> Value {
     json!({"type": "text", "text": t})
 }
 
@@ -79,7 +79,7 @@ fn delta(id: &str, name: Option<&str>, args: &str) -> Value {
     v
 }
 
-fn begin(s: &Streams, run: &str) -> String {
+pub(super) fn begin(s: &Streams, run: &str) -> String {
     let r = ok(
         s,
         s.begin(run, Some("th-1".into()), Some("model-a".into()), false),
@@ -88,7 +88,7 @@ fn begin(s: &Streams, run: &str) -> String {
     r["stream_id"].as_str().unwrap().to_owned()
 }
 
-fn drain(rx: &mut Feed) -> Vec<(u64, Value)> {
+pub(super) fn drain(rx: &mut Feed) -> Vec<(u64, Value)> {
     let mut v = Vec::new();
     while let Some(Next::Event(seq, e)) = rx.try_next() {
         v.push((seq, serde_json::from_str(e.get()).unwrap()));
