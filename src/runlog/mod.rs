@@ -47,6 +47,8 @@ mod view;
 mod writer;
 
 #[cfg(test)]
+mod protocol_faults;
+#[cfg(test)]
 #[allow(clippy::disallowed_methods)] // tests make their fixtures (torn files) directly
 mod tests;
 
