@@ -157,6 +157,11 @@ pub const POLL_FALLBACK: Duration = Duration::from_millis(10);
 /// flushes data only); a segment is released once no active run has records in it.
 pub const SEGMENT_BYTES: u64 = 16 * 1024 * 1024;
 
+/// How long a repairing scan waits before it quarantines a file that did not read: a writer
+/// that rewrites files in place (hive: truncate, then write) may have been mid-write when the
+/// scan read it. Found by `test_the_daemon_two_offline_clis_and_hive_write_one_store_at_once`.
+pub const QUARANTINE_SETTLE: Duration = Duration::from_millis(100);
+
 /// Largest payload of one stream-journal frame (a run's snapshot at a key rotation is the largest record).
 pub const MAX_PAYLOAD: usize = 12 * 1024 * 1024;
 

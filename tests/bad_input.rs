@@ -504,6 +504,77 @@ fn tampered_truncated_and_empty_files_are_integrity_errors_and_quarantined_on_op
     );
 }
 
+/// hive rewrites a credential file in place (`open(O_TRUNC)`, then write): a repairing scan
+/// that reads the file between the two sees an empty or half-written token. That is a writer
+/// at work, not damage: the scan waits a moment, sees the file changed, and leaves it for the
+/// next scan instead of moving hive's credential to quarantine. Found by the Python plugin's
+/// `test_the_daemon_two_offline_clis_and_hive_write_one_store_at_once`; before the fix the
+/// first scan that met the truncated file quarantined it.
+#[test]
+fn a_file_being_rewritten_in_place_is_left_for_the_next_scan_not_quarantined() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+    let ts = TestStore::with(&["busy", "quiet"]);
+    let good = fs::read(ts.enc("busy")).unwrap();
+    let store = ts.open();
+    let stop = Arc::new(AtomicBool::new(false));
+    let (path, stop2, bytes) = (ts.enc("busy"), Arc::clone(&stop), good.clone());
+    // hive's `_write` in the same steps: truncate, (the caller's work), write the token.
+    let writer = std::thread::spawn(move || {
+        let mut rewrites = 0u32;
+        while !stop2.load(Ordering::SeqCst) {
+            let mut f = fs::OpenOptions::new()
+                .write(true)
+                .truncate(true)
+                .open(&path)
+                .unwrap();
+            std::thread::sleep(Duration::from_millis(15));
+            f.write_all(&bytes[..bytes.len() / 2]).unwrap();
+            std::thread::sleep(Duration::from_millis(5));
+            f.write_all(&bytes[bytes.len() / 2..]).unwrap();
+            drop(f);
+            rewrites += 1;
+            std::thread::sleep(Duration::from_millis(15));
+        }
+        rewrites
+    });
+    let (mut scans, mut met_mid_write) = (0, 0);
+    while scans < 40 || (met_mid_write == 0 && scans < 400) {
+        let report = store.fsck(true).unwrap();
+        scans += 1;
+        assert!(report.quarantined.is_empty(), "scan {scans}: {report}");
+        if !report.unsettled.is_empty() {
+            assert_eq!(report.unsettled, ["busy.enc"], "{report}");
+            met_mid_write += 1;
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    let rewrites = writer.join().unwrap();
+    assert!(
+        met_mid_write > 0,
+        "no scan out of {scans} read the file mid-write: the test explored nothing"
+    );
+    assert_eq!(fs::read(ts.enc("busy")).unwrap(), good);
+    assert_eq!(value_of(&store.get("busy").unwrap()), value_for("busy"));
+    assert_eq!(value_of(&store.get("quiet").unwrap()), value_for("quiet"));
+    let quarantine = ts.base.join("quarantine");
+    assert!(
+        !quarantine.exists() || fs::read_dir(&quarantine).unwrap().next().is_none(),
+        "something was quarantined"
+    );
+    // A file that stays damaged is still quarantined after the wait.
+    write_private(&ts.enc("quiet"), b"not a token");
+    let report = store.fsck(true).unwrap();
+    assert_eq!(report.quarantined.len(), 1, "{report}");
+    assert!(report.unsettled.is_empty(), "{report}");
+    println!(
+        "in-place writer: {rewrites} rewrites (truncate, write) during {scans} repairing scans; \
+         {met_mid_write} scans read it mid-write and left it for the next scan; 0 quarantined; \
+         a file left damaged still quarantined"
+    );
+}
+
 impl TestStore {
     /// Open with no reconciliation (so damaged files are not quarantined at open).
     fn open_without_repair(&self) -> CredentialStore {

@@ -53,6 +53,10 @@ pub struct Report {
     pub old_key: Vec<String>,
     /// Files that failed decryption, parsing or id binding, or are not regular files.
     pub quarantined: Vec<Quarantined>,
+    /// Files that did not read during the scan but changed, or read, a moment later: a writer
+    /// in place (hive) was mid-write. Left alone for the next scan, not quarantined.
+    #[serde(default)]
+    pub unsettled: Vec<String>,
     /// Other entries in `credentials/` that are not credential files (left alone).
     pub stray: Vec<String>,
     /// Whether index.json was rewritten.
@@ -148,6 +152,12 @@ impl fmt::Display for Report {
                 }
             }
         }
+        list(
+            f,
+            "being written while read (left for the next scan)",
+            &self.unsettled,
+            "",
+        )?;
         list(
             f,
             "other files in credentials/ (left alone)",

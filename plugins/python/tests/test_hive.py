@@ -270,6 +270,104 @@ def test_four_processes_x_100_saves_hive_loses_index_entries_holdfast_none(daemo
     assert (f_listed, f_lost, f_wrong, hf_errors) == (200, 0, 0, 0)
 
 
+MIXED_WORKER = r"""
+import os, subprocess, sys, time
+sys.path[:0] = %(paths)r
+from pydantic import SecretStr
+from framework.credentials.models import CredentialKey, CredentialObject
+from framework.credentials.storage import EncryptedFileStorage
+from holdfast_client.hive import HoldfastCredentialStorage
+kind, go, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if kind == "hive":
+    storage = EncryptedFileStorage(os.environ["STORE"], encryption_key=os.environ["KEY"].encode())
+elif kind == "daemon":
+    storage = HoldfastCredentialStorage(store="hive", socket_path=os.environ["SOCKET"])
+while not os.path.exists(go):
+    time.sleep(0.001)
+acked = []
+for rnd in ("v1", "v2"):
+    for i in range(n):
+        cid, value = "%%s_%%d" %% (kind, i), "%%s-%%s-%%d" %% (rnd, kind, i)
+        if kind.startswith("cli"):
+            ok = subprocess.run([os.environ["BIN"], "--offline", "--hive", "cred", "set", cid],
+                                input=value + "\n", capture_output=True, text=True,
+                                timeout=60).returncode == 0
+        else:
+            c = CredentialObject(id=cid, keys={"api_key": CredentialKey(
+                name="api_key", value=SecretStr(value))})
+            try:
+                storage.save(c)
+                ok = True
+            except Exception:
+                ok = False
+        if ok:
+            acked.append("%%s=%%s" %% (cid, value))
+print("\n".join(acked))
+"""
+
+
+def test_the_daemon_two_offline_clis_and_hive_write_one_store_at_once(make_daemon, tmp_path):
+    """Issue 16: concurrent foreign writers. hive's store (made by hive, umask 022) served by
+    the daemon; at once, through a barrier: a process saving through the daemon
+    (HoldfastCredentialStorage), two processes running `holdfast --offline --hive cred set`
+    (the CLI opening the files itself, with the same locks), and a process saving with hive's
+    own EncryptedFileStorage (hive's index rewrite takes no lock: it may drop entries others
+    wrote). Each writes 25 ids twice. Afterwards nothing any writer was told is saved is lost:
+    after the daemon's next reconciliation it lists every id with its last value, and hive's
+    own reader lists them all too once the daemon has rewritten the index."""
+    root = Path(tempfile.mkdtemp(prefix="hf-mixed-"))
+    base, key_path, key = hive_store_umask_022(root, n=0)
+    d = make_daemon(config='[stores.hive]\npath = "%s"\nkey_file = "%s"\n' % (base, key_path))
+    env = dict(d.env, STORE=str(base), KEY=key.decode(), SOCKET=d.socket, BIN=BIN,
+               HIVE_HOME=str(root / ".hive"))
+    go = tmp_path / "go"
+    n = 25
+    script = MIXED_WORKER % {"paths": [str(HERE.parent)]}
+    kinds = ["daemon", "cli1", "cli2", "hive"]
+    ps = {k: subprocess.Popen([sys.executable, "-c", script, k, str(go), str(n)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+          for k in kinds}
+    time.sleep(0.5)  # every writer waits at the barrier
+    started = time.monotonic()
+    go.touch()
+    acked = {}
+    for k, p in ps.items():
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+        for line in out.split():
+            cid, value = line.split("=", 1)
+            acked[cid] = value  # v2 after v1: the last acknowledged value
+    wrote = time.monotonic() - started
+    every = {"%s_%d" % (k, i) for k in kinds for i in range(n)}
+    # Every writer's v2 acknowledged (nothing refused under contention).
+    assert set(acked) == every, sorted(every - set(acked))
+    assert all(v.startswith("v2-") for v in acked.values())
+    # The daemon's next reconciliation (its watcher, or the periodic rescan) lists them all.
+    storage = HoldfastCredentialStorage(store="hive", socket_path=d.socket)
+    deadline = time.monotonic() + 45
+    while set(storage.list_all()) != every and time.monotonic() < deadline:
+        time.sleep(0.2)
+    listed = set(storage.list_all())
+    reconciled = time.monotonic() - started - wrote
+    assert listed == every, ("missing", sorted(every - listed), "extra", sorted(listed - every))
+    wrong = [cid for cid, v in acked.items()
+             if storage.load(cid).keys["api_key"].get_secret_value() != v]
+    storage.close()
+    assert wrong == [], wrong
+    # hive's own reader: the index the daemon keeps current lists everything too.
+    deadline = time.monotonic() + 15
+    hive = EncryptedFileStorage(base, encryption_key=key)
+    while set(hive.list_all()) != every and time.monotonic() < deadline:
+        time.sleep(0.2)
+    hive_listed = set(hive.list_all())
+    assert hive_listed == every, sorted(every - hive_listed)
+    assert hive.load("cli1_3").keys["api_key"].get_secret_value() == "v2-cli1-3"
+    print("\nconcurrent foreign writers on hive's store: daemon, 2 offline CLIs and hive's "
+          "EncryptedFileStorage, %d ids x 2 saves each, %.1f s; %d/%d acknowledged, all "
+          "listed by the daemon %.1f s after the writes, values the last acknowledged, hive "
+          "lists all %d" % (n, wrote, len(acked), len(every), reconciled, len(hive_listed)))
+
+
 def test_a_hive_store_made_under_umask_022_is_served_repaired_and_still_hives(make_daemon):
     root = Path(tempfile.mkdtemp(prefix="hf-hive-"))
     base, key_path, key = hive_store_umask_022(root)

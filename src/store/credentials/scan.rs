@@ -167,7 +167,7 @@ impl CredentialStore {
             inner.deleting.as_deref(),
         )?;
         let mut fresh = scan.entries;
-        for (name, _) in &scan.bad {
+        for (name, _, _) in &scan.bad {
             if let Some(e) = inner.entries.get(name) {
                 fresh.insert(
                     name.clone(),
@@ -255,25 +255,16 @@ impl CredentialStore {
             scan.decrypted += 1;
             // What to keep listing if the file cannot be read now.
             let fallback = || {
-                known.get(&name).cloned().or_else(|| {
-                    let (idx, _) = index?;
-                    let (cid, meta) = idx
-                        .credentials
-                        .iter()
-                        .find(|(cid, _)| id::file_name(cid) == name)?;
-                    Some(Entry {
-                        id: cid.clone(),
-                        meta: meta.clone(),
-                        stamp: None,
-                        generation: idx.vouches.get(&name).map_or(0, |v| v.generation),
-                    })
-                })
+                known
+                    .get(&name)
+                    .cloned()
+                    .or_else(|| index_entry(index?.0, &name))
             };
             match self.read_file(&name, ring) {
                 FileRead::Missing => {}
                 FileRead::Ok(c, key_idx) => {
                     if id::file_name(c.id()) != name {
-                        scan.bad.push((name, swapped_reason(c.id())));
+                        scan.bad.push((name, swapped_reason(c.id()), stamp));
                         continue;
                     }
                     if key_idx > 0 {
@@ -308,8 +299,11 @@ impl CredentialStore {
                         scan.entries.insert(name, keep);
                     }
                 }
-                FileRead::WrongKey => scan.bad.push((name, DecryptError::Invalid.to_string())),
-                FileRead::Damaged(reason) => scan.bad.push((name, reason)),
+                FileRead::WrongKey => {
+                    scan.bad
+                        .push((name, DecryptError::Invalid.to_string(), stamp))
+                }
+                FileRead::Damaged(reason) => scan.bad.push((name, reason, stamp)),
             }
         }
         Ok(scan)
@@ -372,7 +366,7 @@ impl CredentialStore {
         report.clock_skew = scan.skewed;
         report.io_errors = scan.io_errors;
         report.drift = scan.drift;
-        let entries = scan.entries;
+        let mut entries = scan.entries;
         if state == IndexState::Ok {
             let ids: std::collections::HashSet<&str> =
                 entries.values().map(|e| e.id.as_str()).collect();
@@ -388,7 +382,33 @@ impl CredentialStore {
                 .cloned()
                 .collect();
         }
-        for (name, reason) in scan.bad {
+        // hive writes its files in place (truncate, then write), so a file the scan read while
+        // hive wrote it looks damaged. Before moving anything aside, give such a writer a
+        // moment, then quarantine only what is unchanged and still does not read; a file that
+        // changed or reads now is left for the next scan (its index entry kept meanwhile).
+        if repair && !scan.bad.is_empty() {
+            std::thread::sleep(crate::limits::QUARANTINE_SETTLE);
+        }
+        for (name, reason, seen) in scan.bad {
+            if repair {
+                let unchanged = stamp_of(&self.cred_dir.join(&name)) == Some(seen);
+                let still_bad = unchanged
+                    && self.with_ring(|ring| {
+                        Ok(match self.read_file(&name, ring) {
+                            FileRead::Ok(c, _) => id::file_name(c.id()) != name,
+                            FileRead::WrongKey | FileRead::Damaged(_) => true,
+                            FileRead::Missing | FileRead::Skew(_) | FileRead::Io(_) => false,
+                        })
+                    })?;
+                if !still_bad {
+                    tracing::info!(file = %name, "a credential file changed while it was read (a writer in place, as hive's): left for the next scan");
+                    if let Some(e) = index_entry(&index, &name) {
+                        entries.entry(name.clone()).or_insert(e);
+                    }
+                    report.unsettled.push(name);
+                    continue;
+                }
+            }
             let moved_to = if repair {
                 let to = durable::move_aside(&self.cred_dir, &name, &self.quarantine_dir, faults)
                     .map_err(|e| self.io_failed(e))?;
@@ -471,9 +491,24 @@ pub(super) struct Scan {
     old_key: Vec<String>,
     skewed: Vec<String>,
     io_errors: Vec<String>,
-    /// File name and reason: files that fail decryption, parsing or id binding.
-    bad: Vec<(String, String)>,
+    /// File name, reason and the stamp the scan saw: files that fail decryption, parsing or
+    /// id binding.
+    bad: Vec<(String, String, FileStamp)>,
     drift: Vec<String>,
+}
+
+/// What the index says of file `name`, to keep listing while the file cannot be read.
+fn index_entry(idx: &Index, name: &str) -> Option<Entry> {
+    let (cid, meta) = idx
+        .credentials
+        .iter()
+        .find(|(cid, _)| id::file_name(cid) == name)?;
+    Some(Entry {
+        id: cid.clone(),
+        meta: meta.clone(),
+        stamp: None,
+        generation: idx.vouches.get(name).map_or(0, |v| v.generation),
+    })
 }
 
 /// What changed between two views of the entries, by id.
