@@ -32,13 +32,15 @@ impl Streams {
                 Err(e) => tracing::warn!(error = %e, "could not list idle runs to expire"),
             }
         }
-        let idle: Vec<(String, String, Status)> = self
-            .lock()
-            .runs
-            .values()
-            .filter(|r| r.updated_at_ms < cutoff)
-            .map(|r| (r.run_id.clone(), r.stream_id.clone(), r.status))
-            .collect();
+        let mut idle: Vec<(String, String, Status)> = Vec::new();
+        self.runs.each(|st| {
+            idle.extend(
+                st.runs
+                    .values()
+                    .filter(|r| r.updated_at_ms < cutoff)
+                    .map(|r| (r.run_id.clone(), r.stream_id.clone(), r.status)),
+            )
+        });
         let mut n = 0;
         for (run_id, sid, status) in idle {
             let detail = json!({"reason": format!("no event for {} s", self.config.expire_after.as_secs()),
@@ -102,7 +104,7 @@ impl Streams {
         self.load_if_missing(run_id)?;
         let finish = event_json(&json!({"type": "finish", "status": status}));
         let (finish_seq, events_total, ending) = {
-            let mut st = self.lock();
+            let mut st = self.lock(run_id);
             let run = Self::run_mut(&mut st, run_id, stream_id)?;
             // From here until the state file is written (or not), nothing else touches the run.
             run.ending = true;
@@ -133,7 +135,7 @@ impl Streams {
         }
         // The single commit point. Before it: resumable, nothing final kept. After: ended.
         if let Err(e) = self.store.end_run(&state, ending.tail()) {
-            let mut st = self.lock();
+            let mut st = self.lock(run_id);
             if let Some(run) = st.runs.get_mut(run_id) {
                 run.ending = false;
             }
@@ -143,7 +145,7 @@ impl Streams {
             }
             return Err(e);
         }
-        let mut st = self.lock();
+        let mut st = self.lock(run_id);
         if let Some(mut run) = st.runs.remove(run_id) {
             let held = run.acc.flush_trim();
             run.push_events(held);

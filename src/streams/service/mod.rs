@@ -8,6 +8,7 @@ mod checkpoint;
 mod ending;
 mod plans;
 mod replay;
+mod shards;
 mod shared;
 mod transfer;
 mod window;
@@ -16,7 +17,7 @@ pub use transfer::Export;
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Map, Value};
@@ -70,6 +71,7 @@ impl Default for StreamsConfig {
     }
 }
 
+/// Runs by id: one shard of the daemon's ([`shards::Runs`]), or a scratch map that replay fills.
 struct State {
     runs: HashMap<String, Run>,
 }
@@ -78,7 +80,7 @@ struct State {
 pub struct Streams {
     /// Where the runs are kept (the journal and the runs' files, or a database).
     store: Box<dyn StreamStore>,
-    state: Mutex<State>,
+    runs: shards::Runs,
     config: StreamsConfig,
     /// The run logs, for the R2 plans' `execution` of each completed tool call.
     tool_log: std::sync::OnceLock<Arc<dyn ToolLog>>,
@@ -111,14 +113,15 @@ impl Streams {
             FileStore::open(streams_dir, runs_dir, sealer, config.durability, faults)?;
         let streams = Streams {
             store: Box::new(store),
-            state: Mutex::new(State {
-                runs: HashMap::new(),
-            }),
+            runs: shards::Runs::new(),
             config,
             tool_log: std::sync::OnceLock::new(),
         };
         {
-            let mut st = streams.lock();
+            // Replayed into one map, then moved into the shards.
+            let mut st = State {
+                runs: HashMap::new(),
+            };
             for r in records {
                 streams.replay_record(&mut st, r.record, r.mark);
             }
@@ -140,13 +143,17 @@ impl Streams {
                 run.queued = run.end_pos();
                 streams.trim(run);
             }
+            for (id, run) in st.runs {
+                streams.runs.lock(&id).runs.insert(id, run);
+            }
         }
         streams.release_segments();
         Ok(streams)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    /// The shard `run_id` lives in, locked.
+    fn lock(&self, run_id: &str) -> shards::RunsGuard<'_> {
+        self.runs.lock(run_id)
     }
 
     /// What replay found at open.
@@ -156,12 +163,12 @@ impl Streams {
 
     /// Runs active now.
     pub fn active_runs(&self) -> usize {
-        self.lock().runs.len()
+        self.runs.len()
     }
 
     /// Whether `run_id` has a stream that has not ended (its directory must not be pruned).
     pub fn is_active(&self, run_id: &str) -> bool {
-        self.lock().runs.contains_key(run_id)
+        self.lock(run_id).runs.contains_key(run_id)
     }
 
     /// Queue a record of `run`, making its events so far durable with it.
@@ -250,7 +257,7 @@ impl Streams {
                 if self.store.shared().is_some() {
                     // Memory is ahead of the shared store (or another host's): forget the run;
                     // the next request loads it as the store has it.
-                    let mut st = self.lock();
+                    let mut st = self.lock(run_id);
                     if st.runs.get(run_id).is_some_and(|r| r.version >= version) {
                         st.runs.remove(run_id);
                     }
@@ -258,7 +265,7 @@ impl Streams {
                 return Err(e.into());
             }
         };
-        let mut st = self.lock();
+        let mut st = self.lock(run_id);
         if let Some(run) = st.runs.get_mut(run_id) {
             run.first_segment = run.first_segment.min(pos.segment);
             if upto > run.published {
@@ -305,7 +312,7 @@ impl Streams {
         let shared_ended = self.refresh(run_id)?;
         // Under the lock: an end() finishing meanwhile has written its state file before it
         // removes the run, so one of the two checks sees it.
-        let mut st = self.lock();
+        let mut st = self.lock(run_id);
         if shared_ended || (!self.is_shared() && self.has_ended(run_id)) {
             let status = self
                 .read_state(run_id)
@@ -326,7 +333,7 @@ impl Streams {
             Some(run) if !takeover => return Err(StreamError::Streaming { epoch: run.epoch }),
             Some(run) => (run.epoch + 1, run.next_seq),
             None => {
-                if st.runs.len() >= self.config.max_active_runs {
+                if !st.admit(self.config.max_active_runs) {
                     return Err(StreamError::TooManyRuns {
                         max: self.config.max_active_runs,
                     });
@@ -410,7 +417,7 @@ impl Streams {
         parsed: Vec<Event>,
     ) -> Result<Ticket, StreamError> {
         self.check_count(parsed.len())?;
-        let mut st = self.lock();
+        let mut st = self.lock(run_id);
         let run = Self::run_mut(&mut st, run_id, stream_id)?;
         if run.status == Status::Failed {
             return Err(StreamError::Failed);
@@ -491,13 +498,12 @@ impl Streams {
 
     /// Delete journal segments no active run needs.
     fn release_segments(&self) {
-        let min = self
-            .lock()
-            .runs
-            .values()
-            .map(|r| r.first_segment)
-            .min()
-            .unwrap_or(u64::MAX);
+        let mut min = u64::MAX;
+        self.runs.each(|st| {
+            if let Some(m) = st.runs.values().map(|r| r.first_segment).min() {
+                min = min.min(m);
+            }
+        });
         self.store.release_before(min);
     }
 
@@ -515,7 +521,7 @@ impl Streams {
         // twice: memory may move on while they are read).
         let mut older: Option<Vec<(u64, EventJson)>> = None;
         for _ in 0..3 {
-            let mut st = self.lock();
+            let mut st = self.lock(run_id);
             let Some(run) = st.runs.get_mut(run_id) else {
                 break;
             };
@@ -560,7 +566,7 @@ impl Streams {
     pub fn get(&self, run_id: &str, reveal: bool) -> Result<Value, StreamError> {
         validate_run_id(run_id)?;
         self.refresh(run_id)?;
-        if let Some(run) = self.lock().runs.get(run_id) {
+        if let Some(run) = self.lock(run_id).runs.get(run_id) {
             let mut v = run.summary();
             if reveal {
                 v["checkpoint"] = run.checkpoint();
@@ -582,7 +588,9 @@ impl Streams {
         if let Some(shared) = self.shared() {
             return shared.list();
         }
-        let mut v: Vec<Value> = self.lock().runs.values().map(Run::summary).collect();
+        let mut v: Vec<Value> = Vec::new();
+        self.runs
+            .each(|st| v.extend(st.runs.values().map(Run::summary)));
         v.sort_by(|a, b| a["run_id"].as_str().cmp(&b["run_id"].as_str()));
         Ok(v)
     }

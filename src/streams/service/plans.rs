@@ -43,7 +43,7 @@ impl Streams {
         stream_id: &str,
         cause: &Value,
     ) -> Result<Ticket, StreamError> {
-        let mut st = self.lock();
+        let mut st = self.lock(run_id);
         let run = Self::run_mut(&mut st, run_id, stream_id)?;
         if run.status == Status::Failed {
             return Err(StreamError::Failed);
@@ -152,7 +152,7 @@ impl Streams {
         fail_on_stale: bool,
     ) -> Result<Ticket, StreamError> {
         validate_run_id(run_id)?;
-        let mut st = self.lock();
+        let mut st = self.lock(run_id);
         let run = st.runs.get_mut(run_id).ok_or(StreamError::NotResumable)?;
         let mut why = Vec::new();
         let age = now_ms().saturating_sub(run.updated_at_ms);

@@ -92,7 +92,9 @@ impl Streams {
             return Ok((0, self.store.reseal_files()?));
         }
         let tickets: Vec<(String, Arc<Promise>)> = {
-            let st = self.lock();
+            // Every shard held: no record of any run is queued between the mark and the
+            // snapshots.
+            let all = self.runs.lock_all();
             // The snapshots open a new segment: everything before them can then go whole.
             self.store.start_new_mark();
             // A marker first, so the new segment starts even with no active run.
@@ -103,7 +105,7 @@ impl Streams {
                     at: now_ms(),
                 })))?;
             let mut v = vec![(String::new(), mark)];
-            for run in st.runs.values() {
+            for run in all.iter().flat_map(|st| st.runs.values()) {
                 // The whole run: a snapshot replaces every earlier record, and the segments
                 // holding them go.
                 let events = self.all_events(run)?;
@@ -115,7 +117,7 @@ impl Streams {
         let runs = tickets.len() - 1;
         for (run_id, p) in tickets {
             let pos = store::wait(&p)?;
-            if let Some(run) = self.lock().runs.get_mut(&run_id) {
+            if let Some(run) = self.lock(&run_id).runs.get_mut(&run_id) {
                 // Everything the run needs is in the snapshot now.
                 run.first_segment = pos.segment;
             }

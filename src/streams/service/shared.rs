@@ -14,9 +14,7 @@ impl Streams {
     pub fn open_shared(store: PgStore, config: StreamsConfig) -> Streams {
         Streams {
             store: Box::new(store),
-            state: Mutex::new(State {
-                runs: HashMap::new(),
-            }),
+            runs: shards::Runs::new(),
             config,
             tool_log: std::sync::OnceLock::new(),
         }
@@ -43,7 +41,7 @@ impl Streams {
         };
         let head = shared.head(run_id)?;
         {
-            let mut st = self.lock();
+            let mut st = self.lock(run_id);
             match (&head, st.runs.get(run_id)) {
                 (Some(h), Some(run))
                     if !h.ended
@@ -72,7 +70,7 @@ impl Streams {
     /// Shared store: load the run if memory does not have it (blocking).
     pub fn load_if_missing(&self, run_id: &str) -> Result<(), StreamError> {
         match self.shared() {
-            Some(shared) if !self.lock().runs.contains_key(run_id) => self.load(shared, run_id),
+            Some(shared) if !self.lock(run_id).runs.contains_key(run_id) => self.load(shared, run_id),
             _ => Ok(()),
         }
     }
@@ -105,12 +103,12 @@ impl Streams {
         run.queued = run.end_pos();
         run.published = run.end_pos();
         self.trim(&mut run);
-        let mut st = self.lock();
+        let mut st = self.lock(run_id);
         // Another request may have loaded it meanwhile: the newer copy stays.
         match st.runs.get(run_id) {
             Some(had) if had.version >= version => {}
             _ => {
-                if !st.runs.contains_key(run_id) && st.runs.len() >= self.config.max_active_runs {
+                if !st.runs.contains_key(run_id) && !st.admit(self.config.max_active_runs) {
                     return Err(StreamError::TooManyRuns {
                         max: self.config.max_active_runs,
                     });

@@ -28,8 +28,7 @@ impl Streams {
             }
         }
         let mut active: Vec<Snapshot> = Vec::new();
-        {
-            let st = self.lock();
+        for st in self.runs.lock_all() {
             for run in st.runs.values() {
                 // A shared store's events come from it below; memory may hold only the latest
                 // of a file run's.
@@ -86,7 +85,7 @@ impl Streams {
         for snap in &data.active {
             let rec = Record::Snapshot(Box::new(clone_snapshot(snap)));
             let prepared = self.store.prepare(Out::Record(&rec))?;
-            let mut st = self.lock();
+            let mut st = self.lock(&snap.run);
             let mut run = Run::from_snapshot(clone_snapshot(snap), self.store.active_mark());
             // Everything the run published goes with its record (a shared store writes the
             // events for subscribers); it is the run's first record there.

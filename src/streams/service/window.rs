@@ -70,6 +70,6 @@ impl Streams {
 impl Streams {
     /// How many of the run's events memory holds (tests).
     pub(crate) fn events_in_memory(&self, run_id: &str) -> Option<usize> {
-        self.lock().runs.get(run_id).map(|r| r.events.len())
+        self.lock(run_id).runs.get(run_id).map(|r| r.events.len())
     }
 }
