@@ -89,9 +89,37 @@ impl Daemon {
         if let Ok(log) = self.run_log() {
             streams.attach_tool_log(log);
         }
+        streams.set_assisted(self.assisted.load(Ordering::SeqCst));
         let streams = Arc::new(streams);
         *guard = Some(Arc::clone(&streams));
         Ok(streams)
+    }
+
+    /// Have the runtime's workers commit the stream journal: the daemon's runtime calls
+    /// [`Daemon::before_park`] from each worker about to park. Call before the streams open.
+    pub fn assist_commits(&self, workers: usize) {
+        self.awake.store(workers, Ordering::SeqCst);
+        self.assisted.store(true, Ordering::SeqCst);
+        if let Some(s) = self.streams_if_open() {
+            s.set_assisted(true);
+        }
+    }
+
+    /// A runtime worker has nothing left to run. The last one awake commits the stream
+    /// appends queued so far (unless another thread is committing) before it sleeps, and
+    /// stops as soon as another worker is awake again (that one commits when it runs out):
+    /// one batch per turn of the whole runtime, as a single-threaded server has.
+    pub fn before_park(&self) {
+        if self.awake.fetch_sub(1, Ordering::SeqCst) == 1 {
+            if let Some(s) = self.streams_if_open() {
+                s.assist(&|| self.awake.load(Ordering::SeqCst) > 0);
+            }
+        }
+    }
+
+    /// A runtime worker woke (the pair of [`Daemon::before_park`]).
+    pub fn after_unpark(&self) {
+        self.awake.fetch_add(1, Ordering::SeqCst);
     }
 
     /// The PostgreSQL backend's database when the config names one, its schema migrated

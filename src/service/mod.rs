@@ -90,6 +90,11 @@ pub struct Daemon {
     requests: AtomicU64,
     /// The streams (opened with the default store's key, on start or on first use).
     streams: Mutex<Option<Arc<Streams>>>,
+    /// Whether the runtime's workers commit the stream journal before they park
+    /// ([`Daemon::before_park`]).
+    assisted: std::sync::atomic::AtomicBool,
+    /// The runtime's workers not parked ([`Daemon::before_park`]).
+    awake: AtomicUsize,
     /// The run logs (opened on first use: no key needed, they are not encrypted).
     run_log: Mutex<Option<Arc<crate::runlog::RunLog>>>,
     /// The PostgreSQL backend's database, its schema checked (`[backend] kind = "postgres"`;
@@ -224,6 +229,8 @@ impl Daemon {
             next_lease: AtomicU64::new(1),
             requests: AtomicU64::new(0),
             streams: Mutex::new(None),
+            assisted: std::sync::atomic::AtomicBool::new(false),
+            awake: AtomicUsize::new(0),
             run_log: Mutex::new(None),
             db: Mutex::new(None),
         })

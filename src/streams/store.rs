@@ -171,6 +171,15 @@ pub trait StreamStore: Send + Sync {
     fn release_before(&self, mark: u64);
     /// Start a new mark now, so everything before it can be released whole (key rotation).
     fn start_new_mark(&self);
+    /// Let the threads that queue records commit them ([`Journal::set_assisted`]).
+    fn set_assisted(&self, on: bool) {
+        let _ = on;
+    }
+    /// Commit what is queued on this thread if nothing else is committing
+    /// ([`Journal::assist`]).
+    fn assist(&self, yield_to_others: &dyn Fn() -> bool) {
+        let _ = yield_to_others;
+    }
     /// Whether the run has a state file: it ended. Its existence decides, not its content (an
     /// unreadable state must not bring a committed run back).
     fn has_ended(&self, run_id: &str) -> bool;
@@ -405,6 +414,14 @@ impl StreamStore for FileStore {
 
     fn start_new_mark(&self) {
         self.journal.start_new_segment();
+    }
+
+    fn set_assisted(&self, on: bool) {
+        self.journal.set_assisted(on);
+    }
+
+    fn assist(&self, yield_to_others: &dyn Fn() -> bool) {
+        self.journal.assist(yield_to_others);
     }
 
     fn has_ended(&self, run_id: &str) -> bool {

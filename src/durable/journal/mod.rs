@@ -32,8 +32,8 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -179,6 +179,8 @@ struct Queue {
     /// The committer is gathering a batch (committer.rs, "group commit"): the append that
     /// brings `pending` to this many wakes it; 0 when it is not gathering.
     want: usize,
+    /// Batches taken so far (by the committer thread or an assisting thread).
+    taken: u64,
 }
 
 struct Shared {
@@ -190,7 +192,31 @@ struct Shared {
     durability: Durability,
     faults: Faults,
     stats: Stats,
+    /// The writing end: one committer at a time (the thread, or a thread assisting it).
+    /// Lock order: this, then `queue`.
+    committer: Mutex<Committer>,
+    /// Whether threads assist the committer ([`Journal::set_assisted`]).
+    assisted: AtomicBool,
 }
+
+impl Shared {
+    fn queue(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn committer(&self) -> MutexGuard<'_, Committer> {
+        self.committer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// How long the committer thread leaves queued appends to the threads assisting it
+/// ([`Journal::set_assisted`]) before it commits them itself: the fallback for a runtime whose
+/// workers are never idle (busy serving other requests), so no append waits longer than this
+/// for its write to start. Long beside a worker's turn (tens of microseconds), short beside an
+/// fsync on most disks.
+pub const ASSIST_GRACE: Duration = Duration::from_millis(5);
 
 /// The journal: append from any thread; a committer thread writes and syncs.
 pub struct Journal {
@@ -305,24 +331,22 @@ impl Journal {
             durability,
             faults,
             stats: Stats::default(),
+            committer: Mutex::new(Committer {
+                file,
+                segment,
+                offset,
+                next: None,
+                last_sync: Instant::now(),
+                unsynced: false,
+                last_batch: 0,
+            }),
+            assisted: AtomicBool::new(false),
         });
         let committer = {
             let shared = Arc::clone(&shared);
             std::thread::Builder::new()
                 .name("holdfast-journal".into())
-                .spawn(move || {
-                    Committer {
-                        shared,
-                        file,
-                        segment,
-                        offset,
-                        next: None,
-                        last_sync: Instant::now(),
-                        unsynced: false,
-                        last_batch: 0,
-                    }
-                    .run()
-                })
+                .spawn(move || committer::run(shared))
                 .map_err(|e| fail("starting the committer thread", e.into()))?
         };
         Ok((
@@ -403,6 +427,31 @@ impl Journal {
         }
     }
 
+    /// Let threads that queue appends commit them themselves ([`Journal::assist`]), the
+    /// committer thread taking over only what none took within [`ASSIST_GRACE`]. For a
+    /// runtime whose workers call `assist` before they park (the daemon's): the appends a
+    /// worker read are written, synced and answered by that worker once it has nothing else
+    /// to do — one thread from request to answer, as a single-threaded server does, and one
+    /// batch per turn with many clients (docs/design.md, "Group commit"). Only with
+    /// [`Durability::Always`]; otherwise (timed syncs) the committer thread does everything.
+    pub fn set_assisted(&self, on: bool) {
+        let on = on && self.shared.durability == Durability::Always;
+        self.shared.assisted.store(on, Ordering::SeqCst);
+        // A committer thread waiting untimed for work looks again.
+        self.shared.wake.notify_all();
+    }
+
+    /// Commit everything queued, on this thread, unless another thread is committing (then
+    /// return at once: that one, or the committer thread, takes it). After each batch,
+    /// `yield_to_others()` is asked whether another thread will commit the rest (a worker
+    /// still busy, which assists in turn when it runs out of work): then this one returns.
+    /// Appends' callbacks run here. Does nothing unless [`Journal::set_assisted`].
+    pub fn assist(&self, yield_to_others: &dyn Fn() -> bool) {
+        if self.shared.assisted.load(Ordering::Relaxed) {
+            committer::assist(&self.shared, yield_to_others);
+        }
+    }
+
     /// Make the next append start a new segment, so that everything before it can be
     /// released as a whole (after a re-seal, the records under the old key).
     pub fn start_new_segment(&self) {
@@ -469,8 +518,10 @@ impl Drop for Journal {
             .closing = true;
         self.shared.wake.notify_all();
         if let Some(t) = self.committer.take() {
-            // Dropped from a callback on the committer thread itself: it stops on its own.
-            if t.thread().id() != std::thread::current().id() {
+            // Dropped from an acknowledgement's callback (on the committer thread, or on a
+            // thread assisting it, which holds the committer lock the thread needs to stop):
+            // it stops on its own.
+            if !committer::COMMITTING.with(std::cell::Cell::get) {
                 let _ = t.join();
             }
         }

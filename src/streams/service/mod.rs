@@ -600,6 +600,19 @@ impl Streams {
         self.store.stats()
     }
 
+    /// Let the threads that queue appends commit them themselves (the daemon's workers,
+    /// before they park: see [`Streams::assist`]).
+    pub fn set_assisted(&self, on: bool) {
+        self.store.set_assisted(on);
+    }
+
+    /// Commit the appends queued so far on this thread, unless another thread is committing:
+    /// called by each of the daemon's runtime workers when it runs out of work, so the worker
+    /// that read an append writes, syncs and answers it (docs/design.md, "Group commit").
+    pub fn assist(&self, yield_to_others: &dyn Fn() -> bool) {
+        self.store.assist(yield_to_others);
+    }
+
     /// Where records queued now are kept (the journal's active segment).
     pub fn active_mark(&self) -> u64 {
         self.store.active_mark()
