@@ -24,7 +24,8 @@ python3 - "$out" <<'PY'
 import collections, re, statistics, sys
 rows = collections.defaultdict(list)
 for line in open(sys.argv[1]):
-    m = re.match(r"(\w)   (holdfast .*?) +(\d+) +([\d,]+) .* ([\d.]+) µs  ", line)
+    # kind, streams, ops/s, p50, p99, then the server's CPU per op (the client's follows).
+    m = re.match(r"(\w)   (holdfast .*?) +(\d+) +([\d,]+) +[\d.]+ [µm]s +[\d.]+ [µm]s +([\d.]+) µs", line)
     if m:
         rows[(m.group(2), int(m.group(3)), m.group(1))].append(
             (int(m.group(4).replace(",", "")), float(m.group(5))))
