@@ -282,11 +282,7 @@ impl Committer {
         }
         // Past half of this segment, start preparing the next one.
         if self.next.is_none() && self.offset > SEGMENT_BYTES / 2 {
-            let (dir, faults, n) = (
-                shared.dir.clone(),
-                shared.faults.clone(),
-                self.segment + 1,
-            );
+            let (dir, faults, n) = (shared.dir.clone(), shared.faults.clone(), self.segment + 1);
             self.next = Some(std::thread::spawn(move || {
                 prepare_segment(&dir, n, &faults)
             }));
@@ -322,7 +318,13 @@ impl Committer {
                 Some(f) => f.write_all_at(buf, at),
                 None => Err(io::Error::other("no segment open")),
             })
-            .map_err(|e| Arc::new(IoError::new(Op::Append, Self::path(shared, self.segment), e)))?;
+            .map_err(|e| {
+                Arc::new(IoError::new(
+                    Op::Append,
+                    Self::path(shared, self.segment),
+                    e,
+                ))
+            })?;
         self.offset = at + buf.len() as u64;
         self.unsynced = true;
         Ok(())
@@ -342,7 +344,13 @@ impl Committer {
             .faults
             .check(Op::FsyncFile)
             .and_then(|()| self.file.as_ref().map_or(Ok(()), File::sync_data))
-            .map_err(|e| Arc::new(IoError::new(Op::FsyncFile, Self::path(shared, self.segment), e)))?;
+            .map_err(|e| {
+                Arc::new(IoError::new(
+                    Op::FsyncFile,
+                    Self::path(shared, self.segment),
+                    e,
+                ))
+            })?;
         shared.stats.syncs.fetch_add(1, Ordering::Relaxed);
         self.last_sync = Instant::now();
         self.unsynced = false;

@@ -105,19 +105,18 @@ impl RunsGuard<'_> {
     /// `false` (nothing counted) at the bound. Counted at once, so a begin in another shard
     /// sees it; if the run is not inserted after all, the drop takes the count back.
     pub(super) fn admit(&mut self, max: usize) -> bool {
-        let pending = self.guard.runs.len() as isize - self.before as isize - self.admitted as isize;
+        let pending =
+            self.guard.runs.len() as isize - self.before as isize - self.admitted as isize;
         let mut now = self.count.load(Ordering::SeqCst);
         loop {
             let active = (now as isize + pending).max(0) as usize;
             if active >= max {
                 return false;
             }
-            match self.count.compare_exchange_weak(
-                now,
-                now + 1,
-                Ordering::SeqCst,
-                Ordering::SeqCst,
-            ) {
+            match self
+                .count
+                .compare_exchange_weak(now, now + 1, Ordering::SeqCst, Ordering::SeqCst)
+            {
                 Ok(_) => {
                     self.admitted += 1;
                     return true;
@@ -143,12 +142,12 @@ impl DerefMut for RunsGuard<'_> {
 
 impl Drop for RunsGuard<'_> {
     fn drop(&mut self) {
-        let change =
-            self.guard.runs.len() as isize - self.before as isize - self.admitted as isize;
+        let change = self.guard.runs.len() as isize - self.before as isize - self.admitted as isize;
         if change > 0 {
             self.count.fetch_add(change as usize, Ordering::SeqCst);
         } else if change < 0 {
-            self.count.fetch_sub(change.unsigned_abs(), Ordering::SeqCst);
+            self.count
+                .fetch_sub(change.unsigned_abs(), Ordering::SeqCst);
         }
     }
 }
