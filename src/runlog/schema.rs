@@ -48,8 +48,12 @@ impl Execution {
     }
 }
 
+/// Unix ms as hive's ISO time. `ms` may come from a file (`logged_at_ms` of any line): a value
+/// past what microseconds in an `i64` hold (year 294,247) is written as that limit, not
+/// wrapped (or, with overflow checks, a panic: found by the `runlog_lines` fuzz target).
 pub(super) fn iso(ms: u64) -> String {
-    crate::timefmt::format_z(ms as i64 * 1000)
+    let micros = i64::try_from(ms).map_or(i64::MAX, |ms| ms.saturating_mul(1000));
+    crate::timefmt::format_z(micros)
 }
 
 /// A string field of at most 256 bytes, non-empty.

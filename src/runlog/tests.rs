@@ -701,3 +701,25 @@ fn a_rewrite_cut_off_by_a_crash_leaves_no_temp_once_the_run_is_touched() {
     assert_eq!(g["details"][0]["input_tokens"], json!(1), "{g}");
     assert_eq!(temps(tmp.path()), Vec::<String>::new());
 }
+
+/// A file's `logged_at_ms` past what an `i64` of microseconds holds (a damaged or foreign
+/// line) is read as the latest time there is, not wrapped into a date long past — and, with
+/// overflow checks on, not a panic of `run.get`. Found by the `runlog_lines` fuzz target
+/// (`tests/corpus/runlog_lines/crash-*`).
+#[test]
+fn a_logged_time_past_the_representable_is_clamped_not_wrapped() {
+    let d = tempfile::tempdir().unwrap();
+    fs::create_dir_all(d.path().join("far")).unwrap();
+    for ms in [u64::MAX, 179_561_060_905_765_804, i64::MAX as u64] {
+        let line = format!("{{\"node_id\": \"n\", \"attempt\": 1, \"logged_at_ms\": {ms}}}\n");
+        fs::write(d.path().join("far").join("details.jsonl"), line).unwrap();
+        let run = open(d.path()).get("far").unwrap();
+        let started = run["summary"]["started_at"].as_str().unwrap().to_owned();
+        assert_eq!(
+            started,
+            crate::timefmt::format_z(i64::MAX),
+            "logged_at_ms {ms}"
+        );
+        assert_eq!(run["nodes"], 1);
+    }
+}
