@@ -22,6 +22,8 @@ pub mod crypto;
 pub mod daemon;
 pub mod durable;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod ipc;
 pub mod limits;
 pub mod paths;

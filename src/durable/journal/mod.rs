@@ -53,18 +53,19 @@ use super::{create_private_dir, fsync_dir, IoError};
 
 pub use crate::limits::SEGMENT_BYTES;
 /// The segment header: `HFJ1` · u64 segment number · u32 crc32c.
-const HEADER_BYTES: u64 = 16;
+pub const HEADER_BYTES: u64 = 16;
 const MAGIC: &[u8; 4] = b"HFJ1";
 use crate::limits::MAX_BATCH_BYTES;
 pub use crate::limits::MAX_PAYLOAD;
 /// How far past the last good frame one interrupted write can have reached: a batch, or a
 /// single frame larger than a batch.
-const TORN_WINDOW: usize = if MAX_PAYLOAD > MAX_BATCH_BYTES {
+pub const TORN_WINDOW: usize = if MAX_PAYLOAD > MAX_BATCH_BYTES {
     MAX_PAYLOAD
 } else {
     MAX_BATCH_BYTES
 } + FRAME_HEADER;
-const FRAME_HEADER: usize = 8;
+/// A frame's header: `u32 length · u32 crc32c`.
+pub const FRAME_HEADER: usize = 8;
 /// Held (flock) by the journal's one writer.
 const LOCK_FILE: &str = "journal.lock";
 
@@ -526,6 +527,43 @@ impl Drop for Journal {
             }
         }
     }
+}
+
+/// How a scanned segment's written part ends ([`scan_segment`]).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScannedTail {
+    /// Zero fill (or the end of the bytes) at this offset.
+    Clean(u64),
+    /// A torn write at this offset: only zeros past the reach of one write.
+    Torn(u64),
+    /// A bad frame at this offset with data past that reach.
+    Corrupt(u64),
+}
+
+/// The segment reader replay uses, on bytes in memory (the fuzz targets,
+/// [`crate::fuzz::journal_segment`]): the good frames of segment `n` in order, and how its
+/// written part ends; `None` for a header that is not segment `n`'s.
+#[doc(hidden)]
+pub fn scan_segment(n: u64, bytes: &[u8]) -> Option<(Vec<Replayed>, ScannedTail)> {
+    let mut frames = Vec::new();
+    let tail = scan(n, bytes, &mut frames).ok()?;
+    Some((
+        frames,
+        match tail {
+            Tail::Clean(o) => ScannedTail::Clean(o),
+            Tail::Torn(o) => ScannedTail::Torn(o),
+            Tail::Corrupt(o) => ScannedTail::Corrupt(o),
+        },
+    ))
+}
+
+/// The on-disk pieces a reference model needs: segment `n`'s header, a frame's CRC, the
+/// header and frame-header sizes, and how far one torn write can reach.
+#[doc(hidden)]
+pub mod format {
+    pub use super::segment::{frame_crc, header};
+    pub use super::{FRAME_HEADER, HEADER_BYTES, TORN_WINDOW};
 }
 
 #[cfg(test)]

@@ -15,11 +15,13 @@ pub(super) fn segment_number(name: &str) -> Option<u64> {
         .flatten()
 }
 
-pub(super) fn frame_crc(segment: u64, payload: &[u8]) -> u32 {
+/// A frame's CRC32C: over the segment number, then the payload.
+pub fn frame_crc(segment: u64, payload: &[u8]) -> u32 {
     crc32c::crc32c_append(crc32c::crc32c(&segment.to_le_bytes()), payload)
 }
 
-pub(super) fn header(segment: u64) -> [u8; HEADER_BYTES as usize] {
+/// Segment `segment`'s header.
+pub fn header(segment: u64) -> [u8; HEADER_BYTES as usize] {
     let mut h = [0u8; HEADER_BYTES as usize];
     h[..4].copy_from_slice(MAGIC);
     h[4..12].copy_from_slice(&segment.to_le_bytes());

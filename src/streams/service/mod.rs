@@ -13,6 +13,7 @@ mod shared;
 mod transfer;
 mod window;
 
+pub use replay::ReplayedRun;
 pub use transfer::Export;
 
 use std::collections::HashMap;
@@ -123,7 +124,7 @@ impl Streams {
                 runs: HashMap::new(),
             };
             for r in records {
-                streams.replay_record(&mut st, r.record, r.mark);
+                Self::replay_record(&mut st, r.record, r.mark);
             }
             // Runs whose state file says they ended (a crash after the commit point, before
             // the end record) are not resumable.

@@ -3,6 +3,18 @@
 
 use super::*;
 
+/// A run as [`Streams::replay_alone`] leaves it.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct ReplayedRun {
+    /// Its id.
+    pub run_id: String,
+    /// The seq its next event gets.
+    pub next_seq: u64,
+    /// Its events in memory: seq and JSON.
+    pub events: Vec<(u64, String)>,
+}
+
 impl Streams {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn apply_begin(
@@ -22,7 +34,7 @@ impl Streams {
     }
 
     /// Apply one journal record at start-up.
-    pub(super) fn replay_record(&self, st: &mut State, rec: Record, segment: u64) {
+    pub(super) fn replay_record(st: &mut State, rec: Record, segment: u64) {
         match rec {
             Record::Begin(b) => Self::apply_begin(
                 st, &b.run, b.epoch, &b.sid, b.thread, b.model, b.at, segment,
@@ -80,6 +92,34 @@ impl Streams {
             }
             Record::Reseal(_) => {}
         }
+    }
+
+    /// Replay `records` into runs from nothing, as at open (without a journal: the fuzz
+    /// targets, [`crate::fuzz::journal_replay`]): each run's id, next seq and its events'
+    /// seqs and JSON, in the order memory holds them.
+    #[doc(hidden)]
+    pub fn replay_alone(records: Vec<Record>) -> Vec<ReplayedRun> {
+        let mut st = State {
+            runs: HashMap::new(),
+        };
+        for r in records {
+            Self::replay_record(&mut st, r, 0);
+        }
+        let mut runs: Vec<ReplayedRun> = st
+            .runs
+            .into_values()
+            .map(|run| ReplayedRun {
+                run_id: run.run_id.clone(),
+                next_seq: run.next_seq,
+                events: run
+                    .events
+                    .iter()
+                    .map(|(s, e)| (*s, e.get().to_owned()))
+                    .collect(),
+            })
+            .collect();
+        runs.sort_by(|a, b| a.run_id.cmp(&b.run_id));
+        runs
     }
 
     /// Re-seal everything of the streams under the sealer's current (primary) key: a snapshot

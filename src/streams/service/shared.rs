@@ -70,7 +70,9 @@ impl Streams {
     /// Shared store: load the run if memory does not have it (blocking).
     pub fn load_if_missing(&self, run_id: &str) -> Result<(), StreamError> {
         match self.shared() {
-            Some(shared) if !self.lock(run_id).runs.contains_key(run_id) => self.load(shared, run_id),
+            Some(shared) if !self.lock(run_id).runs.contains_key(run_id) => {
+                self.load(shared, run_id)
+            }
             _ => Ok(()),
         }
     }
@@ -94,7 +96,7 @@ impl Streams {
             runs: HashMap::new(),
         };
         for r in records {
-            self.replay_record(&mut loaded, r, 0);
+            Self::replay_record(&mut loaded, r, 0);
         }
         let Some(mut run) = loaded.runs.remove(run_id) else {
             return Ok(());

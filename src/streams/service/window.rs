@@ -38,7 +38,7 @@ impl Streams {
         };
         for r in self.store.records_from(first_mark)? {
             if r.record.run() == run_id {
-                self.replay_record(&mut scratch, r.record, r.mark);
+                Self::replay_record(&mut scratch, r.record, r.mark);
             }
         }
         Ok(scratch
