@@ -477,6 +477,7 @@ impl Journal {
         for e in fs::read_dir(&self.shared.dir)?.flatten() {
             if let Some(n) = segment_number(&e.file_name().to_string_lossy()) {
                 if n < segment {
+                    self.shared.faults.check(Op::Unlink)?;
                     fs::remove_file(e.path())?;
                     removed += 1;
                 }
