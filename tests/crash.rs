@@ -1113,7 +1113,7 @@ fn kill_9_loop() {
     let cycles: u64 = std::env::var("HOLDFAST_KILL_CYCLES")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(200);
+        .unwrap_or(1000);
     let seed = seed("HOLDFAST_CRASH_SEED");
     println!("kill-9 loop: seed {seed} (HOLDFAST_CRASH_SEED={seed} reuses the same random choices; kill timing still varies)");
     let mut rng = Rng::new(seed);
