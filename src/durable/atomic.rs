@@ -264,6 +264,7 @@ fn publish_with(
             .check(Op::FsyncFile)
             .and_then(|()| file.sync_all())
             .map_err(|e| IoError::new(Op::FsyncFile, &tmp, e))?;
+        faults.synced_file(&tmp);
         // fstat, not a write step: a failure here is not an fsync failure and must not poison.
         let stamp = file
             .metadata()
@@ -343,7 +344,9 @@ pub fn fsync_dir(dir: &Path, faults: &Faults) -> Result<(), IoError> {
                 .open(dir)?
                 .sync_all()
         })
-        .map_err(|e| IoError::new(Op::FsyncDir, dir, e))
+        .map_err(|e| IoError::new(Op::FsyncDir, dir, e))?;
+    faults.synced_dir(dir);
+    Ok(())
 }
 
 /// Unlink `dir/name` and fsync `dir`. Returns whether the file existed.

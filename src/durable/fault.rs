@@ -10,6 +10,7 @@
 
 use std::fmt;
 use std::io;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// One step of a durable write that the seam can fail or crash at.
@@ -94,6 +95,84 @@ struct State {
     crashed: bool,
     injected: u64,
     log: Vec<Op>,
+    /// What a power loss would keep, when recorded ([`Faults::record_power`]).
+    power: Option<Power>,
+}
+
+/// What is on stable storage: each directory's entries as of its last fsync, each file's
+/// bytes (by inode) as of its last fsync. Everything else a power loss may take.
+#[derive(Debug, Default)]
+struct Power {
+    /// Directory → name → inode (`None`: a subdirectory, kept by name).
+    dirs: std::collections::BTreeMap<PathBuf, std::collections::BTreeMap<String, Option<u64>>>,
+    /// Inode → contents.
+    files: std::collections::HashMap<u64, Vec<u8>>,
+}
+
+impl Power {
+    /// Record `dir`'s entries (and, with `files`, every regular file's bytes) as durable.
+    fn take_dir(&mut self, dir: &Path, files: bool) {
+        use std::os::unix::fs::MetadataExt;
+        let Ok(rd) = std::fs::read_dir(dir) else {
+            return;
+        };
+        let mut entries = std::collections::BTreeMap::new();
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Ok(meta) = std::fs::symlink_metadata(e.path()) else {
+                continue;
+            };
+            if meta.is_dir() {
+                entries.insert(name, None);
+                if files {
+                    self.take_dir(&e.path(), true);
+                }
+            } else {
+                entries.insert(name, Some(meta.ino()));
+                if files {
+                    if let Ok(bytes) = std::fs::read(e.path()) {
+                        self.files.insert(meta.ino(), bytes);
+                    }
+                }
+            }
+        }
+        self.dirs.insert(dir.to_path_buf(), entries);
+    }
+
+    /// Make the tree under `dir` what stable storage holds.
+    fn restore(&self, dir: &Path) -> io::Result<()> {
+        let Some(durable) = self.dirs.get(dir) else {
+            // Never durable: its entry in the parent was not either, so it is gone already.
+            return Ok(());
+        };
+        for e in std::fs::read_dir(dir)?.flatten() {
+            let meta = std::fs::symlink_metadata(e.path())?;
+            if meta.is_dir() {
+                if !durable.contains_key(&e.file_name().to_string_lossy().into_owned()) {
+                    std::fs::remove_dir_all(e.path())?;
+                }
+            } else {
+                std::fs::remove_file(e.path())?;
+            }
+        }
+        for (name, ino) in durable {
+            let path = dir.join(name);
+            match ino {
+                None => {
+                    std::fs::create_dir_all(&path)?;
+                    self.restore(&path)?;
+                }
+                Some(ino) => {
+                    // Bytes never fsynced are lost: the file is there, empty.
+                    let bytes = self.files.get(ino).map(Vec::as_slice).unwrap_or(&[]);
+                    std::fs::write(&path, bytes)?;
+                    use std::os::unix::fs::PermissionsExt;
+                    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A handle on the fault-injection seam. Cloning shares the same state.
@@ -182,6 +261,52 @@ impl Faults {
         self.0
             .as_ref()
             .map(|m| f(&mut m.lock().unwrap_or_else(PoisonError::into_inner)))
+    }
+
+    /// Record, from now on, what a power loss would keep of the tree under `root`: all of it
+    /// as it is now (set up and synced), then each file's bytes at its fsync and each
+    /// directory's entries at its fsync ([`Faults::synced_file`], [`Faults::synced_dir`]).
+    /// [`Faults::lose_power`] then leaves only that (tests of checklist row 18).
+    pub fn record_power(&self, root: &Path) {
+        self.with(|s| {
+            let mut p = Power::default();
+            p.take_dir(root, true);
+            s.power = Some(p);
+        });
+    }
+
+    /// A file's bytes are durable now (its fsync succeeded).
+    pub(crate) fn synced_file(&self, path: &Path) {
+        use std::os::unix::fs::MetadataExt;
+        self.with(|s| {
+            if let Some(p) = &mut s.power {
+                if let (Ok(meta), Ok(bytes)) = (std::fs::metadata(path), std::fs::read(path)) {
+                    p.files.insert(meta.ino(), bytes);
+                }
+            }
+        });
+    }
+
+    /// A directory's entries are durable now (its fsync succeeded).
+    pub(crate) fn synced_dir(&self, dir: &Path) {
+        self.with(|s| {
+            if let Some(p) = &mut s.power {
+                p.take_dir(dir, false);
+            }
+        });
+    }
+
+    /// The power went out: make the tree under `root` what stable storage held — every
+    /// directory's entries as of its last fsync (a create, rename or unlink since is undone),
+    /// every file's bytes as of its last fsync (bytes written since are lost; a file never
+    /// synced is empty). The harshest a crash-consistent file system may leave; a process
+    /// crash (the seam's `Crash`) leaves the other extreme, everything written.
+    pub fn lose_power(&self, root: &Path) -> io::Result<()> {
+        self.with(|s| match &s.power {
+            Some(p) => p.restore(root),
+            None => Ok(()),
+        })
+        .unwrap_or(Ok(()))
     }
 
     /// Ask permission for one step. `Err` means the caller must not perform it.
