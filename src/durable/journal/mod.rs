@@ -543,7 +543,7 @@ pub enum ScannedTail {
 }
 
 /// The segment reader replay uses, on bytes in memory (the fuzz targets,
-/// [`crate::fuzz::journal_segment`]): the good frames of segment `n` in order, and how its
+/// `fuzz::journal_segment`): the good frames of segment `n` in order, and how its
 /// written part ends; `None` for a header that is not segment `n`'s.
 #[doc(hidden)]
 pub fn scan_segment(n: u64, bytes: &[u8]) -> Option<(Vec<Replayed>, ScannedTail)> {

@@ -95,7 +95,7 @@ impl Streams {
     }
 
     /// Replay `records` into runs from nothing, as at open (without a journal: the fuzz
-    /// targets, [`crate::fuzz::journal_replay`]): each run's id, next seq and its events'
+    /// targets, `fuzz::journal_replay`): each run's id, next seq and its events'
     /// seqs and JSON, in the order memory holds them.
     #[doc(hidden)]
     pub fn replay_alone(records: Vec<Record>) -> Vec<ReplayedRun> {
