@@ -16,8 +16,11 @@
 //! | [`recovery_input`] | the planner's JSON input, then the planner | RECOVERY-RULES.md's plans by hand: which plan, which calls cancelled, Retry-After honoured, deterministic |
 //! | [`runlog_lines`] | a run log's file reader (torn tail cut, lines taken) | the file after the read is the input cut at its last newline; lines counted once each |
 //!
-//! `crate::ipc::protocol::parse_request` has its own fuzzer with a model
-//! (`tests/fuzz_protocol.rs`), run the same two ways.
+//! | [`protocol_request`] | a request line's parser | accepted: JSON with `jsonrpc` "2.0", the method read, a rebuilt request reads the same; refused: one line of JSON with a known code and a short message |
+//!
+//! The request parser's full model, with the daemon's dispatch of every parsed line over a
+//! real socket, is `tests/fuzz_protocol.rs` (its corpus, `tests/corpus/protocol/`, is this
+//! target's too).
 
 // A target's job is to panic when an invariant breaks (that is the finding), and its scratch
 // directories are test fixtures, not store files: the crate's rules against panicking and
@@ -30,12 +33,14 @@
 )]
 
 mod journal;
+mod protocol;
 mod records;
 mod runlog;
 pub mod seeds;
 mod store;
 
 pub use journal::{journal_replay, journal_segment};
+pub use protocol::protocol_request;
 pub use records::recovery_input;
 pub use runlog::runlog_lines;
 pub use store::{credential_plaintext, index_json};
@@ -46,7 +51,8 @@ pub use store::{credential_plaintext, index_json};
 pub type Target = fn(&[u8]) -> bool;
 
 /// Every target by name, as the corpus directories and the afl harness name them.
-pub const TARGETS: [(&str, Target); 6] = [
+pub const TARGETS: [(&str, Target); 7] = [
+    ("protocol", protocol_request),
     ("journal_segment", journal_segment),
     ("journal_replay", journal_replay),
     ("index_json", index_json),
