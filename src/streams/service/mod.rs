@@ -222,7 +222,8 @@ impl Streams {
     }
 
     /// [`Streams::settle`] without waiting: `done` gets the answer when the record is durable,
-    /// on the journal's committer thread (so it must not block), or at once if it already is.
+    /// on the thread that commits the journal (so it must not block), or at once if it already
+    /// is.
     pub fn settle_then(
         self: &Arc<Self>,
         t: Ticket,
