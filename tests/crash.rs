@@ -713,6 +713,84 @@ fn apply(model: &Model, flight: &Option<Flight>, committed: bool) -> Model {
 // 1. Crash at every injected step
 // ---------------------------------------------------------------------------------------------
 
+/// One crash point, as a restart finds it: a copy of the template, the operation crashed before
+/// its step `k` (that step and every later one refused), then — with `power` — everything not
+/// made durable lost (`Faults::lose_power`), the store reopened and checked against the model
+/// (every acknowledged write there, the interrupted one old or new, nothing torn, the index
+/// consistent). Returns what the reopened store holds of the interrupted write.
+struct Point {
+    env: Env,
+    store: CredentialStore,
+    model: Model,
+    flight: Option<Flight>,
+    acked: bool,
+    observed: Option<Seen>,
+}
+
+/// An operation under test: the template it starts from and the steps it takes.
+struct Subject<'a> {
+    op: WriteOp,
+    template: &'a Env,
+    model0: &'a Model,
+    steps: &'a [Op],
+}
+
+fn crash_point(sub: &Subject<'_>, k: usize, power: bool, t: &mut Tally, ctx: &str) -> Point {
+    let Subject {
+        op,
+        template,
+        model0,
+        steps,
+    } = *sub;
+    let env = template.copy();
+    let faults = Faults::recorder();
+    let store = env.open_with(&faults).unwrap();
+    let mut model = model0.clone();
+    prepare(op, &store, &faults, &mut model);
+    if power {
+        faults.record_power(&env.root);
+    }
+    let start = faults.log().len();
+    faults.arm(None, k as u64, FaultMode::Crash);
+    let (res, flight) = run_op(op, &store, &model);
+    let seen_log = faults.log()[start..].to_vec();
+    if !faults.crashed() || seen_log.get(..k) != steps.get(..k) {
+        t.bad(
+            V::Other,
+            ctx,
+            format!("crash not injected where intended: {seen_log:?}"),
+        );
+    }
+    let acked = res.is_ok();
+    drop(store);
+    if power {
+        faults
+            .lose_power(&env.root)
+            .unwrap_or_else(|e| panic!("{ctx}: restoring the durable image: {e}"));
+    }
+    let store = env.open();
+    let allowed = match &flight {
+        Some(f) if acked => vec![f.new.clone()],
+        Some(f) => vec![f.old.clone(), f.new.clone()],
+        None => Vec::new(),
+    };
+    let ex = Expect {
+        fixed: &model,
+        inflight: flight.as_ref().map(|f| (f.id.as_str(), allowed)),
+        quarantine: 0,
+        allow_old_key: op == WriteOp::Rotate,
+    };
+    let observed = check_reopened(&env, &store, &ex, t, ctx);
+    Point {
+        env,
+        store,
+        model,
+        flight,
+        acked,
+        observed,
+    }
+}
+
 #[test]
 fn crash_at_every_step() {
     let started = Instant::now();
@@ -724,6 +802,12 @@ fn crash_at_every_step() {
         let (template, model0) = template();
         let log = learn_steps(op, &template, &model0);
         let commit = op.commit_step(&log);
+        let subject = Subject {
+            op,
+            template: &template,
+            model0: &model0,
+            steps: &log,
+        };
         for k in 1..=log.len() {
             let ctx = format!(
                 "{} crash at step {k}/{} ({:?})",
@@ -731,42 +815,11 @@ fn crash_at_every_step() {
                 log.len(),
                 log[k - 1]
             );
-            let env = template.copy();
-            let faults = Faults::recorder();
-            let store = env.open_with(&faults).unwrap();
-            let mut model = model0.clone();
-            prepare(op, &store, &faults, &mut model);
-            let start = faults.log().len();
-            faults.arm(None, k as u64, FaultMode::Crash);
-            let (res, flight) = run_op(op, &store, &model);
-            let seen_log = faults.log()[start..].to_vec();
-            if !faults.crashed() || seen_log.get(..k) != log.get(..k) {
-                t.bad(
-                    V::Other,
-                    &ctx,
-                    format!("crash not injected where intended: {seen_log:?}"),
-                );
-            }
-            let acked = res.is_ok();
-            acked_before_crash += usize::from(acked);
-            drop(store);
-
-            // Restart.
-            let store = env.open();
-            let allowed = match &flight {
-                Some(f) if acked => vec![f.new.clone()],
-                Some(f) => vec![f.old.clone(), f.new.clone()],
-                None => Vec::new(),
-            };
-            let ex = Expect {
-                fixed: &model,
-                inflight: flight.as_ref().map(|f| (f.id.as_str(), allowed)),
-                quarantine: 0,
-                allow_old_key: op == WriteOp::Rotate,
-            };
-            let observed = check_reopened(&env, &store, &ex, &mut t, &ctx);
+            let p = crash_point(&subject, k, false, &mut t, &ctx);
+            acked_before_crash += usize::from(p.acked);
+            let (flight, observed) = (&p.flight, &p.observed);
             // Without power loss a crash after the commit step shows the new state.
-            if let (Some(f), Some(c), Some(seen)) = (&flight, commit, &observed) {
+            if let (Some(f), Some(c), Some(seen)) = (flight, commit, observed) {
                 let want = if k <= c { &f.old } else { &f.new };
                 if seen.state().as_ref() != Some(want) {
                     t.bad(
@@ -781,7 +834,7 @@ fn crash_at_every_step() {
                 }
             }
             if op == WriteOp::Rotate {
-                finish_rotation(&env, store, &model, &mut t, &ctx);
+                finish_rotation(&p.env, p.store, &p.model, &mut t, &ctx);
             }
             total_points += 1;
         }
@@ -819,6 +872,12 @@ fn power_loss_at_every_step() {
     for op in ALL_OPS {
         let (template, model0) = template();
         let log = learn_steps(op, &template, &model0);
+        let subject = Subject {
+            op,
+            template: &template,
+            model0: &model0,
+            steps: &log,
+        };
         // The write is durable once the directory holding its rename or unlink is synced.
         let durable_at = op.commit_step(&log).and_then(|c| {
             log[c..]
@@ -833,35 +892,10 @@ fn power_loss_at_every_step() {
                 log.len(),
                 log[k - 1]
             );
-            let env = template.copy();
-            let faults = Faults::recorder();
-            let store = env.open_with(&faults).unwrap();
-            let mut model = model0.clone();
-            prepare(op, &store, &faults, &mut model);
-            faults.record_power(&env.root);
-            faults.arm(None, k as u64, FaultMode::Crash);
-            let (res, flight) = run_op(op, &store, &model);
-            let acked = res.is_ok();
-            acked_before_crash += usize::from(acked);
-            drop(store);
-            faults
-                .lose_power(&env.root)
-                .unwrap_or_else(|e| panic!("{ctx}: restoring the durable image: {e}"));
-
-            let store = env.open();
-            let allowed = match &flight {
-                Some(f) if acked => vec![f.new.clone()],
-                Some(f) => vec![f.old.clone(), f.new.clone()],
-                None => Vec::new(),
-            };
-            let ex = Expect {
-                fixed: &model,
-                inflight: flight.as_ref().map(|f| (f.id.as_str(), allowed)),
-                quarantine: 0,
-                allow_old_key: op == WriteOp::Rotate,
-            };
-            let observed = check_reopened(&env, &store, &ex, &mut t, &ctx);
-            if let (Some(f), Some(seen)) = (&flight, &observed) {
+            let p = crash_point(&subject, k, true, &mut t, &ctx);
+            acked_before_crash += usize::from(p.acked);
+            let (flight, observed) = (&p.flight, &p.observed);
+            if let (Some(f), Some(seen)) = (flight, observed) {
                 let durable = durable_at.is_some_and(|d| k > d);
                 let want = if durable { &f.new } else { &f.old };
                 if seen.state().as_ref() != Some(want) {
@@ -880,7 +914,7 @@ fn power_loss_at_every_step() {
                 }
             }
             if op == WriteOp::Rotate {
-                finish_rotation(&env, store, &model, &mut t, &ctx);
+                finish_rotation(&p.env, p.store, &p.model, &mut t, &ctx);
             }
             total_points += 1;
         }

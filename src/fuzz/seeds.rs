@@ -7,7 +7,6 @@ use std::fs;
 use std::sync::Arc;
 
 use serde_json::{json, Value};
-use zeroize::Zeroizing;
 
 use super::runlog::Scratch;
 use crate::crypto::{generate_key, Keyring, Secret};
@@ -17,23 +16,7 @@ use crate::durable::Faults;
 use crate::runlog::RunLog;
 use crate::store::index::Index;
 use crate::store::Credential;
-use crate::streams::{SealError, Sealer, Streams, StreamsConfig};
-
-struct KeySealer(Keyring);
-
-impl Sealer for KeySealer {
-    fn seal(&self, plaintext: &[u8]) -> Result<Vec<u8>, SealError> {
-        Ok(self.0.encrypt(plaintext).into_bytes())
-    }
-    fn open(&self, sealed: &[u8]) -> Result<Zeroizing<Vec<u8>>, SealError> {
-        let token = std::str::from_utf8(sealed).map_err(|e| SealError::Open(e.into()))?;
-        let (plain, _) = self
-            .0
-            .decrypt(token)
-            .map_err(|e| SealError::Open(e.into()))?;
-        Ok(Zeroizing::new(plain.expose().to_vec()))
-    }
-}
+use crate::streams::{KeyringSealer, Sealer, Streams, StreamsConfig};
 
 /// Every target's seeds: (target, seed name, bytes).
 pub fn all() -> Vec<(&'static str, String, Vec<u8>)> {
@@ -95,7 +78,7 @@ pub fn all() -> Vec<(&'static str, String, Vec<u8>)> {
 fn stream_records() -> Vec<Vec<u8>> {
     let dir = Scratch::new();
     let keys = Keyring::new(&generate_key(), &[]).expect("a fresh key");
-    let sealer: Arc<dyn Sealer> = Arc::new(KeySealer(keys));
+    let sealer: Arc<dyn Sealer> = Arc::new(KeyringSealer(keys));
     let (sd, rd) = (dir.0.join("streams"), dir.0.join("runs"));
     let config = StreamsConfig {
         durability: Durability::None,

@@ -30,7 +30,8 @@ pub use pg::PgStore;
 pub use run::{EventJson, Status};
 pub use service::{Export, ReplayedRun, Streams, StreamsConfig, Ticket};
 pub use store::{
-    dirs, has_data, FileStore, Head, Loaded, RunTail, SealError, Sealer, SharedStore, StreamStore,
+    dirs, has_data, FileStore, Head, KeyringSealer, Loaded, RunTail, SealError, Sealer,
+    SharedStore, StreamStore,
 };
 pub use tool_log::ToolLog;
 

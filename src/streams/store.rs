@@ -594,6 +594,24 @@ pub trait Sealer: Send + Sync {
     fn open(&self, sealed: &[u8]) -> Result<Zeroizing<Vec<u8>>, SealError>;
 }
 
+/// A [`Sealer`] holding its keys itself, not a store's: for tests and the fuzz targets' seeds,
+/// whose streams are sealed with a key made for them.
+pub struct KeyringSealer(pub crate::crypto::Keyring);
+
+impl Sealer for KeyringSealer {
+    fn seal(&self, plaintext: &[u8]) -> Result<Vec<u8>, SealError> {
+        Ok(self.0.encrypt(plaintext).into_bytes())
+    }
+    fn open(&self, sealed: &[u8]) -> Result<Zeroizing<Vec<u8>>, SealError> {
+        let token = std::str::from_utf8(sealed).map_err(|e| SealError::Open(e.into()))?;
+        let (plain, _) = self
+            .0
+            .decrypt(token)
+            .map_err(|e| SealError::Open(e.into()))?;
+        Ok(Zeroizing::new(plain.expose().to_vec()))
+    }
+}
+
 /// Why a [`Sealer`] failed: the cause is the key holder's own error (the store's, the
 /// keyring's), kept as its source. Its message never holds the plaintext.
 #[derive(Debug, thiserror::Error)]

@@ -12,21 +12,7 @@ use crate::durable::fault::FaultMode;
 use crate::durable::Faults;
 use crate::error::ErrorKind;
 
-pub(super) struct TestSealer(pub(super) Keyring);
-
-impl Sealer for TestSealer {
-    fn seal(&self, plaintext: &[u8]) -> Result<Vec<u8>, SealError> {
-        Ok(self.0.encrypt(plaintext).into_bytes())
-    }
-    fn open(&self, sealed: &[u8]) -> Result<Zeroizing<Vec<u8>>, SealError> {
-        let token = std::str::from_utf8(sealed).map_err(|e| SealError::Open(e.into()))?;
-        let (plain, _) = self
-            .0
-            .decrypt(token)
-            .map_err(|e| SealError::Open(e.into()))?;
-        Ok(Zeroizing::new(plain.expose().to_vec()))
-    }
-}
+pub(super) use super::store::KeyringSealer as TestSealer;
 
 pub(super) struct Env {
     _dir: tempfile::TempDir,

@@ -56,18 +56,12 @@ pub(super) fn run(shared: Arc<Shared>) {
                 if shared.assisted.load(Ordering::SeqCst) && !q.closing {
                     // A worker about to park takes it (no hand-off): wait, and take it only
                     // if nothing was taken for the whole grace.
-                    let (seen, until) = (q.taken, Instant::now() + ASSIST_GRACE);
-                    while q.taken == seen && !q.closing {
-                        let left = until.saturating_duration_since(Instant::now());
-                        if left.is_zero() {
-                            break;
-                        }
-                        q = shared
-                            .wake
-                            .wait_timeout(q, left)
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .0;
-                    }
+                    let seen = q.taken;
+                    q = shared
+                        .wake
+                        .wait_timeout_while(q, ASSIST_GRACE, |q| q.taken == seen && !q.closing)
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0;
                     if q.taken != seen || q.pending.is_empty() {
                         continue;
                     }
@@ -116,19 +110,12 @@ pub(super) fn run(shared: Arc<Shared>) {
         // Group commit: with many appenders, let the rest of them join first.
         let want = c.last_batch;
         if want >= GATHER_MIN && q.pending.len() < want && !q.closing {
-            let until = Instant::now() + GATHER_WINDOW;
             q.want = want;
-            while q.pending.len() < want && !q.closing {
-                let left = until.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    break;
-                }
-                q = shared
-                    .wake
-                    .wait_timeout(q, left)
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .0;
-            }
+            q = shared
+                .wake
+                .wait_timeout_while(q, GATHER_WINDOW, |q| q.pending.len() < want && !q.closing)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
             q.want = 0;
         }
         let (roll, batch) = take_batch(&mut q, &mut c);

@@ -17,6 +17,17 @@ fn payloads(frames: &[Replayed]) -> Vec<String> {
         .collect()
 }
 
+/// Frames `"T:I"` from `threads` threads of `per` appends each: each thread's, in its order.
+fn assert_each_thread_in_order(frames: &[Replayed], threads: usize, per: usize) {
+    for t in 0..threads {
+        let mine: Vec<usize> = payloads(frames)
+            .iter()
+            .filter_map(|p| p.strip_prefix(&format!("{t}:")).map(|i| i.parse().unwrap()))
+            .collect();
+        assert_eq!(mine, (0..per).collect::<Vec<_>>(), "thread {t}");
+    }
+}
+
 fn segments(dir: &Path) -> Vec<u64> {
     let mut v: Vec<u64> = fs::read_dir(dir)
         .unwrap()
@@ -100,13 +111,7 @@ fn concurrent_appends_share_fsyncs() {
     let (_, frames, _) = open(&jd(&d));
     assert_eq!(frames.len(), threads * per);
     // Each thread's records are in its order.
-    for t in 0..threads {
-        let mine: Vec<usize> = payloads(&frames)
-            .iter()
-            .filter_map(|p| p.strip_prefix(&format!("{t}:")).map(|i| i.parse().unwrap()))
-            .collect();
-        assert_eq!(mine, (0..per).collect::<Vec<_>>());
-    }
+    assert_each_thread_in_order(&frames, threads, per);
 }
 
 /// Group commit gathers only while appenders keep coming: after a burst whose batches carried
@@ -417,13 +422,7 @@ fn concurrent_assisting_threads_lose_and_repeat_nothing() {
     drop(Arc::try_unwrap(j).unwrap());
     let (_, frames, _) = open(&jd(&d));
     assert_eq!(frames.len(), threads * per);
-    for t in 0..threads {
-        let mine: Vec<usize> = payloads(&frames)
-            .iter()
-            .filter_map(|p| p.strip_prefix(&format!("{t}:")).map(|i| i.parse().unwrap()))
-            .collect();
-        assert_eq!(mine, (0..per).collect::<Vec<_>>(), "thread {t}");
-    }
+    assert_each_thread_in_order(&frames, threads, per);
     println!(
         "assisted: {threads} threads x {per} appends, assisting at different rates: {appends} \
          acknowledged once, in order, in {syncs} fsyncs"
