@@ -535,3 +535,47 @@ fn segment_rotation_and_release_hold_at_every_crash_and_io_error_point() {
          segment's record kept; 0 temp files left"
     );
 }
+
+/// A failed fsync in a batch an assisting thread commits is what it is on the committer thread:
+/// the batch's appends fail, the journal is poisoned (later appends refused, never retried into
+/// success), and what was durable before replays after a reopen.
+#[test]
+fn a_failed_fsync_in_an_assisted_commit_fails_the_batch_and_poisons() {
+    let d = tempfile::tempdir().unwrap();
+    let faults = Faults::recorder();
+    let (j, _, _) = Journal::open(&jd(&d), Durability::Always, faults.clone()).unwrap();
+    j.set_assisted(true);
+    let first = j.append_promise(b"durable".to_vec());
+    j.assist(&|| false);
+    let (tx, rx) = std::sync::mpsc::channel();
+    first.then(move |r| {
+        let _ = tx.send(r.is_ok());
+    });
+    assert!(rx.recv().unwrap(), "the first append failed");
+    faults.arm(Some(Op::FsyncFile), 1, FaultMode::FailOnce(5));
+    let lost = j.append_promise(b"lost".to_vec());
+    j.assist(&|| false);
+    let (tx, rx) = std::sync::mpsc::channel();
+    lost.then(move |r| {
+        let _ = tx.send(r.map_err(|e| e.to_string()));
+    });
+    let err = rx
+        .try_recv()
+        .expect("not settled by the assisting thread")
+        .unwrap_err();
+    assert!(err.contains("refuses writes"), "{err}");
+    let later = j.append_promise(b"later".to_vec());
+    j.assist(&|| false);
+    let (tx, rx) = std::sync::mpsc::channel();
+    later.then(move |r| {
+        let _ = tx.send(r.is_err());
+    });
+    assert!(
+        rx.try_recv().unwrap(),
+        "an append after the failed fsync was accepted"
+    );
+    assert!(j.poisoned().is_some());
+    drop(j);
+    let (_, frames, _) = open(&jd(&d));
+    assert_eq!(payloads(&frames)[0], "durable");
+}
