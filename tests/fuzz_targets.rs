@@ -12,8 +12,8 @@
 //!    truncation — `HOLDFAST_FUZZ_TARGET_ITERS` times per target (default 10,000; the run-log
 //!    target, which reads real files, a tenth of that).
 //!
-//! An input that breaks an invariant (a panic in the target: the model disagreed, or the
-//! reader itself panicked) is written to `tests/corpus/<target>/crash-<sha256[..16]>`, so every
+//! An input that breaks an invariant (`Fault::Broken`: the model disagreed; or a reader
+//! panicked) is written to `tests/corpus/<target>/crash-<sha256[..16]>`, so every
 //! later run replays it, and the test fails naming it.
 // Test code: fixtures are made directly, and a panic is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use holdfast::fuzz::{seeds, Target, TARGETS};
+use holdfast::fuzz::{seeds, Fault, Target, TARGETS};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
@@ -279,10 +279,25 @@ fn edit(v: &mut Value, target: usize, seen: &mut usize, op: usize, with: Value, 
     }
 }
 
-/// Run `f` on `input`: whether it reached the target's deepest checks, or the panic's message.
-fn run(f: Target, input: &[u8], last_panic: &Arc<Mutex<String>>) -> Result<bool, String> {
+/// What one input did.
+enum Ran {
+    /// Nothing broke; whether it reached the target's deepest checks.
+    Reached(bool),
+    /// An invariant broke, or a reader panicked: a finding.
+    Broken(String),
+    /// The target could not set itself up: the machine's fault, not a finding.
+    Setup(String),
+}
+
+/// Run `f` on `input`, catching a reader's panic as a finding.
+fn run(f: Target, input: &[u8], last_panic: &Arc<Mutex<String>>) -> Ran {
     last_panic.lock().unwrap().clear();
-    catch_unwind(AssertUnwindSafe(|| f(input))).map_err(|_| last_panic.lock().unwrap().clone())
+    match catch_unwind(AssertUnwindSafe(|| f(input))) {
+        Ok(Ok(reached)) => Ran::Reached(reached),
+        Ok(Err(Fault::Broken(why))) => Ran::Broken(why),
+        Ok(Err(Fault::Setup(why))) => Ran::Setup(why),
+        Err(_) => Ran::Broken(format!("panicked: {}", last_panic.lock().unwrap())),
+    }
 }
 
 fn save_crash(target: &str, input: &[u8]) -> PathBuf {
@@ -333,8 +348,9 @@ fn fuzz_every_target() {
         let mut deep = 0;
         for (name, input) in &files {
             match run(f, input, &last_panic) {
-                Ok(reached) => deep += usize::from(reached),
-                Err(why) => failures.push(format!("{target}: corpus file {name}: {why}")),
+                Ran::Reached(reached) => deep += usize::from(reached),
+                Ran::Broken(why) => failures.push(format!("{target}: corpus file {name}: {why}")),
+                Ran::Setup(why) => failures.push(format!("{target}: could not set up: {why}")),
             }
         }
         let corpus_deep = deep;
@@ -354,8 +370,12 @@ fn fuzz_every_target() {
                 .flatten()
                 .unwrap_or_else(|| mutate(&mut rng, base, &inputs, dictionary(target)));
             match run(f, &input, &last_panic) {
-                Ok(reached) => deep += usize::from(reached),
-                Err(why) => {
+                Ran::Reached(reached) => deep += usize::from(reached),
+                Ran::Setup(why) => {
+                    failures.push(format!("{target}: could not set up: {why}"));
+                    break;
+                }
+                Ran::Broken(why) => {
                     let path = save_crash(target, &input);
                     failures.push(format!("{target}: {} ({why})", path.display()));
                     found += 1;
@@ -394,7 +414,7 @@ fn fuzz_every_target() {
 #[test]
 #[ignore = "writes the seed corpora; run by hand"]
 fn write_seed_corpora() {
-    for (target, name, bytes) in seeds::all() {
+    for (target, name, bytes) in seeds::all().unwrap() {
         let dir = corpus_dir(target);
         fs::create_dir_all(&dir).unwrap();
         fs::write(dir.join(format!("seed-{name}")), bytes).unwrap();

@@ -9,7 +9,16 @@ fn main() {
         eprintln!("usage: holdfast-fuzz TARGET (one of: {})", names.join(", "));
         std::process::exit(2);
     };
+    // A broken invariant is a crash to AFL++ (it keeps the input); a target that cannot set
+    // itself up says so and stops the run instead of reporting the machine as a finding.
     afl::fuzz!(|data: &[u8]| {
-        let _ = target(data);
+        match target(data) {
+            Ok(_) => {}
+            Err(holdfast::fuzz::Fault::Broken(why)) => panic!("invariant broken: {why}"),
+            Err(holdfast::fuzz::Fault::Setup(why)) => {
+                eprintln!("holdfast-fuzz: {name}: could not set up: {why}");
+                std::process::exit(2);
+            }
+        }
     });
 }

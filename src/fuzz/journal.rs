@@ -1,5 +1,6 @@
 //! The stream journal's readers: the segment scan, and records replayed into runs.
 
+use super::{OrFault, Outcome};
 use crate::durable::journal::format::{frame_crc, header, FRAME_HEADER, HEADER_BYTES, TORN_WINDOW};
 use crate::durable::journal::{scan_segment, ScannedTail, MAX_PAYLOAD};
 use crate::streams::record::Record;
@@ -24,9 +25,9 @@ fn frame_at(bytes: &[u8], off: usize) -> Option<usize> {
 /// up to the tail, and the tail is what the bytes past it say — zeros (clean), a bad frame
 /// with only zeros past one write's reach (torn: cutting it as replay does leaves a clean
 /// segment with the same frames), or a bad frame with data further on (corrupt).
-pub fn journal_segment(data: &[u8]) -> bool {
+pub fn journal_segment(data: &[u8]) -> Outcome {
     let Some((&shape, rest)) = data.split_first() else {
-        return false;
+        return Ok(false);
     };
     let bytes: Vec<u8> = if shape % 2 == 0 {
         header(SEGMENT).iter().chain(rest).copied().collect()
@@ -37,23 +38,23 @@ pub fn journal_segment(data: &[u8]) -> bool {
     let scanned = scan_segment(SEGMENT, &bytes);
     let good_header = bytes.len() >= hb && bytes[..hb] == header(SEGMENT);
     let Some((frames, tail)) = scanned else {
-        assert!(!good_header, "a valid header was refused");
-        return false;
+        check!(!good_header, "a valid header was refused");
+        return Ok(false);
     };
-    assert!(good_header, "a segment without its header was read");
+    check!(good_header, "a segment without its header was read");
     let mut off = hb;
     let mut rebuilt = header(SEGMENT).to_vec();
     for f in &frames {
-        assert_eq!(f.pos.segment, SEGMENT);
-        assert_eq!(f.pos.offset, off as u64, "frames not back to back");
-        let len = frame_at(&bytes, off).expect("a frame returned that does not validate");
-        assert_eq!(len, f.payload.len());
+        check_eq!(f.pos.segment, SEGMENT);
+        check_eq!(f.pos.offset, off as u64, "frames not back to back");
+        let len = frame_at(&bytes, off).broken("a frame returned that does not validate")?;
+        check_eq!(len, f.payload.len());
         rebuilt.extend_from_slice(&(len as u32).to_le_bytes());
         rebuilt.extend_from_slice(&frame_crc(SEGMENT, &f.payload).to_le_bytes());
         rebuilt.extend_from_slice(&f.payload);
         off += FRAME_HEADER + len;
     }
-    assert_eq!(
+    check_eq!(
         rebuilt[..],
         bytes[..off],
         "the frames rebuilt are not the bytes read"
@@ -61,50 +62,50 @@ pub fn journal_segment(data: &[u8]) -> bool {
     let zero_from = |from: usize| bytes.get(from..).is_none_or(|r| r.iter().all(|&b| b == 0));
     match tail {
         ScannedTail::Clean(at) => {
-            assert_eq!(at, off as u64, "clean tail not after the last frame");
-            assert!(
+            check_eq!(at, off as u64, "clean tail not after the last frame");
+            check!(
                 off + FRAME_HEADER > bytes.len() || zero_from(off),
                 "data after a clean tail"
             );
         }
         ScannedTail::Torn(at) | ScannedTail::Corrupt(at) => {
-            assert_eq!(at, off as u64, "bad frame not after the last good one");
-            assert!(frame_at(&bytes, off).is_none(), "a valid frame called bad");
-            assert!(
+            check_eq!(at, off as u64, "bad frame not after the last good one");
+            check!(frame_at(&bytes, off).is_none(), "a valid frame called bad");
+            check!(
                 off + FRAME_HEADER <= bytes.len() && !zero_from(off),
                 "a bad tail made of zeros"
             );
             let past = off.saturating_add(TORN_WINDOW);
             if matches!(tail, ScannedTail::Torn(_)) {
-                assert!(zero_from(past), "torn, yet data past one write's reach");
+                check!(zero_from(past), "torn, yet data past one write's reach");
                 // Replay cuts it: zeros up to its last non-zero byte. Then it reads clean.
                 let mut cut = bytes.clone();
                 for b in &mut cut[off..] {
                     *b = 0;
                 }
-                let (again, t) = scan_segment(SEGMENT, &cut).expect("header");
-                assert_eq!(
+                let (again, t) = scan_segment(SEGMENT, &cut).broken("header")?;
+                check_eq!(
                     again.len(),
                     frames.len(),
                     "cutting the torn tail lost frames"
                 );
-                assert_eq!(t, ScannedTail::Clean(off as u64));
+                check_eq!(t, ScannedTail::Clean(off as u64));
             } else {
-                assert!(
+                check!(
                     !zero_from(past),
                     "corrupt, yet only zeros past one write's reach"
                 );
             }
         }
     }
-    !frames.is_empty()
+    Ok(!frames.is_empty())
 }
 
 /// Records as replay reads them, one JSON per line, replayed into runs from nothing. Checked:
 /// a record that decodes encodes to JSON that decodes to the same encoding (what is written
 /// is what replay reads); replay never panics; every run no snapshot record touched holds
 /// its events in seq order, each seq once, all below its `next_seq`.
-pub fn journal_replay(data: &[u8]) -> bool {
+pub fn journal_replay(data: &[u8]) -> Outcome {
     let mut records = Vec::new();
     let mut snapshotted = std::collections::HashSet::new();
     for line in data.split(|&b| b == b'\n') {
@@ -112,8 +113,8 @@ pub fn journal_replay(data: &[u8]) -> bool {
             continue;
         };
         let json = rec.encode();
-        let again = Record::decode(&json).expect("an encoded record does not decode");
-        assert_eq!(
+        let again = Record::decode(&json).broken("an encoded record does not decode")?;
+        check_eq!(
             again.encode(),
             json,
             "decode(encode(r)) encodes differently"
@@ -132,19 +133,19 @@ pub fn journal_replay(data: &[u8]) -> bool {
         }
         let mut last = 0;
         for (seq, json) in &run.events {
-            assert!(*seq > last, "run {:?}: seq {seq} after {last}", run.run_id);
-            assert!(
+            check!(*seq > last, "run {:?}: seq {seq} after {last}", run.run_id);
+            check!(
                 *seq < run.next_seq,
                 "run {:?}: event seq {seq} at or past next_seq {}",
                 run.run_id,
                 run.next_seq
             );
-            assert!(
+            check!(
                 serde_json::from_str::<serde_json::Value>(json).is_ok(),
                 "an event that is not JSON"
             );
             last = *seq;
         }
     }
-    decoded
+    Ok(decoded)
 }

@@ -1,6 +1,8 @@
 //! Fuzz targets: each reader of untrusted bytes, driven through the code the daemon runs and
-//! checked against a model written apart from it. A target takes any bytes and panics (with
-//! what broke) only when an invariant does; it must never panic otherwise, whatever the bytes.
+//! checked against a model written apart from it. A target takes any bytes and returns
+//! [`Fault::Broken`] (with what broke) only when an invariant does, [`Fault::Setup`] when the
+//! machine fails it (a scratch directory it cannot write); a panic inside a reader is a finding
+//! too, caught by the harness.
 //!
 //! The same functions are driven two ways: `tests/fuzz_targets.rs` replays each target's seed
 //! corpus (`tests/corpus/<target>/`) and a deterministic mutation run in every `cargo test`,
@@ -22,15 +24,89 @@
 //! real socket, is `tests/fuzz_protocol.rs` (its corpus, `tests/corpus/protocol/`, is this
 //! target's too).
 
-// A target's job is to panic when an invariant breaks (that is the finding), and its scratch
-// directories are test fixtures, not store files: the crate's rules against panicking and
-// against creating directories outside `durable/` do not apply here.
-#![allow(
-    clippy::expect_used,
-    clippy::unwrap_used,
-    clippy::panic,
-    clippy::disallowed_methods
-)]
+// A target's scratch directories are test fixtures, not store files: the rule that only
+// `durable/` creates and writes files does not apply here.
+#![allow(clippy::disallowed_methods)]
+
+use std::fmt::Display;
+
+/// Why a target stopped short of `Ok`.
+#[derive(Debug)]
+pub enum Fault {
+    /// An invariant broke: the reader disagreed with its model. The finding (the harness keeps
+    /// the input in the target's corpus).
+    Broken(String),
+    /// The target could not set itself up (a scratch file or directory): the machine's doing,
+    /// not the reader's. Reported, the input not kept.
+    Setup(String),
+}
+
+impl std::fmt::Display for Fault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Fault::Broken(m) => write!(f, "invariant broken: {m}"),
+            Fault::Setup(m) => write!(f, "could not set up: {m}"),
+        }
+    }
+}
+
+/// A target's result: whether the input reached its deepest checks.
+pub type Outcome = Result<bool, Fault>;
+
+/// `Err(Fault::Broken(..))` out of the target unless `cond` holds.
+macro_rules! check {
+    ($cond:expr, $($fmt:tt)+) => {
+        if !($cond) {
+            return Err($crate::fuzz::Fault::Broken(format!($($fmt)+)));
+        }
+    };
+}
+
+/// [`check!`] that two values are equal, both shown when they are not.
+macro_rules! check_eq {
+    ($a:expr, $b:expr $(,)?) => {
+        check_eq!($a, $b, "{} == {}", stringify!($a), stringify!($b))
+    };
+    ($a:expr, $b:expr, $($fmt:tt)+) => {
+        match (&$a, &$b) {
+            (a, b) => {
+                if a != b {
+                    return Err($crate::fuzz::Fault::Broken(format!(
+                        "{}: {:?} != {:?}",
+                        format_args!($($fmt)+),
+                        a,
+                        b
+                    )));
+                }
+            }
+        }
+    };
+}
+
+/// `None` or `Err` as a [`Fault`]: [`OrFault::broken`] where the model says it cannot happen,
+/// [`OrFault::setup`] where only the machine can make it happen.
+pub(crate) trait OrFault<T> {
+    fn broken(self, what: &str) -> Result<T, Fault>;
+    fn setup(self, what: &str) -> Result<T, Fault>;
+}
+
+impl<T> OrFault<T> for Option<T> {
+    fn broken(self, what: &str) -> Result<T, Fault> {
+        self.ok_or_else(|| Fault::Broken(what.to_owned()))
+    }
+    fn setup(self, what: &str) -> Result<T, Fault> {
+        self.ok_or_else(|| Fault::Setup(what.to_owned()))
+    }
+}
+
+impl<T, E: Display> OrFault<T> for Result<T, E> {
+    fn broken(self, what: &str) -> Result<T, Fault> {
+        self.map_err(|e| Fault::Broken(format!("{what}: {e}")))
+    }
+    fn setup(self, what: &str) -> Result<T, Fault> {
+        self.map_err(|e| Fault::Setup(format!("{what}: {e}")))
+    }
+}
 
 mod journal;
 mod protocol;
@@ -45,10 +121,10 @@ pub use records::recovery_input;
 pub use runlog::runlog_lines;
 pub use store::{credential_plaintext, index_json};
 
-/// A target: any bytes in; `true` when they reached its deepest checks (a segment with
+/// A target: any bytes in; `Ok(true)` when they reached its deepest checks (a segment with
 /// frames, records that decode, a usable index or credential, a planned input, a run with
 /// nodes) — how deep a corpus or a mutation run gets, reported beside its executions.
-pub type Target = fn(&[u8]) -> bool;
+pub type Target = fn(&[u8]) -> Outcome;
 
 /// Every target by name, as the corpus directories and the afl harness name them.
 pub const TARGETS: [(&str, Target); 7] = [

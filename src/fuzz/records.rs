@@ -1,6 +1,7 @@
 //! The recovery planner's input (`holdfast recovery plan`'s stdin, `stream.interrupt`'s
 //! cause) and the planner.
 
+use super::Outcome;
 use serde_json::Value;
 
 use crate::recovery::{self, CauseClass, PlanKind};
@@ -17,15 +18,15 @@ const NOW_MS: u64 = 1_800_000_000_000;
 /// continue from the text; a retry waits at least the Retry-After hint (capped by the
 /// policy); the same unfinished tool at the threshold of a streak gets `split_tool_call`; the
 /// same input plans the same (jitter fixed by the input).
-pub fn recovery_input(data: &[u8]) -> bool {
+pub fn recovery_input(data: &[u8]) -> Outcome {
     let Ok(v) = serde_json::from_slice::<Value>(data) else {
-        return false;
+        return Ok(false);
     };
     let Ok(input) = recovery::input_from_json(&v, NOW_MS) else {
-        return false;
+        return Ok(false);
     };
     let plan = recovery::plan(&input);
-    assert_eq!(
+    check_eq!(
         recovery::plan(&input).to_json(),
         plan.to_json(),
         "the same input planned twice differently"
@@ -47,13 +48,13 @@ pub fn recovery_input(data: &[u8]) -> bool {
         .map(|c| c.id.as_str())
         .collect();
     let cancelled: Vec<&str> = plan.cancelled.iter().map(|c| c.id.as_str()).collect();
-    assert_eq!(cancelled, unfinished, "the cancelled calls");
+    check_eq!(cancelled, unfinished, "the cancelled calls");
     let cancel_events: Vec<&Value> = plan
         .events
         .iter()
         .filter(|e| e["type"] == "tool_call_cancel")
         .collect();
-    assert_eq!(
+    check_eq!(
         cancel_events
             .iter()
             .map(|e| e["id"].as_str().unwrap_or("?"))
@@ -71,13 +72,13 @@ pub fn recovery_input(data: &[u8]) -> bool {
     let must_fail = plan.class == CauseClass::Permanent
         || input.stale.as_ref().is_some_and(|s| s.fail)
         || used >= budget;
-    assert_eq!(
+    check_eq!(
         plan.plan == PlanKind::Fail,
         must_fail,
         "fail exactly when the cause is permanent, a stale checkpoint asks it, or the budget is spent"
     );
     if must_fail {
-        return true;
+        return Ok(true);
     }
     let has_text = !input.text.is_empty();
     let want = if input.stale.is_some() {
@@ -91,33 +92,34 @@ pub fn recovery_input(data: &[u8]) -> bool {
     } else {
         PlanKind::R4
     };
-    assert_eq!(plan.plan, want, "the plan");
+    check_eq!(plan.plan, want, "the plan");
     let hint = input
         .retry_after
         .map_or(0, |d| (d.as_millis() as u64).min(p.max_retry_after_ms));
     match want {
         PlanKind::R2 => {
             let got: Vec<&str> = plan.completed.iter().map(|c| c.id.as_str()).collect();
-            assert_eq!(got, done, "R2's completed calls");
-            assert_eq!(plan.wait_ms, 0, "R2 sends no request, so waits for none");
+            check_eq!(got, done, "R2's completed calls");
+            check_eq!(plan.wait_ms, 0, "R2 sends no request, so waits for none");
         }
         PlanKind::R1 | PlanKind::R3 => {
-            assert_eq!(
-                plan.assistant_prefix, input.text,
+            check_eq!(
+                plan.assistant_prefix,
+                input.text,
                 "the prefix is the whole text"
             );
-            assert!(plan.wait_ms >= hint, "Retry-After not honoured");
+            check!(plan.wait_ms >= hint, "Retry-After not honoured");
         }
         PlanKind::R4 => {
-            assert!(
+            check!(
                 plan.assistant_prefix.is_empty(),
                 "R4 continues from nothing"
             );
-            assert!(
+            check!(
                 plan.events.iter().any(|e| e["type"] == "stream_reset"),
                 "R4 without stream_reset"
             );
-            assert!(plan.wait_ms >= hint, "Retry-After not honoured");
+            check!(plan.wait_ms >= hint, "Retry-After not honoured");
         }
         PlanKind::Fail => unreachable!("returned above"),
     }
@@ -135,11 +137,11 @@ pub fn recovery_input(data: &[u8]) -> bool {
             .take_while(|t| t.as_deref() == Some(tool))
             .count();
         let split = plan.hints.iter().any(|h| h["kind"] == "split_tool_call");
-        assert_eq!(
+        check_eq!(
             split,
             streak >= p.stall_threshold as usize,
             "the split_tool_call hint at a streak of {streak}"
         );
     }
-    true
+    Ok(true)
 }

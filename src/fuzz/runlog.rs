@@ -1,6 +1,7 @@
 //! A run log's file reader: what a crashed, racy or foreign writer (hive's own logger) may
 //! leave in `details.jsonl`.
 
+use super::{OrFault, Outcome};
 use std::fs;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,35 +16,34 @@ use crate::runlog::RunLog;
 /// newline, and a torn tail is counted once with its length exactly when there was one;
 /// every complete line is counted once — a node, a bad line or a superseded duplicate; a
 /// second reader finds the same nodes and nothing more to cut.
-pub fn runlog_lines(data: &[u8]) -> bool {
+pub fn runlog_lines(data: &[u8]) -> Outcome {
     let dir = Scratch::new();
     let run_dir = dir.0.join("fuzz-run");
     let file = run_dir.join("details.jsonl");
-    if fs::create_dir_all(&run_dir).is_err() || fs::write(&file, data).is_err() {
-        return false;
-    }
-    if let Ok(f) = fs::File::options().write(true).open(&file) {
-        let _ = f.set_modified(SystemTime::now() - Duration::from_secs(3600));
-    }
-    let log = RunLog::open(&dir.0, Faults::none()).expect("opening a run log directory");
-    let run = log
-        .get("fuzz-run")
-        .unwrap_or_else(|e| panic!("reading the run failed: {e}"));
+    fs::create_dir_all(&run_dir).setup("creating the run's directory")?;
+    fs::write(&file, data).setup("writing details.jsonl")?;
+    fs::File::options()
+        .write(true)
+        .open(&file)
+        .and_then(|f| f.set_modified(SystemTime::now() - Duration::from_secs(3600)))
+        .setup("dating details.jsonl an hour back")?;
+    let log = RunLog::open(&dir.0, Faults::none()).setup("opening a run log directory")?;
+    let run = log.get("fuzz-run").broken("reading the run failed")?;
     let complete = data.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
-    let after = fs::read(&file).expect("the file is gone");
-    assert_eq!(
+    let after = fs::read(&file).setup("the file is gone")?;
+    check_eq!(
         after,
         data[..complete],
         "the read changed more than a torn tail"
     );
     let report = &run["report"];
     let torn = data.len() - complete;
-    assert_eq!(
+    check_eq!(
         report["torn_tails_cut"].as_u64(),
         Some(u64::from(torn > 0)),
         "torn tails counted"
     );
-    assert_eq!(
+    check_eq!(
         report["torn_bytes"].as_u64(),
         Some(torn as u64),
         "torn bytes counted"
@@ -52,29 +52,30 @@ pub fn runlog_lines(data: &[u8]) -> bool {
         .split(|&b| b == b'\n')
         .filter(|l| !l.iter().all(u8::is_ascii_whitespace))
         .count() as u64;
-    let nodes = run["nodes"].as_u64().expect("a node count");
-    let bad = report["bad_lines"].as_u64().expect("bad lines");
-    let duplicates = report["duplicate_lines"].as_u64().expect("duplicates");
-    assert_eq!(
+    let nodes = run["nodes"].as_u64().broken("a node count")?;
+    let bad = report["bad_lines"].as_u64().broken("bad lines")?;
+    let duplicates = report["duplicate_lines"].as_u64().broken("duplicates")?;
+    check_eq!(
         nodes + bad + duplicates,
         lines,
         "{lines} lines: {nodes} nodes, {bad} bad, {duplicates} duplicates"
     );
     drop(log);
     let again = RunLog::open(&dir.0, Faults::none())
-        .expect("reopening")
+        .setup("reopening")?
         .get("fuzz-run")
-        .expect("reading again");
-    assert_eq!(
-        again["nodes"], run["nodes"],
+        .broken("reading again")?;
+    check_eq!(
+        again["nodes"],
+        run["nodes"],
         "a second reader sees other nodes"
     );
-    assert_eq!(
+    check_eq!(
         again["report"]["torn_tails_cut"].as_u64(),
         Some(0),
         "cut twice"
     );
-    nodes > 0
+    Ok(nodes > 0)
 }
 
 /// A directory of its own under the system's temp dir, removed when dropped.

@@ -18,10 +18,16 @@ use crate::store::index::Index;
 use crate::store::Credential;
 use crate::streams::{KeyringSealer, Sealer, Streams, StreamsConfig};
 
-/// Every target's seeds: (target, seed name, bytes).
-pub fn all() -> Vec<(&'static str, String, Vec<u8>)> {
+/// One seed: its target, its name, its bytes.
+pub type Seed = (&'static str, String, Vec<u8>);
+
+/// Every target's seeds, or what failed while making them.
+pub fn all() -> Result<Vec<Seed>, String> {
     let mut out = Vec::new();
-    let records = stream_records();
+    let records = stream_records()?;
+    if records.is_empty() {
+        return Err("the stream run left no record in its journal".into());
+    }
     out.push((
         "journal_replay",
         "whole-run".to_owned(),
@@ -69,15 +75,20 @@ pub fn all() -> Vec<(&'static str, String, Vec<u8>)> {
             input.to_string().into_bytes(),
         ));
     }
-    out.push(("runlog_lines", "hive-run".into(), run_log_lines()));
-    out
+    out.push(("runlog_lines", "hive-run".into(), run_log_lines()?));
+    Ok(out)
+}
+
+/// `what` failed, and why.
+fn failed<E: std::fmt::Display>(what: &'static str) -> impl FnOnce(E) -> String {
+    move |e| format!("{what}: {e}")
 }
 
 /// A run streamed, interrupted, resumed and committed through real [`Streams`], then its
 /// journal's records read back and unsealed: the plaintext replay reads.
-fn stream_records() -> Vec<Vec<u8>> {
+fn stream_records() -> Result<Vec<Vec<u8>>, String> {
     let dir = Scratch::new();
-    let keys = Keyring::new(&generate_key(), &[]).expect("a fresh key");
+    let keys = Keyring::new(&generate_key(), &[]).ok_or("a freshly generated key does not load")?;
     let sealer: Arc<dyn Sealer> = Arc::new(KeyringSealer(keys));
     let (sd, rd) = (dir.0.join("streams"), dir.0.join("runs"));
     let config = StreamsConfig {
@@ -92,13 +103,13 @@ fn stream_records() -> Vec<Vec<u8>> {
             config.clone(),
             Faults::none(),
         )
-        .expect("open");
+        .map_err(failed("open"))?;
         let begun = s
             .settle_blocking(
                 s.begin("seed-run", None, Some("m".into()), false)
-                    .expect("begin"),
+                    .map_err(failed("begin"))?,
             )
-            .expect("durable");
+            .map_err(failed("durable"))?;
         let sid = begun["stream_id"].as_str().unwrap_or_default().to_owned();
         let text = |t: &str| json!({"type": "text", "text": t});
         let events = [
@@ -112,35 +123,46 @@ fn stream_records() -> Vec<Vec<u8>> {
         ];
         let mut seq = 1;
         for batch in &events {
-            s.settle_blocking(s.append("seed-run", &sid, seq, batch).expect("append"))
-                .expect("durable");
+            s.settle_blocking(
+                s.append("seed-run", &sid, seq, batch)
+                    .map_err(failed("append"))?,
+            )
+            .map_err(failed("durable"))?;
             seq += batch.len() as u64;
         }
         let cause = json!({"cause": "rate_limited", "retry_after": "3"});
-        s.settle_blocking(s.interrupt("seed-run", &sid, &cause).expect("interrupt"))
-            .expect("durable");
+        s.settle_blocking(
+            s.interrupt("seed-run", &sid, &cause)
+                .map_err(failed("interrupt"))?,
+        )
+        .map_err(failed("durable"))?;
         let resumed = s
-            .settle_blocking(s.resume("seed-run", None, None, false).expect("resume"))
-            .expect("durable");
+            .settle_blocking(
+                s.resume("seed-run", None, None, false)
+                    .map_err(failed("resume"))?,
+            )
+            .map_err(failed("durable"))?;
         let sid = resumed["stream_id"].as_str().unwrap_or_default().to_owned();
         let next = resumed["next_seq"].as_u64().unwrap_or(1);
         s.settle_blocking(
             s.append("seed-run", &sid, next, &[text("g in x.")])
-                .expect("append"),
+                .map_err(failed("append"))?,
         )
-        .expect("durable");
+        .map_err(failed("durable"))?;
         s.commit(
             "seed-run",
             &sid,
             json!({"role": "assistant", "content": "done"}),
             false,
         )
-        .expect("commit");
+        .map_err(failed("commit"))?;
     }
     let mut records = Vec::new();
     let mut names: Vec<_> = fs::read_dir(&sd)
-        .map(|rd| rd.flatten().map(|e| e.path()).collect())
-        .unwrap_or_default();
+        .map_err(failed("listing the journal"))?
+        .flatten()
+        .map(|e| e.path())
+        .collect();
     names.sort();
     for path in names {
         let n = path
@@ -160,7 +182,7 @@ fn stream_records() -> Vec<Vec<u8>> {
             }
         }
     }
-    records
+    Ok(records)
 }
 
 /// An index written by the store's own writer, hive's shape of one, and credential
@@ -241,11 +263,9 @@ fn recovery_inputs() -> Vec<Value> {
 
 /// A run's `details.jsonl` as hive's runtime logger writes it, a duplicate line and a torn
 /// last line included.
-fn run_log_lines() -> Vec<u8> {
+fn run_log_lines() -> Result<Vec<u8>, String> {
     let dir = Scratch::new();
-    let Ok(log) = RunLog::open(&dir.0, Faults::none()) else {
-        return Vec::new();
-    };
+    let log = RunLog::open(&dir.0, Faults::none()).map_err(failed("opening a run log"))?;
     for (node, attempt) in [("plan", 1), ("act", 1), ("act", 2), ("review", 1)] {
         let Value::Object(detail) = json!({"node_id": node, "node_name": node, "attempt": attempt,
                             "success": node != "act" || attempt == 2, "input_tokens": 120,
@@ -253,14 +273,16 @@ fn run_log_lines() -> Vec<u8> {
         else {
             continue;
         };
-        let _ = log.log_node("seed-run", detail);
+        log.log_node("seed-run", detail)
+            .map_err(failed("logging a node"))?;
     }
-    let mut bytes = fs::read(dir.0.join("seed-run").join("details.jsonl")).unwrap_or_default();
+    let mut bytes = fs::read(dir.0.join("seed-run").join("details.jsonl"))
+        .map_err(failed("reading details.jsonl"))?;
     let first_line = bytes
         .iter()
         .position(|&b| b == b'\n')
         .map_or(Vec::new(), |i| bytes[..=i].to_vec());
     bytes.extend_from_slice(&first_line);
     bytes.extend_from_slice(br#"{"node_id": "tor"#);
-    bytes
+    Ok(bytes)
 }

@@ -1,5 +1,6 @@
 //! The credential store's readers: `index.json`, and a decrypted credential's plaintext.
 
+use super::{Fault, OrFault, Outcome};
 use serde_json::{Map, Value};
 
 use crate::crypto::Secret;
@@ -19,7 +20,7 @@ fn json(bytes: &[u8]) -> Option<Value> {
 /// `credentials` is an object (otherwise the right state: unparseable, or the version it
 /// says); a usable index written again (`Index::to_bytes`) reads back with the same entries,
 /// the same foreign fields, and none of the vouches it did not have.
-pub fn index_json(data: &[u8]) -> bool {
+pub fn index_json(data: &[u8]) -> Outcome {
     let parsed = Index::parse(data);
     let model = json(data);
     let expected: Result<(), IndexState> = if data.len() as u64 > MAX_INDEX_FILE_BYTES {
@@ -44,38 +45,42 @@ pub fn index_json(data: &[u8]) -> bool {
     let idx = match (parsed, expected) {
         (Ok(idx), Ok(())) => idx,
         (Err(got), Err(want)) => {
-            assert_eq!(got, want, "the index's state");
-            return false;
+            check_eq!(got, want, "the index's state");
+            return Ok(false);
         }
-        (got, want) => panic!(
-            "index read as {:?}, the model says {want:?}",
-            got.map(|_| "usable")
-        ),
+        (got, want) => {
+            return Err(Fault::Broken(format!(
+                "index read as {:?}, the model says {want:?}",
+                got.map(|_| "usable")
+            )))
+        }
     };
     if let Some(Value::Object(top)) = &model {
         let want: &Map<String, Value> = match top.get("credentials") {
             Some(Value::Object(c)) => c,
             _ => unreachable!("checked above"),
         };
-        assert_eq!(&idx.credentials, want, "entries differ from the JSON's");
+        check_eq!(&idx.credentials, want, "entries differ from the JSON's");
     }
-    let again = Index::parse(&idx.to_bytes("/fuzz/store")).expect("a written index is refused");
-    assert_eq!(
-        again.credentials, idx.credentials,
+    let again = Index::parse(&idx.to_bytes("/fuzz/store")).broken("a written index is refused")?;
+    check_eq!(
+        again.credentials,
+        idx.credentials,
         "entries changed on a rewrite"
     );
-    assert_eq!(
-        again.extra, idx.extra,
+    check_eq!(
+        again.extra,
+        idx.extra,
         "foreign fields changed on a rewrite"
     );
     for (file, vouch) in &again.vouches {
-        assert_eq!(
+        check_eq!(
             idx.vouches.get(file),
             Some(vouch),
             "a rewrite invented or changed the vouch of {file:?}"
         );
     }
-    true
+    Ok(true)
 }
 
 /// A credential's plaintext as the store reads every file it decrypts. Checked against the
@@ -83,7 +88,7 @@ pub fn index_json(data: &[u8]) -> bool {
 /// objects each with string `name` and `value`; holdfast's generation absent, null or a
 /// non-negative integer); a credential that reads is written (`to_bytes`) and read back with
 /// the same content and id; its `Debug` never shows a key's value.
-pub fn credential_plaintext(data: &[u8]) -> bool {
+pub fn credential_plaintext(data: &[u8]) -> Outcome {
     let parsed = Credential::parse(data);
     let model_ok = match json(data) {
         Some(Value::Object(doc)) => {
@@ -107,21 +112,21 @@ pub fn credential_plaintext(data: &[u8]) -> bool {
     let c = match parsed {
         Ok(c) => c,
         Err(e) => {
-            assert!(!model_ok, "a credential the schema allows was refused: {e}");
-            return false;
+            check!(!model_ok, "a credential the schema allows was refused: {e}");
+            return Ok(false);
         }
     };
-    assert!(model_ok, "a credential the schema refuses was read");
+    check!(model_ok, "a credential the schema refuses was read");
     let bytes = c.to_bytes();
-    let again = Credential::parse(&bytes).expect("a written credential does not read");
-    assert!(
+    let again = Credential::parse(&bytes).broken("a written credential does not read")?;
+    check!(
         again.same_content(&c),
         "content changed when written and read back"
     );
-    assert_eq!(again.id(), c.id());
+    check_eq!(again.id(), c.id());
     // The same credential with every value blanked: whatever `Debug` shows more of a value
     // than this one shows, it took from the value.
-    let mut blank = Credential::parse(&bytes).expect("read above");
+    let mut blank = Credential::parse(&bytes).broken("read above")?;
     let names: Vec<String> = c.key_names().into_iter().map(str::to_owned).collect();
     for name in &names {
         blank.set_key(name, Secret::new(String::new()));
@@ -129,11 +134,11 @@ pub fn credential_plaintext(data: &[u8]) -> bool {
     let (debug, blanked) = (format!("{c:?}"), format!("{blank:?}"));
     for name in &names {
         if let Some(value) = c.key_value(name).filter(|v| !v.is_empty()) {
-            assert!(
+            check!(
                 debug.matches(value).count() <= blanked.matches(value).count(),
                 "Debug shows the value of key {name:?}"
             );
         }
     }
-    true
+    Ok(true)
 }
