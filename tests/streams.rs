@@ -850,3 +850,126 @@ fn appends_read_either_way_take_one_path_with_precise_errors() {
     assert_eq!(g["checkpoint"]["partial_text"], "ab");
     d.stop();
 }
+
+/// After an append the daemon stops reading speculatively (the client normally waits for the
+/// answer) and waits for the socket's next readiness instead. Nothing a client sends may be
+/// missed that way: the start of the next request in the same write as the append, a request
+/// arriving a byte at a time while the append commits, two appends in one write.
+#[test]
+fn requests_after_an_append_are_read_however_they_arrive() {
+    let mut env = DaemonEnv::new("");
+    let d = env.start();
+    let mut c = Conn::open(&d.socket);
+    let r = c.ok(
+        "stream.begin",
+        json!({"run_id": "run-arrive", "model": "m"}),
+    );
+    let sid = r["stream_id"].as_str().unwrap().to_owned();
+    let append = |id: u64, seq: u64| {
+        req_line(
+            json!(id),
+            "stream.append",
+            json!({"run_id": "run-arrive", "stream_id": sid, "seq": seq,
+                   "events": [{"type": "text", "text": format!("<{seq}>")}]}),
+        )
+    };
+    let mut answered = 0;
+    let mut expect = |c: &mut Conn, id: u64| {
+        let m = c
+            .read_msg()
+            .expect("an answer within the read timeout")
+            .expect("the daemon closed the connection");
+        assert_eq!(m["id"], json!(id), "{m}");
+        assert!(m.get("result").is_some(), "{m}");
+        answered += 1;
+    };
+    let mut seq = 0;
+    let mut want = String::new();
+    for round in 0..20u64 {
+        // An append and the first half of the next one in one write; the second half only
+        // after the first append's answer has arrived.
+        seq += 1;
+        want.push_str(&format!("<{seq}><{}>", seq + 1));
+        let next = append(1000 + round, seq + 1);
+        let (head, tail) = next.split_at(next.len() / 2);
+        let mut buf = append(round, seq);
+        buf.extend_from_slice(head);
+        c.send_raw(&buf);
+        expect(&mut c, round);
+        thread::sleep(Duration::from_millis(2));
+        c.send_raw(tail);
+        expect(&mut c, 1000 + round);
+        seq += 1;
+        // The next append a byte at a time, the first bytes before the previous answer is read.
+        seq += 1;
+        want.push_str(&format!("<{seq}><{}><{}>", seq + 1, seq + 2));
+        for b in append(2000 + round, seq) {
+            c.send_raw(&[b]);
+        }
+        expect(&mut c, 2000 + round);
+        // Two appends in one write.
+        let mut two = append(3000 + round, seq + 1);
+        two.extend(append(4000 + round, seq + 2));
+        seq += 2;
+        c.send_raw(&two);
+        expect(&mut c, 3000 + round);
+        expect(&mut c, 4000 + round);
+        // A long append and a short one in one write, the long one's length chosen so that
+        // one of the daemon's 8 KiB reads ends inside the short one: the read was full (the
+        // socket was not drained), and the rest of the short append, already in the socket,
+        // must be read without a new edge.
+        let short = append(6000 + round, seq + 2);
+        let long_line = |text: &str| {
+            req_line(
+                json!(5000 + round),
+                "stream.append",
+                json!({"run_id": "run-arrive", "stream_id": sid, "seq": seq + 1,
+                       "events": [{"type": "text", "text": text}]}),
+            )
+        };
+        let overhead = long_line("").len();
+        let text = "x".repeat(8192 * (1 + round as usize % 3) - short.len() / 2 - overhead);
+        let mut long = long_line(&text);
+        long.extend_from_slice(&short);
+        c.send_raw(&long);
+        // Both answers must arrive while this client reads nothing: a client's read frees
+        // room in the daemon's socket, and the wake-up that causes would mask a missed edge.
+        let t0 = Instant::now();
+        let mut peeked = vec![0u8; 64 * 1024];
+        loop {
+            let n = match rustix::net::recv(
+                &c.stream,
+                &mut peeked[..],
+                rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT,
+            ) {
+                Ok((n, _)) => n,
+                Err(rustix::io::Errno::AGAIN) => 0,
+                Err(e) => panic!("peek the answers: {e}"),
+            };
+            if peeked[..n].iter().filter(|&&b| b == b'\n').count() >= 2 {
+                break;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "round {round}: the short append after a long one was not answered \
+                 ({n} bytes of answers waiting)"
+            );
+            thread::sleep(Duration::from_millis(1));
+        }
+        expect(&mut c, 5000 + round);
+        expect(&mut c, 6000 + round);
+        want.push_str(&text);
+        want.push_str(&format!("<{}>", seq + 2));
+        seq += 2;
+    }
+    let g = c.ok(
+        "stream.get",
+        json!({"run_id": "run-arrive", "reveal": true}),
+    );
+    let text = g["checkpoint"]["partial_text"].as_str().unwrap().to_owned();
+    assert_eq!(text, want);
+    println!(
+        "reads after appends: {answered} appends answered, in 20 rounds of 5 arrival patterns"
+    );
+    d.stop();
+}

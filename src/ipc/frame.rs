@@ -115,6 +115,11 @@ impl<R: tokio::io::AsyncRead> FrameReader<tokio::io::BufReader<R>> {
     pub fn line_buffered(&self) -> bool {
         self.inner.buffer().contains(&b'\n')
     }
+
+    /// The stream under the buffer.
+    pub fn source(&self) -> &R {
+        self.inner.get_ref()
+    }
 }
 
 #[cfg(test)]

@@ -512,6 +512,9 @@ async fn connection(
                     p = Arc::clone(&inflight).acquire_owned() => match p { Ok(p) => p, Err(_) => break },
                 };
                 super::streams::append(&daemon, &session, id, a, permit);
+                if !reader.line_buffered() {
+                    reader.source().expect_nothing();
+                }
                 continue;
             }
         };
