@@ -45,6 +45,87 @@ pub enum DecryptError {
 pub struct Keyring {
     keys: Vec<Fernet>,
     fingerprints: Vec<String>,
+    /// The primary key's two halves, for making tokens.
+    primary: Sealing,
+}
+
+/// A Fernet key split as the spec splits it: the first 16 bytes sign, the last 16 encrypt.
+/// Zeroized on drop.
+struct Sealing {
+    signing: zeroize::Zeroizing<[u8; 16]>,
+    encryption: zeroize::Zeroizing<[u8; 16]>,
+}
+
+impl Sealing {
+    fn from_key(text: &str) -> Option<Sealing> {
+        let raw = zeroize::Zeroizing::new(
+            base64::engine::general_purpose::URL_SAFE
+                .decode(text.trim())
+                .ok()?,
+        );
+        let (signing, encryption) = (raw.get(..16)?, raw.get(16..32)?);
+        let mut s = Sealing {
+            signing: zeroize::Zeroizing::new([0; 16]),
+            encryption: zeroize::Zeroizing::new([0; 16]),
+        };
+        s.signing.copy_from_slice(signing);
+        s.encryption.copy_from_slice(encryption);
+        Some(s)
+    }
+
+    /// The token of `plaintext` at `unix_secs` with `iv`: url-safe base64 (padded, as Python's
+    /// `cryptography` writes it) of `0x80 · timestamp · IV · AES-128-CBC(PKCS#7) · HMAC-SHA256`
+    /// over all before it. `None` only if the primitives refuse their fixed-size inputs.
+    fn token(&self, plaintext: &[u8], unix_secs: u64, iv: &[u8; 16]) -> Option<String> {
+        use aes::cipher::{block_padding::Pkcs7, BlockEncryptMut, KeyIvInit};
+        use hmac::Mac;
+        const HEAD: usize = 1 + 8 + 16;
+        let padded = (plaintext.len() / 16 + 1) * 16;
+        let mut raw = zeroize::Zeroizing::new(Vec::with_capacity(HEAD + padded + 32));
+        raw.push(0x80);
+        raw.extend_from_slice(&unix_secs.to_be_bytes());
+        raw.extend_from_slice(iv);
+        raw.extend_from_slice(plaintext);
+        raw.resize(HEAD + padded, 0);
+        let cipher =
+            cbc::Encryptor::<aes::Aes128>::new_from_slices(&self.encryption[..], iv).ok()?;
+        let sealed = cipher
+            .encrypt_padded_mut::<Pkcs7>(&mut raw[HEAD..], plaintext.len())
+            .ok()?
+            .len();
+        if sealed != padded {
+            return None;
+        }
+        let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(&self.signing[..]).ok()?;
+        mac.update(&raw);
+        raw.extend_from_slice(&mac.finalize().into_bytes());
+        Some(base64::engine::general_purpose::URL_SAFE.encode(&raw[..]))
+    }
+}
+
+/// A fresh IV: 16 bytes of this thread's pool of OS randomness, refilled 64 IVs at a time.
+/// Fernet's IVs must be unpredictable and never repeat under a key; each comes from the OS's
+/// CSPRNG and is handed out once (the pool is per thread, nothing is shared or copied). A pool
+/// the OS cannot fill is not used: `None`, and the caller falls back to `fernet`'s own.
+fn fresh_iv() -> Option<[u8; 16]> {
+    use std::cell::RefCell;
+    const POOL: usize = 64 * 16;
+    thread_local! {
+        static IVS: RefCell<([u8; POOL], usize)> = const { RefCell::new(([0; POOL], POOL)) };
+    }
+    IVS.with(|cell| {
+        let mut guard = cell.try_borrow_mut().ok()?;
+        let (pool, used) = &mut *guard;
+        if *used == POOL {
+            getrandom::fill(pool).ok()?;
+            *used = 0;
+        }
+        let mut iv = [0; 16];
+        iv.copy_from_slice(&pool[*used..*used + 16]);
+        pool[*used..*used + 16].fill(0);
+        *used += 16;
+        Some(iv)
+    })
 }
 
 impl Drop for Keyring {
@@ -127,7 +208,12 @@ impl Keyring {
             keys.push(parse_key(k.expose())?);
             fingerprints.push(fingerprint(k));
         }
-        Some(Keyring { keys, fingerprints })
+        let primary = Sealing::from_key(primary.expose())?;
+        Some(Keyring {
+            keys,
+            fingerprints,
+            primary,
+        })
     }
 
     /// Fingerprints, primary first (safe to log and show).
@@ -137,7 +223,7 @@ impl Keyring {
 
     /// Encrypt with the primary key.
     pub fn encrypt(&self, plaintext: &[u8]) -> String {
-        self.keys[0].encrypt(plaintext)
+        self.encrypt_at_time(plaintext, now_secs())
     }
 
     /// Decrypt with any key (no TTL, as hive). Returns the plaintext and the index of the key
@@ -172,16 +258,80 @@ impl Keyring {
         Err(DecryptError::Invalid)
     }
 
-    /// Encrypt at a chosen time (tests of clock skew only).
+    /// Encrypt at a chosen time ([`Keyring::encrypt`] at the clock's; tests of clock skew).
     #[doc(hidden)]
     pub fn encrypt_at_time(&self, plaintext: &[u8], unix_secs: u64) -> String {
-        self.keys[0].encrypt_at_time(plaintext, unix_secs)
+        fresh_iv()
+            .and_then(|iv| self.primary.token(plaintext, unix_secs, &iv))
+            .unwrap_or_else(|| self.keys[0].encrypt_at_time(plaintext, unix_secs))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The Fernet spec's own test vector (github.com/fernet/spec, generate.json), which
+    /// Python's `cryptography` reproduces byte for byte (`Fernet._encrypt_from_parts`).
+    #[test]
+    fn tokens_match_the_spec_vector() {
+        let key = Secret::new("cw_0x689RpI-jtRR7oE8h_eQsKImvJapLeSbXpwF4e4=".into());
+        let ring = Keyring::new(&key, &[]).unwrap();
+        let iv: [u8; 16] = std::array::from_fn(|i| i as u8);
+        let token = ring.primary.token(b"hello", 499_162_800, &iv).unwrap();
+        assert_eq!(
+            token,
+            "gAAAAAAdwJ6wAAECAwQFBgcICQoLDA0ODy021cpGVWKZ_eEwCGM4BLLF_5CV9dOPmrhuVUPgJobwOz7JcbmrR64jVmpU4IwqDA=="
+        );
+    }
+
+    /// Every length around the AES block boundaries opens with `fernet` itself, with the time
+    /// it was made at; no two tokens share an IV, across several refills of the pool and
+    /// several threads.
+    #[test]
+    fn tokens_open_with_fernet_and_never_repeat_an_iv() {
+        let key = generate_key();
+        let ring = std::sync::Arc::new(Keyring::new(&key, &[]).unwrap());
+        let theirs = parse_key(key.expose()).unwrap();
+        for len in 0..=100usize {
+            let plain: Vec<u8> = (0..len).map(|i| (i * 7 + len) as u8).collect();
+            let before = now_secs();
+            let token = ring.encrypt(&plain);
+            assert_eq!(theirs.decrypt(&token).unwrap(), plain, "length {len}");
+            let ts = token_timestamp(&token).unwrap();
+            assert!(
+                ts >= before && ts <= now_secs(),
+                "length {len}: stamped {ts}"
+            );
+            assert!(is_token_shaped(&token), "length {len}");
+        }
+        let ivs = |ring: &Keyring| -> Vec<[u8; 16]> {
+            (0..500)
+                .map(|_| {
+                    let raw = base64::engine::general_purpose::URL_SAFE
+                        .decode(ring.encrypt(b"same"))
+                        .unwrap();
+                    raw[9..25].try_into().unwrap()
+                })
+                .collect()
+        };
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let ring = std::sync::Arc::clone(&ring);
+                std::thread::spawn(move || ivs(&ring))
+            })
+            .collect();
+        let mut all = ivs(&ring);
+        for t in threads {
+            all.extend(t.join().unwrap());
+        }
+        let n = all.len();
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), n, "an IV was used twice");
+        assert!(all.iter().all(|iv| iv != &[0; 16]));
+        println!("{n} tokens from 5 threads (~8 pool refills each): {n} distinct IVs");
+    }
 
     #[test]
     fn roundtrip_and_rotation_order() {
