@@ -865,14 +865,15 @@ fn requests_after_an_append_are_read_however_they_arrive() {
         json!({"run_id": "run-arrive", "model": "m"}),
     );
     let sid = r["stream_id"].as_str().unwrap().to_owned();
-    let append = |id: u64, seq: u64| {
+    let append = |id: u64, seq: u64, text: &str| {
         req_line(
             json!(id),
             "stream.append",
             json!({"run_id": "run-arrive", "stream_id": sid, "seq": seq,
-                   "events": [{"type": "text", "text": format!("<{seq}>")}]}),
+                   "events": [{"type": "text", "text": text}]}),
         )
     };
+    let delta = |round: u64, i: u32| format!("<{round}.{i}>");
     let mut answered = 0;
     let mut expect = |c: &mut Conn, id: u64| {
         let m = c
@@ -883,34 +884,45 @@ fn requests_after_an_append_are_read_however_they_arrive() {
         assert!(m.get("result").is_some(), "{m}");
         answered += 1;
     };
-    let mut seq = 0;
-    let mut want = String::new();
+    // Every append takes the next seq and adds its text to what the run must end with.
+    struct Sent {
+        seq: u64,
+        want: String,
+    }
+    impl Sent {
+        fn take(&mut self, text: &str) -> u64 {
+            self.seq += 1;
+            self.want.push_str(text);
+            self.seq
+        }
+    }
+    let mut sent = Sent {
+        seq: 0,
+        want: String::new(),
+    };
     for round in 0..20u64 {
         // An append and the first half of the next one in one write; the second half only
         // after the first append's answer has arrived.
-        seq += 1;
-        want.push_str(&format!("<{seq}><{}>", seq + 1));
-        let next = append(1000 + round, seq + 1);
+        let (first, second) = (sent.take(&delta(round, 0)), sent.take(&delta(round, 1)));
+        let next = append(1000 + round, second, &delta(round, 1));
         let (head, tail) = next.split_at(next.len() / 2);
-        let mut buf = append(round, seq);
+        let mut buf = append(round, first, &delta(round, 0));
         buf.extend_from_slice(head);
         c.send_raw(&buf);
         expect(&mut c, round);
         thread::sleep(Duration::from_millis(2));
         c.send_raw(tail);
         expect(&mut c, 1000 + round);
-        seq += 1;
-        // The next append a byte at a time, the first bytes before the previous answer is read.
-        seq += 1;
-        want.push_str(&format!("<{seq}><{}><{}>", seq + 1, seq + 2));
-        for b in append(2000 + round, seq) {
+        // An append a byte at a time, each byte its own write.
+        let one = sent.take(&delta(round, 2));
+        for b in append(2000 + round, one, &delta(round, 2)) {
             c.send_raw(&[b]);
         }
         expect(&mut c, 2000 + round);
         // Two appends in one write.
-        let mut two = append(3000 + round, seq + 1);
-        two.extend(append(4000 + round, seq + 2));
-        seq += 2;
+        let (a, b) = (sent.take(&delta(round, 3)), sent.take(&delta(round, 4)));
+        let mut two = append(3000 + round, a, &delta(round, 3));
+        two.extend(append(4000 + round, b, &delta(round, 4)));
         c.send_raw(&two);
         expect(&mut c, 3000 + round);
         expect(&mut c, 4000 + round);
@@ -918,19 +930,12 @@ fn requests_after_an_append_are_read_however_they_arrive() {
         // one of the daemon's 8 KiB reads ends inside the short one: the read was full (the
         // socket was not drained), and the rest of the short append, already in the socket,
         // must be read without a new edge.
-        let short = append(6000 + round, seq + 2);
-        let long_line = |text: &str| {
-            req_line(
-                json!(5000 + round),
-                "stream.append",
-                json!({"run_id": "run-arrive", "stream_id": sid, "seq": seq + 1,
-                       "events": [{"type": "text", "text": text}]}),
-            )
-        };
-        let overhead = long_line("").len();
-        let text = "x".repeat(8192 * (1 + round as usize % 3) - short.len() / 2 - overhead);
-        let mut long = long_line(&text);
-        long.extend_from_slice(&short);
+        let overhead = append(5000 + round, sent.seq + 1, "").len();
+        let short_len = append(6000 + round, sent.seq + 2, &delta(round, 6)).len();
+        let text = "x".repeat(8192 * (1 + round as usize % 3) - short_len / 2 - overhead);
+        let (long_seq, short_seq) = (sent.take(&text), sent.take(&delta(round, 6)));
+        let mut long = append(5000 + round, long_seq, &text);
+        long.extend(append(6000 + round, short_seq, &delta(round, 6)));
         c.send_raw(&long);
         // Both answers must arrive while this client reads nothing: a client's read frees
         // room in the daemon's socket, and the wake-up that causes would mask a missed edge.
@@ -958,16 +963,13 @@ fn requests_after_an_append_are_read_however_they_arrive() {
         }
         expect(&mut c, 5000 + round);
         expect(&mut c, 6000 + round);
-        want.push_str(&text);
-        want.push_str(&format!("<{}>", seq + 2));
-        seq += 2;
     }
     let g = c.ok(
         "stream.get",
         json!({"run_id": "run-arrive", "reveal": true}),
     );
     let text = g["checkpoint"]["partial_text"].as_str().unwrap().to_owned();
-    assert_eq!(text, want);
+    assert_eq!(text, sent.want);
     println!(
         "reads after appends: {answered} appends answered, in 20 rounds of 5 arrival patterns"
     );
