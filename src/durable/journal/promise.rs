@@ -26,6 +26,9 @@ type Callback = Box<dyn FnOnce(Result<Position, JournalError>) + Send>;
 enum PromiseState {
     Waiting,
     Done(Result<Position, JournalError>),
+    /// One callback: the common case (an append answered from its commit), kept without a
+    /// `Vec`'s allocation.
+    One(Callback),
     Registered(Vec<Callback>),
     Finished,
 }
@@ -55,6 +58,10 @@ impl Promise {
     pub fn complete(&self, res: Result<Position, JournalError>) {
         let mut st = self.state();
         match std::mem::replace(&mut *st, PromiseState::Done(res.clone())) {
+            PromiseState::One(cb) => {
+                drop(st);
+                cb(res);
+            }
             PromiseState::Registered(cbs) => {
                 drop(st);
                 for cb in cbs {
@@ -70,7 +77,7 @@ impl Promise {
     pub fn is_done(&self) -> bool {
         !matches!(
             *self.state(),
-            PromiseState::Waiting | PromiseState::Registered(_)
+            PromiseState::Waiting | PromiseState::One(_) | PromiseState::Registered(_)
         )
     }
 
@@ -83,7 +90,13 @@ impl Promise {
                 drop(st);
                 cb(res);
             }
-            PromiseState::Waiting => *st = PromiseState::Registered(vec![Box::new(cb)]),
+            PromiseState::Waiting => *st = PromiseState::One(Box::new(cb)),
+            PromiseState::One(_) => {
+                if let PromiseState::One(first) = std::mem::replace(&mut *st, PromiseState::Waiting)
+                {
+                    *st = PromiseState::Registered(vec![first, Box::new(cb)]);
+                }
+            }
             PromiseState::Registered(cbs) => cbs.push(Box::new(cb)),
             PromiseState::Finished => {}
         }
@@ -97,10 +110,82 @@ impl Drop for Promise {
             self.0.get_mut().unwrap_or_else(PoisonError::into_inner),
             PromiseState::Finished,
         );
-        if let PromiseState::Registered(cbs) = st {
-            for cb in cbs {
-                cb(Err(JournalError::Closed));
+        match st {
+            PromiseState::One(cb) => cb(Err(JournalError::Closed)),
+            PromiseState::Registered(cbs) => {
+                for cb in cbs {
+                    cb(Err(JournalError::Closed));
+                }
             }
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn recorder(
+        log: &Arc<Mutex<Vec<String>>>,
+        name: &'static str,
+    ) -> impl FnOnce(Result<Position, JournalError>) + Send + 'static {
+        let log = Arc::clone(log);
+        move |res| {
+            let what = match res {
+                Ok(p) => format!("{name}:ok@{}", p.offset),
+                Err(e) => format!("{name}:{e}"),
+            };
+            log.lock().unwrap().push(what);
+        }
+    }
+
+    /// However many callbacks wait (none, the one an append registers, or more), each runs
+    /// once, in the order registered, when the promise is kept — or at once after that.
+    #[test]
+    fn every_callback_runs_once_in_order() {
+        let at = Position {
+            segment: 1,
+            offset: 7,
+        };
+        for waiting in 0..4 {
+            let log = Arc::new(Mutex::new(Vec::new()));
+            let p = Promise::new();
+            let names = ["a", "b", "c"];
+            for name in &names[..waiting] {
+                p.then(recorder(&log, name));
+            }
+            assert!(!p.is_done());
+            assert!(log.lock().unwrap().is_empty(), "ran before the commit");
+            p.complete(Ok(at));
+            assert!(p.is_done());
+            p.then(recorder(&log, "late"));
+            let want: Vec<String> = names[..waiting]
+                .iter()
+                .chain(&["late"])
+                .map(|n| format!("{n}:ok@7"))
+                .collect();
+            assert_eq!(*log.lock().unwrap(), want, "{waiting} waiting");
+        }
+        println!("promise: 0 to 3 callbacks waiting, each ran once in order, then a late one");
+    }
+
+    /// A promise dropped unkept (the journal closed) answers every waiting callback `Closed`.
+    #[test]
+    fn an_unkept_promise_answers_closed() {
+        for waiting in 1..4 {
+            let log = Arc::new(Mutex::new(Vec::new()));
+            let p = Promise::new();
+            for name in &["a", "b", "c"][..waiting] {
+                p.then(recorder(&log, name));
+            }
+            drop(p);
+            let got = log.lock().unwrap().clone();
+            assert_eq!(got.len(), waiting);
+            assert!(
+                got.iter().all(|g| g.ends_with("stream journal is closed")),
+                "{got:?}"
+            );
         }
     }
 }
