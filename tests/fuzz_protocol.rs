@@ -750,7 +750,7 @@ async fn check_frames(
         ));
     }
     let ok = match (&want_end, &end) {
-        (End::Clean, Ok(None)) => true,
+        (End::Clean, Ok(false)) => true,
         (End::TooLong | End::TooLongOrTruncated, Err(FrameError::TooLong { max: m })) => *m == max,
         (End::Truncated | End::TooLongOrTruncated, Err(FrameError::Truncated)) => true,
         _ => false,
@@ -764,17 +764,17 @@ async fn check_frames(
     Ok(got)
 }
 
-/// Pull frames until the reader stops; the final result (`Ok(None)` or the error).
+/// Pull frames until the reader stops; the final result (`Ok(false)` or the error).
 async fn read_all_frames<R: tokio::io::AsyncBufRead + Unpin>(
     r: &mut FrameReader<R>,
     got: &mut Vec<Vec<u8>>,
     newlines: usize,
     t: Duration,
-) -> Result<Result<Option<Vec<u8>>, FrameError>, String> {
+) -> Result<Result<bool, FrameError>, String> {
     loop {
         match r.next(t, t, || true).await {
-            Ok(Some(line)) => {
-                got.push(line);
+            Ok(true) => {
+                got.push(r.line().to_vec());
                 if got.len() > newlines {
                     return Err(format!(
                         "yielded {} lines from an input with {newlines} newlines",

@@ -6,9 +6,11 @@
 //! only then forgets them (see `store::rotate`).
 
 pub mod keys;
+pub mod plain;
 mod secret;
 
 pub use keys::{KeyError, KeySource, LoadedKeys};
+pub use plain::{with_scratch, PlainBuf};
 pub use secret::{Secret, SecretBytes};
 
 use base64::Engine;
@@ -81,25 +83,27 @@ impl Sealing {
         use hmac::Mac;
         const HEAD: usize = 1 + 8 + 16;
         let padded = (plaintext.len() / 16 + 1) * 16;
-        let mut raw = zeroize::Zeroizing::new(Vec::with_capacity(HEAD + padded + 32));
-        raw.push(0x80);
-        raw.extend_from_slice(&unix_secs.to_be_bytes());
-        raw.extend_from_slice(iv);
-        raw.extend_from_slice(plaintext);
-        raw.resize(HEAD + padded, 0);
-        let cipher =
-            cbc::Encryptor::<aes::Aes128>::new_from_slices(&self.encryption[..], iv).ok()?;
-        let sealed = cipher
-            .encrypt_padded_mut::<Pkcs7>(&mut raw[HEAD..], plaintext.len())
-            .ok()?
-            .len();
-        if sealed != padded {
-            return None;
-        }
-        let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(&self.signing[..]).ok()?;
-        mac.update(&raw);
-        raw.extend_from_slice(&mac.finalize().into_bytes());
-        Some(base64::engine::general_purpose::URL_SAFE.encode(&raw[..]))
+        with_scratch(|raw| {
+            raw.reserve(HEAD + padded + 32);
+            raw.extend(&[0x80]);
+            raw.extend(&unix_secs.to_be_bytes());
+            raw.extend(iv);
+            raw.extend(plaintext);
+            raw.extend_zeros(padded - plaintext.len());
+            let cipher =
+                cbc::Encryptor::<aes::Aes128>::new_from_slices(&self.encryption[..], iv).ok()?;
+            let sealed = cipher
+                .encrypt_padded_mut::<Pkcs7>(raw.tail_mut(HEAD), plaintext.len())
+                .ok()?
+                .len();
+            if sealed != padded {
+                return None;
+            }
+            let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(&self.signing[..]).ok()?;
+            mac.update(raw.as_slice());
+            raw.extend(&mac.finalize().into_bytes());
+            Some(base64::engine::general_purpose::URL_SAFE.encode(raw.as_slice()))
+        })
     }
 }
 

@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use crate::crypto::PlainBuf;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt};
 use tokio::time::Instant;
 
@@ -27,10 +28,15 @@ pub enum FrameError {
 }
 
 /// Reads lines from a buffered stream.
+///
+/// Each line is read into one buffer reused for the connection's next lines (no allocation per
+/// request). Lines may carry secrets (`cred.set`), so it is a [`PlainBuf`]: zeroized before the
+/// next line is read into it, grown without leaving a copy behind, zeroized when dropped, and
+/// not kept after a line over [`crate::crypto::plain::KEEP_BYTES`].
 pub struct FrameReader<R> {
     inner: R,
     max: usize,
-    buf: Vec<u8>,
+    buf: PlainBuf,
 }
 
 impl<R: AsyncBufRead + Unpin> FrameReader<R> {
@@ -39,11 +45,17 @@ impl<R: AsyncBufRead + Unpin> FrameReader<R> {
         FrameReader {
             inner,
             max,
-            buf: Vec::new(),
+            buf: PlainBuf::new(),
         }
     }
 
-    /// The next line without its newline; `Ok(None)` at a clean end of stream.
+    /// The line the last [`FrameReader::next`] returned `true` for, without its newline.
+    pub fn line(&self) -> &[u8] {
+        self.buf.as_slice()
+    }
+
+    /// Read the next line: `Ok(true)` when one is ready in [`FrameReader::line`] (without its
+    /// newline), `Ok(false)` at a clean end of stream.
     ///
     /// Between messages it waits in slices of `idle`; after each slice `may_idle_close()`
     /// decides whether the connection may be closed (it may not while requests are in flight
@@ -53,8 +65,8 @@ impl<R: AsyncBufRead + Unpin> FrameReader<R> {
         idle: Duration,
         read: Duration,
         mut may_idle_close: impl FnMut() -> bool,
-    ) -> Result<Option<Vec<u8>>, FrameError> {
-        self.buf.clear();
+    ) -> Result<bool, FrameError> {
+        self.buf.wipe();
         let mut deadline: Option<Instant> = None;
         loop {
             let wait = match deadline {
@@ -74,7 +86,7 @@ impl<R: AsyncBufRead + Unpin> FrameReader<R> {
             };
             if available.is_empty() {
                 return if self.buf.is_empty() {
-                    Ok(None)
+                    Ok(false)
                 } else {
                     Err(FrameError::Truncated)
                 };
@@ -90,20 +102,19 @@ impl<R: AsyncBufRead + Unpin> FrameReader<R> {
             // may be the first half of one, so it does not count (at most `max + 1` bytes are
             // ever buffered).
             let ends_cr = match take {
-                0 => self.buf.last() == Some(&b'\r'),
+                0 => self.buf.as_slice().last() == Some(&b'\r'),
                 _ => available[take - 1] == b'\r',
             };
             if self.buf.len() + take - usize::from(ends_cr) > self.max {
                 return Err(FrameError::TooLong { max: self.max });
             }
-            self.buf.extend_from_slice(&available[..take]);
+            self.buf.extend(&available[..take]);
             self.inner.consume(take + usize::from(done));
             if done {
-                let mut line = std::mem::take(&mut self.buf);
-                if line.last() == Some(&b'\r') {
-                    line.pop();
+                if self.buf.as_slice().last() == Some(&b'\r') {
+                    self.buf.shorten(1);
                 }
-                return Ok(Some(line));
+                return Ok(true);
             }
         }
     }
@@ -140,8 +151,10 @@ mod tests {
             let data: &[u8] = b"{\"a\":1}\r\nsecond\n0123456789ABCDEF\n";
             let mut r = FrameReader::new(BufReader::with_capacity(4, data), 10);
             let t = Duration::from_secs(1);
-            assert_eq!(r.next(t, t, || true).await.unwrap().unwrap(), b"{\"a\":1}");
-            assert_eq!(r.next(t, t, || true).await.unwrap().unwrap(), b"second");
+            assert!(r.next(t, t, || true).await.unwrap());
+            assert_eq!(r.line(), b"{\"a\":1}");
+            assert!(r.next(t, t, || true).await.unwrap());
+            assert_eq!(r.line(), b"second");
             assert!(matches!(
                 r.next(t, t, || true).await,
                 Err(FrameError::TooLong { max: 10 })
@@ -149,12 +162,54 @@ mod tests {
         });
     }
 
+    /// One buffer serves every line: each reads back exactly (a shorter line after a longer
+    /// one shows nothing of it, `\r\n` ends a line as `\n` does, lines span the reads of a
+    /// tiny buffer), and a buffer grown past `crate::crypto::plain::KEEP_BYTES` is not kept.
+    #[test]
+    fn one_buffer_serves_every_line() {
+        let big = "b".repeat(crate::crypto::plain::KEEP_BYTES + 10);
+        let lines: Vec<String> = ["short", "a much longer line than the one before", "x", ""]
+            .iter()
+            .map(|l| l.to_string())
+            .chain([big, "after the big one".into(), "é😀\"quoted\"".into()])
+            .collect();
+        let mut data = Vec::new();
+        for (i, l) in lines.iter().enumerate() {
+            data.extend_from_slice(l.as_bytes());
+            data.extend_from_slice(if i % 2 == 0 { b"\n" } else { b"\r\n" });
+        }
+        rt().block_on(async {
+            let t = Duration::from_secs(1);
+            let mut r = FrameReader::new(
+                BufReader::with_capacity(7, &data[..]),
+                crate::crypto::plain::KEEP_BYTES + 20,
+            );
+            for l in &lines {
+                assert!(r.next(t, t, || true).await.unwrap());
+                assert_eq!(r.line(), l.as_bytes());
+                if l.len() > crate::crypto::plain::KEEP_BYTES {
+                    assert!(r.buf.capacity() > crate::crypto::plain::KEEP_BYTES);
+                }
+            }
+            assert!(!r.next(t, t, || true).await.unwrap());
+            assert!(r.line().is_empty());
+            assert!(
+                r.buf.capacity() <= crate::crypto::plain::KEEP_BYTES,
+                "the big line's buffer was kept"
+            );
+        });
+        println!(
+            "frame: {} lines through a 7-byte read buffer, one line buffer",
+            lines.len()
+        );
+    }
+
     #[test]
     fn eof_clean_and_truncated() {
         rt().block_on(async {
             let t = Duration::from_secs(1);
             let mut r = FrameReader::new(BufReader::new(&b""[..]), 10);
-            assert!(r.next(t, t, || true).await.unwrap().is_none());
+            assert!(!r.next(t, t, || true).await.unwrap());
             let mut r = FrameReader::new(BufReader::new(&b"half"[..]), 10);
             assert!(matches!(
                 r.next(t, t, || true).await,

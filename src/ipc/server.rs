@@ -464,8 +464,8 @@ async fn connection(
             f = reader.next(limits.idle, limits.read, idle_ok) => f,
         };
         let line = match frame {
-            Ok(Some(line)) => line,
-            Ok(None) => break,
+            Ok(true) => reader.line(),
+            Ok(false) => break,
             Err(e) => {
                 let msg = match e {
                     FrameError::TooLong { max } => {
@@ -487,7 +487,7 @@ async fn connection(
                 break;
             }
         };
-        let (id, call, grant) = match handlers::route(&daemon, &session, &line) {
+        let (id, call, grant) = match handlers::route(&daemon, &session, line) {
             handlers::Routed::Done(reply) => {
                 // Pipelined requests answered inline leave in one send: while another whole
                 // line is already buffered, the answer waits in `corked`.

@@ -311,9 +311,17 @@ impl FileStore {
         Ok((store, records))
     }
 
+    /// A record's sealed bytes. Its plaintext JSON is written into one of the thread's scratch
+    /// buffers ([`crate::crypto::with_scratch`]): no allocation per record, and no copy of the
+    /// plaintext left behind by a growing buffer.
     fn seal(&self, rec: &impl serde::Serialize) -> Result<Vec<u8>, StreamError> {
-        let plain = Zeroizing::new(serde_json::to_vec(rec).unwrap_or_default());
-        self.sealer.seal(&plain).map_err(StreamError::Seal)
+        crate::crypto::with_scratch(|plain| {
+            // Serializing the records' types into memory cannot fail.
+            let _ = serde_json::to_writer(&mut *plain, rec);
+            self.sealer
+                .seal(plain.as_slice())
+                .map_err(StreamError::Seal)
+        })
     }
 
     /// The plaintext of a sealed file, if it exists; `label` names it in errors (a path in
