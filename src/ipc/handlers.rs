@@ -24,13 +24,13 @@ pub use crate::api::METHODS;
 const ALWAYS_ALLOWED: &[&str] = &["hello", "unsubscribe"];
 
 /// What a connection's reader does with one request line.
-pub enum Routed {
+pub enum Routed<'a> {
     /// Already answered: a parse error, `hello`, a refusal, or a read served right here.
     Done(Zeroizing<Vec<u8>>),
     /// Needs the async path (a write, a subscription, a store to open): run [`respond`].
     Async(Id, Call, Arc<PluginGrant>),
     /// An admitted `stream.append`: every one takes [`super::streams::append`].
-    Append(Id, Append),
+    Append(Id, Append<'a>),
 }
 
 /// Parse a request line once into its typed call, admit it (hello first, method known,
@@ -39,7 +39,7 @@ pub enum Routed {
 /// cache and unchanged (an `lstat` and a decryption, ~4 µs, less than a trip to the blocking
 /// pool and back, ~13 µs). Anything that could wait on the disk goes to the blocking pool;
 /// see docs/design.md.
-pub fn route(daemon: &Daemon, session: &Session, line: &[u8]) -> Routed {
+pub fn route<'a>(daemon: &Daemon, session: &Session, line: &'a [u8]) -> Routed<'a> {
     if let Some((id, a)) = protocol::streams::read_append_line(line) {
         daemon.note_request();
         return match admit(session, "stream.append") {

@@ -183,7 +183,9 @@ impl<'a> EventIn<'a> {
     /// The event, if [`Event::parse`] would accept the same JSON: the same rules
     /// ([`event_from`]); a refusal here only sends the line the slow way, for its message.
     pub fn into_event(self) -> Option<Event> {
-        let mut present = Vec::new();
+        // The fields present, on the stack (this runs for every event of every append).
+        let mut present = [""; 4];
+        let mut n = 0;
         for (k, f) in [
             ("text", &self.text),
             ("id", &self.id),
@@ -191,15 +193,17 @@ impl<'a> EventIn<'a> {
             ("arguments_delta", &self.arguments_delta),
         ] {
             if f.is_some() {
-                present.push(k);
+                present[n] = k;
+                n += 1;
             }
         }
+        let present = &present[..n];
         fn ok(f: Option<Str<'_>>) -> Field<'_> {
             f.map(|s| Ok(s.0))
         }
         event_from(
             Some(&self.kind.0),
-            &present,
+            present,
             ok(self.text),
             ok(self.id),
             ok(self.name),
@@ -412,14 +416,31 @@ impl Accumulator {
     /// Apply one accepted event (seq `seq`); returns the events to publish now, in order
     /// (text may be held back by the trimmer and released later, shortened).
     pub fn apply(&mut self, seq: u64, ev: &Event) -> Result<Vec<(u64, EventJson)>, CallError> {
+        let mut out = Vec::new();
+        self.apply_into(seq, ev, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`Accumulator::apply`], adding the events to publish to `out` (an append adds them to
+    /// its run's events directly: no `Vec` per event). On an error `out` may have grown: the
+    /// caller takes it back.
+    pub fn apply_into(
+        &mut self,
+        seq: u64,
+        ev: &Event,
+        out: &mut Vec<(u64, EventJson)>,
+    ) -> Result<(), CallError> {
         match ev {
-            Event::Text(t) => Ok(self.text_event(seq, t)),
+            Event::Text(t) => {
+                self.text_event(seq, t, out);
+                Ok(())
+            }
             Event::ToolDelta {
                 id,
                 name,
                 arguments_delta,
             } => {
-                let mut out = self.flush_trim();
+                self.flush_trim_into(out);
                 let call = match self.calls.iter_mut().find(|c| c.id == *id) {
                     Some(c) => c,
                     None => {
@@ -442,10 +463,10 @@ impl Accumulator {
                 }
                 call.arguments.push_str(arguments_delta);
                 out.push((seq, published(ev)));
-                Ok(out)
+                Ok(())
             }
             Event::ToolEnd { id } => {
-                let mut out = self.flush_trim();
+                self.flush_trim_into(out);
                 let call = self
                     .calls
                     .iter_mut()
@@ -453,7 +474,7 @@ impl Accumulator {
                     .ok_or_else(|| CallError::Unknown { id: id.clone() })?;
                 call.ended = true;
                 out.push((seq, published(ev)));
-                Ok(out)
+                Ok(())
             }
         }
     }
@@ -489,18 +510,19 @@ impl Accumulator {
         Ok(())
     }
 
-    fn text_event(&mut self, seq: u64, t: &str) -> Vec<(u64, EventJson)> {
+    fn text_event(&mut self, seq: u64, t: &str, out: &mut Vec<(u64, EventJson)>) {
         let Some(trim) = &mut self.trim else {
             self.text.push_str(t);
-            return vec![(seq, published(&TextRef(t)))];
+            out.push((seq, published(&TextRef(t))));
+            return;
         };
         trim.held.push((seq, t.to_owned()));
         let held = trim.held_text();
         // Still possibly a repeat of the tail (a substring of it, shorter than it)? Hold.
         if held.chars().count() < trim.tail.chars().count() && trim.tail.contains(held.as_str()) {
-            return Vec::new();
+            return;
         }
-        self.flush_trim()
+        self.flush_trim_into(out)
     }
 
     /// The text subscribers will have been shown once the trimmer decides on what it holds:
@@ -517,13 +539,19 @@ impl Accumulator {
 
     /// Decide on held text: drop the longest repeat of the prefix's tail, publish the rest.
     pub fn flush_trim(&mut self) -> Vec<(u64, EventJson)> {
+        let mut out = Vec::new();
+        self.flush_trim_into(&mut out);
+        out
+    }
+
+    /// [`Accumulator::flush_trim`], adding to `out`.
+    fn flush_trim_into(&mut self, out: &mut Vec<(u64, EventJson)>) {
         let Some(trim) = self.trim.take() else {
-            return Vec::new();
+            return;
         };
         let held = trim.held_text();
         let mut drop_bytes = overlap(&trim.tail, &held);
         self.trimmed_chars += held[..drop_bytes].chars().count();
-        let mut out = Vec::new();
         for (seq, t) in trim.held {
             let cut = drop_bytes.min(t.len());
             drop_bytes -= cut;
@@ -533,7 +561,6 @@ impl Accumulator {
                 out.push((seq, published(&TextRef(rest))));
             }
         }
-        out
     }
 
     /// The tool calls as the planner sees them.

@@ -28,7 +28,7 @@ pub use error::StreamError;
 pub use feed::{Feed, Next};
 pub use pg::PgStore;
 pub use run::{EventJson, Status};
-pub use service::{Export, ReplayedRun, Streams, StreamsConfig, Ticket};
+pub use service::{Answer, Export, ReplayedRun, Streams, StreamsConfig, Ticket};
 pub use store::{
     dirs, has_data, FileStore, Head, KeyringSealer, Loaded, RunTail, SealError, Sealer,
     SharedStore, StreamStore,

@@ -215,9 +215,6 @@ mod tests {
             panic!("not an append")
         };
         assert!(matches!(a.events, Events::Unchecked(ref e) if e.len() == 1));
-        assert_eq!(
-            (a.run_id.as_str(), a.stream_id.as_str(), a.seq),
-            ("r", "s", 1)
-        );
+        assert_eq!((&*a.run_id, &*a.stream_id, a.seq), ("r", "s", 1));
     }
 }

@@ -12,7 +12,7 @@ fn line(v: &Value) -> Zeroizing<Vec<u8>> {
     // them in the memory it frees.
     let bound = crate::store::credential::json_value_size_bound(v) + 1;
     let mut buf = Zeroizing::new(Vec::with_capacity(bound));
-    // Serializing a `Value` into a Vec cannot fail.
+    // Serializing a `Value` (or a typed answer: strings, numbers, maps) into a Vec cannot fail.
     let _ = serde_json::to_writer(&mut *buf, v);
     buf.push(b'\n');
     buf
@@ -29,10 +29,10 @@ pub fn response_ok(id: &Id, result: Value) -> Zeroizing<Vec<u8>> {
 /// A success response whose result carries no secret (`stream.append`'s `acked_seq`),
 /// written straight into its line: the same bytes as [`response_ok`], without building the
 /// response object around the result or walking it to zeroize.
-pub fn response_ok_public(id: &Id, result: &Value) -> Zeroizing<Vec<u8>> {
+pub fn response_ok_public(id: &Id, result: &impl serde::Serialize) -> Zeroizing<Vec<u8>> {
     let mut buf = Zeroizing::new(Vec::with_capacity(96));
     buf.extend_from_slice(br#"{"jsonrpc":"2.0","id":"#);
-    // Serializing a `Value` into a Vec cannot fail.
+    // Serializing a `Value` (or a typed answer: strings, numbers, maps) into a Vec cannot fail.
     let _ = serde_json::to_writer(&mut *buf, id);
     buf.extend_from_slice(br#","result":"#);
     let _ = serde_json::to_writer(&mut *buf, result);
@@ -105,6 +105,18 @@ mod tests {
                     *response_ok_public(&id, &result),
                     *response_ok(&id, result.clone()),
                     "{id} {result}"
+                );
+            }
+            // An append's typed answer is the line its JSON value would make.
+            for (acked_seq, duplicate) in [(41, false), (3, true), (u64::MAX, false)] {
+                let typed = crate::streams::Answer::Acked {
+                    acked_seq,
+                    duplicate,
+                };
+                assert_eq!(
+                    *response_ok_public(&id, &typed),
+                    *response_ok(&id, typed.clone().into_value()),
+                    "{id} {typed:?}"
                 );
             }
         }

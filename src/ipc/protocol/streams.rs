@@ -1,6 +1,8 @@
 //! `stream.*` and `checkpoint.*` on the wire: each method's params, read once from the
 //! request's text, the results the handlers build, and the event notification.
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
@@ -13,7 +15,7 @@ pub enum StreamCall {
     /// `stream.begin`.
     Begin(Begin),
     /// `stream.append`.
-    Append(Append),
+    Append(Append<'static>),
     /// `stream.interrupt`.
     Interrupt(Interrupt),
     /// `stream.resume`.
@@ -54,16 +56,31 @@ pub struct Begin {
 }
 
 /// `stream.append`: events `seq`, `seq + 1`, … of the holder `stream_id`.
+///
+/// Read from a request line, its ids borrow the line (no allocation for them per append);
+/// [`Append::into_owned`] detaches it.
 #[derive(Debug)]
-pub struct Append {
+pub struct Append<'a> {
     /// The run.
-    pub run_id: String,
+    pub run_id: Cow<'a, str>,
     /// The producer's holder id (from `stream.begin` or `stream.resume`).
-    pub stream_id: String,
+    pub stream_id: Cow<'a, str>,
     /// The first event's sequence number.
     pub seq: u64,
     /// The events.
     pub events: Events,
+}
+
+impl Append<'_> {
+    /// The same append, owning its ids (to outlive the request line).
+    pub fn into_owned(self) -> Append<'static> {
+        Append {
+            run_id: Cow::Owned(self.run_id.into_owned()),
+            stream_id: Cow::Owned(self.stream_id.into_owned()),
+            seq: self.seq,
+            events: self.events,
+        }
+    }
 }
 
 /// A `stream.append`'s events as read from the request.
@@ -200,17 +217,17 @@ struct AppendIn<'a> {
     events: Vec<EventIn<'a>>,
 }
 
-impl AppendIn<'_> {
+impl<'a> AppendIn<'a> {
     /// `None` if an event is not well formed (the caller reads the params the general way).
-    fn into_append(self) -> Option<Append> {
+    fn into_append(self) -> Option<Append<'a>> {
         let events = self
             .events
             .into_iter()
             .map(EventIn::into_event)
             .collect::<Option<Vec<Event>>>()?;
         Some(Append {
-            run_id: self.run_id.0.into_owned(),
-            stream_id: self.stream_id.0.into_owned(),
+            run_id: self.run_id.0,
+            stream_id: self.stream_id.0,
             seq: self.seq,
             events: Events::Checked(events),
         })
@@ -220,17 +237,17 @@ impl AppendIn<'_> {
 /// `stream.append`'s params from their text: the events typed and checked when they are well
 /// formed (no `serde_json::Value` per event), else kept as values for the streams to say
 /// precisely what is wrong.
-pub fn append_params(raw: &str) -> Result<Append, super::RpcError> {
+pub fn append_params(raw: &str) -> Result<Append<'static>, super::RpcError> {
     if let Some(a) = serde_json::from_str::<AppendIn>(raw)
         .ok()
         .and_then(AppendIn::into_append)
     {
-        return Ok(a);
+        return Ok(a.into_owned());
     }
     let p: AppendValues = super::typed(raw)?;
     Ok(Append {
-        run_id: p.run_id,
-        stream_id: p.stream_id,
+        run_id: Cow::Owned(p.run_id),
+        stream_id: Cow::Owned(p.stream_id),
         seq: p.seq,
         events: Events::Unchecked(p.events),
     })
@@ -251,7 +268,7 @@ struct AppendLine<'a> {
 /// The hottest request read in one pass over its line: a well-formed `stream.append` (every
 /// event well formed) straight into its typed params, without the envelope's pass. `None` for
 /// any other line: the envelope reader takes it, and [`append_params`] says what is wrong.
-pub fn read_append_line(line: &[u8]) -> Option<(super::Id, Append)> {
+pub fn read_append_line(line: &[u8]) -> Option<(super::Id, Append<'_>)> {
     const METHOD: &[u8] = b"\"stream.append\"";
     // Cheap on long lines of other methods: most windows stop at their first byte.
     if !line

@@ -98,7 +98,60 @@ pub struct Ticket {
     version: u64,
     durable: Arc<Promise>,
     /// What to answer once durable.
-    pub answer: Value,
+    pub answer: Answer,
+}
+
+/// What a [`Ticket`] answers once its record is durable.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Answer {
+    /// `stream.append`'s `{"acked_seq": N}` (and `"duplicate": true` for a replay): typed, so
+    /// the one answer every append gets is written straight into its response line, with no
+    /// `serde_json` map built and dropped per append (docs/benchmarks.md, "seventh session").
+    Acked {
+        /// The last seq of the run now accepted.
+        acked_seq: u64,
+        /// The append was a replay of one already accepted.
+        duplicate: bool,
+    },
+    /// Any other call's result.
+    Value(Value),
+}
+
+impl Answer {
+    /// The answer as a JSON value.
+    pub fn into_value(self) -> Value {
+        match self {
+            Answer::Acked {
+                acked_seq,
+                duplicate: false,
+            } => json!({ "acked_seq": acked_seq }),
+            Answer::Acked {
+                acked_seq,
+                duplicate: true,
+            } => json!({"acked_seq": acked_seq, "duplicate": true}),
+            Answer::Value(v) => v,
+        }
+    }
+}
+
+impl serde::Serialize for Answer {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        match self {
+            Answer::Acked {
+                acked_seq,
+                duplicate,
+            } => {
+                let mut m = s.serialize_map(Some(1 + usize::from(*duplicate)))?;
+                m.serialize_entry("acked_seq", acked_seq)?;
+                if *duplicate {
+                    m.serialize_entry("duplicate", &true)?;
+                }
+                m.end()
+            }
+            Answer::Value(v) => v.serialize(s),
+        }
+    }
 }
 
 impl Streams {
@@ -181,7 +234,7 @@ impl Streams {
             upto: run.end_pos(),
             version: run.version,
             durable,
-            answer,
+            answer: Answer::Value(answer),
         })
     }
 
@@ -209,7 +262,7 @@ impl Streams {
     pub async fn settle(&self, t: Ticket) -> Result<Value, StreamError> {
         let res = Self::channel(&t).await.unwrap_or(Err(JournalError::Closed));
         self.after_durable(&t.run_id, t.upto, t.version, res)?;
-        Ok(t.answer)
+        Ok(t.answer.into_value())
     }
 
     /// [`Streams::settle`], blocking (tests, offline tools; never from an async task).
@@ -218,7 +271,7 @@ impl Streams {
             .blocking_recv()
             .unwrap_or(Err(JournalError::Closed));
         self.after_durable(&t.run_id, t.upto, t.version, res)?;
-        Ok(t.answer)
+        Ok(t.answer.into_value())
     }
 
     /// [`Streams::settle`] without waiting: `done` gets the answer when the record is durable,
@@ -227,7 +280,7 @@ impl Streams {
     pub fn settle_then(
         self: &Arc<Self>,
         t: Ticket,
-        done: impl FnOnce(Result<Value, StreamError>) + Send + 'static,
+        done: impl FnOnce(Result<Answer, StreamError>) + Send + 'static,
     ) {
         let streams = Arc::clone(self);
         let Ticket {
@@ -367,7 +420,7 @@ impl Streams {
             upto: 0,
             version: run.version,
             durable,
-            answer,
+            answer: Answer::Value(answer),
         })
     }
 
@@ -450,7 +503,10 @@ impl Streams {
                 upto: 0,
                 version: 0,
                 durable,
-                answer: json!({"acked_seq": acked, "duplicate": true}),
+                answer: Answer::Acked {
+                    acked_seq: acked,
+                    duplicate: true,
+                },
             });
         }
         let fresh = &parsed[skip..];
@@ -468,18 +524,18 @@ impl Streams {
             events: fresh,
             at,
         }))?;
-        let mut out = Vec::new();
+        // Published straight into the run's events (no `Vec` per append); `check_batch`
+        // above makes an error here unreachable, and if one came the events are taken back.
+        let before = run.events.len();
         for (i, e) in fresh.iter().enumerate() {
-            out.extend(
-                run.acc
-                    .apply(first + i as u64, e)
-                    .map_err(|e| StreamError::BadBatch(e.at(i)))?,
-            );
+            if let Err(e) = run.acc.apply_into(first + i as u64, e, &mut run.events) {
+                run.events.truncate(before);
+                return Err(StreamError::BadBatch(e.at(i)));
+            }
         }
         run.next_seq = first + fresh.len() as u64;
         run.updated_at_ms = at;
         run.status = Status::Streaming;
-        run.push_events(out);
         let upto = run.end_pos();
         let acked = run.next_seq - 1;
         // Queued while the run is locked: the journal keeps each run's records in seq order.
@@ -494,7 +550,10 @@ impl Streams {
             upto,
             version,
             durable,
-            answer: json!({"acked_seq": acked}),
+            answer: Answer::Acked {
+                acked_seq: acked,
+                duplicate: false,
+            },
         })
     }
 

@@ -14,7 +14,9 @@ impl Streams {
     ) -> Result<Ticket, StreamError> {
         self.load_if_missing(run_id)?;
         let mut t = self.interrupt_locked(run_id, stream_id, cause)?;
-        self.annotate(run_id, &mut t.answer);
+        if let Answer::Value(plan) = &mut t.answer {
+            self.annotate(run_id, plan);
+        }
         Ok(t)
     }
 
@@ -138,7 +140,10 @@ impl Streams {
         validate_run_id(run_id)?;
         self.refresh(run_id)?;
         let mut t = self.resume_locked(run_id, model, thread_id, fail_on_stale)?;
-        if let Some(plan) = t.answer.get_mut("plan") {
+        if let Some(plan) = match &mut t.answer {
+            Answer::Value(v) => v.get_mut("plan"),
+            Answer::Acked { .. } => None,
+        } {
             self.annotate(run_id, plan);
         }
         Ok(t)
@@ -196,10 +201,11 @@ impl Streams {
         drop(self.queue_for(run, prepared));
         let input = self.planner_input(run, &json!({"cause": "resumed_from_checkpoint"}), stale)?;
         let mut t = self.plan_and_record(run, input, "resume")?;
-        t.answer = json!({
+        let plan = std::mem::replace(&mut t.answer, Answer::Value(Value::Null)).into_value();
+        t.answer = Answer::Value(json!({
             "stream_id": run.stream_id, "epoch": run.epoch, "next_seq": run.next_seq,
-            "checkpoint": checkpoint, "plan": t.answer,
-        });
+            "checkpoint": checkpoint, "plan": plan,
+        }));
         Ok(t)
     }
 }

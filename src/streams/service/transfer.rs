@@ -98,7 +98,7 @@ impl Streams {
                 upto: run.end_pos(),
                 version: run.version,
                 durable,
-                answer: Value::Null,
+                answer: Answer::Value(Value::Null),
             });
             st.runs.insert(run.run_id.clone(), run);
         }
