@@ -6,8 +6,10 @@
 use std::time::Duration;
 
 use crate::crypto::PlainBuf;
+use std::pin::Pin;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt};
-use tokio::time::Instant;
+
+use tokio::time::{Instant, Sleep};
 
 /// Why no frame was read.
 #[derive(Debug)]
@@ -33,10 +35,17 @@ pub enum FrameError {
 /// request). Lines may carry secrets (`cred.set`), so it is a [`PlainBuf`]: zeroized before the
 /// next line is read into it, grown without leaving a copy behind, zeroized when dropped, and
 /// not kept after a line over [`crate::crypto::plain::KEEP_BYTES`].
+///
+/// Its timeouts share one timer for the connection's life, moved forward for each read: moving
+/// a registered tokio timer later is one atomic update, where a timer per read is registered in
+/// the runtime's timer wheel and taken out again under its lock (docs/benchmarks.md, "seventh
+/// session").
 pub struct FrameReader<R> {
     inner: R,
     max: usize,
     buf: PlainBuf,
+    /// Made on the first read (it needs the runtime).
+    timer: Option<Pin<Box<Sleep>>>,
 }
 
 impl<R: AsyncBufRead + Unpin> FrameReader<R> {
@@ -46,6 +55,7 @@ impl<R: AsyncBufRead + Unpin> FrameReader<R> {
             inner,
             max,
             buf: PlainBuf::new(),
+            timer: None,
         }
     }
 
@@ -69,15 +79,24 @@ impl<R: AsyncBufRead + Unpin> FrameReader<R> {
         self.buf.wipe();
         let mut deadline: Option<Instant> = None;
         loop {
-            let wait = match deadline {
-                Some(d) => d.saturating_duration_since(Instant::now()),
-                None => idle,
+            let until = deadline.unwrap_or_else(|| Instant::now() + idle);
+            let timer = match &mut self.timer {
+                Some(t) => {
+                    t.as_mut().reset(until);
+                    t
+                }
+                None => self.timer.insert(Box::pin(tokio::time::sleep_until(until))),
             };
-            let available = match tokio::time::timeout(wait, self.inner.fill_buf()).await {
-                Ok(Ok(bytes)) => bytes,
-                Ok(Err(e)) => return Err(FrameError::Io(e)),
-                Err(_) if deadline.is_some() => return Err(FrameError::ReadTimeout),
-                Err(_) => {
+            let available = tokio::select! {
+                biased;
+                read = self.inner.fill_buf() => match read {
+                    Ok(bytes) => bytes,
+                    Err(e) => return Err(FrameError::Io(e)),
+                },
+                () = timer.as_mut() => {
+                    if deadline.is_some() {
+                        return Err(FrameError::ReadTimeout);
+                    }
                     if may_idle_close() {
                         return Err(FrameError::Idle);
                     }
@@ -202,6 +221,45 @@ mod tests {
             "frame: {} lines through a 7-byte read buffer, one line buffer",
             lines.len()
         );
+    }
+
+    /// The one timer moves forward with each read: lines that keep coming, each within the
+    /// idle time of the one before, are read however long the connection lives, and the idle
+    /// time still ends a connection once they stop.
+    #[test]
+    fn the_idle_timer_moves_with_each_line() {
+        rt().block_on(async {
+            let (mut client, server) = tokio::io::duplex(64);
+            let mut r = FrameReader::new(BufReader::new(server), 100);
+            let idle = Duration::from_millis(150);
+            let started = Instant::now();
+            let writer = tokio::spawn(async move {
+                for i in 0..6 {
+                    tokio::time::sleep(Duration::from_millis(60)).await;
+                    client
+                        .write_all(format!("line {i}\n").as_bytes())
+                        .await
+                        .unwrap();
+                }
+                client
+            });
+            for i in 0..6 {
+                let got = r.next(idle, Duration::from_secs(5), || true).await;
+                assert!(matches!(got, Ok(true)), "line {i}: {got:?}");
+                assert_eq!(r.line(), format!("line {i}").as_bytes());
+            }
+            assert!(
+                started.elapsed() > 2 * idle,
+                "the lines came faster than the test needs"
+            );
+            let _client = writer.await.unwrap();
+            let quiet = Instant::now();
+            assert!(matches!(
+                r.next(idle, Duration::from_secs(5), || true).await,
+                Err(FrameError::Idle)
+            ));
+            assert!(quiet.elapsed() >= idle, "closed before the idle time");
+        });
     }
 
     #[test]
