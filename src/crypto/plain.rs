@@ -49,15 +49,45 @@ impl PlainBuf {
     pub fn reserve(&mut self, more: usize) {
         let need = self.0.len() + more;
         if need > self.0.capacity() {
-            let mut grown = Vec::with_capacity(need.max(2 * self.0.capacity()).max(256));
-            grown.extend_from_slice(&self.0);
-            self.0 = Zeroizing::new(grown);
+            self.grow_to(need.max((2 * self.0.capacity()).max(256)));
+        }
+    }
+
+    fn grow_to(&mut self, size: usize) {
+        let mut grown = Vec::with_capacity(size);
+        grown.extend_from_slice(&self.0);
+        self.0 = Zeroizing::new(grown);
+    }
+
+    /// [`PlainBuf::reserve`] for a buffer that never holds more than `limit` bytes (a request
+    /// line's cap): it doubles up to [`KEEP_BYTES`], and past that goes straight to `limit`.
+    /// Growing through every size in between would free ever larger buffers, and glibc raises
+    /// its mmap threshold to each large buffer freed, until buffers of those sizes come from the
+    /// heap and stay resident after they are freed (the oversized-line test saw 4 MiB kept);
+    /// one allocation of one size is served by mmap each time and returned whole when dropped.
+    /// (Pages of it never written are never resident.)
+    pub fn reserve_within(&mut self, more: usize, limit: usize) {
+        let need = self.0.len() + more;
+        if need > self.0.capacity() {
+            let doubled = (2 * self.0.capacity()).max(256);
+            let size = need.max(if doubled > KEEP_BYTES {
+                limit
+            } else {
+                doubled.min(limit)
+            });
+            self.grow_to(size);
         }
     }
 
     /// Append `bytes`.
     pub fn extend(&mut self, bytes: &[u8]) {
         self.reserve(bytes.len());
+        self.0.extend_from_slice(bytes);
+    }
+
+    /// Append `bytes`, growing within `limit` ([`PlainBuf::reserve_within`]).
+    pub fn extend_within(&mut self, bytes: &[u8], limit: usize) {
+        self.reserve_within(bytes.len(), limit);
         self.0.extend_from_slice(bytes);
     }
 
@@ -158,6 +188,27 @@ mod tests {
         b.wipe();
         assert!(b.is_empty());
         assert_eq!(b.capacity(), cap, "a small buffer is kept for reuse");
+        let mut c = PlainBuf::new();
+        for _ in 0..10 {
+            c.extend_within(&[7; 100], 700);
+        }
+        assert_eq!(c.as_slice(), &[7; 1000][..]);
+        assert!(c.capacity() < 1400, "grew past its limit: {}", c.capacity());
+        // Past KEEP_BYTES, a limited buffer takes its limit in one step.
+        let limit = 4 * KEEP_BYTES;
+        let mut d = PlainBuf::new();
+        let mut sizes = Vec::new();
+        for _ in 0..(3 * KEEP_BYTES / 1000) {
+            d.extend_within(&[1; 1000], limit);
+            if sizes.last() != Some(&d.capacity()) {
+                sizes.push(d.capacity());
+            }
+        }
+        assert!(
+            sizes.iter().all(|&c| c <= KEEP_BYTES || c == limit),
+            "{sizes:?}"
+        );
+        assert_eq!(sizes.last(), Some(&limit), "{sizes:?}");
         b.extend(&vec![1; KEEP_BYTES + 1]);
         b.wipe();
         assert_eq!(b.capacity(), 0, "a buffer over KEEP_BYTES is not kept");

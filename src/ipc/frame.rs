@@ -127,7 +127,8 @@ impl<R: AsyncBufRead + Unpin> FrameReader<R> {
             if self.buf.len() + take - usize::from(ends_cr) > self.max {
                 return Err(FrameError::TooLong { max: self.max });
             }
-            self.buf.extend(&available[..take]);
+            // A line never holds more than the cap and a `\r`: the buffer grows no further.
+            self.buf.extend_within(&available[..take], self.max + 1);
             self.inner.consume(take + usize::from(done));
             if done {
                 if self.buf.as_slice().last() == Some(&b'\r') {
