@@ -846,8 +846,46 @@ fn appends_read_either_way_take_one_path_with_precise_errors() {
                "events": [{"type": "text", "text": "b"}]}),
     );
     assert_eq!(a, json!({"acked_seq": 2}));
+    // An append's answer is made on the committing thread's stack, or on the heap when its id
+    // is too long for that: every id comes back exactly, at every length around the edge.
+    let mut seq = 2;
+    let mut ids: Vec<serde_json::Value> = (100..=150)
+        .step_by(5)
+        .map(|n| json!("i".repeat(n)))
+        .collect();
+    ids.extend([
+        json!("quote \" back \\ nl \n é 😀 ".repeat(40)),
+        json!(u64::MAX),
+        json!(-1),
+        json!(null),
+    ]);
+    for id in &ids {
+        seq += 1;
+        c.send_raw(&req_line(
+            id.clone(),
+            "stream.append",
+            json!({"run_id": "run-one", "stream_id": sid, "seq": seq,
+                   "events": [{"type": "text", "text": "c"}]}),
+        ));
+        let m = c.read_msg().expect("an answer").expect("the daemon closed");
+        assert_eq!(m["id"], *id, "{m}");
+        assert_eq!(m["result"], json!({"acked_seq": seq}), "{m}");
+    }
+    // A replay is acknowledged as a duplicate, with its id.
+    c.send_raw(&req_line(
+        json!("r".repeat(170)),
+        "stream.append",
+        json!({"run_id": "run-one", "stream_id": sid, "seq": seq,
+               "events": [{"type": "text", "text": "c"}]}),
+    ));
+    let m = c.read_msg().expect("an answer").expect("the daemon closed");
+    assert_eq!(m["id"], json!("r".repeat(170)), "{m}");
+    assert_eq!(m["result"], json!({"acked_seq": seq, "duplicate": true}));
     let g = c.ok("stream.get", json!({"run_id": "run-one", "reveal": true}));
-    assert_eq!(g["checkpoint"]["partial_text"], "ab");
+    assert_eq!(
+        g["checkpoint"]["partial_text"],
+        format!("ab{}", "c".repeat(ids.len()))
+    );
     d.stop();
 }
 

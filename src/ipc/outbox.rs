@@ -26,6 +26,32 @@ pub struct Outbox {
     pub closed: Arc<Notify>,
 }
 
+/// A line to send: owned, or the caller's (copied only if it must be queued).
+enum Line<'a> {
+    Owned(Zeroizing<Vec<u8>>),
+    Borrowed(&'a [u8]),
+}
+
+impl Line<'_> {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Line::Owned(v) => v,
+            Line::Borrowed(b) => b,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.bytes().len()
+    }
+
+    fn owned(self) -> Zeroizing<Vec<u8>> {
+        match self {
+            Line::Owned(v) => v,
+            Line::Borrowed(b) => Zeroizing::new(b.to_vec()),
+        }
+    }
+}
+
 /// At most this many bytes of queued lines are joined into one write.
 const WRITE_BATCH: usize = 64 * 1024;
 
@@ -93,11 +119,21 @@ impl Outbox {
     /// Send a line, writing it to `stream` right here if the queue is empty and the socket
     /// takes it without waiting; otherwise (or for what it did not take) queue it.
     pub fn send_now(&self, stream: &Conn, line: Zeroizing<Vec<u8>>) -> bool {
+        self.send_now_from(stream, Line::Owned(line))
+    }
+
+    /// [`Outbox::send_now`] of a line the caller keeps (built on its stack): copied only if it
+    /// has to be queued.
+    pub fn send_now_bytes(&self, stream: &Conn, line: &[u8]) -> bool {
+        self.send_now_from(stream, Line::Borrowed(line))
+    }
+
+    fn send_now_from(&self, stream: &Conn, line: Line<'_>) -> bool {
         {
             let mut st = self.state();
             if !st.lines.is_empty() || st.writing {
                 drop(st);
-                return self.send(line);
+                return self.send(line.owned());
             }
             if !self.admit(&mut st, line.len()) {
                 return false;
@@ -106,7 +142,8 @@ impl Outbox {
         }
         // One non-blocking attempt; if the socket takes nothing (or not all), the writer task
         // (which waits for writability) takes over.
-        let written = match stream.try_send(&line) {
+        let line = line.bytes();
+        let written = match stream.try_send(line) {
             Ok(n) => n,
             Err(_) => {
                 let mut st = self.state();

@@ -257,6 +257,12 @@ impl Session {
         self.outbox.send_now(&self.sock, line)
     }
 
+    /// [`Session::send_now`] of a line on the caller's stack (copied only if it must be
+    /// queued).
+    pub fn send_now_bytes(&self, line: &[u8]) -> bool {
+        self.outbox.send_now_bytes(&self.sock, line)
+    }
+
     /// The grant, if `hello` was sent.
     pub fn grant(&self) -> Option<Arc<PluginGrant>> {
         self.grant

@@ -40,6 +40,24 @@ pub fn response_ok_public(id: &Id, result: &impl serde::Serialize) -> Zeroizing<
     buf
 }
 
+/// [`response_ok_public`] written into `out` (a buffer on the caller's stack, so an append's
+/// answer costs no allocation): the line's length, or `None` if it does not fit.
+pub fn response_ok_public_into(
+    out: &mut [u8],
+    id: &Id,
+    result: &impl serde::Serialize,
+) -> Option<usize> {
+    use std::io::Write;
+    let room = out.len();
+    let mut w: &mut [u8] = out;
+    w.write_all(br#"{"jsonrpc":"2.0","id":"#).ok()?;
+    serde_json::to_writer(&mut w, id).ok()?;
+    w.write_all(br#","result":"#).ok()?;
+    serde_json::to_writer(&mut w, result).ok()?;
+    w.write_all(b"}\n").ok()?;
+    Some(room - w.len())
+}
+
 /// The success response of `cred.get`, serialized straight from the credential (no copy of
 /// the document is made) into a buffer sized in advance.
 pub fn response_credential(
@@ -107,17 +125,24 @@ mod tests {
                     "{id} {result}"
                 );
             }
-            // An append's typed answer is the line its JSON value would make.
+            // An append's typed answer is the line its JSON value would make, written into a
+            // buffer when it fits (exactly or with room to spare), refused when it does not.
             for (acked_seq, duplicate) in [(41, false), (3, true), (u64::MAX, false)] {
                 let typed = crate::streams::Answer::Acked {
                     acked_seq,
                     duplicate,
                 };
-                assert_eq!(
-                    *response_ok_public(&id, &typed),
-                    *response_ok(&id, typed.clone().into_value()),
-                    "{id} {typed:?}"
-                );
+                let want = response_ok(&id, typed.clone().into_value());
+                assert_eq!(*response_ok_public(&id, &typed), *want, "{id} {typed:?}");
+                let mut buf = [0u8; 256];
+                for room in [want.len(), want.len() + 1, 256] {
+                    let n = response_ok_public_into(&mut buf[..room], &id, &typed);
+                    assert_eq!(n, Some(want.len()), "{id} {typed:?} in {room}");
+                    assert_eq!(&buf[..want.len()], &want[..]);
+                }
+                for room in [0, 10, want.len() - 1] {
+                    assert_eq!(response_ok_public_into(&mut buf[..room], &id, &typed), None);
+                }
             }
         }
     }

@@ -27,6 +27,7 @@ pub use envelope::{parse_request, BadRequest, Envelope};
 pub use error::{redact_quoted, result, typed, RpcError};
 pub use lines::{
     notification_of, response_credential, response_err, response_ok, response_ok_public,
+    response_ok_public_into,
 };
 
 /// A request id: a number, a string, or null (JSON-RPC allows all three).
