@@ -113,7 +113,7 @@ impl<R: AsyncBufRead + Unpin> FrameReader<R> {
             if deadline.is_none() {
                 deadline = Some(Instant::now() + read);
             }
-            let (take, done) = match available.iter().position(|&b| b == b'\n') {
+            let (take, done) = match memchr::memchr(b'\n', available) {
                 Some(i) => (i, true),
                 None => (available.len(), false),
             };
@@ -144,7 +144,7 @@ impl<R: tokio::io::AsyncRead> FrameReader<tokio::io::BufReader<R>> {
     /// Whether a whole line is already buffered: the next [`FrameReader::next`] returns it
     /// without waiting for the socket.
     pub fn line_buffered(&self) -> bool {
-        self.inner.buffer().contains(&b'\n')
+        memchr::memchr(b'\n', self.inner.buffer()).is_some()
     }
 
     /// The stream under the buffer.
