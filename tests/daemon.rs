@@ -2196,12 +2196,23 @@ fn plugin_grants_limit_methods_and_stores() {
     assert_eq!(r.ok("cred.list", json!({}))["credentials"][0]["id"], "p-1");
     let e = r.err("cred.get", json!({"id": "p-1", "store": "other"}));
     assert_eq!(kind(&e), "forbidden", "store outside the grant: {e}");
+    // A well-formed append (read on its own fast path) is admitted by the same grant.
+    let append = json!({"run_id": "run-p", "stream_id": "s", "seq": 1,
+                        "events": [{"type": "text", "text": "x"}]});
+    let e = r.err("stream.append", append.clone());
+    assert_eq!(
+        kind(&e),
+        "forbidden",
+        "stream.append outside the grant: {e}"
+    );
 
     let mut u = Conn::connect(&d.socket);
     let e = u.err("hello", json!({"plugin": "unknown"}));
     assert_eq!(kind(&e), "forbidden", "{e}");
     let e = u.err("cred.get", json!({"id": "p-1"}));
     assert_eq!(e["code"], -32600, "a refused hello binds nothing: {e}");
+    let e = u.err("stream.append", append.clone());
+    assert_eq!(e["code"], -32600, "a refused hello admits no append: {e}");
     drop((r, u));
     d.stop();
 

@@ -42,6 +42,10 @@ pub enum Routed<'a> {
 pub fn route<'a>(daemon: &Daemon, session: &Session, line: &'a [u8]) -> Routed<'a> {
     if let Some((id, a)) = protocol::streams::read_append_line(line) {
         daemon.note_request();
+        // Admitted as `admit` would, from the answer `hello` noted (no lock, no lookup).
+        if session.may_append() {
+            return Routed::Append(id, a);
+        }
         return match admit(session, "stream.append") {
             Ok(_) => Routed::Append(id, a),
             Err(e) => Routed::Done(protocol::response_err(&id, &e)),
@@ -187,10 +191,7 @@ Some(name) => daemon.config().plugins.get(name).cloned().ok_or_else(|| {
         .copied()
         .filter(|m| ALWAYS_ALLOWED.contains(m) || grant.allows_method(m))
         .collect();
-    *session
-        .grant
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Arc::new(grant));
+    session.bind(Arc::new(grant), methods.contains(&"stream.append"));
     let shown = |s: &Option<String>| s.as_deref().map(|s| s.chars().take(64).collect::<String>());
     if p.client.as_deref() == Some(crate::limits::WATCHDOG_CLIENT) {
         // The daemon's own liveness probe, every few seconds: not worth a journal line each.

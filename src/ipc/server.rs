@@ -220,8 +220,10 @@ fn socket_ino(p: &Path) -> Option<(u64, u64)> {
 pub struct Session {
     /// Connection number (for logs and leases).
     pub id: u64,
-    /// The grant bound by `hello` (`None` until hello).
-    pub grant: Mutex<Option<Arc<PluginGrant>>>,
+    /// The grant bound by `hello` (`None` until hello): [`Session::bind`].
+    grant: Mutex<Option<Arc<PluginGrant>>>,
+    /// The grant admits `stream.append` (set with it).
+    appends: AtomicBool,
     /// Open subscriptions (`cred.watch`, `stream.subscribe`).
     pub subscriptions: super::subscriptions::Subscriptions,
     /// Responses and events to send.
@@ -261,6 +263,18 @@ impl Session {
     /// queued).
     pub fn send_now_bytes(&self, line: &[u8]) -> bool {
         self.outbox.send_now_bytes(&self.sock, line)
+    }
+
+    /// Bind the grant `hello` chose; `appends` says whether it admits `stream.append`.
+    pub fn bind(&self, grant: Arc<PluginGrant>, appends: bool) {
+        *self.grant.lock().unwrap_or_else(PoisonError::into_inner) = Some(grant);
+        self.appends.store(appends, Ordering::Release);
+    }
+
+    /// Whether `hello` bound a grant that admits `stream.append` (the hottest request's
+    /// admission, without the grant's lock).
+    pub fn may_append(&self) -> bool {
+        self.appends.load(Ordering::Acquire)
     }
 
     /// The grant, if `hello` was sent.
@@ -436,6 +450,7 @@ async fn connection(
     let session = Arc::new(Session {
         id: conn,
         grant: Mutex::new(None),
+        appends: AtomicBool::new(false),
         subscriptions: Default::default(),
         outbox: Outbox::new(limits.max_output, Arc::clone(&closed)),
         ended: AtomicBool::new(false),
