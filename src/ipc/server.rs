@@ -472,6 +472,14 @@ async fn connection(
     let mut reader = FrameReader::new(BufReader::new(read_half), limits.max_frame);
     tracing::debug!(conn, "connection open");
     let mut corked = Zeroizing::new(Vec::new());
+    // The two reasons to stop, each one future for the connection's life: a `Notified` or a
+    // `changed()` made per request was linked into its waiter list and unlinked again, under
+    // the list's lock, on every request (the shutdown channel's list is every connection's).
+    // Polled first, so a client that never stops sending still sees them.
+    let stop = shutdown.changed();
+    tokio::pin!(stop);
+    let ended = closed.notified();
+    tokio::pin!(ended);
     loop {
         let idle_ok = || {
             inflight.available_permits() == limits.max_inflight
@@ -480,8 +488,9 @@ async fn connection(
         // Never wait with answers held back.
         uncork(&session, &stream, &mut corked);
         let frame = tokio::select! {
-            _ = shutdown.changed() => break,
-            _ = closed.notified() => break,
+            biased;
+            _ = &mut ended => break,
+            _ = &mut stop => break,
             f = reader.next(limits.idle, limits.read, idle_ok) => f,
         };
         let line = match frame {
@@ -529,8 +538,9 @@ async fn connection(
             handlers::Routed::Append(id, a) => {
                 uncork(&session, &stream, &mut corked);
                 let permit = tokio::select! {
-                    _ = shutdown.changed() => break,
+                    biased;
                     p = Arc::clone(&inflight).acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+                    _ = &mut stop => break,
                 };
                 super::streams::append(&daemon, &session, id, a, permit);
                 if !reader.line_buffered() {
@@ -541,8 +551,9 @@ async fn connection(
         };
         // Backpressure: at the in-flight cap, stop reading until a request finishes.
         let permit = tokio::select! {
-            _ = shutdown.changed() => break,
+            biased;
             p = Arc::clone(&inflight).acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+            _ = &mut stop => break,
         };
         let (daemon, session) = (Arc::clone(&daemon), Arc::clone(&session));
         tokio::spawn(async move {
