@@ -69,7 +69,8 @@ pub(super) fn event_json(v: &Value) -> EventJson {
 pub(super) type Subscriber = feed::FeedTx;
 
 pub(super) struct Run {
-    pub(super) run_id: String,
+    /// Shared with the tickets of its records (no copy of the id per append).
+    pub(super) run_id: Arc<str>,
     pub(super) thread_id: Option<String>,
     pub(super) model: Option<String>,
     pub(super) epoch: u64,
@@ -120,7 +121,7 @@ impl Run {
     /// A run seen for the first time (its `begin` sets the holder).
     pub(super) fn new(run_id: &str, at: u64, mark: u64) -> Run {
         Run {
-            run_id: run_id.to_owned(),
+            run_id: Arc::from(run_id),
             thread_id: None,
             model: None,
             epoch: 0,
@@ -221,7 +222,7 @@ impl Run {
 
     pub(super) fn summary(&self) -> Value {
         json!({
-            "run_id": self.run_id,
+            "run_id": &*self.run_id,
             "thread_id": self.thread_id,
             "model": self.model,
             "status": self.status,
@@ -254,7 +255,7 @@ impl Run {
 
     pub(super) fn checkpoint(&self) -> Value {
         let mut snap = self.acc.snapshot();
-        snap["run_id"] = self.run_id.clone().into();
+        snap["run_id"] = self.run_id.as_ref().into();
         snap["thread_id"] = json!(self.thread_id);
         snap["upstream_model"] = json!(self.model);
         snap["updated_at_ms"] = self.updated_at_ms.into();
@@ -267,7 +268,7 @@ impl Run {
     /// the latest: see `service/window.rs`).
     pub(super) fn snapshot_with(&self, events: Vec<(u64, EventJson)>) -> Record {
         Record::Snapshot(Box::new(record::Snapshot {
-            run: self.run_id.clone(),
+            run: self.run_id.to_string(),
             thread: self.thread_id.clone(),
             model: self.model.clone(),
             epoch: self.epoch,
@@ -287,7 +288,7 @@ impl Run {
     /// A run back from a `snap` record.
     pub(super) fn from_snapshot(r: record::Snapshot, segment: u64) -> Run {
         Run {
-            run_id: r.run,
+            run_id: Arc::from(r.run),
             thread_id: r.thread,
             model: r.model,
             epoch: r.epoch,

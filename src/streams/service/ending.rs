@@ -38,7 +38,7 @@ impl Streams {
                 st.runs
                     .values()
                     .filter(|r| r.updated_at_ms < cutoff)
-                    .map(|r| (r.run_id.clone(), r.stream_id.clone(), r.status)),
+                    .map(|r| (r.run_id.to_string(), r.stream_id.clone(), r.status)),
             )
         });
         let mut n = 0;
@@ -196,7 +196,7 @@ impl Ending {
     fn of(run: &Run) -> Ending {
         let tail = run.tail();
         Ending {
-            run_id: run.run_id.clone(),
+            run_id: run.run_id.to_string(),
             version: run.version,
             epoch: run.epoch,
             sid: run.stream_id.clone(),

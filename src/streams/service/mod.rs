@@ -90,7 +90,7 @@ pub struct Streams {
 /// An accepted change waiting for the journal.
 #[must_use = "wait for the journal with Streams::settle"]
 pub struct Ticket {
-    run_id: String,
+    run_id: Arc<str>,
     /// The run's `events[..upto]` are durable once this record is.
     upto: usize,
     /// The run's version once this record is kept (a failed one drops a shared store's run
@@ -416,7 +416,7 @@ impl Streams {
         run.held_here = true;
         let durable = self.queue_for(run, prepared);
         Ok(Ticket {
-            run_id: run_id.to_owned(),
+            run_id: Arc::clone(&run.run_id),
             upto: 0,
             version: run.version,
             durable,
@@ -497,9 +497,10 @@ impl Streams {
                     offset: 0,
                 }))
             });
+            let id = Arc::clone(&run.run_id);
             drop(st);
             return Ok(Ticket {
-                run_id: run_id.to_owned(),
+                run_id: id,
                 upto: 0,
                 version: 0,
                 durable,
@@ -544,9 +545,11 @@ impl Streams {
         run.first_segment = run.first_segment.min(self.store.active_mark());
         let durable = self.queue_for(run, prepared);
         let version = run.version;
+        // The run's own id, shared: no copy of it per append.
+        let id = Arc::clone(&run.run_id);
         drop(st);
         Ok(Ticket {
-            run_id: run_id.to_owned(),
+            run_id: id,
             upto,
             version,
             durable,

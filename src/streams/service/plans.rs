@@ -112,7 +112,7 @@ impl Streams {
             m.remove("completed");
         }
         let rec = Record::Plan(record::PlanRecord {
-            run: run.run_id.clone(),
+            run: run.run_id.to_string(),
             epoch: run.epoch,
             kind: kind.to_owned(),
             plan: compact,

@@ -109,7 +109,7 @@ impl Streams {
             .runs
             .into_values()
             .map(|run| ReplayedRun {
-                run_id: run.run_id.clone(),
+                run_id: run.run_id.to_string(),
                 next_seq: run.next_seq,
                 events: run
                     .events
@@ -150,7 +150,7 @@ impl Streams {
                 // holding them go.
                 let events = self.all_events(run)?;
                 let snap = self.store.append(Out::Record(&run.snapshot_with(events)))?;
-                v.push((run.run_id.clone(), snap));
+                v.push((run.run_id.to_string(), snap));
             }
             v
         };

@@ -100,7 +100,7 @@ impl Streams {
                 durable,
                 answer: Answer::Value(Value::Null),
             });
-            st.runs.insert(run.run_id.clone(), run);
+            st.runs.insert(run.run_id.to_string(), run);
         }
         for t in tickets {
             self.settle_blocking(t)?;

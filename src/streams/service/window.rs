@@ -57,7 +57,7 @@ impl Streams {
         let mut all = self.derive_events(&run.run_id, run.first_segment)?;
         if all.len() < run.events_base {
             return Err(StreamError::EventsLost {
-                run_id: run.run_id.clone(),
+                run_id: run.run_id.to_string(),
             });
         }
         all.truncate(run.events_base);
