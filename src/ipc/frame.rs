@@ -3,13 +3,13 @@
 //! bounded by `max` whatever a client sends: a line that outgrows it is an error *before* more
 //! is buffered, and the connection is closed.
 
+use std::pin::Pin;
 use std::time::Duration;
 
-use crate::crypto::PlainBuf;
-use std::pin::Pin;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt};
-
 use tokio::time::{Instant, Sleep};
+
+use crate::crypto::PlainBuf;
 
 /// Why no frame was read.
 #[derive(Debug)]
@@ -232,11 +232,13 @@ mod tests {
         rt().block_on(async {
             let (mut client, server) = tokio::io::duplex(64);
             let mut r = FrameReader::new(BufReader::new(server), 100);
-            let idle = Duration::from_millis(150);
+            // Wide margins: a line every 100 ms against an idle time of 300 ms, on a busy
+            // 2-core machine.
+            let idle = Duration::from_millis(300);
             let started = Instant::now();
             let writer = tokio::spawn(async move {
                 for i in 0..6 {
-                    tokio::time::sleep(Duration::from_millis(60)).await;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
                     client
                         .write_all(format!("line {i}\n").as_bytes())
                         .await

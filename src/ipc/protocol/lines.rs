@@ -31,12 +31,8 @@ pub fn response_ok(id: &Id, result: Value) -> Zeroizing<Vec<u8>> {
 /// response object around the result or walking it to zeroize.
 pub fn response_ok_public(id: &Id, result: &impl serde::Serialize) -> Zeroizing<Vec<u8>> {
     let mut buf = Zeroizing::new(Vec::with_capacity(96));
-    buf.extend_from_slice(br#"{"jsonrpc":"2.0","id":"#);
     // Serializing a `Value` (or a typed answer: strings, numbers, maps) into a Vec cannot fail.
-    let _ = serde_json::to_writer(&mut *buf, id);
-    buf.extend_from_slice(br#","result":"#);
-    let _ = serde_json::to_writer(&mut *buf, result);
-    buf.extend_from_slice(b"}\n");
+    let _ = write_ok(&mut *buf, id, result);
     buf
 }
 
@@ -47,15 +43,23 @@ pub fn response_ok_public_into(
     id: &Id,
     result: &impl serde::Serialize,
 ) -> Option<usize> {
-    use std::io::Write;
     let room = out.len();
     let mut w: &mut [u8] = out;
-    w.write_all(br#"{"jsonrpc":"2.0","id":"#).ok()?;
-    serde_json::to_writer(&mut w, id).ok()?;
-    w.write_all(br#","result":"#).ok()?;
-    serde_json::to_writer(&mut w, result).ok()?;
-    w.write_all(b"}\n").ok()?;
+    write_ok(&mut w, id, result).ok()?;
     Some(room - w.len())
+}
+
+/// The success response line of `result`, written to `w`.
+fn write_ok(
+    mut w: impl std::io::Write,
+    id: &Id,
+    result: &impl serde::Serialize,
+) -> std::io::Result<()> {
+    w.write_all(br#"{"jsonrpc":"2.0","id":"#)?;
+    serde_json::to_writer(&mut w, id)?;
+    w.write_all(br#","result":"#)?;
+    serde_json::to_writer(&mut w, result)?;
+    w.write_all(b"}\n")
 }
 
 /// The success response of `cred.get`, serialized straight from the credential (no copy of
@@ -125,14 +129,20 @@ mod tests {
                     "{id} {result}"
                 );
             }
-            // An append's typed answer is the line its JSON value would make, written into a
-            // buffer when it fits (exactly or with room to spare), refused when it does not.
-            for (acked_seq, duplicate) in [(41, false), (3, true), (u64::MAX, false)] {
+            // An append's typed answer is the line of the JSON the protocol documents, written
+            // into a buffer when it fits (exactly or with room to spare), refused when it does
+            // not.
+            for (acked_seq, duplicate, value) in [
+                (41, false, json!({"acked_seq": 41})),
+                (3, true, json!({"acked_seq": 3, "duplicate": true})),
+                (u64::MAX, false, json!({ "acked_seq": u64::MAX })),
+            ] {
                 let typed = crate::streams::Answer::Acked {
                     acked_seq,
                     duplicate,
                 };
-                let want = response_ok(&id, typed.clone().into_value());
+                assert_eq!(typed.clone().into_value(), value);
+                let want = response_ok(&id, value);
                 assert_eq!(*response_ok_public(&id, &typed), *want, "{id} {typed:?}");
                 let mut buf = [0u8; 256];
                 for room in [want.len(), want.len() + 1, 256] {

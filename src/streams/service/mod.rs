@@ -121,15 +121,10 @@ impl Answer {
     /// The answer as a JSON value.
     pub fn into_value(self) -> Value {
         match self {
-            Answer::Acked {
-                acked_seq,
-                duplicate: false,
-            } => json!({ "acked_seq": acked_seq }),
-            Answer::Acked {
-                acked_seq,
-                duplicate: true,
-            } => json!({"acked_seq": acked_seq, "duplicate": true}),
             Answer::Value(v) => v,
+            // Its `Serialize` is the one definition of its JSON (a map of a number and a bool
+            // always converts).
+            acked => serde_json::to_value(&acked).unwrap_or(Value::Null),
         }
     }
 }
