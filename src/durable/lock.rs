@@ -107,19 +107,48 @@ impl Gate {
     }
 }
 
-fn gate_for(path: &Path) -> Arc<Gate> {
-    static GATES: OnceLock<Mutex<HashMap<PathBuf, Arc<Gate>>>> = OnceLock::new();
-    // Key by the canonical directory so `a/../b/x.lock` and `b/x.lock` share a gate.
-    let key = match (path.parent().map(Path::canonicalize), path.file_name()) {
-        (Some(Ok(dir)), Some(name)) => dir.join(name),
-        _ => path.to_path_buf(),
-    };
-    let mut map = GATES
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner);
-    map.entry(key).or_default().clone()
+/// The gates, by lock-file path as given and by canonical path.
+#[derive(Default)]
+struct Gates {
+    /// Canonical directory joined with the file name: one gate per lock file.
+    canonical: HashMap<PathBuf, Arc<Gate>>,
+    /// The paths callers pass (a store passes the same one every time), so that a lock taken
+    /// per write does not resolve every component of its directory again (a `readlink` each).
+    given: HashMap<PathBuf, Arc<Gate>>,
 }
+
+fn gate_for(path: &Path) -> Arc<Gate> {
+    static GATES: OnceLock<Mutex<Gates>> = OnceLock::new();
+    let gates = GATES.get_or_init(Default::default);
+    if let Some(gate) = gates
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .given
+        .get(path)
+    {
+        return Arc::clone(gate);
+    }
+    // Key by the canonical directory so `a/../b/x.lock` and `b/x.lock` share a gate. Resolved
+    // outside the map's lock: it is file-system work. A directory that moves afterwards keeps
+    // the gate it had; the `flock` still excludes across file descriptions, so two gates for
+    // one file would only queue less fairly, never let two writers in.
+    let canonical = match (path.parent().map(Path::canonicalize), path.file_name()) {
+        (Some(Ok(dir)), Some(name)) => Some(dir.join(name)),
+        _ => None,
+    };
+    let mut map = gates.lock().unwrap_or_else(PoisonError::into_inner);
+    let key = canonical.unwrap_or_else(|| path.to_path_buf());
+    let gate = Arc::clone(map.canonical.entry(key).or_default());
+    // Bounded: lock files are per store and per run directory, not per request.
+    if map.given.len() < MAX_REMEMBERED_LOCK_PATHS {
+        map.given.insert(path.to_path_buf(), Arc::clone(&gate));
+    }
+    gate
+}
+
+/// How many distinct lock paths `gate_for` remembers unresolved; past it, each lock resolves its
+/// path again (correct, only slower).
+const MAX_REMEMBERED_LOCK_PATHS: usize = 4096;
 
 /// A held lock; released on drop (the in-process gate and the `flock`).
 pub struct LockGuard {
@@ -335,6 +364,27 @@ use crate::limits::POLL_FALLBACK;
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn one_gate_per_lock_file_however_its_path_is_spelled() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir(d.path().join("a")).unwrap();
+        std::fs::create_dir(d.path().join("b")).unwrap();
+        let direct = d.path().join("b/x.lock");
+        let aliased = d.path().join("a/../b/x.lock");
+        let first = gate_for(&direct);
+        // Remembered: the same gate again, and the alias resolves to it.
+        assert!(Arc::ptr_eq(&first, &gate_for(&direct)));
+        assert!(Arc::ptr_eq(&first, &gate_for(&aliased)));
+        assert!(Arc::ptr_eq(&first, &gate_for(&aliased)));
+        assert!(!Arc::ptr_eq(&first, &gate_for(&d.path().join("b/y.lock"))));
+        // Held through one spelling, the lock excludes the other within the process.
+        let held = try_lock(&aliased, LockMode::Exclusive).unwrap();
+        assert!(held.is_some());
+        assert!(try_lock(&direct, LockMode::Shared).unwrap().is_none());
+        drop(held);
+        assert!(try_lock(&direct, LockMode::Shared).unwrap().is_some());
+    }
 
     #[test]
     fn exclusive_excludes_threads() {
