@@ -156,6 +156,47 @@ fn quick_json_run_reports_every_figure() {
             positive(&t["library_client_us"], "the library client's get");
         }
     }
+    // Flatness is judged on interleaved rounds: every round measured every size, the order
+    // rotating, and the target's ratio is the median of the rounds' own ratios.
+    let rounds = v["set_rounds"]["rounds"].as_array().expect("set_rounds");
+    assert_eq!(rounds.len(), 2, "quick runs 2 rounds: {rounds:?}");
+    let mut firsts = Vec::new();
+    let mut per_round = Vec::new();
+    for round in rounds {
+        let round = round.as_array().expect("a round");
+        let mut seen: Vec<u64> = round
+            .iter()
+            .map(|x| x["credentials"].as_u64().unwrap())
+            .collect();
+        firsts.push(seen[0]);
+        seen.sort_unstable();
+        assert_eq!(seen, sizes, "a round measures every size once");
+        let rate = |size: u64| {
+            let x = round.iter().find(|x| x["credentials"] == size).unwrap();
+            positive(&x["per_sec"], "a round's set rate");
+            x["per_sec"].as_f64().unwrap()
+        };
+        per_round.push(rate(sizes[1]) / rate(sizes[0]));
+    }
+    assert_ne!(firsts[0], firsts[1], "the order rotates between rounds");
+    let flat = targets
+        .iter()
+        .find(|t| t.get("round_ratios").is_some())
+        .expect("the flatness target");
+    let judged: Vec<f64> = flat["round_ratios"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_f64().unwrap())
+        .collect();
+    for (j, r) in judged.iter().zip(&per_round) {
+        assert!((j - r).abs() < 0.01, "round ratios {judged:?} vs rates {per_round:?}");
+    }
+    let median = (judged[0] + judged[1]) / 2.0;
+    assert!((flat["ratio"].as_f64().unwrap() - median).abs() < 0.002, "{flat}");
+    assert_eq!(flat["pass"], median >= 0.9, "{flat}");
+    positive(&flat["sequential_ratio"], "the sequential phases' ratio");
+
     let attribution = v["attribution_p50"].as_array().expect("attribution");
     assert_eq!(attribution.len(), sizes.len());
     for a in attribution {

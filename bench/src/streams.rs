@@ -167,7 +167,7 @@ pub(super) fn timed<S: Send + 'static>(
 }
 
 /// The median of `v` (not empty).
-fn median(v: &[f64]) -> f64 {
+pub(crate) fn median(v: &[f64]) -> f64 {
     let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
     let m = v.len() / 2;
