@@ -190,10 +190,16 @@ fn quick_json_run_reports_every_figure() {
         .map(|r| r.as_f64().unwrap())
         .collect();
     for (j, r) in judged.iter().zip(&per_round) {
-        assert!((j - r).abs() < 0.01, "round ratios {judged:?} vs rates {per_round:?}");
+        assert!(
+            (j - r).abs() < 0.01,
+            "round ratios {judged:?} vs rates {per_round:?}"
+        );
     }
     let median = (judged[0] + judged[1]) / 2.0;
-    assert!((flat["ratio"].as_f64().unwrap() - median).abs() < 0.002, "{flat}");
+    assert!(
+        (flat["ratio"].as_f64().unwrap() - median).abs() < 0.002,
+        "{flat}"
+    );
     assert_eq!(flat["pass"], median >= 0.9, "{flat}");
     positive(&flat["sequential_ratio"], "the sequential phases' ratio");
 
