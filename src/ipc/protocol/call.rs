@@ -216,5 +216,46 @@ mod tests {
         };
         assert!(matches!(a.events, Events::Unchecked(ref e) if e.len() == 1));
         assert_eq!((&*a.run_id, &*a.stream_id, a.seq), ("r", "s", 1));
+        // Many events, typed in order as they are read (the events' Vec grows past its
+        // one-event start); one bad event anywhere sends them all the general way, none lost.
+        let text = |i: usize| json!({"type": "text", "text": format!("t{i} \" é")});
+        for n in [0, 1, 2, 5, 40] {
+            let events: Vec<Value> = (0..n).map(text).collect();
+            let line = json!({"jsonrpc": "2.0", "id": 7, "method": "stream.append",
+                "params": {"run_id": "r", "stream_id": "s", "seq": 1, "events": events}})
+            .to_string();
+            let (_, a) = super::super::streams::read_append_line(line.as_bytes()).unwrap();
+            let Events::Checked(got) = a.events else {
+                panic!("{n} events not typed")
+            };
+            let want: Vec<String> = (0..n).map(|i| format!("t{i} \" é")).collect();
+            let texts: Vec<&str> = got
+                .iter()
+                .map(|e| match e {
+                    crate::streams::Event::Text(t) => t.as_str(),
+                    other => panic!("{other:?}"),
+                })
+                .collect();
+            assert_eq!(texts, want, "{n} events");
+            for bad_at in 0..n.min(3) {
+                let mut events = events.clone();
+                events[bad_at]["id"] = Value::Null;
+                let params = json!({"run_id": "r", "stream_id": "s", "seq": 1, "events": events});
+                let line = json!({"jsonrpc": "2.0", "id": 7, "method": "stream.append",
+                    "params": params})
+                .to_string();
+                assert!(super::super::streams::read_append_line(line.as_bytes()).is_none());
+                let raw = RawValue::from_string(params.to_string()).unwrap();
+                let Call::Stream(StreamCall::Append(a)) =
+                    Call::parse("stream.append", Some(&raw)).unwrap()
+                else {
+                    panic!("not an append")
+                };
+                assert!(
+                    matches!(a.events, Events::Unchecked(ref e) if e.len() == n),
+                    "{n} events, bad at {bad_at}"
+                );
+            }
+        }
     }
 }

@@ -213,24 +213,48 @@ struct AppendIn<'a> {
     #[serde(borrow)]
     stream_id: Str<'a>,
     seq: u64,
-    #[serde(borrow)]
-    events: Vec<EventIn<'a>>,
+    events: CheckedEvents,
 }
 
 impl<'a> AppendIn<'a> {
-    /// `None` if an event is not well formed (the caller reads the params the general way).
-    fn into_append(self) -> Option<Append<'a>> {
-        let events = self
-            .events
-            .into_iter()
-            .map(EventIn::into_event)
-            .collect::<Option<Vec<Event>>>()?;
-        Some(Append {
+    fn into_append(self) -> Append<'a> {
+        Append {
             run_id: self.run_id.0,
             stream_id: self.stream_id.0,
             seq: self.seq,
-            events: Events::Checked(events),
-        })
+            events: Events::Checked(self.events.0),
+        }
+    }
+}
+
+/// An append's events, each typed and checked as it is read ([`EventIn::into_event`]): one
+/// `Vec`, sized for the single event most appends carry. An event that is not well formed fails
+/// the whole read, and the caller reads the params the general way for its message.
+struct CheckedEvents(Vec<Event>);
+
+impl<'de> Deserialize<'de> for CheckedEvents {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = CheckedEvents;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an array of events")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<CheckedEvents, A::Error> {
+                let mut events = Vec::with_capacity(seq.size_hint().unwrap_or(1).clamp(1, 16));
+                while let Some(ev) = seq.next_element::<EventIn<'de>>()? {
+                    let ev = ev
+                        .into_event()
+                        .ok_or_else(|| serde::de::Error::custom("an event is not well formed"))?;
+                    events.push(ev);
+                }
+                Ok(CheckedEvents(events))
+            }
+        }
+        d.deserialize_seq(Visit)
     }
 }
 
@@ -238,11 +262,8 @@ impl<'a> AppendIn<'a> {
 /// formed (no `serde_json::Value` per event), else kept as values for the streams to say
 /// precisely what is wrong.
 pub fn append_params(raw: &str) -> Result<Append<'static>, super::RpcError> {
-    if let Some(a) = serde_json::from_str::<AppendIn>(raw)
-        .ok()
-        .and_then(AppendIn::into_append)
-    {
-        return Ok(a.into_owned());
+    if let Ok(a) = serde_json::from_str::<AppendIn>(raw) {
+        return Ok(a.into_append().into_owned());
     }
     let p: AppendValues = super::typed(raw)?;
     Ok(Append {
@@ -281,7 +302,7 @@ pub fn read_append_line(line: &[u8]) -> Option<(super::Id, Append<'_>)> {
     {
         return None;
     }
-    Some((l.id, l.params.into_append()?))
+    Some((l.id, l.params.into_append()))
 }
 
 /// `stream.subscribe`'s result.
