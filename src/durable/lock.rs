@@ -13,7 +13,7 @@ use std::io;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use fs4::FileExt;
@@ -61,8 +61,9 @@ struct Gate {
     cv: Condvar,
     /// A helper thread is blocked in `flock` for this path. At most one exists per path: if a
     /// holder in another process hangs, waiters that time out must not each leave a thread
-    /// (and a file descriptor) behind.
-    helper_in_flight: Arc<AtomicBool>,
+    /// (and a file descriptor) behind. The helper keeps the gate alive until it returns, so a
+    /// later waiter finds this flag set even if every other user of the gate is gone.
+    helper_in_flight: AtomicBool,
 }
 
 impl Gate {
@@ -107,48 +108,81 @@ impl Gate {
     }
 }
 
-/// The gates, by lock-file path as given and by canonical path.
+/// The in-process gates: one per lock file while anyone holds or waits for it.
 #[derive(Default)]
 struct Gates {
-    /// Canonical directory joined with the file name: one gate per lock file.
-    canonical: HashMap<PathBuf, Arc<Gate>>,
-    /// The paths callers pass (a store passes the same one every time), so that a lock taken
-    /// per write does not resolve every component of its directory again (a `readlink` each).
-    given: HashMap<PathBuf, Arc<Gate>>,
+    /// Canonical directory joined with the file name → that lock file's gate. Weak: a gate
+    /// lives as long as a holder, a waiter or a blocked `flock` helper keeps it, and entries
+    /// nobody uses are pruned as the map grows (a run's log has its own lock file, so a gate
+    /// per run ever logged would otherwise stay for the daemon's life).
+    canonical: HashMap<PathBuf, Weak<Gate>>,
+    /// `canonical`'s size after its last pruning; it is pruned again when it has doubled.
+    pruned_at: usize,
+    /// The paths callers pass (a store passes the same one every time), resolved once, so that
+    /// a lock taken per write does not resolve every component of its directory again (a
+    /// `readlink` each). Cleared when full: only a cache.
+    resolved: HashMap<PathBuf, PathBuf>,
+}
+
+impl Gates {
+    fn get() -> std::sync::MutexGuard<'static, Gates> {
+        static GATES: OnceLock<Mutex<Gates>> = OnceLock::new();
+        GATES
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The gate of the lock file at canonical path `key`, made if nobody uses one.
+    fn gate(&mut self, key: &Path) -> Arc<Gate> {
+        if let Some(gate) = self.canonical.get(key).and_then(Weak::upgrade) {
+            return gate;
+        }
+        let gate = Arc::new(Gate::default());
+        self.canonical
+            .insert(key.to_path_buf(), Arc::downgrade(&gate));
+        if self.canonical.len() >= (2 * self.pruned_at).max(MIN_GATES_BEFORE_PRUNING) {
+            self.canonical.retain(|_, g| g.strong_count() > 0);
+            self.pruned_at = self.canonical.len();
+        }
+        gate
+    }
 }
 
 fn gate_for(path: &Path) -> Arc<Gate> {
-    static GATES: OnceLock<Mutex<Gates>> = OnceLock::new();
-    let gates = GATES.get_or_init(Default::default);
-    if let Some(gate) = gates
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .given
-        .get(path)
     {
-        return Arc::clone(gate);
+        let mut gates = Gates::get();
+        if let Some(key) = gates.resolved.get(path).cloned() {
+            return gates.gate(&key);
+        }
     }
     // Key by the canonical directory so `a/../b/x.lock` and `b/x.lock` share a gate. Resolved
     // outside the map's lock: it is file-system work. A directory that moves afterwards keeps
-    // the gate it had; the `flock` still excludes across file descriptions, so two gates for
+    // the key it had; the `flock` still excludes across file descriptions, so two gates for
     // one file would only queue less fairly, never let two writers in.
-    let canonical = match (path.parent().map(Path::canonicalize), path.file_name()) {
-        (Some(Ok(dir)), Some(name)) => Some(dir.join(name)),
-        _ => None,
+    let key = match (path.parent().map(Path::canonicalize), path.file_name()) {
+        (Some(Ok(dir)), Some(name)) => dir.join(name),
+        _ => path.to_path_buf(),
     };
-    let mut map = gates.lock().unwrap_or_else(PoisonError::into_inner);
-    let key = canonical.unwrap_or_else(|| path.to_path_buf());
-    let gate = Arc::clone(map.canonical.entry(key).or_default());
-    // Bounded: lock files are per store and per run directory, not per request.
-    if map.given.len() < MAX_REMEMBERED_LOCK_PATHS {
-        map.given.insert(path.to_path_buf(), Arc::clone(&gate));
+    let mut gates = Gates::get();
+    if gates.resolved.len() >= MAX_REMEMBERED_LOCK_PATHS {
+        gates.resolved.clear();
     }
-    gate
+    gates.resolved.insert(path.to_path_buf(), key.clone());
+    gates.gate(&key)
 }
 
-/// How many distinct lock paths `gate_for` remembers unresolved; past it, each lock resolves its
-/// path again (correct, only slower).
+/// How many lock paths `gate_for` remembers resolved before it starts over.
 const MAX_REMEMBERED_LOCK_PATHS: usize = 4096;
+
+/// Gates nobody uses are pruned once there are at least this many (and then each time their
+/// number has doubled since the last pruning).
+const MIN_GATES_BEFORE_PRUNING: usize = 256;
+
+#[cfg(test)]
+fn gates_known() -> usize {
+    Gates::get().canonical.len()
+}
 
 /// A held lock; released on drop (the in-process gate and the `flock`).
 pub struct LockGuard {
@@ -243,7 +277,7 @@ fn acquire(
     if !gate.acquire(mode, deadline) {
         return Ok(None);
     }
-    let taken = wait_flock(&file, mode, deadline, &gate.helper_in_flight);
+    let taken = wait_flock(&file, mode, deadline, &gate);
     match taken {
         Ok(true) => Ok(Some(LockGuard { file, gate, mode })),
         Ok(false) => {
@@ -271,7 +305,7 @@ fn wait_flock(
     file: &File,
     mode: LockMode,
     deadline: Option<Instant>,
-    helper_in_flight: &Arc<AtomicBool>,
+    gate: &Arc<Gate>,
 ) -> io::Result<bool> {
     if try_flock(file, mode)? {
         return Ok(true);
@@ -283,12 +317,12 @@ fn wait_flock(
         return Ok(false);
     }
     let waiter = file.try_clone()?;
-    if helper_in_flight.swap(true, Ordering::SeqCst) {
+    if gate.helper_in_flight.swap(true, Ordering::SeqCst) {
         // An earlier waiter's helper is still blocked: the holder has not released for a whole
         // timeout. Poll rather than add another blocked thread.
         return poll_flock(file, mode, deadline);
     }
-    let in_flight = Arc::clone(helper_in_flight);
+    let helper_gate = Arc::clone(gate);
     enum Wait {
         Waiting,
         GaveUp,
@@ -311,7 +345,7 @@ fn wait_flock(
             };
             let (m, cv) = &*helper_state;
             let mut s = m.lock().unwrap_or_else(PoisonError::into_inner);
-            in_flight.store(false, Ordering::SeqCst);
+            helper_gate.helper_in_flight.store(false, Ordering::SeqCst);
             if matches!(*s, Wait::GaveUp) {
                 if taken.is_ok() {
                     let _ = FileExt::unlock(&waiter);
@@ -322,7 +356,7 @@ fn wait_flock(
             cv.notify_all();
         });
     if let Err(e) = spawned {
-        helper_in_flight.store(false, Ordering::SeqCst);
+        gate.helper_in_flight.store(false, Ordering::SeqCst);
         return Err(e);
     }
     let (m, cv) = &*state;
@@ -384,6 +418,40 @@ mod tests {
         assert!(try_lock(&direct, LockMode::Shared).unwrap().is_none());
         drop(held);
         assert!(try_lock(&direct, LockMode::Shared).unwrap().is_some());
+    }
+
+    #[test]
+    fn gates_nobody_uses_are_pruned_and_a_held_one_is_kept() {
+        let d = tempfile::tempdir().unwrap();
+        let held_path = d.path().join("held.lock");
+        let held = lock(&held_path, LockMode::Exclusive, Duration::from_secs(5)).unwrap();
+        let gate = gate_for(&held_path);
+        // A lock file per run directory, each taken and released once (as run logs are).
+        let runs = 2000;
+        for i in 0..runs {
+            let dir = d.path().join(format!("run-{i}"));
+            std::fs::create_dir(&dir).unwrap();
+            drop(
+                lock(
+                    &dir.join("log.lock"),
+                    LockMode::Exclusive,
+                    Duration::from_secs(5),
+                )
+                .unwrap(),
+            );
+        }
+        let known = gates_known();
+        println!("{runs} lock files taken and released: {known} gates known");
+        // Other tests of this process may hold a few gates of their own meanwhile.
+        assert!(
+            known < 2 * MIN_GATES_BEFORE_PRUNING + 64,
+            "{known} gates kept"
+        );
+        // The held gate survived every pruning: a waiter still queues on the same one.
+        assert!(Arc::ptr_eq(&gate, &gate_for(&held_path)));
+        assert!(try_lock(&held_path, LockMode::Shared).unwrap().is_none());
+        drop(held);
+        assert!(try_lock(&held_path, LockMode::Shared).unwrap().is_some());
     }
 
     #[test]
