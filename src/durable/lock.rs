@@ -414,10 +414,14 @@ mod tests {
         assert!(!Arc::ptr_eq(&first, &gate_for(&d.path().join("b/y.lock"))));
         // Held through one spelling, the lock excludes the other within the process.
         let held = try_lock(&aliased, LockMode::Exclusive).unwrap();
-        assert!(held.is_some());
-        assert!(try_lock(&direct, LockMode::Shared).unwrap().is_none());
+        excludes_until_dropped(held.expect("free"), &direct);
+    }
+
+    /// `held` keeps a reader out of `path` (the same lock file) until it is dropped.
+    fn excludes_until_dropped(held: LockGuard, path: &Path) {
+        assert!(try_lock(path, LockMode::Shared).unwrap().is_none());
         drop(held);
-        assert!(try_lock(&direct, LockMode::Shared).unwrap().is_some());
+        assert!(try_lock(path, LockMode::Shared).unwrap().is_some());
     }
 
     #[test]
@@ -449,9 +453,7 @@ mod tests {
         );
         // The held gate survived every pruning: a waiter still queues on the same one.
         assert!(Arc::ptr_eq(&gate, &gate_for(&held_path)));
-        assert!(try_lock(&held_path, LockMode::Shared).unwrap().is_none());
-        drop(held);
-        assert!(try_lock(&held_path, LockMode::Shared).unwrap().is_some());
+        excludes_until_dropped(held, &held_path);
     }
 
     #[test]
