@@ -140,18 +140,12 @@ fn measure(a: &BenchArgs, holdfast: PathBuf, file: &Path) -> CliResult<Value> {
             })
             .sum::<f64>()
         // The interleaved cred.set rounds: a store seeded per size, then rounds of slices.
-        + if plan.sizes.len() > 1 && plan.clients.contains(&1) {
-            let slice = if a.quick {
-                creds_phase
-            } else {
-                creds_phase.max(holdfast::limits::INDEX_MAX_LAG.as_secs_f64() + 1.0)
-            };
-            let rounds = if a.quick { 2.0 } else { 4.0 };
+        + plan.set_rounds().map_or(0.0, |(slice, rounds)| {
             plan.sizes.iter().sum::<usize>() as f64 * SEED_PER_CRED
-                + plan.sizes.len() as f64 * (CREDS_PER_SIZE_FIXED + rounds * (slice + 1.0))
-        } else {
-            0.0
-        };
+                + plan.sizes.len() as f64
+                    * (CREDS_PER_SIZE_FIXED
+                        + rounds as f64 * (slice + super::SET_SETTLE).as_secs_f64())
+        });
     let sd = secs(5.0);
     let redis = super::streams::redis_installed();
     let streams_estimate =

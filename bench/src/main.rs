@@ -198,6 +198,23 @@ struct Plan {
 }
 
 impl Plan {
+    /// The interleaved `cred.set` rounds' slice and number ([`set_rounds`]), if they run: with
+    /// two sizes or more and one client.
+    fn set_rounds(&self) -> Option<(Duration, usize)> {
+        if self.sizes.len() < 2 || !self.clients.contains(&1) {
+            return None;
+        }
+        Some(if self.quick {
+            (self.phase, 2)
+        } else {
+            (
+                self.phase
+                    .max(holdfast::limits::INDEX_MAX_LAG + Duration::from_secs(1)),
+                SET_ROUNDS,
+            )
+        })
+    }
+
     fn new(a: &BenchArgs) -> CliResult<Plan> {
         let seconds = a.seconds.unwrap_or(if a.quick { 0.5 } else { 5.0 });
         if !(seconds.is_finite() && (0.05..=600.0).contains(&seconds)) {
@@ -990,16 +1007,9 @@ impl SetRounds {
 /// A slice lasts past `INDEX_MAX_LAG`, so a sustained writer at the largest size pays its
 /// index rewrite inside the slice as it does in the sequential phase.
 fn set_rounds(root: &Path, holdfast: &Path, plan: &Plan) -> CliResult<Option<SetRounds>> {
-    if plan.sizes.len() < 2 || !plan.clients.contains(&1) {
+    let Some((slice, rounds)) = plan.set_rounds() else {
         return Ok(None);
-    }
-    let slice = if plan.quick {
-        plan.phase
-    } else {
-        plan.phase
-            .max(holdfast::limits::INDEX_MAX_LAG + Duration::from_secs(1))
     };
-    let rounds = if plan.quick { 2 } else { SET_ROUNDS };
     let mut worlds = Vec::new();
     for &size in &plan.sizes {
         let env = Env::create(&root.join(format!("set-{size}")), holdfast)?;

@@ -134,27 +134,46 @@ impl Gates {
     }
 
     /// The gate of the lock file at canonical path `key`, made if nobody uses one.
-    fn gate(&mut self, key: &Path) -> Arc<Gate> {
-        if let Some(gate) = self.canonical.get(key).and_then(Weak::upgrade) {
-            return gate;
-        }
+    fn gate(
+        canonical: &mut HashMap<PathBuf, Weak<Gate>>,
+        pruned_at: &mut usize,
+        key: &Path,
+    ) -> Arc<Gate> {
+        let slot = match canonical.get_mut(key) {
+            Some(weak) => match weak.upgrade() {
+                Some(gate) => return gate,
+                // A lock file used before and let go since (a store's, between writes): its
+                // entry takes the new gate, with no key made again.
+                None => weak,
+            },
+            None => {
+                if canonical.len() >= (2 * *pruned_at).max(MIN_GATES_BEFORE_PRUNING) {
+                    canonical.retain(|_, g| g.strong_count() > 0);
+                    *pruned_at = canonical.len();
+                }
+                canonical.entry(key.to_path_buf()).or_default()
+            }
+        };
         let gate = Arc::new(Gate::default());
-        self.canonical
-            .insert(key.to_path_buf(), Arc::downgrade(&gate));
-        if self.canonical.len() >= (2 * self.pruned_at).max(MIN_GATES_BEFORE_PRUNING) {
-            self.canonical.retain(|_, g| g.strong_count() > 0);
-            self.pruned_at = self.canonical.len();
-        }
+        *slot = Arc::downgrade(&gate);
         gate
+    }
+
+    /// The gate of the lock file the caller calls `path`, if that path was resolved before.
+    fn known(&mut self, path: &Path) -> Option<Arc<Gate>> {
+        let Gates {
+            canonical,
+            pruned_at,
+            resolved,
+        } = self;
+        let key = resolved.get(path)?;
+        Some(Self::gate(canonical, pruned_at, key))
     }
 }
 
 fn gate_for(path: &Path) -> Arc<Gate> {
-    {
-        let mut gates = Gates::get();
-        if let Some(key) = gates.resolved.get(path).cloned() {
-            return gates.gate(&key);
-        }
+    if let Some(gate) = Gates::get().known(path) {
+        return gate;
     }
     // Key by the canonical directory so `a/../b/x.lock` and `b/x.lock` share a gate. Resolved
     // outside the map's lock: it is file-system work. A directory that moves afterwards keeps
@@ -168,8 +187,14 @@ fn gate_for(path: &Path) -> Arc<Gate> {
     if gates.resolved.len() >= MAX_REMEMBERED_LOCK_PATHS {
         gates.resolved.clear();
     }
-    gates.resolved.insert(path.to_path_buf(), key.clone());
-    gates.gate(&key)
+    let Gates {
+        canonical,
+        pruned_at,
+        resolved,
+    } = &mut *gates;
+    let gate = Gates::gate(canonical, pruned_at, &key);
+    resolved.insert(path.to_path_buf(), key);
+    gate
 }
 
 /// How many lock paths `gate_for` remembers resolved before it starts over.
