@@ -328,34 +328,56 @@ fn batch_durability_syncs_in_the_background_and_limits_hold() {
 }
 
 /// Assisted, the thread that queued an append commits it itself: its callback runs on that
-/// thread, in that call, with no hand-off to the committer thread.
+/// thread, in that call, with no hand-off to the committer thread. The committer thread takes
+/// over a batch nobody took within `ASSIST_GRACE` (the fallback); on a loaded machine the test
+/// thread can be descheduled that long between its append and its `assist`, so a round where
+/// `assist` returned later than the grace may have been committed either way, and the claim is
+/// checked on the rounds that returned in time (at least 20 are required).
 #[test]
 fn an_assisting_thread_commits_what_it_queued_itself() {
     let d = tempfile::tempdir().unwrap();
     let (j, _, _) = open(&jd(&d));
     j.set_assisted(true);
     let me = std::thread::current().id();
-    let mut answered = Vec::new();
-    for i in 0..20 {
-        let p = j.append_promise(format!("a:{i}").into_bytes());
+    let (mut on_time, mut late, mut rounds) = (0, 0, 0);
+    while on_time < 20 && rounds < 400 {
+        let p = j.append_promise(format!("a:{rounds}").into_bytes());
+        rounds += 1;
+        let queued = Instant::now();
         let (tx, rx) = std::sync::mpsc::channel();
         p.then(move |res| {
             let _ = tx.send((res.is_ok(), std::thread::current().id()));
         });
         j.assist(&|| false);
-        let (ok, on) = rx
-            .try_recv()
-            .expect("not answered by the time assist returned");
-        assert!(ok);
-        assert_eq!(on, me, "answered on another thread");
-        answered.push(i);
+        if queued.elapsed() < ASSIST_GRACE {
+            // The committer thread could not have taken it yet: this call committed it.
+            let (ok, on) = rx
+                .try_recv()
+                .expect("not answered by the time assist returned");
+            assert!(ok);
+            assert_eq!(on, me, "answered on another thread");
+            on_time += 1;
+        } else {
+            let (ok, _) = rx
+                .recv_timeout(Duration::from_secs(10))
+                .expect("a late round was never answered");
+            assert!(ok);
+            late += 1;
+        }
     }
-    assert_eq!(j.stats().syncs.load(Ordering::Relaxed), 20);
+    assert!(
+        on_time >= 20,
+        "only {on_time} of {rounds} rounds assisted in time"
+    );
+    assert_eq!(j.stats().syncs.load(Ordering::Relaxed), rounds as u64);
     drop(j);
     let (_, frames, _) = open(&jd(&d));
-    let want: Vec<String> = (0..20).map(|i| format!("a:{i}")).collect();
+    let want: Vec<String> = (0..rounds).map(|i| format!("a:{i}")).collect();
     assert_eq!(payloads(&frames), want);
-    println!("assisted: 20 appends committed and answered on the appending thread");
+    println!(
+        "assisted: {on_time} appends committed and answered on the appending thread; {late} \
+         rounds returned after the grace (either thread may commit those), all answered"
+    );
 }
 
 /// Assisted but nobody assists (a runtime whose workers never run out of work): the committer
