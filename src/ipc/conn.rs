@@ -1,4 +1,14 @@
-//! A connection's socket as tokio's own `UnixStream`, split into its read and write halves.
+//! A connection's socket: a plain non-blocking Unix stream for writes, and a duplicate of it
+//! registered with tokio for reading only.
+//!
+//! **Registered for reading only.** tokio's own `UnixStream` registers a socket for both
+//! directions (`EPOLLIN | EPOLLOUT`, edge-triggered), and a Unix socket signals `EPOLLOUT` each
+//! time the peer consumes something it was sent: every answer a client read queued an event in
+//! the daemon's epoll that nothing waited for, and woke a parked worker to deliver it. Here the
+//! reader is an [`AsyncFd`] with `Interest::READABLE`, and writes are plain non-blocking sends;
+//! only a writer that finds the socket full registers for writability, for as long as it
+//! waits ([`Conn::send_all`]). A connection can also leave tokio altogether, for the append
+//! lane (`lane.rs`): [`SpeculativeReader::into_socket`].
 //!
 //! Reads are speculative ([`SpeculativeReader`]): after answering a request the connection's
 //! task reads again at once, and waits for readiness only after an `EAGAIN`. Under load the
@@ -17,73 +27,96 @@
 //! the socket takes it at once), [`Conn::send_all`] for the connection's writer task, which
 //! waits for writability when the socket is full.
 
-use std::io;
+use std::io::{self, Read, Write};
+use std::os::unix::net::UnixStream;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use interprocess::local_socket::tokio::Stream;
+use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, Interest, ReadBuf};
-use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 
-/// The write half of one client connection's socket.
+/// Whether an I/O error only means "not now".
+fn would_block(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+    )
+}
+
+/// `s` registered with tokio's reactor for `interest` only.
+///
+/// tokio 1.54 deprecates the safe constructor because an arbitrary `AsRawFd` type could close
+/// or swap its descriptor while registered (tokio-rs/tokio#8587); its replacement is `unsafe`,
+/// which this crate forbids. A `UnixStream` owns its descriptor and returns the same one until
+/// it is dropped, and the `AsyncFd` owns the `UnixStream`: the contract the replacement asks
+/// its caller to uphold holds here by construction.
+#[allow(deprecated)]
+fn register(s: UnixStream, interest: Interest) -> io::Result<AsyncFd<UnixStream>> {
+    AsyncFd::with_interest(s, interest)
+}
+
+/// The write side of one client connection's socket.
 pub struct Conn {
-    w: OwnedWriteHalf,
+    s: UnixStream,
 }
 
 impl Conn {
-    /// Take over an accepted stream: its read half (for the connection's reader) and the
-    /// shared write half.
-    pub fn new(stream: Stream) -> (SpeculativeReader, Conn) {
+    /// Take over an accepted stream: a reader registered with tokio for reading only, and the
+    /// write side (shared by whoever answers).
+    pub fn new(stream: Stream) -> io::Result<(SpeculativeReader, Conn)> {
         let Stream::UdSocket(s) = stream;
         let tokio_stream: tokio::net::UnixStream = s.into();
-        let (r, w) = tokio_stream.into_split();
-        (
-            SpeculativeReader {
-                half: r,
-                drained: false,
-            },
-            Conn { w },
-        )
+        // Out of tokio's reactor (it registered both directions); non-blocking still.
+        let s = tokio_stream.into_std()?;
+        let fd = register(s.try_clone()?, Interest::READABLE)?;
+        Ok((SpeculativeReader { fd, drained: false }, Conn { s }))
     }
 
     /// Send what the socket takes right now, without waiting: `Ok(0)` if it takes nothing.
     pub fn try_send(&self, buf: &[u8]) -> io::Result<usize> {
-        match self.w.try_write(buf) {
+        match (&self.s).write(buf) {
             Ok(n) => Ok(n),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                ) =>
-            {
-                Ok(0)
-            }
+            Err(e) if would_block(&e) => Ok(0),
             Err(e) => Err(e),
         }
     }
 
-    /// Send all of `buf`, waiting for the socket to take it.
+    /// Send all of `buf`, waiting for the socket to take it. The socket is registered for
+    /// writability only while this waits (see the module's comment).
     pub async fn send_all(&self, mut buf: &[u8]) -> io::Result<()> {
+        let mut waiter: Option<AsyncFd<UnixStream>> = None;
         while !buf.is_empty() {
-            self.w.writable().await?;
-            match self.w.try_write(buf) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => buf = &buf[n..],
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                    ) => {}
+            let n = match (&self.s).write(buf) {
+                Ok(n) => n,
+                Err(e) if would_block(&e) => {
+                    let w = match &waiter {
+                        Some(w) => w,
+                        None => waiter.insert(register(self.s.try_clone()?, Interest::WRITABLE)?),
+                    };
+                    let mut ready = w.writable().await?;
+                    match ready.try_io(|s| s.get_ref().write(buf)) {
+                        Ok(Ok(n)) => n,
+                        Ok(Err(e)) if would_block(&e) => continue,
+                        Ok(Err(e)) => return Err(e),
+                        // Still full: readiness cleared, wait again.
+                        Err(_) => continue,
+                    }
+                }
                 Err(e) => return Err(e),
+            };
+            if n == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
             }
+            buf = &buf[n..];
         }
         Ok(())
     }
 }
 
-/// The read half, read speculatively: the socket first, readiness only after `EAGAIN`.
+/// The read side, read speculatively: the socket first, readiness only after `EAGAIN`.
 pub struct SpeculativeReader {
-    half: OwnedReadHalf,
+    fd: AsyncFd<UnixStream>,
     /// The last read took less than it was offered room for: the socket was empty after it.
     drained: bool,
 }
@@ -96,13 +129,16 @@ impl SpeculativeReader {
     /// observed, so bytes that came after the read are never missed.
     pub fn expect_nothing(&self) {
         if self.drained {
-            let _ = self
-                .half
-                .as_ref()
-                .try_io(Interest::READABLE, || -> io::Result<()> {
-                    Err(io::ErrorKind::WouldBlock.into())
-                });
+            let _ = self.fd.try_io(Interest::READABLE, |_| -> io::Result<()> {
+                Err(io::ErrorKind::WouldBlock.into())
+            });
         }
+    }
+
+    /// Leave tokio: the socket (a duplicate of the connection's), no longer registered with
+    /// the runtime, for a reader of its own (the append lane).
+    pub fn into_socket(self) -> UnixStream {
+        self.fd.into_inner()
     }
 }
 
@@ -113,16 +149,20 @@ impl AsyncRead for SpeculativeReader {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        let half = &this.half;
         loop {
             let room = buf.remaining();
-            match half.try_read_buf(buf) {
+            // Without a system call while tokio knows the socket is not readable.
+            match this.fd.try_io(Interest::READABLE, |s| {
+                (&*s).read(buf.initialize_unfilled())
+            }) {
                 Ok(n) => {
+                    buf.advance(n);
                     this.drained = n > 0 && n < room;
                     return Poll::Ready(Ok(()));
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    ready!(half.as_ref().poll_read_ready(cx))?;
+                    // Wait for the next edge; the guard is dropped without clearing anything.
+                    drop(ready!(this.fd.poll_read_ready(cx))?);
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Poll::Ready(Err(e)),

@@ -442,7 +442,13 @@ async fn connection(
     conn: u64,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let (read_half, stream) = Conn::new(stream);
+    let (read_half, stream) = match Conn::new(stream) {
+        Ok(halves) => halves,
+        Err(e) => {
+            tracing::warn!(conn, error = %e, "cannot set up the connection's socket; closing it");
+            return;
+        }
+    };
     let stream = Arc::new(stream);
     daemon.connection_opened();
     let send_stream = Arc::clone(&stream);
