@@ -14,8 +14,12 @@ pub fn run(g: &Global) -> CliResult {
             return Ok(());
         }
         let get = |k: &str| s.get(k).cloned().unwrap_or(Value::Null);
+        let streaming = match get("lane_connections").as_u64().unwrap_or(0) {
+            0 => String::new(),
+            n => format!(", {n} streaming"),
+        };
         out(format!(
-            "daemon: running (pid {}, version {}, up {} s, {} connection(s))",
+            "daemon: running (pid {}, version {}, up {} s, {} connection(s){streaming})",
             get("pid"),
             get("version").as_str().unwrap_or("?"),
             get("uptime_ms").as_u64().unwrap_or(0) / 1000,

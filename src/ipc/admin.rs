@@ -100,6 +100,7 @@ pub fn status(daemon: &Daemon, grant: &PluginGrant) -> Value {
         "socket": daemon.socket(),
         "data_dir": daemon.data_dir(),
         "connections": daemon.connections(),
+        "lane_connections": daemon.lane_connections(),
         "stores": stores,
     })
 }

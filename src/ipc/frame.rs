@@ -151,6 +151,13 @@ impl<R: tokio::io::AsyncRead> FrameReader<tokio::io::BufReader<R>> {
     pub fn source(&self) -> &R {
         self.inner.get_ref()
     }
+
+    /// The stream under the buffer, and the bytes the buffer had read past the last line
+    /// returned (the start of the next ones), for a reader that takes over.
+    pub fn into_parts(self) -> (R, zeroize::Zeroizing<Vec<u8>>) {
+        let rest = zeroize::Zeroizing::new(self.inner.buffer().to_vec());
+        (self.inner.into_inner(), rest)
+    }
 }
 
 #[cfg(test)]

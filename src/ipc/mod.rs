@@ -1,9 +1,11 @@
 //! The plugin API: newline-delimited JSON-RPC 2.0 over a pathname Unix socket.
 //!
-//! - [`conn`]: a connection's socket (reads that clear readiness when drained, non-blocking sends).
+//! - [`conn`]: a connection's socket (registered with tokio for reading only, speculative reads,
+//!   non-blocking sends).
 //! - [`frame`]: bounded line framing with idle and read timeouts.
 //! - [`protocol`]: request parsing, response/notification lines, error codes and kinds.
 //! - [`server`]: bind (singleton, stale socket, 0600), accept (peer uid), connections, shutdown.
+//! - [`lane`]: the append lane, the thread that reads a connection once it streams appends.
 //! - [`handlers`]: routing (admission, hello, unsubscribe) to the method families: [`creds`]
 //!   (`cred.*`), [`admin`] (`admin.*`), [`streams`] (`stream.*`, `checkpoint.*`), [`runs`] (`run.*`).
 //! - [`subscriptions`]: a connection's subscriptions, their cap and `unsubscribe`.
@@ -14,6 +16,7 @@ pub mod conn;
 pub mod creds;
 pub mod frame;
 pub mod handlers;
+pub mod lane;
 pub mod outbox;
 pub mod protocol;
 pub mod runs;

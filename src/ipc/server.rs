@@ -21,6 +21,7 @@ use zeroize::Zeroizing;
 
 use super::frame::{FrameError, FrameReader};
 use super::handlers;
+use super::lane::{Adopted, Lane};
 pub use super::outbox::Outbox;
 use super::protocol::{self, RpcError};
 use crate::config::{Limits, PluginGrant};
@@ -29,7 +30,7 @@ use crate::error::ErrorKind;
 use crate::limits::{SHUTDOWN_GRACE, SOCKET_CHECK_INTERVAL};
 
 /// Answers to pipelined requests held back to leave in one send, at most this many bytes.
-const CORK_MAX: usize = 64 * 1024;
+pub(super) const CORK_MAX: usize = 64 * 1024;
 use crate::service::Daemon;
 
 /// Why the daemon could not start serving.
@@ -322,6 +323,18 @@ pub async fn run(
     let mut check = tokio::time::interval(SOCKET_CHECK_INTERVAL);
     check.tick().await;
     let mut socket_lost = false;
+    // The thread that reads connections once they stream appends (lane.rs).
+    let lane = match Lane::start(
+        Arc::clone(&daemon),
+        limits.clone(),
+        tokio::runtime::Handle::current(),
+    ) {
+        Ok(l) => Some(Arc::new(l)),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot start the append lane; the runtime's workers read every connection");
+            None
+        }
+    };
     loop {
         tokio::select! {
             _ = shutdown.changed() => break,
@@ -355,10 +368,10 @@ pub async fn run(
                 let conn = next_conn.fetch_add(1, Ordering::Relaxed);
                 match Arc::clone(&permits).try_acquire_owned() {
                     Ok(permit) => {
-                        let (daemon, limits, shutdown, done) =
-                            (Arc::clone(&daemon), limits.clone(), shutdown.clone(), done_tx.clone());
+                        let (daemon, limits, shutdown, done, lane) =
+                            (Arc::clone(&daemon), limits.clone(), shutdown.clone(), done_tx.clone(), lane.clone());
                         tokio::spawn(async move {
-                            connection(stream, daemon, limits, conn, shutdown).await;
+                            connection(stream, daemon, limits, conn, shutdown, lane).await;
                             drop(permit);
                             drop(done);
                         });
@@ -396,6 +409,9 @@ pub async fn run(
             "connections still open after the grace period; exiting anyway"
         );
     }
+    if let Some(lane) = lane {
+        lane.stop();
+    }
     let flush_daemon = Arc::clone(&daemon);
     let _ = tokio::task::spawn_blocking(move || flush_daemon.flush_all()).await;
     drop(_locks);
@@ -409,19 +425,19 @@ pub async fn run(
 /// Hold `reply` back in `corked`. The buffer never grows: answers may hold secrets, and a `Vec`
 /// that reallocates leaves copies of them in the memory it frees, where zeroizing cannot reach
 /// (docs/design.md). It is sized once, and sent first when the reply would not fit.
-fn cork(session: &Session, stream: &Conn, corked: &mut Zeroizing<Vec<u8>>, reply: &[u8]) {
+pub(super) fn cork(session: &Session, corked: &mut Zeroizing<Vec<u8>>, reply: &[u8]) {
     if corked.capacity() - corked.len() < reply.len() {
-        uncork(session, stream, corked);
+        uncork(session, corked);
         *corked = Zeroizing::new(Vec::with_capacity(CORK_MAX.max(reply.len())));
     }
     corked.extend_from_slice(reply);
 }
 
 /// Send the answers held back in `corked`, if any.
-fn uncork(session: &Session, stream: &Conn, corked: &mut Zeroizing<Vec<u8>>) {
+pub(super) fn uncork(session: &Session, corked: &mut Zeroizing<Vec<u8>>) {
     if !corked.is_empty() {
         let out = std::mem::replace(corked, Zeroizing::new(Vec::new()));
-        session.outbox.send_now(stream, out);
+        session.send_now(out);
     }
 }
 
@@ -441,6 +457,7 @@ async fn connection(
     limits: Limits,
     conn: u64,
     mut shutdown: watch::Receiver<bool>,
+    lane: Option<Arc<Lane>>,
 ) {
     let (read_half, stream) = match Conn::new(stream) {
         Ok(halves) => halves,
@@ -486,13 +503,15 @@ async fn connection(
     tokio::pin!(stop);
     let ended = closed.notified();
     tokio::pin!(ended);
+    // Set when the connection sent its first append: the append lane reads it from then on.
+    let mut to_lane = None;
     loop {
         let idle_ok = || {
             inflight.available_permits() == limits.max_inflight
                 && session.subscriptions.count() == 0
         };
         // Never wait with answers held back.
-        uncork(&session, &stream, &mut corked);
+        uncork(&session, &mut corked);
         let frame = tokio::select! {
             biased;
             _ = &mut ended => break,
@@ -530,25 +549,29 @@ async fn connection(
                 if corked.is_empty() && !reader.line_buffered() {
                     session.outbox.send_now(&stream, reply);
                 } else {
-                    cork(&session, &stream, &mut corked, &reply);
+                    cork(&session, &mut corked, &reply);
                     if !reader.line_buffered() || corked.len() >= CORK_MAX {
-                        uncork(&session, &stream, &mut corked);
+                        uncork(&session, &mut corked);
                     }
                 }
                 continue;
             }
             handlers::Routed::Async(id, call, grant) => {
-                uncork(&session, &stream, &mut corked);
+                uncork(&session, &mut corked);
                 (id, call, grant)
             }
             handlers::Routed::Append(id, a) => {
-                uncork(&session, &stream, &mut corked);
+                uncork(&session, &mut corked);
                 let permit = tokio::select! {
                     biased;
                     p = Arc::clone(&inflight).acquire_owned() => match p { Ok(p) => p, Err(_) => break },
                     _ = &mut stop => break,
                 };
                 super::streams::append(&daemon, &session, id, a, permit);
+                if let Some(lane) = &lane {
+                    to_lane = Some(Arc::clone(lane));
+                    break;
+                }
                 if !reader.line_buffered() {
                     reader.source().expect_nothing();
                 }
@@ -567,6 +590,31 @@ async fn connection(
             session.outbox.send(reply);
             drop(permit);
         });
+    }
+    if let Some(lane) = to_lane {
+        // From its first append on, a connection is read by the append lane: its socket and
+        // what was read past that append go there, and this task waits until the lane stops
+        // reading it (or tells the lane to stop, at shutdown or when the outbox closed it).
+        let (read_half, pending) = reader.into_parts();
+        let (done, mut lane_ended) = tokio::sync::oneshot::channel();
+        lane.adopt(Adopted {
+            conn,
+            sock: read_half.into_socket(),
+            pending,
+            session: Arc::clone(&session),
+            inflight: Arc::clone(&inflight),
+            done,
+        });
+        let released = tokio::select! {
+            biased;
+            _ = &mut ended => true,
+            _ = &mut stop => true,
+            _ = &mut lane_ended => false,
+        };
+        if released {
+            lane.release(conn);
+            let _ = lane_ended.await;
+        }
     }
     // Let in-flight requests reach their safe point (their store calls always complete), then
     // let the writer drain what is queued.

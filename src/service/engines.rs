@@ -90,6 +90,12 @@ impl Daemon {
             streams.attach_tool_log(log);
         }
         streams.set_assisted(self.assisted.load(Ordering::SeqCst));
+        streams.set_nudge(
+            self.lane_nudge
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone(),
+        );
         let streams = Arc::new(streams);
         *guard = Some(Arc::clone(&streams));
         Ok(streams)
@@ -105,12 +111,32 @@ impl Daemon {
         }
     }
 
+    /// The append lane commits the stream journal from now on (`Some`: how to wake it for a
+    /// record queued by another thread), or no longer (`None`: the workers do again). While it
+    /// does, the runtime's workers leave the journal alone: a worker that assisted whenever it
+    /// parked became a second committer beside the lane, taking its batches in the middle of
+    /// its turns (docs/benchmarks.md, "Issue 15, ninth session").
+    pub fn lane_commits(&self, nudge: Option<crate::durable::journal::Nudge>) {
+        let on = nudge.is_some();
+        *self
+            .lane_nudge
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = nudge.clone();
+        self.lane_commits.store(on, Ordering::SeqCst);
+        if let Some(s) = self.streams_if_open() {
+            s.set_nudge(nudge);
+        }
+    }
+
     /// A runtime worker has nothing left to run. The last one awake commits the stream
     /// appends queued so far (unless another thread is committing) before it sleeps, and
     /// stops as soon as another worker is awake again (that one commits when it runs out):
-    /// one batch per turn of the whole runtime, as a single-threaded server has.
+    /// one batch per turn of the whole runtime, as a single-threaded server has. Not while the
+    /// append lane commits ([`Daemon::lane_commits`]).
     pub fn before_park(&self) {
-        if self.awake.fetch_sub(1, Ordering::SeqCst) == 1 {
+        if self.awake.fetch_sub(1, Ordering::SeqCst) == 1
+            && !self.lane_commits.load(Ordering::SeqCst)
+        {
             if let Some(s) = self.streams_if_open() {
                 s.assist(&|| self.awake.load(Ordering::SeqCst) > 0);
             }

@@ -84,6 +84,8 @@ pub struct Daemon {
     events: broadcast::Sender<CredEvent>,
     /// Open connections.
     connections: AtomicUsize,
+    /// Of those, the ones the append lane reads (`ipc/lane.rs`).
+    lane_connections: AtomicUsize,
     leases: Mutex<HashMap<(String, String), Lease>>,
     next_lease: AtomicU64,
     /// Requests other than `hello` routed so far (the idle-exit check's sign of life).
@@ -95,6 +97,11 @@ pub struct Daemon {
     assisted: std::sync::atomic::AtomicBool,
     /// The runtime's workers not parked ([`Daemon::before_park`]).
     awake: AtomicUsize,
+    /// Set while the append lane commits the journal ([`Daemon::lane_commits`]): how to wake
+    /// it for a record queued elsewhere.
+    lane_nudge: Mutex<Option<crate::durable::journal::Nudge>>,
+    /// Whether `lane_nudge` is set (read by every worker about to park).
+    lane_commits: std::sync::atomic::AtomicBool,
     /// The run logs (opened on first use: no key needed, they are not encrypted).
     run_log: Mutex<Option<Arc<crate::runlog::RunLog>>>,
     /// The PostgreSQL backend's database, its schema checked (`[backend] kind = "postgres"`;
@@ -154,6 +161,19 @@ impl Daemon {
     /// Connections open now.
     pub fn connections(&self) -> usize {
         self.connections.load(Ordering::SeqCst)
+    }
+
+    /// The append lane took a connection over (`true`) or stopped reading one (`false`).
+    pub fn lane_connection(&self, adopted: bool) {
+        match adopted {
+            true => self.lane_connections.fetch_add(1, Ordering::SeqCst),
+            false => self.lane_connections.fetch_sub(1, Ordering::SeqCst),
+        };
+    }
+
+    /// Connections the append lane reads now.
+    pub fn lane_connections(&self) -> usize {
+        self.lane_connections.load(Ordering::SeqCst)
     }
 
     /// A request other than `hello` was routed (the idle exit's sign of life).
@@ -225,12 +245,15 @@ impl Daemon {
             opening: Mutex::new(()),
             events,
             connections: AtomicUsize::new(0),
+            lane_connections: AtomicUsize::new(0),
             leases: Mutex::new(HashMap::new()),
             next_lease: AtomicU64::new(1),
             requests: AtomicU64::new(0),
             streams: Mutex::new(None),
             assisted: std::sync::atomic::AtomicBool::new(false),
             awake: AtomicUsize::new(0),
+            lane_nudge: Mutex::new(None),
+            lane_commits: std::sync::atomic::AtomicBool::new(false),
             run_log: Mutex::new(None),
             db: Mutex::new(None),
         })

@@ -22,7 +22,7 @@ use super::feed::Feed;
 use super::record::{EventsOut, Record};
 use super::{EventJson, Status};
 use crate::durable::journal::{
-    Durability, Journal, JournalError, Position, Promise, ReplayReport, Stats,
+    Durability, Journal, JournalError, Nudge, Position, Promise, ReplayReport, Stats,
 };
 use crate::durable::{self, Faults, IoError, Op, Poison};
 use crate::limits::MAX_PAYLOAD;
@@ -179,6 +179,10 @@ pub trait StreamStore: Send + Sync {
     /// ([`Journal::assist`]).
     fn assist(&self, yield_to_others: &dyn Fn() -> bool) {
         let _ = yield_to_others;
+    }
+    /// Tell `nudge` when a record is queued for an assisting thread ([`Journal::set_nudge`]).
+    fn set_nudge(&self, nudge: Option<Nudge>) {
+        let _ = nudge;
     }
     /// Whether the run has a state file: it ended. Its existence decides, not its content (an
     /// unreadable state must not bring a committed run back).
@@ -430,6 +434,10 @@ impl StreamStore for FileStore {
 
     fn assist(&self, yield_to_others: &dyn Fn() -> bool) {
         self.journal.assist(yield_to_others);
+    }
+
+    fn set_nudge(&self, nudge: Option<Nudge>) {
+        self.journal.set_nudge(nudge);
     }
 
     fn has_ended(&self, run_id: &str) -> bool {

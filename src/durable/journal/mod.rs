@@ -111,6 +111,11 @@ pub struct ReplayReport {
     pub corrupt: Vec<(u64, u64, PathBuf)>,
 }
 
+/// Called when an append makes the queue non-empty while threads assist the committer: the
+/// way to tell the thread that commits (the daemon's append lane) that there is work, when the
+/// append came from a thread that will not commit it itself ([`Journal::set_nudge`]).
+pub type Nudge = Arc<dyn Fn() + Send + Sync>;
+
 /// The failure that poisoned the journal: one failed step, shared by every append it failed.
 pub type Failure = Arc<IoError>;
 
@@ -182,6 +187,8 @@ struct Queue {
     want: usize,
     /// Batches taken so far (by the committer thread or an assisting thread).
     taken: u64,
+    /// [`Journal::set_nudge`].
+    nudge: Option<Nudge>,
 }
 
 struct Shared {
@@ -420,12 +427,26 @@ impl Journal {
             let _ = ack.send(Err(JournalError::Closed));
             return;
         }
+        let nudge = match q.pending.is_empty() && self.shared.assisted.load(Ordering::Relaxed) {
+            true => q.nudge.clone(),
+            false => None,
+        };
         q.pending.push(Pending { payload, ack });
         let idle = q.idle || (q.want > 0 && q.pending.len() == q.want);
         drop(q);
         if idle {
             self.shared.wake.notify_one();
         }
+        if let Some(nudge) = nudge {
+            nudge();
+        }
+    }
+
+    /// Call `nudge` whenever an append makes the queue non-empty while threads assist (see
+    /// [`Nudge`]); `None` stops it. A thread that commits what it queues itself (the lane, at
+    /// the end of its turn) has its nudge ignore its own appends.
+    pub fn set_nudge(&self, nudge: Option<Nudge>) {
+        self.shared.queue().nudge = nudge;
     }
 
     /// Let threads that queue appends commit them themselves ([`Journal::assist`]), the

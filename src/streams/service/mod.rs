@@ -665,6 +665,12 @@ impl Streams {
         self.store.set_assisted(on);
     }
 
+    /// Have `nudge` told when a record is queued while threads assist (the append lane, which
+    /// commits: docs/design.md, "Who commits"); `None` stops it.
+    pub fn set_nudge(&self, nudge: Option<crate::durable::journal::Nudge>) {
+        self.store.set_nudge(nudge);
+    }
+
     /// Commit the appends queued so far on this thread, unless another thread is committing:
     /// called by each of the daemon's runtime workers when it runs out of work, so the worker
     /// that read an append writes, syncs and answers it (docs/design.md, "Group commit").
