@@ -18,6 +18,37 @@ pub(super) struct Committer {
     /// How many appends the last batch carried: with many appenders at once, the next batch
     /// is gathered up to this many (group commit, [`GATHER_WINDOW`]).
     pub(super) last_batch: usize,
+    /// What every batch needs, kept for the next one.
+    pub(super) reuse: Reuse,
+}
+
+/// A batch's buffers, kept from one batch to the next: the bytes written, the acknowledgements
+/// owed, and the vector the batch was taken in. Made and freed per batch (tens of KiB with many
+/// streams), they made the committing thread's heap shrink after every batch and grow again,
+/// page faults and all, during the next turn (`clear_page_erms` under `malloc` and `memmove`
+/// in the append lane's profile: docs/benchmarks.md, "Issue 15, ninth session"). None holds a
+/// secret: records are sealed before they are queued. One grown past [`REUSE_MAX_BYTES`] by
+/// an unusually large batch is not kept.
+#[derive(Default)]
+pub(super) struct Reuse {
+    buf: Vec<u8>,
+    acks: Vec<(Ack, Position)>,
+    batch: Vec<Pending>,
+}
+
+/// See [`Reuse`].
+const REUSE_MAX_BYTES: usize = 1 << 20;
+
+impl Reuse {
+    /// Keep `v` (emptied) if it is not too large and larger than what is kept.
+    fn keep<T>(kept: &mut Vec<T>, mut v: Vec<T>) {
+        v.clear();
+        if v.capacity() * std::mem::size_of::<T>().max(1) <= REUSE_MAX_BYTES
+            && v.capacity() > kept.capacity()
+        {
+            *kept = v;
+        }
+    }
 }
 
 /// Group commit: when the last batch carried at least [`GATHER_MIN`] appends (several
@@ -173,7 +204,15 @@ fn take_batch(q: &mut Queue, c: &mut Committer) -> (bool, Vec<Pending>) {
     c.last_batch = take;
     q.taken += 1;
     let roll = std::mem::take(&mut q.roll);
-    (roll, q.pending.drain(..take).collect())
+    let batch = if take == q.pending.len() {
+        // All of it (the usual case): the queue's vector is the batch, the kept one the queue's.
+        std::mem::replace(&mut q.pending, std::mem::take(&mut c.reuse.batch))
+    } else {
+        let mut batch = std::mem::take(&mut c.reuse.batch);
+        batch.extend(q.pending.drain(..take));
+        batch
+    };
+    (roll, batch)
 }
 
 impl Committer {
@@ -223,12 +262,16 @@ impl Committer {
     }
 
     /// Write one batch (rolling over to the next segment where needed), sync it, acknowledge.
-    pub(super) fn commit(&mut self, shared: &Shared, batch: Vec<Pending>) -> Result<(), Failure> {
-        let mut acks: Vec<(Ack, Position)> = Vec::with_capacity(batch.len());
-        let mut buf: Vec<u8> = Vec::new();
+    pub(super) fn commit(
+        &mut self,
+        shared: &Shared,
+        mut batch: Vec<Pending>,
+    ) -> Result<(), Failure> {
+        let mut acks = std::mem::take(&mut self.reuse.acks);
+        let mut buf = std::mem::take(&mut self.reuse.buf);
         let mut start = self.offset;
         let mut result = Ok(());
-        for p in batch {
+        for p in batch.drain(..) {
             let need = (FRAME_HEADER + p.payload.len()) as u64;
             if result.is_ok() && start + buf.len() as u64 + need > SEGMENT_BYTES {
                 result = self
@@ -261,12 +304,15 @@ impl Committer {
             .appends
             .fetch_add(acks.len() as u64, Ordering::Relaxed);
         stats.batches.fetch_add(1, Ordering::Relaxed);
-        for (ack, pos) in acks {
+        for (ack, pos) in acks.drain(..) {
             let _ = ack.send(match &result {
                 Ok(()) => Ok(pos),
                 Err(e) => Err(JournalError::Poisoned(e.clone())),
             });
         }
+        Reuse::keep(&mut self.reuse.acks, acks);
+        Reuse::keep(&mut self.reuse.buf, buf);
+        Reuse::keep(&mut self.reuse.batch, batch);
         // Past half of this segment, start preparing the next one.
         if self.next.is_none() && self.offset > SEGMENT_BYTES / 2 {
             let (dir, faults, n) = (shared.dir.clone(), shared.faults.clone(), self.segment + 1);

@@ -347,6 +347,7 @@ impl Journal {
                 last_sync: Instant::now(),
                 unsynced: false,
                 last_batch: 0,
+                reuse: committer::Reuse::default(),
             }),
             assisted: AtomicBool::new(false),
         });
