@@ -317,7 +317,7 @@ impl Committer {
         if self.next.is_none() && self.offset > SEGMENT_BYTES / 2 {
             let (dir, faults, n) = (shared.dir.clone(), shared.faults.clone(), self.segment + 1);
             self.next = Some(std::thread::spawn(move || {
-                prepare_segment(&dir, n, &faults)
+                prepare_segment(&dir, n, &faults, true)
             }));
         }
         result
@@ -341,7 +341,7 @@ impl Committer {
         if self.file.is_none() {
             // The first batch of a journal that had no segment.
             let n = self.segment;
-            prepare_segment(&shared.dir, n, &shared.faults).map_err(Arc::new)?;
+            prepare_segment(&shared.dir, n, &shared.faults, false).map_err(Arc::new)?;
             self.file = Some(Self::open_for_writing(shared, n)?);
         }
         shared
@@ -401,7 +401,7 @@ impl Committer {
                     io::Error::other("segment preparation panicked"),
                 ))
             }),
-            None => prepare_segment(&shared.dir, n, &shared.faults),
+            None => prepare_segment(&shared.dir, n, &shared.faults, false),
         };
         prepared.map_err(Arc::new)?;
         self.file = Some(Self::open_for_writing(shared, n)?);
