@@ -154,7 +154,33 @@ fn quick_json_run_reports_every_figure() {
             // The get target is judged by the raw client, with the library's figure beside it.
             assert_eq!(t["client"], "cred.get (raw client)", "{t}");
             positive(&t["library_client_us"], "the library client's get");
+            // With two CPUs or more it is judged placed alike: both placements measured, the
+            // verdict theirs (each within 3x its own floor).
+            if v["machine"]["cpus"].as_u64().unwrap_or(0) >= 2 {
+                let placed = t["placed"].as_array().expect("placed round trips");
+                let labels: Vec<&str> = placed
+                    .iter()
+                    .map(|p| p["placement"].as_str().unwrap())
+                    .collect();
+                assert_eq!(labels, ["one CPU", "two CPUs"], "{t}");
+                let mut all = true;
+                for p in placed {
+                    let floor = positive(&p["floor"]["p50_us"], "a placed floor");
+                    let get = positive(&p["get"]["p50_us"], "a placed get");
+                    let ratio = positive(&p["ratio"], "a placed ratio");
+                    assert!((ratio - get / floor).abs() < 0.01 * ratio, "{p}");
+                    assert_eq!(p["client_cpu"], 0, "{p}");
+                    all &= ratio <= 3.0;
+                }
+                assert_eq!(t["pass"], all, "the verdict is the placed ratios': {t}");
+            }
         }
+    }
+    if v["machine"]["cpus"].as_u64().unwrap_or(0) >= 2 {
+        let placed = v["placed_round_trips"]
+            .as_array()
+            .expect("placed_round_trips");
+        assert_eq!(placed.len(), 2 * sizes.len(), "{placed:?}");
     }
     // Flatness is judged on interleaved rounds: every round measured every size, the order
     // rotating, and the target's ratio is the median of the rounds' own ratios.
@@ -411,6 +437,17 @@ fn quick_report_writes_the_document_charts_and_readme_summary() {
         "holdfast bench --report docs/benchmarks.md",
     ] {
         assert!(doc.contains(needle), "no {needle:?} in the report:\n{doc}");
+    }
+    if std::thread::available_parallelism().map_or(1, usize::from) >= 2 {
+        // The cred.get target is judged placed alike, and the report shows those round trips.
+        for needle in [
+            "| credentials | placed on | socket floor p50 |",
+            "| 100 | one CPU (client CPU 0, server CPU 0) |",
+            "| 1,000 | two CPUs (client CPU 0, server CPU 1) |",
+            "≤ 3× the socket floor, both placed alike",
+        ] {
+            assert!(doc.contains(needle), "no {needle:?} in the report:\n{doc}");
+        }
     }
     let charts: Vec<&str> = doc
         .split("](benchmarks/")

@@ -732,6 +732,7 @@ pub fn run(
         n_floor,
         super::EchoIn::Process,
         Some(&tmp.path().join("floor-served")),
+        None,
     )?;
     let mut rows = Vec::new();
     // Redis runs beside the daemon from the start: each stream count is measured in pairs of
