@@ -170,6 +170,7 @@ impl Lane {
                         shared,
                         ep,
                         conns: HashMap::new(),
+                        scratch: Input::new(&[], READ_BYTES),
                         next_sweep: Instant::now() + MAX_SLEEP,
                     }
                     .run();
@@ -258,6 +259,11 @@ struct Turns {
     shared: Arc<Shared>,
     ep: OwnedFd,
     conns: HashMap<u64, LaneConn>,
+    /// What a connection with nothing left over is read into: one buffer for them all, warm in
+    /// the cache, where a buffer per connection (256 of them at 256 streams) made each `recv`
+    /// copy into cold memory. What a read leaves unhandled (a line not finished, or lines
+    /// waiting for an in-flight slot) moves to the connection's own [`Input`].
+    scratch: Input,
     /// When the earliest timeout of a connection may have passed.
     next_sweep: Instant,
 }
@@ -347,7 +353,7 @@ impl Turns {
                         self.close(k, Some(format!("internal error: {e}")));
                         continue;
                     }
-                    *appended |= self.serve(k, Some(permit));
+                    *appended |= self.serve(k, Some(permit), false);
                 }
                 Msg::Release(k) => self.close(k, None),
             }
@@ -381,7 +387,7 @@ impl Turns {
             conn,
             LaneConn {
                 sock,
-                input: Input::new(&pending),
+                input: Input::new(&pending, 0),
                 session,
                 inflight,
                 done: Some(done),
@@ -392,7 +398,7 @@ impl Turns {
         );
         self.arm(now + self.limits.idle);
         tracing::debug!(conn, "connection moved to the append lane");
-        self.serve(conn, None)
+        self.serve(conn, None, false)
     }
 
     /// Connection `k` is readable (or hung up): read it once and handle its whole lines.
@@ -405,7 +411,12 @@ impl Turns {
         if c.paused {
             return false;
         }
-        match c.input.read_from(&c.sock, max) {
+        let shared_buf = c.input.is_empty();
+        let input = match shared_buf {
+            true => &mut self.scratch,
+            false => &mut c.input,
+        };
+        match input.read_from(&c.sock, max) {
             Ok(0) => {
                 // The client closed: a line it had started is dropped, as tokio's reader drops a
                 // truncated one.
@@ -414,7 +425,7 @@ impl Turns {
             }
             Ok(_) => {
                 c.active_at = Instant::now();
-                self.serve(k, None)
+                self.serve(k, None, shared_buf)
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => false,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => false,
@@ -430,17 +441,31 @@ impl Turns {
     }
 
     /// Handle every whole line connection `k` has buffered (the first with `permit`, when it
-    /// waited for one), then act on what that came to. Returns whether an append was queued.
-    fn serve(&mut self, k: u64, permit: Option<OwnedSemaphorePermit>) -> bool {
+    /// waited for one), then act on what that came to; `in_scratch`: what it read is in the
+    /// lane's shared buffer, and what is left of it afterwards moves to the connection's own.
+    /// Returns whether an append was queued.
+    fn serve(&mut self, k: u64, permit: Option<OwnedSemaphorePermit>, in_scratch: bool) -> bool {
         let Some(c) = self.conns.get_mut(&k) else {
             return false;
         };
         let mut appended = false;
         let (daemon, max) = (&self.daemon, self.limits.max_frame);
+        let input = match in_scratch {
+            true => &mut self.scratch,
+            false => &mut c.input,
+        };
         // A bug in a handler must not take every lane connection down with this thread: it
         // ends this connection, as a panicking task ends its own under tokio.
         let flow = catch_unwind(AssertUnwindSafe(|| {
-            serve_lines(daemon, c, max, permit, &mut appended)
+            serve_lines(
+                daemon,
+                &c.session,
+                &c.inflight,
+                input,
+                max,
+                permit,
+                &mut appended,
+            )
         }))
         .unwrap_or_else(|_| {
             tracing::error!(
@@ -449,6 +474,9 @@ impl Turns {
             );
             Flow::Close(None)
         });
+        if in_scratch {
+            c.input.take_rest(&mut self.scratch);
+        }
         match flow {
             Flow::Read => {
                 let now = Instant::now();
@@ -557,18 +585,20 @@ fn too_long(max: usize) -> String {
     format!("request line longer than {max} bytes; closing")
 }
 
-/// Handle connection `c`'s whole buffered lines, in order.
+/// Handle the whole lines in `input` a connection sent, in order.
 fn serve_lines(
     daemon: &Arc<Daemon>,
-    c: &mut LaneConn,
+    session: &Arc<Session>,
+    inflight: &Arc<Semaphore>,
+    input: &mut Input,
     max: usize,
     mut permit: Option<OwnedSemaphorePermit>,
     appended: &mut bool,
 ) -> Flow {
     let mut corked: Zeroizing<Vec<u8>> = Zeroizing::new(Vec::new());
     let flow = loop {
-        let Some(line) = c.input.next_line() else {
-            if c.input.unfinished_len() > max {
+        let Some(line) = input.next_line() else {
+            if input.unfinished_len() > max {
                 break Flow::Close(Some(too_long(max)));
             }
             break Flow::Read;
@@ -580,23 +610,23 @@ fn serve_lines(
         // before the line is looked at, so a line waiting for a slot is read again whole.
         let slot = match permit.take() {
             Some(p) => p,
-            None => match Arc::clone(&c.inflight).try_acquire_owned() {
+            None => match Arc::clone(inflight).try_acquire_owned() {
                 Ok(p) => p,
                 Err(_) => break Flow::Paused,
             },
         };
-        match handlers::route(daemon, &c.session, c.input.line(&line)) {
+        match handlers::route(daemon, session, input.line(&line)) {
             Routed::Done(reply) => {
                 // Answers to pipelined requests leave in one send.
-                cork(&c.session, &mut corked, &reply);
+                cork(session, &mut corked, &reply);
                 drop(slot);
             }
             Routed::Append(id, a) => {
-                super::streams::append(daemon, &c.session, id, a, slot);
+                super::streams::append(daemon, session, id, a, slot);
                 *appended = true;
             }
             Routed::Async(id, call, grant) => {
-                let (daemon, session) = (Arc::clone(daemon), Arc::clone(&c.session));
+                let (daemon, session) = (Arc::clone(daemon), Arc::clone(session));
                 tokio::spawn(async move {
                     let reply = handlers::respond(&daemon, &session, id, call, grant).await;
                     session.outbox.send(reply);
@@ -604,12 +634,12 @@ fn serve_lines(
                 });
             }
         }
-        c.input.consume(line.next);
+        input.consume(line.next);
         if corked.len() >= CORK_MAX {
-            uncork(&c.session, &mut corked);
+            uncork(session, &mut corked);
         }
     };
-    uncork(&c.session, &mut corked);
+    uncork(session, &mut corked);
     flow
 }
 
@@ -635,16 +665,47 @@ struct Input {
     buf: Zeroizing<Vec<u8>>,
     start: usize,
     end: usize,
+    /// The buffer kept when it empties: the lane's shared one keeps [`READ_BYTES`], a
+    /// connection's keeps nothing (it holds bytes only while a read left some unhandled).
+    keep: usize,
 }
 
 impl Input {
-    fn new(pending: &[u8]) -> Input {
-        let mut buf = Zeroizing::new(vec![0u8; READ_BYTES.max(pending.len())]);
-        buf[..pending.len()].copy_from_slice(pending);
-        Input {
-            buf,
+    /// An input holding `pending`, keeping `keep` bytes of buffer when it empties.
+    fn new(pending: &[u8], keep: usize) -> Input {
+        let mut input = Input {
+            buf: Zeroizing::new(vec![0u8; keep.max(pending.len())]),
             start: 0,
-            end: pending.len(),
+            end: 0,
+            keep,
+        };
+        input.put(pending);
+        input
+    }
+
+    /// Append `bytes` after what is buffered, making room (the buffer grows by moving, the
+    /// old one zeroized as it is dropped).
+    fn put(&mut self, bytes: &[u8]) {
+        if bytes.is_empty() {
+            return;
+        }
+        let need = self.end + bytes.len();
+        if need > self.buf.len() {
+            let mut grown = Zeroizing::new(vec![0u8; need.max(READ_BYTES)]);
+            grown[..self.end].copy_from_slice(&self.buf[..self.end]);
+            self.buf = grown;
+        }
+        self.buf[self.end..need].copy_from_slice(bytes);
+        self.end = need;
+    }
+
+    /// Take over what `from` has not handled (a line not finished, lines waiting for a slot),
+    /// leaving `from` empty and zeroized.
+    fn take_rest(&mut self, from: &mut Input) {
+        if !from.is_empty() {
+            self.put(&from.buf[from.start..from.end]);
+            let end = from.end;
+            from.consume(end);
         }
     }
 
@@ -686,10 +747,10 @@ impl Input {
         if self.start == self.end {
             self.start = 0;
             self.end = 0;
-            if self.buf.len() > READ_BYTES {
-                // A long line grew it: back to the usual size (the old one is zeroized as it
-                // is dropped).
-                self.buf = Zeroizing::new(vec![0u8; READ_BYTES]);
+            if self.buf.len() != self.keep {
+                // Grown for a long line, or a connection's: back to what it keeps (the old one
+                // is zeroized as it is dropped).
+                self.buf = Zeroizing::new(vec![0u8; self.keep]);
             }
         }
     }
@@ -698,6 +759,9 @@ impl Input {
     /// bytes move to the front, or, when a line longer than the buffer is being read, the
     /// buffer grows (up to the line cap and its terminator: `max + 2`).
     fn read_from(&mut self, sock: &UnixStream, max: usize) -> io::Result<usize> {
+        if self.buf.is_empty() {
+            self.buf = Zeroizing::new(vec![0u8; READ_BYTES]);
+        }
         if self.end == self.buf.len() {
             if self.start > 0 {
                 let n = self.end - self.start;
@@ -713,7 +777,7 @@ impl Input {
                 }
                 // Past 64 KiB straight to the cap, one size that glibc serves by mmap and
                 // returns whole (crypto::plain::PlainBuf::reserve_within says why).
-                let doubled = 2 * self.buf.len();
+                let doubled = (2 * self.buf.len()).max(READ_BYTES);
                 let size = if doubled > crate::crypto::plain::KEEP_BYTES {
                     cap
                 } else {
@@ -762,7 +826,7 @@ mod tests {
         for chunk in [1, 7, 100, READ_BYTES - 3, READ_BYTES, wire.len()] {
             let (a, b) = UnixStream::pair().unwrap();
             b.set_nonblocking(true).unwrap();
-            let mut input = Input::new(&[]);
+            let mut input = Input::new(&[], READ_BYTES);
             let mut got = Vec::new();
             let writer = {
                 let wire = wire.clone();
@@ -813,18 +877,49 @@ mod tests {
         );
     }
 
+    /// What a read into the lane's shared buffer leaves unhandled (the end of a line, or whole
+    /// lines waiting for an in-flight slot) moves to the connection's own buffer whole and in
+    /// order; the shared buffer is left empty and zeroized, and a connection's buffer is freed
+    /// once it empties.
+    #[test]
+    fn what_a_read_leaves_moves_to_the_connection_whole() {
+        let mut scratch = Input::new(&[], READ_BYTES);
+        scratch.put(b"one\ntwo\nthr");
+        let first = scratch.next_line().unwrap();
+        assert_eq!(scratch.line(&first), b"one");
+        scratch.consume(first.next);
+        let mut own = Input::new(&[], 0);
+        assert!(
+            own.buf.is_empty(),
+            "a connection's buffer is made only when needed"
+        );
+        own.take_rest(&mut scratch);
+        assert!(scratch.is_empty());
+        assert!(
+            scratch.buf.iter().all(|&b| b == 0),
+            "residue in the shared buffer"
+        );
+        assert_eq!(scratch.buf.len(), READ_BYTES, "the shared buffer is kept");
+        own.put(b"ee\n");
+        assert_eq!(lines_of(&mut own), ["two", "three"]);
+        assert!(
+            own.is_empty() && own.buf.is_empty(),
+            "an empty connection buffer is freed"
+        );
+    }
+
     /// What counts against the line cap is the line without its terminator, also while it is
     /// still arriving; a buffer at the cap with no line end reads nothing more.
     #[test]
     fn the_cap_counts_the_line_without_its_terminator() {
-        let mut input = Input::new(b"0123456789\r");
+        let mut input = Input::new(b"0123456789\r", 0);
         assert_eq!(
             input.unfinished_len(),
             10,
             "a trailing \\r may be half of \\r\\n"
         );
         assert!(input.next_line().is_none());
-        input = Input::new(b"0123456789\r\nab");
+        input = Input::new(b"0123456789\r\nab", 0);
         let at = input.next_line().unwrap();
         assert_eq!(at.len(), 10);
         input.consume(at.next);
@@ -835,7 +930,7 @@ mod tests {
         let (mut a, b) = UnixStream::pair().unwrap();
         b.set_nonblocking(true).unwrap();
         std::io::Write::write_all(&mut a, b"more").unwrap();
-        let mut full = Input::new(&vec![b'x'; READ_BYTES]);
+        let mut full = Input::new(&vec![b'x'; READ_BYTES], 0);
         let e = full.read_from(&b, max).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidData);
         assert!(full.unfinished_len() > max);
