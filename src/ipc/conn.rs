@@ -73,6 +73,12 @@ impl Conn {
         Ok((SpeculativeReader { fd, drained: false }, Conn { s }))
     }
 
+    /// A write side over a plain socket (tests of what writes to it).
+    #[cfg(test)]
+    pub(super) fn from_std(s: UnixStream) -> Conn {
+        Conn { s }
+    }
+
     /// Send what the socket takes right now, without waiting: `Ok(0)` if it takes nothing.
     pub fn try_send(&self, buf: &[u8]) -> io::Result<usize> {
         match (&self.s).write(buf) {

@@ -47,6 +47,7 @@ use rustix::event::{epoll, eventfd, EventfdFlags};
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 use zeroize::{Zeroize, Zeroizing};
 
+use super::answers::Sender;
 use super::handlers::{self, Routed};
 use super::protocol::{self, RpcError};
 use super::server::{cork, uncork, Session, CORK_MAX};
@@ -157,6 +158,7 @@ impl Lane {
             inbox: Mutex::new(Inbox::default()),
             wake,
         });
+        let sender = Sender::start()?;
         let thread = {
             let (shared, daemon) = (Arc::clone(&shared), Arc::clone(&daemon));
             std::thread::Builder::new()
@@ -172,6 +174,7 @@ impl Lane {
                         conns: HashMap::new(),
                         scratch: Input::new(&[], READ_BYTES),
                         next_sweep: Instant::now() + MAX_SLEEP,
+                        sender,
                     }
                     .run();
                 })?
@@ -266,6 +269,8 @@ struct Turns {
     scratch: Input,
     /// When the earliest timeout of a connection may have passed.
     next_sweep: Instant,
+    /// Sends a turn's answers when there are many (`answers.rs`).
+    sender: Sender,
 }
 
 impl Turns {
@@ -317,7 +322,7 @@ impl Turns {
             // and one fdatasync (unless another thread is committing: then that one takes them).
             if appended {
                 if let Some(s) = self.daemon.streams_if_open() {
-                    s.assist(&|| false);
+                    self.sender.commit(|| s.assist(&|| false));
                 }
             }
             if Instant::now() >= self.next_sweep {

@@ -12,6 +12,7 @@
 
 pub mod activation;
 pub mod admin;
+pub mod answers;
 pub mod conn;
 pub mod creds;
 pub mod frame;

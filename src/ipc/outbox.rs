@@ -170,6 +170,79 @@ impl Outbox {
         true
     }
 
+    /// Queue a copy of `line` without waking the writer task: its sending is left to a later
+    /// [`Outbox::flush_now`] (the append lane's answers, made while it commits: `answers.rs`).
+    /// Anything sent on this connection afterwards, from any thread, queues behind it. `false`
+    /// if the connection is gone or its queue is over the cap (it is then being closed).
+    pub fn push_quiet(&self, line: &[u8]) -> bool {
+        let mut st = self.state();
+        if !self.admit(&mut st, line.len()) {
+            return false;
+        }
+        st.lines.push_back(Zeroizing::new(line.to_vec()));
+        true
+    }
+
+    /// Send what is queued, from this thread, as far as the socket takes it without waiting;
+    /// what it does not take is left to the writer task (woken for it). Nothing is done while
+    /// another thread is writing: that one sends what is queued after its line.
+    pub fn flush_now(&self, stream: &Conn) {
+        let out = {
+            let mut st = self.state();
+            if st.writing || st.lines.is_empty() {
+                return;
+            }
+            let Some(out) = Self::join(&mut st) else {
+                return;
+            };
+            st.writing = true;
+            out
+        };
+        let written = match stream.try_send(&out) {
+            Ok(n) => n,
+            Err(_) => {
+                let mut st = self.state();
+                st.writing = false;
+                st.bytes -= out.len();
+                drop(st);
+                self.closed.notify_one();
+                return;
+            }
+        };
+        let mut st = self.state();
+        st.writing = false;
+        st.bytes -= written;
+        if written < out.len() {
+            st.lines.push_front(Zeroizing::new(out[written..].to_vec()));
+        }
+        let pending = !st.lines.is_empty();
+        drop(st);
+        if pending {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Take queued lines for one write: every line up to `WRITE_BATCH` bytes (at least one),
+    /// joined; `None` if nothing is queued. The caller marks the outbox as writing.
+    fn join(st: &mut OutState) -> Option<Zeroizing<Vec<u8>>> {
+        let first = st.lines.pop_front()?;
+        if st.lines.is_empty() {
+            return Some(first);
+        }
+        let mut out = Zeroizing::new(Vec::with_capacity(
+            st.bytes.min(WRITE_BATCH.max(first.len())),
+        ));
+        out.extend_from_slice(&first);
+        while let Some(next) = st.lines.front() {
+            if out.len() + next.len() > WRITE_BATCH {
+                break;
+            }
+            out.extend_from_slice(next);
+            st.lines.pop_front();
+        }
+        Some(out)
+    }
+
     /// What the writer task sends next: every queued line (up to `WRITE_BATCH` bytes, at least
     /// one line) joined into one buffer, marked as being written; `None` when the connection
     /// has finished and everything queued was written. Under load a connection's responses
@@ -179,22 +252,8 @@ impl Outbox {
             {
                 let mut st = self.state();
                 if !st.writing {
-                    if let Some(first) = st.lines.pop_front() {
+                    if let Some(out) = Self::join(&mut st) {
                         st.writing = true;
-                        if st.lines.is_empty() {
-                            return Some(first);
-                        }
-                        let mut out = Zeroizing::new(Vec::with_capacity(
-                            st.bytes.min(WRITE_BATCH.max(first.len())),
-                        ));
-                        out.extend_from_slice(&first);
-                        while let Some(next) = st.lines.front() {
-                            if out.len() + next.len() > WRITE_BATCH {
-                                break;
-                            }
-                            out.extend_from_slice(next);
-                            st.lines.pop_front();
-                        }
                         return Some(out);
                     }
                     if st.finished {
@@ -227,5 +286,63 @@ impl Outbox {
     /// Whether the connection is closing (overflow, or no more lines accepted).
     pub fn is_closed(&self) -> bool {
         self.overflowed.load(Ordering::SeqCst) || self.state().finished
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+    use std::os::unix::net::UnixStream;
+
+    /// Lines queued quietly (the append lane's answers while it commits) leave before anything
+    /// sent on the connection afterwards, whichever thread flushes them and whether the line
+    /// after them is sent at once, queued, or flushed by another thread: a connection's answers
+    /// go out in the order they were made. 400 lines from three threads, read back in order.
+    #[test]
+    fn lines_leave_in_the_order_they_were_made_whoever_sends_them() {
+        let (ours, mut theirs) = UnixStream::pair().unwrap();
+        ours.set_nonblocking(true).unwrap();
+        let conn = Arc::new(Conn::from_std(ours));
+        let outbox = Arc::new(Outbox::new(1 << 20, Arc::new(Notify::new())));
+        let line = |i: usize| format!("{i:05}\n");
+        let mut want = String::new();
+        let reader = std::thread::spawn(move || {
+            let mut got = String::new();
+            while got.len() < 400 * 6 {
+                let mut buf = [0u8; 4096];
+                let n = theirs.read(&mut buf).unwrap();
+                got.push_str(std::str::from_utf8(&buf[..n]).unwrap());
+            }
+            got
+        });
+        let mut i = 0;
+        while i < 400 {
+            // A few answers queued quietly, then one line sent now from this thread; the
+            // quiet ones are flushed from another thread, before or after it.
+            for _ in 0..3 {
+                assert!(outbox.push_quiet(line(i).as_bytes()));
+                want.push_str(&line(i));
+                i += 1;
+            }
+            let mut flusher = Some({
+                let (outbox, conn) = (Arc::clone(&outbox), Arc::clone(&conn));
+                std::thread::spawn(move || outbox.flush_now(&conn))
+            });
+            if i % 2 == 0 {
+                flusher.take().unwrap().join().unwrap();
+            }
+            assert!(outbox.send_now_bytes(&conn, line(i).as_bytes()));
+            want.push_str(&line(i));
+            i += 1;
+            if let Some(f) = flusher {
+                f.join().unwrap();
+            }
+            outbox.flush_now(&conn);
+        }
+        outbox.flush_now(&conn);
+        let got = reader.join().unwrap();
+        assert_eq!(got, want);
+        println!("outbox: 400 lines, quiet and sent at once, from 3 threads: in order");
     }
 }

@@ -266,6 +266,12 @@ impl Session {
         self.outbox.send_now_bytes(&self.sock, line)
     }
 
+    /// Send what this connection's outbox holds, from this thread, as far as the socket takes
+    /// it now ([`Outbox::flush_now`]).
+    pub fn flush_now(&self) {
+        self.outbox.flush_now(&self.sock);
+    }
+
     /// Bind the grant `hello` chose; `appends` says whether it admits `stream.append`.
     pub fn bind(&self, grant: Arc<PluginGrant>, appends: bool) {
         *self.grant.lock().unwrap_or_else(PoisonError::into_inner) = Some(grant);
