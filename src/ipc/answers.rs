@@ -175,7 +175,14 @@ fn run(shared: &Shared) {
     loop {
         if let Some(mut batch) = q.full.pop_front() {
             drop(q);
-            batch.send();
+            // A bug in a flush must not leave every later batch unsent: the batch is dropped
+            // (its connections' outboxes still hold what was not sent, for their writer tasks
+            // at the next line) and the thread goes on.
+            let sent = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| batch.send()));
+            if sent.is_err() {
+                tracing::error!("answer sender: a flush panicked; its batch is left to the connections' writers");
+                batch = Batch::default();
+            }
             q = shared.queue();
             if q.empty.len() < KEPT {
                 q.empty.push(batch);
