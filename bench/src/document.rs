@@ -1470,10 +1470,28 @@ impl Doc {
         let set_rate =
             |size: u64| find("cred.set", 1, size).map_or(f64::NAN, |p| f(&p["ops_per_sec"]));
         if let (Some(&lo), Some(&hi)) = (sizes.first(), sizes.last()) {
+            // The same get with the client and the daemon pinned to one CPU, where the run
+            // measured it: unplaced, most of a 1-client round trip here is the VM's cross-CPU
+            // wake-ups (bench/src/placement.rs).
+            let one_cpu = |size: u64| {
+                c["placed_round_trips"].as_array().and_then(|v| {
+                    v.iter()
+                        .find(|p| p["credentials"] == size && p["placement"] == "one CPU")
+                        .map(|p| f(&p["get"]["p50_us"]))
+                })
+            };
+            let placed = match (one_cpu(lo), one_cpu(hi)) {
+                (Some(a), Some(b)) => format!(
+                    "; with the client and the daemon on one CPU, {} and {}",
+                    micros(a),
+                    micros(b)
+                ),
+                _ => String::new(),
+            };
             self.headline.push(format!(
                 "`cred.get` p50 {} with {} credentials stored and {} with {} (a raw JSON line; \
-                 through the Rust client library {} and {}); durable `cred.set` from one client \
-                 {} and {}",
+                 through the Rust client library {} and {}{placed}); durable `cred.set` from \
+                 one client {} and {}",
                 micros(get_p50(lo)),
                 fmt_count(lo as f64),
                 micros(get_p50(hi)),

@@ -168,7 +168,7 @@ pub struct BenchArgs {
     /// and write FILE (docs/benchmarks.md): tables, SVG charts in a directory named after FILE
     /// (docs/benchmarks/), and the raw figures as JSON there. Only the part of FILE between
     /// the report's markers is replaced; a FILE without them gets the report after its title.
-    /// Takes ~4 minutes on 2 cores (~30 s with --quick); a progress line says what runs and what is left.
+    /// Takes ~6 minutes on 2 cores (~40 s with --quick); a progress line says what runs and what is left.
     #[arg(
         long,
         value_name = "FILE",
