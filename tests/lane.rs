@@ -317,6 +317,42 @@ fn lane_connections_keep_the_read_limits() {
         took.as_secs_f64() * 1000.0
     );
 
+    // Every write ends inside the next request (one and a half requests per write) for 2.5 s:
+    // each request completes well within the read timeout, so none is closed by it (the
+    // timeout runs from each line's first byte, not from the first line left unfinished).
+    let mut halves = Conn::open(&d.socket);
+    stream_on_lane(&mut halves, &run(6));
+    wait_lane(&d.socket, 1);
+    let request = |id: u64| req_line(id, "no.such_method", json!({}));
+    let first = request(1);
+    let cut = first.len() / 2;
+    halves.send_raw(&first[..cut]);
+    let mut prev = first;
+    let t = Instant::now();
+    let mut id = 1;
+    while t.elapsed() < Duration::from_millis(2500) {
+        thread::sleep(Duration::from_millis(150));
+        id += 1;
+        let next = request(id);
+        let mut wire = prev[cut..].to_vec();
+        wire.extend_from_slice(&next[..cut]);
+        halves.send_raw(&wire);
+        let m = halves
+            .read_msg()
+            .expect("an answer")
+            .expect("closed by the read timeout");
+        assert_eq!(m["id"], id - 1, "{m}");
+        assert_eq!(m["error"]["code"], -32601, "{m}");
+        prev = next;
+    }
+    println!(
+        "lane: {} requests each split across two writes 150 ms apart, for {:.1} s: all answered (read timeout 1000 ms)",
+        id - 1,
+        t.elapsed().as_secs_f64()
+    );
+    drop(halves);
+    wait_lane(&d.socket, 0);
+
     // Idle: closed with no message after ~0.7 s; with a subscription, kept.
     let mut idle = Conn::open(&d.socket);
     stream_on_lane(&mut idle, &run(4));

@@ -64,10 +64,6 @@ const WAKE: u64 = 0;
 /// The longest the lane sleeps without looking at its connections' timeouts.
 const MAX_SLEEP: Duration = Duration::from_secs(60);
 
-/// Why the lane stopped reading a connection (the connection's task only needs to know that
-/// it did; the reason was logged, and an error line queued where one is owed).
-pub type Ended = oneshot::Receiver<()>;
-
 /// A connection handed over by its task ([`Lane::adopt`]).
 pub struct Adopted {
     /// The connection's number (its token here).
@@ -310,7 +306,7 @@ impl Turns {
                     let _ = rustix::io::read(&self.shared.wake, &mut drain);
                     // Woken for the inbox, or for a record another thread queued: commit.
                     appended = true;
-                    if self.inbox(&mut appended) {
+                    if self.inbox() {
                         self.end_all();
                         return;
                     }
@@ -331,8 +327,9 @@ impl Turns {
         }
     }
 
-    /// Handle the inbox; `true` when the lane is to stop.
-    fn inbox(&mut self, appended: &mut bool) -> bool {
+    /// Handle the inbox; `true` when the lane is to stop. (A turn woken for it commits
+    /// whatever it queued.)
+    fn inbox(&mut self) -> bool {
         let (msgs, stopping) = {
             let mut inbox = self
                 .shared
@@ -343,7 +340,9 @@ impl Turns {
         };
         for msg in msgs {
             match msg {
-                Msg::Adopt(a) => *appended |= self.adopt(*a),
+                Msg::Adopt(a) => {
+                    self.adopt(*a);
+                }
                 Msg::Resume(k, permit) => {
                     let Some(c) = self.conns.get_mut(&k) else {
                         continue;
@@ -358,7 +357,7 @@ impl Turns {
                         self.close(k, Some(format!("internal error: {e}")));
                         continue;
                     }
-                    *appended |= self.serve(k, Some(permit), false);
+                    self.serve(k, Some(permit), false);
                 }
                 Msg::Release(k) => self.close(k, None),
             }
@@ -453,7 +452,7 @@ impl Turns {
         let Some(c) = self.conns.get_mut(&k) else {
             return false;
         };
-        let mut appended = false;
+        let (mut appended, mut handled) = (false, false);
         let (daemon, max) = (&self.daemon, self.limits.max_frame);
         let input = match in_scratch {
             true => &mut self.scratch,
@@ -462,6 +461,10 @@ impl Turns {
         // A bug in a handler must not take every lane connection down with this thread: it
         // ends this connection, as a panicking task ends its own under tokio.
         let flow = catch_unwind(AssertUnwindSafe(|| {
+            let mut done = Handled {
+                appended: &mut appended,
+                lines: &mut handled,
+            };
             serve_lines(
                 daemon,
                 &c.session,
@@ -469,7 +472,7 @@ impl Turns {
                 input,
                 max,
                 permit,
-                &mut appended,
+                &mut done,
             )
         }))
         .unwrap_or_else(|_| {
@@ -484,10 +487,12 @@ impl Turns {
         }
         match flow {
             Flow::Read => {
+                // The read timeout runs from a line's first byte, as tokio's reader's does: a
+                // line left unfinished after others were handled is a new one.
                 let now = Instant::now();
                 if c.input.is_empty() {
                     c.line_since = None;
-                } else if c.line_since.is_none() {
+                } else if c.line_since.is_none() || handled {
                     c.line_since = Some(now);
                     self.next_sweep = self.next_sweep.min(now + self.limits.read);
                 }
@@ -590,6 +595,13 @@ fn too_long(max: usize) -> String {
     format!("request line longer than {max} bytes; closing")
 }
 
+/// What [`serve_lines`] did besides its [`Flow`]: whether it queued an append (the turn then
+/// commits), and whether it handled any line (a line still unfinished afterwards is a new one).
+struct Handled<'a> {
+    appended: &'a mut bool,
+    lines: &'a mut bool,
+}
+
 /// Handle the whole lines in `input` a connection sent, in order.
 fn serve_lines(
     daemon: &Arc<Daemon>,
@@ -598,7 +610,7 @@ fn serve_lines(
     input: &mut Input,
     max: usize,
     mut permit: Option<OwnedSemaphorePermit>,
-    appended: &mut bool,
+    done: &mut Handled<'_>,
 ) -> Flow {
     let mut corked: Zeroizing<Vec<u8>> = Zeroizing::new(Vec::new());
     let flow = loop {
@@ -628,7 +640,7 @@ fn serve_lines(
             }
             Routed::Append(id, a) => {
                 super::streams::append(daemon, session, id, a, slot);
-                *appended = true;
+                *done.appended = true;
             }
             Routed::Async(id, call, grant) => {
                 let (daemon, session) = (Arc::clone(daemon), Arc::clone(session));
@@ -640,6 +652,7 @@ fn serve_lines(
             }
         }
         input.consume(line.next);
+        *done.lines = true;
         if corked.len() >= CORK_MAX {
             uncork(session, &mut corked);
         }
