@@ -115,10 +115,13 @@ impl Shared {
         let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
     }
 
+    /// Hand the lane a message (`None`: stop). Once it is stopping, a message is dropped here:
+    /// an adopted connection's `done` sender with it, so its task, waiting on it, goes on.
     fn post(&self, msg: Option<Msg>) {
         {
             let mut inbox = self.inbox.lock().unwrap_or_else(PoisonError::into_inner);
             match msg {
+                Some(_) if inbox.stopping => return,
                 Some(m) => inbox.msgs.push(m),
                 None => inbox.stopping = true,
             }
@@ -217,6 +220,16 @@ impl Lane {
         if let Some(t) = t {
             let _ = t.join();
         }
+        // Messages that came after the thread's last look (none are taken once it stops).
+        let left = std::mem::take(
+            &mut self
+                .shared
+                .inbox
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .msgs,
+        );
+        drop(left);
     }
 }
 
@@ -815,6 +828,68 @@ impl Input {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Stopping the lane lets every connection's task go: one it was reading is told it
+    /// ended, one handed over after the stop (a task past the shutdown grace) is let go at
+    /// once rather than waiting on a message nobody reads, and the daemon is released with no
+    /// connection counted on the lane.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stopped_lane_lets_every_connection_go() {
+        let d = tempfile::tempdir().unwrap();
+        let config = crate::config::Config::default();
+        let limits = config.limits();
+        let daemon =
+            Arc::new(Daemon::open(d.path().join("s.sock"), d.path().join("data"), config).unwrap());
+        let lane = Lane::start(
+            Arc::clone(&daemon),
+            limits,
+            tokio::runtime::Handle::current(),
+        )
+        .unwrap();
+        let adopt = |conn: u64| {
+            let (ours, theirs) = UnixStream::pair().unwrap();
+            ours.set_nonblocking(true).unwrap();
+            let write_side = Arc::new(super::super::conn::Conn::from_std(
+                ours.try_clone().unwrap(),
+            ));
+            let (done, ended) = oneshot::channel();
+            lane.adopt(Adopted {
+                conn,
+                sock: ours,
+                pending: Zeroizing::new(Vec::new()),
+                session: Session::for_test(conn, write_side),
+                inflight: Arc::new(Semaphore::new(32)),
+                done,
+            });
+            (theirs, ended)
+        };
+        let (_client, ended) = adopt(1);
+        let t = Instant::now();
+        while daemon.lane_connections() != 1 {
+            assert!(t.elapsed() < Duration::from_secs(10), "never adopted");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        lane.stop();
+        let told = tokio::time::timeout(Duration::from_secs(10), ended).await;
+        assert!(
+            matches!(told, Ok(Ok(()))),
+            "the adopted connection: {told:?}"
+        );
+        let (_late, ended) = adopt(2);
+        let told = tokio::time::timeout(Duration::from_secs(10), ended).await;
+        assert!(
+            told.is_ok(),
+            "a connection handed over after the stop still waits"
+        );
+        drop(lane);
+        assert_eq!(daemon.lane_connections(), 0);
+        assert_eq!(
+            Arc::strong_count(&daemon),
+            1,
+            "the lane still holds the daemon"
+        );
+        println!("lane stop: the connection it read told, one handed over late let go, the daemon released");
+    }
 
     fn lines_of(input: &mut Input) -> Vec<String> {
         let mut out = Vec::new();

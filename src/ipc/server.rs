@@ -292,6 +292,21 @@ impl Session {
             .clone()
     }
 
+    /// A session over `sock` with no grant yet (tests of what serves a connection).
+    #[cfg(test)]
+    pub(super) fn for_test(id: u64, sock: Arc<Conn>) -> Arc<Session> {
+        Arc::new(Session {
+            id,
+            grant: Mutex::new(None),
+            appends: AtomicBool::new(false),
+            subscriptions: Default::default(),
+            outbox: Outbox::new(1 << 20, Arc::new(Notify::new())),
+            ended: AtomicBool::new(false),
+            ended_notify: Notify::new(),
+            sock,
+        })
+    }
+
     /// Whether the connection has ended.
     pub fn has_ended(&self) -> bool {
         self.ended.load(Ordering::SeqCst)
