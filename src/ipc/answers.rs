@@ -151,20 +151,22 @@ impl Sender {
     pub fn stop(&self) {
         self.shared.queue().stopping = true;
         self.shared.work.notify_one();
-        let t = self
-            .thread
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        if let Some(t) = t {
-            let _ = t.join();
-        }
+        join_once(&self.thread);
     }
 }
 
 impl Drop for Sender {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// Take a thread out of its slot and wait for it to end: once (a later call finds the slot
+/// empty and returns), whichever of `stop` and `drop` comes first.
+pub(super) fn join_once(slot: &Mutex<Option<JoinHandle<()>>>) {
+    let t = slot.lock().unwrap_or_else(PoisonError::into_inner).take();
+    if let Some(t) = t {
+        let _ = t.join();
     }
 }
 

@@ -212,14 +212,7 @@ impl Lane {
     pub fn stop(&self) {
         self.daemon.lane_commits(None);
         self.shared.post(None);
-        let t = self
-            .thread
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        if let Some(t) = t {
-            let _ = t.join();
-        }
+        super::answers::join_once(&self.thread);
         // Messages that came after the thread's last look (none are taken once it stops).
         let left = std::mem::take(
             &mut self

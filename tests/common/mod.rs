@@ -783,6 +783,24 @@ impl Drop for RunningDaemon {
     }
 }
 
+/// A client that dribbled a request was closed by the daemon's read timeout of 1 s: one
+/// error line saying the request was not completed, a clean close, after 0.9 to 4 s.
+pub fn assert_closed_by_read_timeout(msgs: &[Value], eof: bool, took: Duration, what: &str) {
+    assert!(eof, "{what}: not closed after {took:?}");
+    assert_eq!(msgs.len(), 1, "{what}: {msgs:?}");
+    assert!(
+        msgs[0]["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("not completed"),
+        "{what}: {msgs:?}"
+    );
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(4),
+        "{what}: closed after {took:?} (read timeout 1 s)"
+    );
+}
+
 /// A raw protocol connection: NDJSON lines over a `UnixStream`. Event notifications read
 /// while waiting for a response are kept for [`Conn::next_event`].
 pub struct Conn {
