@@ -150,6 +150,18 @@ fn quick_json_run_reports_every_figure() {
             .find_map(|k| t.get(*k))
             .unwrap_or_else(|| panic!("target without a figure: {t}"));
         positive(measured, "target figure");
+        if t.get("limit_per_sec").is_some() {
+            // The set rate's floor, the atomic replace alone, is measured just before the sets.
+            positive(
+                &t["adjacent_floor_per_sec"],
+                "the set target's adjacent floor",
+            );
+            check_figures(
+                &t["adjacent_floor"],
+                &["n", "p50_us", "p99_us", "mean_us"],
+                "adjacent floor",
+            );
+        }
         if t.get("floor_us").is_some() {
             // The get target is judged by the raw client, with the library's figure beside it.
             assert_eq!(t["client"], "cred.get (raw client)", "{t}");

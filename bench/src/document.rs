@@ -805,20 +805,30 @@ impl Doc {
                     why: None,
                 });
             } else if t.get("limit_per_sec").is_some() {
-                let floor = &c["floors"]["atomic_replace_4k"];
+                // The floor measured just before the sets where the run has it (the disk's
+                // speed drifts within a run), else the run's first.
+                let (floor, when) = match t.get("adjacent_floor").filter(|v| v.is_object()) {
+                    Some(adjacent) => (adjacent, "measured just before these sets"),
+                    None => (&c["floors"]["atomic_replace_4k"], "at the start of the run"),
+                };
+                let floor_rate = 1e6 / f(&floor["mean_us"]);
                 self.targets.push(Target {
                     workload: format!("durable cred.set, 1 client, {} creds", t["credentials"]),
-                    holdfast: rate(f(&t["measured_per_sec"])),
+                    holdfast: format!(
+                        "{} ({:.2}× the atomic-replace floor {when})",
+                        rate(f(&t["measured_per_sec"])),
+                        f(&t["measured_per_sec"]) / floor_rate
+                    ),
                     target: "≥ 2,000 /s (issue 3)".into(),
                     pass,
                     // The atomic replace alone, with nothing of holdfast, is slower.
-                    beyond: 1e6 / f(&floor["mean_us"]) < 2000.0,
+                    beyond: floor_rate < 2000.0,
                     why: Some(format!(
                         "each set replaces the credential's file atomically: a write, two \
                          fsyncs (file, directory) and a rename; that alone, with nothing of \
-                         holdfast (the atomic-replace floor, p50 {}), runs at {} here",
+                         holdfast (the atomic-replace floor {when}, p50 {}), runs at {} here",
                         micros(f(&floor["p50_us"])),
-                        rate(1e6 / f(&floor["mean_us"]))
+                        rate(floor_rate)
                     )),
                 });
             }

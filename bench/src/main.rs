@@ -1105,6 +1105,7 @@ impl Placed {
 fn targets(
     floors: &[(usize, Stats)],
     placed: &[Placed],
+    replace_floors: &[(usize, Stats)],
     daemon: &[Phase],
     sizes: &[usize],
     rounds: Option<&SetRounds>,
@@ -1160,14 +1161,30 @@ fn targets(
     for &size in sizes {
         if let Some(p) = find(size, "cred.set") {
             let got = p.per_sec();
+            // The atomic replace alone, measured just before these sets (its rate: one over
+            // the mean, as a set rate is).
+            let floor = replace_floors
+                .iter()
+                .find(|(s, _)| *s == size)
+                .map(|(_, st)| st);
+            let floor_rate = floor.map(|st| 1.0 / st.mean.as_secs_f64());
             v.push(Target {
                 name: format!("durable cred.set >= 2,000/s, 1 client, {size} creds"),
-                measured: format!("{}/s", fmt_count(got)),
+                measured: match floor_rate {
+                    Some(r) => format!(
+                        "{}/s (atomic replace alone just before: {}/s)",
+                        fmt_count(got),
+                        fmt_count(r)
+                    ),
+                    None => format!("{}/s", fmt_count(got)),
+                },
                 limit: format!(">= {}/s", fmt_count(SET_MIN_PER_SEC)),
                 pass: got >= SET_MIN_PER_SEC,
                 json: json!({"target": "durable cred.set >= 2000/s from one client",
                     "credentials": size, "clients": 1, "measured_per_sec": got.round(),
-                    "limit_per_sec": SET_MIN_PER_SEC, "pass": got >= SET_MIN_PER_SEC}),
+                    "limit_per_sec": SET_MIN_PER_SEC, "pass": got >= SET_MIN_PER_SEC,
+                    "adjacent_floor": floor.map(Stats::json),
+                    "adjacent_floor_per_sec": floor_rate.map(f64::round)}),
             });
         }
     }
@@ -1411,6 +1428,9 @@ fn creds(g: &Global, plan: &Plan, tmpdir: Option<&Path>) -> CliResult {
     let mut daemon = Vec::new();
     let mut adjacent: Vec<(usize, Stats)> = Vec::new();
     let mut placed: Vec<Placed> = Vec::new();
+    // The atomic-replace floor again right before each size's 1-client sets: the disk's speed
+    // drifts by more than the set target's margin between the start of a run and its sets.
+    let mut adjacent_replace: Vec<(usize, Stats)> = Vec::new();
     for &size in &plan.sizes {
         seedings.push(seed(&env, seeded, size)?);
         seeded = size;
@@ -1432,6 +1452,12 @@ fn creds(g: &Global, plan: &Plan, tmpdir: Option<&Path>) -> CliResult {
         ));
         for &clients in &plan.clients {
             for what in [Op::Get, Op::Set] {
+                if clients == 1 && what == Op::Set {
+                    adjacent_replace.push((
+                        size,
+                        floors::atomic_write(&env.root, (plan.replaces / 2).max(20), true)?,
+                    ));
+                }
                 daemon.push(daemon_phase(&env, what, clients, size, plan.phase)?);
             }
             if clients == 1 {
@@ -1468,6 +1494,7 @@ fn creds(g: &Global, plan: &Plan, tmpdir: Option<&Path>) -> CliResult {
     let targets = targets(
         &adjacent,
         &placed,
+        &adjacent_replace,
         &daemon,
         &plan.sizes,
         set_rounds.as_ref(),
