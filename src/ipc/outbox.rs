@@ -142,13 +142,20 @@ impl Outbox {
         }
         // One non-blocking attempt; if the socket takes nothing (or not all), the writer task
         // (which waits for writability) takes over.
-        let line = line.bytes();
-        let written = match stream.try_send(line) {
+        self.write_marked(stream, line.bytes())
+    }
+
+    /// Write `bytes`, marked as being written (`writing` set, their length counted), as far as
+    /// the socket takes them now: what it does not take goes back to the front of the queue,
+    /// ahead of anything queued meanwhile, and the writer task is woken if anything is left.
+    /// `false`: the socket failed (the connection is then being closed).
+    fn write_marked(&self, stream: &Conn, bytes: &[u8]) -> bool {
+        let written = match stream.try_send(bytes) {
             Ok(n) => n,
             Err(_) => {
                 let mut st = self.state();
                 st.writing = false;
-                st.bytes -= line.len();
+                st.bytes -= bytes.len();
                 drop(st);
                 self.closed.notify_one();
                 return false;
@@ -157,10 +164,9 @@ impl Outbox {
         let mut st = self.state();
         st.writing = false;
         st.bytes -= written;
-        if written < line.len() {
-            // Ahead of anything queued while this line was being written.
+        if written < bytes.len() {
             st.lines
-                .push_front(Zeroizing::new(line[written..].to_vec()));
+                .push_front(Zeroizing::new(bytes[written..].to_vec()));
         }
         let pending = !st.lines.is_empty();
         drop(st);
@@ -198,28 +204,7 @@ impl Outbox {
             st.writing = true;
             out
         };
-        let written = match stream.try_send(&out) {
-            Ok(n) => n,
-            Err(_) => {
-                let mut st = self.state();
-                st.writing = false;
-                st.bytes -= out.len();
-                drop(st);
-                self.closed.notify_one();
-                return;
-            }
-        };
-        let mut st = self.state();
-        st.writing = false;
-        st.bytes -= written;
-        if written < out.len() {
-            st.lines.push_front(Zeroizing::new(out[written..].to_vec()));
-        }
-        let pending = !st.lines.is_empty();
-        drop(st);
-        if pending {
-            self.wake.notify_one();
-        }
+        self.write_marked(stream, &out);
     }
 
     /// Take queued lines for one write: every line up to `WRITE_BATCH` bytes (at least one),
