@@ -161,6 +161,14 @@ fn quick_json_run_reports_every_figure() {
                 &["n", "p50_us", "p99_us", "mean_us"],
                 "adjacent floor",
             );
+            // And served: the same replace done by another process before it answers a socket
+            // round trip, measured right after it.
+            positive(&t["served_floor_per_sec"], "the set target's served floor");
+            check_figures(
+                &t["served_floor"],
+                &["n", "p50_us", "p99_us", "mean_us"],
+                "served floor",
+            );
         }
         if t.get("floor_us").is_some() {
             // The get target is judged by the raw client, with the library's figure beside it.

@@ -812,24 +812,43 @@ impl Doc {
                     None => (&c["floors"]["atomic_replace_4k"], "at the start of the run"),
                 };
                 let floor_rate = 1e6 / f(&floor["mean_us"]);
+                // The same replace behind a socket round trip (runs since the tenth session).
+                let served = t.get("served_floor").filter(|v| v.is_object());
+                let served_rate = served.map(|s| 1e6 / f(&s["mean_us"]));
+                let got = f(&t["measured_per_sec"]);
+                let mut holdfast = format!(
+                    "{} ({:.2}× the atomic-replace floor {when}",
+                    rate(got),
+                    got / floor_rate
+                );
+                if let Some(sr) = served_rate {
+                    holdfast.push_str(&format!(", {:.2}× it served", got / sr));
+                }
+                holdfast.push(')');
+                let mut why = format!(
+                    "each set replaces the credential's file atomically: a write, two fsyncs \
+                     (file, directory) and a rename; that alone, with nothing of holdfast (the \
+                     atomic-replace floor {when}, p50 {}), runs at {} here",
+                    micros(f(&floor["p50_us"])),
+                    rate(floor_rate)
+                );
+                if let (Some(s), Some(sr)) = (served, served_rate) {
+                    why.push_str(&format!(
+                        "; served (a socket round trip to a process that does that replace \
+                         before it answers, measured right after it; p50 {}): {}",
+                        micros(f(&s["p50_us"])),
+                        rate(sr)
+                    ));
+                }
                 self.targets.push(Target {
                     workload: format!("durable cred.set, 1 client, {} creds", t["credentials"]),
-                    holdfast: format!(
-                        "{} ({:.2}× the atomic-replace floor {when})",
-                        rate(f(&t["measured_per_sec"])),
-                        f(&t["measured_per_sec"]) / floor_rate
-                    ),
+                    holdfast,
                     target: "≥ 2,000 /s (issue 3)".into(),
                     pass,
-                    // The atomic replace alone, with nothing of holdfast, is slower.
-                    beyond: floor_rate < 2000.0,
-                    why: Some(format!(
-                        "each set replaces the credential's file atomically: a write, two \
-                         fsyncs (file, directory) and a rename; that alone, with nothing of \
-                         holdfast (the atomic-replace floor {when}, p50 {}), runs at {} here",
-                        micros(f(&floor["p50_us"])),
-                        rate(floor_rate)
-                    )),
+                    // A server doing no more than the replace, reached over a socket as the
+                    // daemon is (or, in older runs, the replace alone) is slower.
+                    beyond: served_rate.unwrap_or(floor_rate) < 2000.0,
+                    why: Some(why),
                 });
             }
         }
@@ -844,7 +863,8 @@ impl Doc {
              last column gives the measured limit beside it, from the same run; the profiles \
              behind them are under \"Where a request's CPU goes\" below. *Out of reach here*: \
              a server doing less than holdfast must (the served fdatasync floor; the ceiling \
-             that parses and seals, under Streams) missed it too in the same run.\n"
+             that parses and seals, under Streams; the served atomic replace) missed it too in \
+             the same run.\n"
         );
         let _ = writeln!(
             m,

@@ -731,7 +731,7 @@ pub fn run(
         tmp.path(),
         n_floor,
         super::EchoIn::Process,
-        Some(&tmp.path().join("floor-served")),
+        &super::Durable::Fdatasync(tmp.path().join("floor-served")),
         None,
     )?;
     let mut rows = Vec::new();
