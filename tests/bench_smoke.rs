@@ -163,11 +163,37 @@ fn quick_json_run_reports_every_figure() {
             );
             // And served: the same replace done by another process before it answers a socket
             // round trip, measured right after it.
-            positive(&t["served_floor_per_sec"], "the set target's served floor");
+            let served = positive(&t["served_floor_per_sec"], "the set target's served floor");
             check_figures(
                 &t["served_floor"],
                 &["n", "p50_us", "p99_us", "mean_us"],
                 "served floor",
+            );
+            // The rate is that floor's (one over its mean), not another measurement's.
+            let mean_us = positive(&t["served_floor"]["mean_us"], "the served floor's mean");
+            assert!((1e6 / mean_us - served).abs() <= 1.0 + 0.01 * served, "{t}");
+            // The verdict's floor: the rounds' median where they ran (as here, with two
+            // sizes and one client), each round's floor recorded beside its rate.
+            let judged = positive(
+                &t["judged_served_floor_per_sec"],
+                "the set target's judged served floor",
+            );
+            assert_eq!(t["judged_on"], "the interleaved rounds (medians)", "{t}");
+            let rounds: Vec<f64> = v["set_rounds"]["rounds"]
+                .as_array()
+                .expect("set rounds")
+                .iter()
+                .flat_map(|r| r.as_array().expect("a round").iter())
+                .filter(|x| x["credentials"] == t["credentials"])
+                .map(|x| positive(&x["served_floor_per_sec"], "a round's served floor"))
+                .collect();
+            assert!(!rounds.is_empty(), "{t}");
+            let (lo, hi) = rounds
+                .iter()
+                .fold((f64::MAX, 0.0f64), |(a, b), &x| (a.min(x), b.max(x)));
+            assert!(
+                judged >= lo - 1.0 && judged <= hi + 1.0,
+                "{t} vs {rounds:?}"
             );
         }
         if t.get("floor_us").is_some() {

@@ -819,7 +819,11 @@ impl Doc {
                 let on_rounds = t["judged_on"]
                     .as_str()
                     .is_some_and(|j| j.starts_with("the interleaved"));
-                let served_rate = t["served_floor_per_sec"].as_f64();
+                // The floor the verdict used (the rounds' median where they ran); reports
+                // written before it had its own field gave it as `served_floor_per_sec`.
+                let served_rate = t["judged_served_floor_per_sec"]
+                    .as_f64()
+                    .or_else(|| t["served_floor_per_sec"].as_f64());
                 let ratio = t["ratio_to_served"].as_f64();
                 let holdfast = match (on_rounds, served_rate, ratio) {
                     (true, Some(sr), Some(x)) => format!(
@@ -1400,9 +1404,9 @@ impl Doc {
                  the 2,000 /s targets judge): a store seeded to each size, each with its own \
                  daemon, all running; each round runs a {:.1} s slice against every size, the \
                  order rotating, with {:.0} s after each slice for the index write-behind to \
-                 finish. Right before each slice, the served atomic-replace floor (a socket \
-                 round trip to a process that replaces a file atomically before it answers; \
-                 in brackets where the run measured it).\n",
+                 finish. Right before each slice the served atomic-replace floor is measured (a \
+                 socket round trip to a process that replaces a file atomically before it \
+                 answers); it is in brackets where the run measured it.\n",
                 f(&c["set_rounds"]["slice_seconds"]),
                 f(&c["set_rounds"]["settle_seconds"])
             );

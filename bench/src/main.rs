@@ -558,6 +558,13 @@ fn placed_floor(dir: &Path, trips: usize, p: Placement) -> CliResult<Stats> {
     echo_floor(dir, trips, EchoIn::Process, &Durable::Nothing, Some(p))
 }
 
+/// `trips` round trips to an echo process that replaces a file in `dir` atomically before it
+/// answers each: the least a credential server reached over a socket does per durable set.
+fn served_replace_floor(dir: &Path, trips: usize) -> CliResult<Stats> {
+    let work = Durable::Replace(dir.join("floor-served-replace"));
+    echo_floor(dir, trips, EchoIn::Process, &work, None)
+}
+
 /// Round trips to an echo server that makes each message durable as `work` says before it
 /// answers; with `placed`, an echo process is started on the server's CPU and the round trips
 /// are made from the client's.
@@ -1106,13 +1113,7 @@ fn set_rounds(root: &Path, holdfast: &Path, plan: &Plan) -> CliResult<Option<Set
                 "cred.set in interleaved rounds: round {}/{rounds}, {size} credentials",
                 r + 1
             ));
-            let served = echo_floor(
-                &env.root,
-                SERVED_REPLACE_TRIPS,
-                EchoIn::Process,
-                &Durable::Replace(env.root.join("floor-served-replace")),
-                None,
-            )?;
+            let served = served_replace_floor(&env.root, SERVED_REPLACE_TRIPS)?;
             let p = daemon_phase(env, Op::Set, 1, *size, slice)?;
             round.push((*size, p.per_sec(), 1.0 / served.mean.as_secs_f64()));
             std::thread::sleep(SET_SETTLE);
@@ -1287,7 +1288,8 @@ fn targets(
                     "adjacent_floor": floor.map(Stats::json),
                     "adjacent_floor_per_sec": floor_rate.map(f64::round),
                     "served_floor": served.map(Stats::json),
-                    "served_floor_per_sec": judged_served.map(f64::round),
+                    "served_floor_per_sec": served_rate.map(f64::round),
+                    "judged_served_floor_per_sec": judged_served.map(f64::round),
                     "ratio_to_served": ratio.map(round3)}),
             });
         }
@@ -1567,16 +1569,7 @@ fn creds(g: &Global, plan: &Plan, tmpdir: Option<&Path>) -> CliResult {
                 if clients == 1 && what == Op::Set {
                     let n = (plan.replaces / 2).max(20);
                     adjacent_replace.push((size, floors::atomic_write(&env.root, n, true)?));
-                    served_replace.push((
-                        size,
-                        echo_floor(
-                            &env.root,
-                            n,
-                            EchoIn::Process,
-                            &Durable::Replace(env.root.join("floor-served-replace")),
-                            None,
-                        )?,
-                    ));
+                    served_replace.push((size, served_replace_floor(&env.root, n)?));
                 }
                 daemon.push(daemon_phase(&env, what, clients, size, plan.phase)?);
             }
