@@ -72,6 +72,8 @@ pub fn route<'a>(daemon: &Daemon, session: &Session, line: &'a [u8]) -> Routed<'
         Ok(g) => g,
         Err(e) => return answer(&id, Err(e)),
     };
+    // An admitted method is one of ours (never the client's text); the params are not logged.
+    tracing::trace!(conn = session.id, method = %env.method, "request");
     let call = match Call::parse(&env.method, env.params) {
         Ok(c) => c,
         Err(e) => return answer(&id, Err(e)),
@@ -88,17 +90,75 @@ pub fn route<'a>(daemon: &Daemon, session: &Session, line: &'a [u8]) -> Routed<'
     }
 }
 
-/// Run an admitted call on the async path and produce its response line.
+/// Run an admitted call on the async path and send its answer. A durable credential write is
+/// answered by the blocking-pool thread that made it durable (see [`Answer`]); every other
+/// call, by this task once its result is ready.
 pub async fn respond(
     daemon: &Arc<Daemon>,
     session: &Arc<Session>,
     id: Id,
     call: Call,
     grant: Arc<PluginGrant>,
-) -> Zeroizing<Vec<u8>> {
-    match dispatch(daemon, session, call, grant).await {
-        Ok(result) => protocol::response_ok(&id, result),
-        Err(e) => protocol::response_err(&id, &e),
+) {
+    let answer = Answer::new(id, session);
+    let result = match call {
+        Call::Cred(c) => return super::creds::dispatch(daemon, session, c, grant, answer).await,
+        Call::Stream(c) => super::streams::dispatch(daemon, session, c).await,
+        Call::Run(c) => super::runs::dispatch(daemon, c).await,
+        Call::Admin(c) => super::admin::dispatch(daemon, c, grant).await,
+        Call::Unsubscribe(p) => unsubscribe(session, p),
+        // Answered by `route` before admission (a second one is refused there).
+        Call::Hello(_) => Err(RpcError::method_not_found("hello")),
+    };
+    answer.send(result);
+}
+
+/// Where the answer to one request goes: built and sent once, from whichever thread has the
+/// result, straight to the socket when nothing is queued before it ([`Session::send_now`]).
+/// Sending from the thread that finished the work saves a wake-up of another thread per
+/// request (docs/benchmarks.md, issue 15, eleventh session). An answer dropped unsent (its
+/// handler panicked on the blocking pool) answers an internal error, so the client never waits
+/// for it forever.
+pub struct Answer {
+    /// `None` once sent.
+    id: Option<Id>,
+    session: Arc<Session>,
+}
+
+impl Answer {
+    pub(super) fn new(id: Id, session: &Arc<Session>) -> Answer {
+        Answer {
+            id: Some(id),
+            session: Arc::clone(session),
+        }
+    }
+
+    /// Send `result` as this request's response.
+    pub fn send(mut self, result: Result<Value, RpcError>) {
+        self.finish(result);
+    }
+
+    fn finish(&mut self, result: Result<Value, RpcError>) {
+        let Some(id) = self.id.take() else {
+            return;
+        };
+        let line = match result {
+            Ok(v) => protocol::response_ok(&id, v),
+            Err(e) => protocol::response_err(&id, &e),
+        };
+        self.session.send_now(line);
+    }
+}
+
+impl Drop for Answer {
+    fn drop(&mut self) {
+        if self.id.is_some() {
+            self.finish(Err(RpcError::new(
+                ErrorKind::Storage,
+                "internal error: the daemon failed while handling this request (its log says \
+                 why); whether a write took effect is unknown: read it back",
+            )));
+        }
     }
 }
 
@@ -129,24 +189,6 @@ pub(crate) async fn blocking<T: Send + 'static, E: Into<RpcError> + Send + 'stat
         .await
         .map_err(|e| RpcError::internal(&e))?
         .map_err(Into::into)
-}
-
-/// Run one admitted call (see [`route`]).
-pub async fn dispatch(
-    daemon: &Arc<Daemon>,
-    session: &Arc<Session>,
-    call: Call,
-    grant: Arc<PluginGrant>,
-) -> Result<Value, RpcError> {
-    match call {
-        Call::Stream(c) => super::streams::dispatch(daemon, session, c).await,
-        Call::Run(c) => super::runs::dispatch(daemon, c).await,
-        Call::Cred(c) => super::creds::dispatch(daemon, session, c, grant).await,
-        Call::Admin(c) => super::admin::dispatch(daemon, c, grant).await,
-        Call::Unsubscribe(p) => unsubscribe(session, p),
-        // Answered by `route` before admission (a second one is refused there).
-        Call::Hello(_) => Err(RpcError::method_not_found("hello")),
-    }
 }
 
 fn hello(daemon: &Daemon, session: &Session, p: Hello) -> Result<Value, RpcError> {
@@ -236,4 +278,40 @@ fn unsubscribe(session: &Session, p: Unsubscribe) -> Result<Value, RpcError> {
     result(&Unsubscribed {
         unsubscribed: session.subscriptions.close(p.subscription),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::net::UnixStream;
+
+    use crate::ipc::conn::Conn;
+
+    /// A handler that panics on the blocking pool drops its `Answer` unsent: the client still
+    /// gets exactly one answer for that request (an internal error with its id), and the
+    /// connection goes on answering the next one.
+    #[test]
+    fn an_answer_dropped_unsent_still_answers_with_an_error() {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        ours.set_nonblocking(true).unwrap();
+        let session = Session::for_test(1, Arc::new(Conn::from_std(ours)));
+        let answer = Answer::new(serde_json::json!(7), &session);
+        let panicked = std::thread::spawn(move || {
+            let _answer = answer;
+            panic!("a handler failed (this panic is the test)");
+        })
+        .join();
+        assert!(panicked.is_err());
+        Answer::new(serde_json::json!(8), &session).send(Ok(serde_json::json!({"ok": true})));
+        let mut lines = BufReader::new(theirs).lines();
+        let first: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+        assert_eq!(first["id"], 7, "{first}");
+        let message = first["error"]["message"].as_str().unwrap();
+        assert!(message.starts_with("internal error"), "{first}");
+        let second: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+        assert_eq!(second["id"], 8, "{second}");
+        assert_eq!(second["result"]["ok"], true, "{second}");
+        println!("a dropped answer: {message}");
+    }
 }

@@ -651,8 +651,7 @@ fn serve_lines(
             Routed::Async(id, call, grant) => {
                 let (daemon, session) = (Arc::clone(daemon), Arc::clone(session));
                 tokio::spawn(async move {
-                    let reply = handlers::respond(&daemon, &session, id, call, grant).await;
-                    session.outbox.send(reply);
+                    handlers::respond(&daemon, &session, id, call, grant).await;
                     drop(slot);
                 });
             }

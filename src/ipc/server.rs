@@ -607,8 +607,7 @@ async fn connection(
         };
         let (daemon, session) = (Arc::clone(&daemon), Arc::clone(&session));
         tokio::spawn(async move {
-            let reply = handlers::respond(&daemon, &session, id, call, grant).await;
-            session.outbox.send(reply);
+            handlers::respond(&daemon, &session, id, call, grant).await;
             drop(permit);
         });
     }
