@@ -82,6 +82,14 @@ pub const SOCKET_CHECK_INTERVAL: Duration = Duration::from_secs(5);
 /// temp file, a rename, an index rewrite). Well under the one second the daemon promises.
 pub const WATCH_DEBOUNCE: Duration = Duration::from_millis(200);
 
+/// ... or once the first of them is this old, under changes that never pause.
+pub const WATCH_MAX_DELAY: Duration = Duration::from_millis(500);
+
+/// While events keep coming, the watcher's thread sleeps this long between reads of them
+/// instead of waiting on the inotify descriptor: a stream of writes wakes it once per tick,
+/// not once per write (`service/dirwatch.rs`).
+pub const WATCH_TICK: Duration = Duration::from_millis(50);
+
 /// Longest refresh lease a client may ask for. A refresh that takes longer than this has
 /// failed; the next client may try.
 pub const MAX_LEASE: Duration = Duration::from_secs(300);

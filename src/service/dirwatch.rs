@@ -183,6 +183,12 @@ impl Collector {
             });
             if due && !pending.is_empty() {
                 first = None;
+                tracing::trace!(
+                    dirs = pending.files.len(),
+                    names = pending.files.values().map(BTreeSet::len).sum::<usize>(),
+                    rescan = pending.rescan,
+                    "file watcher: delivering a batch"
+                );
                 deliver(std::mem::take(&mut pending));
             }
         }
@@ -241,7 +247,10 @@ impl Collector {
                     pending.rescan = true;
                     continue;
                 }
-                if ev.mask.intersects(EventMask::DELETE_SELF | EventMask::MOVE_SELF) {
+                if ev
+                    .mask
+                    .intersects(EventMask::DELETE_SELF | EventMask::MOVE_SELF)
+                {
                     pending.rescan = true;
                     continue;
                 }
@@ -265,6 +274,7 @@ impl Collector {
 }
 
 #[cfg(test)]
+#[allow(clippy::disallowed_methods)] // the tests play the other process, writing files directly
 mod tests {
     use super::*;
     use std::sync::mpsc;

@@ -15,6 +15,7 @@ use crate::crypto::KeySource;
 use crate::store::{Change, CredentialStore, IndexFlush, OpenMode, StoreConfig, StoreOptions};
 use crate::streams::{Sealer, StreamError, Streams};
 
+pub mod dirwatch;
 mod engines;
 mod leases;
 pub mod migrate;

@@ -3,22 +3,21 @@
 //! look at exactly the files named in it (`sync_files`: a stat each, a decryption for those
 //! that changed), publish `cred.changed` events for every credential that appeared, changed or
 //! disappeared, and mark the index for the background flusher. The daemon's own writes come
-//! back as events too and cost a stat each. An inotify queue overflow (or any event the
-//! debouncer marks "rescan") makes it rescan every store in full (`sync`).
+//! back as events too and cost a stat each. An inotify queue overflow (or a watched directory
+//! gone) makes it rescan every store in full (`sync`). The inotify side, and why it is not
+//! `notify`'s, is `dirwatch.rs`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use notify::RecursiveMode;
-use notify_debouncer_full::{new_debouncer, DebounceEventResult, Debouncer, RecommendedCache};
-
+use super::dirwatch::{Batch, DirWatcher, Pace};
 use super::Daemon;
-use crate::limits::WATCH_DEBOUNCE;
+use crate::limits::{WATCH_DEBOUNCE, WATCH_MAX_DELAY, WATCH_TICK};
 
 /// The running watcher; dropping it stops watching.
 pub struct Watcher {
-    debouncer: Debouncer<notify::RecommendedWatcher, RecommendedCache>,
+    dirs: DirWatcher,
     /// Directories watched.
     pub watched: Vec<PathBuf>,
 }
@@ -33,7 +32,7 @@ impl Watcher {
             if !dir.is_dir() {
                 continue;
             }
-            if let Err(e) = self.debouncer.watch(&dir, RecursiveMode::NonRecursive) {
+            if let Err(e) = self.dirs.watch(&dir) {
                 tracing::warn!(dir = %dir.display(), error = %e, "cannot watch for outside changes");
             } else if !self.watched.contains(&dir) {
                 self.watched.push(dir);
@@ -50,7 +49,7 @@ impl Watcher {
             if !dir.is_dir() || self.watched.contains(&dir) {
                 continue;
             }
-            match self.debouncer.watch(&dir, RecursiveMode::NonRecursive) {
+            match self.dirs.watch(&dir) {
                 Ok(()) => self.watched.push(dir),
                 Err(e) => {
                     tracing::warn!(dir = %dir.display(), error = %e, "cannot watch for outside changes")
@@ -93,64 +92,33 @@ pub fn sync_stores(daemon: &Daemon, touched: Option<&Touched>) {
     }
 }
 
-/// Start watching every open store's `credentials/` and `metadata/` directories. Events are
 /// The file watcher did not start (the daemon serves on; foreign writes are then seen by the
 /// periodic rescan only).
 #[derive(Debug, thiserror::Error)]
 #[error("cannot start the file watcher: {0}")]
-pub struct WatchError(#[source] notify::Error);
+pub struct WatchError(#[source] std::io::Error);
 
-/// mapped to stores by path at the time they arrive, so stores added later are covered.
+/// Start watching every open store's `credentials/` and `metadata/` directories. Events are
+/// mapped to stores by path at the time they are delivered, so stores added later are covered.
 pub fn start(daemon: Arc<Daemon>) -> Result<Watcher, WatchError> {
     let handler_daemon = Arc::clone(&daemon);
-    let debouncer = new_debouncer(WATCH_DEBOUNCE, None, move |res: DebounceEventResult| {
-        let touched = match res {
-            Ok(events) => {
-                let bases: Vec<(String, PathBuf)> = handler_daemon
-                    .stores()
-                    .into_iter()
-                    .map(|(n, s)| (n, s.config.base.clone()))
-                    .collect();
-                let mut touched = Touched::new();
-                let mut everything = false;
-                for ev in &events {
-                    if ev.need_rescan() || ev.paths.is_empty() {
-                        everything = true;
-                    }
-                    for p in &ev.paths {
-                        for (n, base) in &bases {
-                            if !p.starts_with(base) {
-                                continue;
-                            }
-                            let file = p.file_name().and_then(|f| f.to_str());
-                            match (touched.entry(n.clone()).or_insert_with(|| Some(BTreeSet::new())), file) {
-                                (Some(files), Some(f)) => {
-                                    files.insert(f.to_owned());
-                                }
-                                (slot, _) => *slot = None,
-                            }
-                        }
-                    }
-                }
-                if everything {
-                    tracing::info!("file watcher asked for a rescan (event queue overflow?): syncing every store");
-                    None
-                } else {
-                    Some(touched)
-                }
-            }
-            Err(errors) => {
-                for e in errors {
-                    tracing::warn!(error = %e, "file watcher error; syncing every store");
-                }
-                None
-            }
+    let pace = Pace {
+        quiet: WATCH_DEBOUNCE,
+        max_delay: WATCH_MAX_DELAY,
+        tick: WATCH_TICK,
+    };
+    let dirs = DirWatcher::start(pace, move |batch: Batch| {
+        let touched = if batch.rescan {
+            tracing::info!("file watcher missed events (queue overflow, a directory gone): syncing every store");
+            None
+        } else {
+            Some(touched_stores(&handler_daemon, &batch))
         };
         sync_stores(&handler_daemon, touched.as_ref());
     })
     .map_err(WatchError)?;
     let mut watcher = Watcher {
-        debouncer,
+        dirs,
         watched: Vec::new(),
     };
     for (_, slot) in daemon.stores() {
@@ -159,4 +127,22 @@ pub fn start(daemon: Arc<Daemon>) -> Result<Watcher, WatchError> {
         }
     }
     Ok(watcher)
+}
+
+/// The stores whose directories `batch` names, with the file names in each.
+fn touched_stores(daemon: &Daemon, batch: &Batch) -> Touched {
+    let mut touched = Touched::new();
+    for (name, slot) in daemon.stores() {
+        for (dir, files) in &batch.files {
+            if dir.starts_with(&slot.config.base) {
+                if let Some(set) = touched
+                    .entry(name.clone())
+                    .or_insert_with(|| Some(BTreeSet::new()))
+                {
+                    set.extend(files.iter().cloned());
+                }
+            }
+        }
+    }
+    touched
 }
