@@ -193,10 +193,10 @@ fn publish(
     publish_with(dir, name, bytes, faults, how, None)
 }
 
-/// A spare file opened for reuse: a private regular file of ours with no other name (writing
-/// into a file that is also linked elsewhere would change that other name's content; one
-/// someone made group- or world-readable must not carry another value).
-fn open_spare(path: &Path) -> Option<File> {
+/// A spare file opened for reuse, with its length: a private regular file of ours with no
+/// other name (writing into a file that is also linked elsewhere would change that other
+/// name's content; one someone made group- or world-readable must not carry another value).
+fn open_spare(path: &Path) -> Option<(File, u64)> {
     let file = OpenOptions::new()
         .write(true)
         .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
@@ -207,7 +207,7 @@ fn open_spare(path: &Path) -> Option<File> {
         && meta.nlink() == 1
         && meta.uid() == super::perms::euid()
         && meta.mode() & 0o077 == 0)
-        .then_some(file)
+        .then_some((file, meta.len()))
 }
 
 fn publish_with(
@@ -226,15 +226,17 @@ fn publish_with(
     // A spare if one is old enough and still ours, else a new temp file. A spare that cannot be
     // used (removed by a sweep in another process, linked elsewhere) is dropped from the pool.
     let mut reused = None;
+    // The length of the spare being reused.
+    let mut spare_len = None;
     while let Some(spare) = spares.and_then(|s| s.take(name)) {
         let path = dir.join(&spare);
-        if let Some(file) = open_spare(&path) {
+        if let Some((file, len)) = open_spare(&path) {
             reused = Some((path, file));
+            spare_len = Some(len);
             break;
         }
         let _ = fs::remove_file(&path);
     }
-    let recycled = reused.is_some();
     let (tmp, mut file) = match reused {
         Some(r) => r,
         None => {
@@ -249,14 +251,21 @@ fn publish_with(
         faults
             .check(Op::WriteTemp)
             .and_then(|()| {
-                if recycled {
-                    // Over the old bytes, then cut to length: the blocks are reused, not freed
-                    // and reallocated (a cut within the last block frees nothing).
-                    use std::os::unix::fs::FileExt;
-                    file.write_all_at(bytes, 0)?;
-                    file.set_len(bytes.len() as u64)
-                } else {
-                    file.write_all(bytes)
+                match spare_len {
+                    // Over the old bytes, then cut to length if it was longer: the blocks are
+                    // reused, not freed and reallocated (a cut within the last block frees
+                    // nothing). A credential rewritten usually keeps its length, and then the
+                    // cut is skipped: it cost a journal handle and a timestamp update (a
+                    // tenth of a set's CPU time in the daemon, docs/benchmarks.md).
+                    Some(old_len) => {
+                        use std::os::unix::fs::FileExt;
+                        file.write_all_at(bytes, 0)?;
+                        if old_len > bytes.len() as u64 {
+                            file.set_len(bytes.len() as u64)?;
+                        }
+                        Ok(())
+                    }
+                    None => file.write_all(bytes),
                 }
             })
             .map_err(|e| IoError::new(Op::WriteTemp, &tmp, e))?;
