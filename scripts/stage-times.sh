@@ -13,7 +13,9 @@
 # disp (store found, writer permit) → blk0 (a blocking-pool thread running it) → lock (store lock,
 # key check) → rdfor (the current version read and decrypted) → enc (the new one encrypted) →
 # w_open (a spare opened) → w_data (bytes written) → w_fsync → w_link (the old file kept as a
-# spare) → w_rename → w_dirsync (the directory's fsync) → opend (index entry, lock released) →
+# spare by a link: a fresh temp file only; 0 when a spare is recycled) → w_rename (a recycled
+# spare's exchange with the target, else the rename) → w_dirsync (the directory's fsync) → opend
+# (index entry, lock released) →
 # queued (the answer built) → sent (written to the socket).
 set -euo pipefail
 rounds=${1:-2}
