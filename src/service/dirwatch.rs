@@ -363,8 +363,9 @@ mod tests {
             wakeups <= deliveries as u64 + 1,
             "{wakeups} wake-ups for {deliveries} deliveries"
         );
-        // The writes never pause for `quiet`: they are delivered every `max_delay` or so.
-        let most = spent.as_millis() / PACE.max_delay.as_millis() + 2;
+        // A delivery needs `quiet` without events or `max_delay` since the first; the writes
+        // pause for less than `quiet`, but a loaded machine may stall them longer.
+        let most = spent.as_millis() / PACE.quiet.as_millis() + 2;
         assert!(
             deliveries as u128 <= most,
             "{deliveries} deliveries over {spent:?}"
