@@ -20,7 +20,8 @@
 //! of theirs. A moved connection is served for every request it sends, in order: an append is
 //! queued here; a request answered without waiting (`cred.get` from the file cache, a refusal)
 //! is answered here; anything else runs as a task on tokio, as before. Its output (the answers
-//! of those tasks, subscription events) still goes through its outbox and writer task.
+//! of those tasks, subscription events) still goes through its outbox: written by whoever
+//! has the line when nothing is queued before it, else by its writer task.
 //!
 //! **What stays with the connection's task.** Its life: the task that accepted it waits while
 //! the lane reads it, then does what it always did when a connection ends (wait for requests in
