@@ -246,26 +246,23 @@ fn publish_with(
         .map_err(|e| IoError::new(Op::CreateTemp, dir.join(name), e))?;
     // A spare if one is old enough and still ours, else a new temp file. A spare that cannot be
     // used (removed by a sweep in another process, linked elsewhere) is dropped from the pool.
+    // `recycled` below: the reused spare's name and length (it was longer: cut it; it can
+    // trade places with the target).
     let mut reused = None;
-    // The name and length of the spare being reused.
-    let mut spare_len = None;
-    let mut spare_name = None;
     while let Some(spare) = spares.and_then(|s| s.take(name)) {
         let path = dir.join(&spare);
         if let Some((file, len)) = open_spare(&path) {
-            reused = Some((path, file));
-            spare_len = Some(len);
-            spare_name = Some(spare);
+            reused = Some((path, file, (spare, len)));
             break;
         }
         let _ = fs::remove_file(&path);
     }
-    let (tmp, mut file) = match reused {
-        Some(r) => r,
+    let (tmp, mut file, recycled) = match reused {
+        Some((path, file, spare)) => (path, file, Some(spare)),
         None => {
             let tmp = dir.join(format!(".{name}{TEMP_MARKER}{}", random_hex()));
             let file = open_new_private(&tmp).map_err(|e| IoError::new(Op::CreateTemp, &tmp, e))?;
-            (tmp, file)
+            (tmp, file, None)
         }
     };
 
@@ -274,13 +271,13 @@ fn publish_with(
         faults
             .check(Op::WriteTemp)
             .and_then(|()| {
-                match spare_len {
+                match recycled {
                     // Over the old bytes, then cut to length if it was longer: the blocks are
                     // reused, not freed and reallocated (a cut within the last block frees
                     // nothing). A credential rewritten usually keeps its length, and then the
                     // cut is skipped: it cost a journal handle and a timestamp update (a
                     // tenth of a set's CPU time in the daemon, docs/benchmarks.md).
-                    Some(old_len) => {
+                    Some((_, old_len)) => {
                         use std::os::unix::fs::FileExt;
                         file.write_all_at(bytes, 0)?;
                         if old_len > bytes.len() as u64 {
@@ -308,8 +305,8 @@ fn publish_with(
         // calls (the link cost ~24 µs of a daemon set, docs/benchmarks.md). Nothing to replace
         // (ENOENT): a plain rename. A file system that cannot exchange: the two calls, from
         // then on.
-        if let (Some(spare), Publish::Replace, false) = (
-            &spare_name,
+        if let (Some((spare, _)), Publish::Replace, false) = (
+            &recycled,
             how,
             EXCHANGE_UNSUPPORTED.load(std::sync::atomic::Ordering::Relaxed),
         ) {

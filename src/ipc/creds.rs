@@ -271,7 +271,8 @@ async fn cred_set(
         Err(e) => return answer.send(Err(e)),
     };
     let (d, conn) = (Arc::clone(daemon), session.id);
-    write_and_answer(daemon, &name.clone(), answer, move || {
+    let permit = writer_permit(daemon, &name).await;
+    write_and_answer(permit, answer, move || {
         let id = cred.id().to_owned();
         let generation = store.set(cred, if_generation)?;
         // Release first: a waiter woken by the event may ask for the lease at once.
@@ -317,7 +318,8 @@ async fn cred_delete(
         Err(e) => return answer.send(Err(e)),
     };
     let (d, conn) = (Arc::clone(daemon), session.id);
-    write_and_answer(daemon, &name.clone(), answer, move || {
+    let permit = writer_permit(daemon, &name).await;
+    write_and_answer(permit, answer, move || {
         let deleted = store.delete(&p.id)?;
         if deleted {
             let change = Change {
@@ -332,19 +334,17 @@ async fn cred_delete(
     .await;
 }
 
-/// Run credential write `work` on the blocking pool under a writer permit of store `name`, and
-/// send its answer from there. `work` makes the write durable and does what must come before
+/// Run credential write `work` on the blocking pool, holding `permit` (its store's writer
+/// permit) until it is done, and send its answer from there. `work` makes the write durable and does what must come before
 /// the answer (release the writer's lease, publish the change). Sending from the pool thread
 /// saves handing the result back to a runtime worker: that wake-up of an idle worker cost
 /// ~25 µs of a ~700 µs set on this machine kind (docs/benchmarks.md, issue 15, eleventh
 /// session). If `work` panics, the answer is dropped unsent and says so ([`Answer`]).
 async fn write_and_answer(
-    daemon: &Daemon,
-    name: &str,
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
     answer: Answer,
     work: impl FnOnce() -> Result<Value, RpcError> + Send + 'static,
 ) {
-    let permit = writer_permit(daemon, name).await;
     // The JoinHandle's error is a panic in `work`; the answer went out as `Answer`'s drop.
     let _ = tokio::task::spawn_blocking(move || {
         answer.send(work());

@@ -201,11 +201,16 @@ impl Collector {
             tv_nsec: i64::from(t.subsec_nanos()),
         });
         loop {
-            let mut fds = vec![PollFd::new(&*self.stop, PollFlags::IN)];
-            if on_events {
-                fds.push(PollFd::new(&self.inotify, PollFlags::IN));
-            }
-            match poll(&mut fds, timeout.as_ref()) {
+            let mut both = [
+                PollFd::new(&*self.stop, PollFlags::IN),
+                PollFd::new(&self.inotify, PollFlags::IN),
+            ];
+            let fds = if on_events {
+                &mut both[..]
+            } else {
+                &mut both[..1]
+            };
+            match poll(fds, timeout.as_ref()) {
                 Ok(_) if fds[0].revents().contains(PollFlags::IN) => return Woke::Stop,
                 Ok(_) => return Woke::Go,
                 Err(rustix::io::Errno::INTR) => continue,
