@@ -37,6 +37,7 @@ fn open(dir: &std::path::Path, faults: Faults) -> CredentialStore {
         name: "bench".into(),
         base,
         key_sources: vec![KeySource::File(key_file)],
+        key_dir: None,
     };
     CredentialStore::open(
         config,

@@ -35,8 +35,9 @@ fn main() {
         name: "bench".into(),
         base: root.path().join("store"),
         key_sources: vec![KeySource::File(key.clone())],
+        key_dir: None,
     };
-    init_store(&config, &key, &Faults::none()).unwrap();
+    init_store(&config, &Faults::none()).unwrap();
     let open = |recycle_files| {
         CredentialStore::open(
             config.clone(),

@@ -88,6 +88,7 @@ pub const METHODS: &[&str] = &[
     "admin.fsck",
     "admin.reindex",
     "admin.rotate_key",
+    "admin.prune_keys",
     "stream.begin",
     "stream.append",
     "stream.interrupt",

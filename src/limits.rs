@@ -2,10 +2,19 @@
 
 use std::time::Duration;
 
-/// Largest credential file (`.enc`) holdfast will read. A Fernet token for a credential with a
-/// few keys is well under 4 KiB; 1 MiB leaves room for large certificates while keeping a
-/// hostile or corrupt file from making a reader allocate without bound.
+/// Largest credential file (`.enc`) holdfast writes and serves. A Fernet token for a
+/// credential with a few keys is well under 4 KiB; 1 MiB leaves room for large certificates
+/// while keeping a hostile or corrupt file from making a reader allocate without bound. The
+/// limit is checked on the *write* side, on the token about to be written (a token is ~4/3 of
+/// the document it seals, so documents up to ~768 KiB fit), before anything is written or
+/// acknowledged: a credential holdfast acknowledged always reads back.
 pub const MAX_CREDENTIAL_FILE_BYTES: u64 = 1024 * 1024;
+
+/// Largest credential file read to learn which key opens it (key rotation, pruning,
+/// `holdfast key`): another program (hive) may write files larger than holdfast serves, and
+/// they still need their key. A file over this is reported unreadable, and no key is pruned
+/// while it exists.
+pub const MAX_SCAN_FILE_BYTES: u64 = 64 * 1024 * 1024;
 
 /// Largest `index.json` holdfast will parse. At ~300 bytes per entry this is ~100,000
 /// credentials; anything bigger is treated as corrupt and rebuilt from the directory scan.

@@ -55,22 +55,20 @@ pub fn config_dir() -> Result<PathBuf, PathError> {
     Ok(home()?.join(".config/holdfast"))
 }
 
-/// The key file holdfast creates for a store: `<config>/keys/<store>.key`.
-pub fn key_file(store: &str) -> Result<PathBuf, PathError> {
-    Ok(config_dir()?.join("keys").join(format!("{store}.key")))
+/// holdfast's key directory, `<config>/keys`: a store holdfast keeps the key of has its own
+/// file there, `<store>.<store id>.key` (`store::identity`).
+pub fn keys_dir() -> Result<PathBuf, PathError> {
+    Ok(config_dir()?.join("keys"))
 }
 
-/// Key sources of a holdfast-managed store, in order: systemd's `$CREDENTIALS_DIRECTORY`,
-/// then the key file.
-pub fn store_key_sources(store: &str) -> Result<Vec<KeySource>, PathError> {
-    let mut v = Vec::new();
-    if let Some(dir) = env_path("CREDENTIALS_DIRECTORY") {
-        v.push(KeySource::SystemdCredential(
-            dir.join(format!("holdfast-{store}.key")),
-        ));
-    }
-    v.push(KeySource::File(key_file(store)?));
-    Ok(v)
+/// The key sources a named store tries before its own key file: systemd's
+/// `$CREDENTIALS_DIRECTORY/holdfast-<store>.key` (`LoadCredential=`), when systemd passed a
+/// credentials directory.
+pub fn systemd_key_sources(store: &str) -> Vec<KeySource> {
+    env_path("CREDENTIALS_DIRECTORY")
+        .map(|dir| KeySource::SystemdCredential(dir.join(format!("holdfast-{store}.key"))))
+        .into_iter()
+        .collect()
 }
 
 /// The daemon's socket: `$XDG_RUNTIME_DIR/holdfast/holdfast.sock`, else

@@ -632,19 +632,25 @@ fn swapped_files_are_integrity_errors_not_the_other_secret() {
     assert_eq!(o.code, 6, "{o}");
     assert!(!o.stdout.contains("value-of-beta") && !o.stderr.contains("value-of-beta"));
 
+    // A repair leaves them where they are: a key of this store opens them, and a quarantined
+    // file would need that key for as long as it is kept.
     let store = ts.open();
-    let q = &store.open_report().quarantined;
-    assert_eq!(q.len(), 3, "{}", store.open_report());
-    for item in q {
-        assert!(item.reason.contains("swapped"), "{}", item.reason);
-        let id = item.file.trim_end_matches(".enc");
-        assert_eq!(
-            &fs::read(item.moved_to.as_ref().unwrap()).unwrap(),
-            &files[id]
-        );
+    let report = store.open_report();
+    assert!(report.quarantined.is_empty(), "{report}");
+    assert_eq!(report.kept.len(), 3, "{report}");
+    for item in &report.kept {
+        assert!(item.contains("swapped"), "{item}");
     }
+    for id in ["alpha", "beta", "gamma"] {
+        assert_eq!(fs::read(ts.enc(id)).unwrap(), files[id], "{id}");
+        assert_eq!(store.get(id).unwrap_err().kind(), ErrorKind::Integrity);
+    }
+    assert!(
+        !ts.base.join("quarantine").exists()
+            || fs::read_dir(ts.base.join("quarantine")).unwrap().count() == 0
+    );
     assert_eq!(value_of(&store.get("delta").unwrap()), value_for("delta"));
-    println!("swapped files: 3 ids (a pair swapped, one overwritten by a copy): 3 integrity errors, 0 secrets of the other id returned, 3 quarantined on open");
+    println!("swapped files: 3 ids (a pair swapped, one overwritten by a copy): 3 integrity errors, 0 secrets of the other id returned, 3 reported and left in place on open, 0 quarantined");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -810,10 +816,16 @@ fn init_refuses_a_named_store_with_data_and_no_key() {
     };
     assert_eq!(run_home(&["init"], b"").code, 0);
     assert_eq!(run_home(&["cred", "set", "x"], b"secret-x\n").code, 0);
-    let key = home.path().join("config/holdfast/keys/default.key");
+    let base = home.path().join("state/holdfast/stores/default");
+    let key = holdfast::store::identity::own_key_file(
+        &home.path().join("config/holdfast/keys"),
+        "default",
+        &base,
+    )
+    .unwrap()
+    .unwrap();
     assert!(key.is_file());
     fs::rename(&key, home.path().join("lost.key")).unwrap();
-    let base = home.path().join("state/holdfast/stores/default");
     let before = snapshot(&base);
     let o = run_home(&["init"], b"");
     assert_eq!(o.code, 5, "{o}");
@@ -896,12 +908,26 @@ fn key_file_with_group_or_other_access_is_refused() {
         );
         assert_unchanged(&before, &snapshot(&ts.base), "refused key");
     }
-    // The key directory too.
+    // The key directory too, when others may write it (they could replace the key); one
+    // they may only list is fine, as ssh accepts for ~/.ssh (hive's ~/.hive/secrets is
+    // often 0755).
     chmod(&ts.key, 0o600);
-    chmod(ts.key.parent().unwrap(), 0o755);
-    let e = ts.try_open().expect_err("open must refuse a 0755 key dir");
-    assert_eq!(e.kind(), ErrorKind::Forbidden, "{e}");
-    assert!(e.to_string().contains("0755"), "{e}");
+    for mode in [0o775, 0o757, 0o777] {
+        chmod(ts.key.parent().unwrap(), mode);
+        let e = ts
+            .try_open()
+            .expect_err("open must refuse a key dir others may write");
+        assert_eq!(e.kind(), ErrorKind::Forbidden, "{e}");
+        assert!(e.to_string().contains(&format!("{mode:04o}")), "{e}");
+    }
+    for mode in [0o755, 0o750, 0o711] {
+        chmod(ts.key.parent().unwrap(), mode);
+        assert_eq!(
+            value_of(&ts.open().get("alpha").unwrap()),
+            value_for("alpha"),
+            "key dir {mode:o}"
+        );
+    }
     chmod(ts.key.parent().unwrap(), 0o700);
     // 0400 (systemd's mode) is fine.
     chmod(&ts.key, 0o400);
@@ -1144,7 +1170,15 @@ fn secrets_never_leak_into_cli_output_or_logs() {
     .into_iter()
     .collect();
     let base = home.path().join("state/holdfast/stores/default");
-    let key_path = home.path().join("config/holdfast/keys/default.key");
+    let key_path = || {
+        holdfast::store::identity::own_key_file(
+            &home.path().join("config/holdfast/keys"),
+            "default",
+            &base,
+        )
+        .unwrap()
+        .unwrap()
+    };
     // (command, stdin, expected exit, secrets its stdout may show)
     struct Ran {
         what: String,
@@ -1174,7 +1208,7 @@ fn secrets_never_leak_into_cli_output_or_logs() {
     let stdin_of = |k: &str| format!("{}\n", secrets[k]).into_bytes();
 
     exec(&["init"], b"", 0, &[]);
-    key_texts.push(("key".into(), fs::read_to_string(&key_path).unwrap()));
+    key_texts.push(("key".into(), fs::read_to_string(key_path()).unwrap()));
     exec(&["cred", "set", "alpha"], &stdin_of("alpha"), 0, &[]);
     exec(
         &[
@@ -1251,11 +1285,14 @@ fn secrets_never_leak_into_cli_output_or_logs() {
     exec(&["store", "fsck", "--json"], b"", 0, &[]);
     // Rotation: both keys are secrets from here on.
     exec(&["key", "rotate"], b"", 0, &[]);
-    key_texts.push(("rotated key".into(), fs::read_to_string(&key_path).unwrap()));
+    key_texts.push((
+        "rotated key".into(),
+        fs::read_to_string(key_path()).unwrap(),
+    ));
     exec(&["--json", "key", "rotate"], b"", 0, &[]);
     key_texts.push((
         "twice-rotated key".into(),
-        fs::read_to_string(&key_path).unwrap(),
+        fs::read_to_string(key_path()).unwrap(),
     ));
     exec(&["cred", "get", "alpha"], b"", 0, &["alpha"]);
     // Damage: integrity errors and fsck reports.
@@ -1268,10 +1305,10 @@ fn secrets_never_leak_into_cli_output_or_logs() {
     exec(&["store", "fsck"], b"", 1, &[]);
     exec(&["store", "fsck", "--repair"], b"", 0, &[]);
     // Wrong key and malformed key: sealed.
-    let good_key = fs::read(&key_path).unwrap();
+    let good_key = fs::read(key_path()).unwrap();
     let wrong = generate_key();
     key_texts.push(("wrong key".into(), wrong.expose().to_owned()));
-    keys::write_key_file(&key_path, &wrong, &Faults::none()).unwrap();
+    keys::write_key_file(&key_path(), &wrong, &Faults::none()).unwrap();
     exec(&["cred", "get", "alpha"], b"", 5, &[]);
     exec(&["cred", "list"], b"", 5, &[]);
     exec(&["cred", "set", "alpha"], &stdin_of("lost"), 5, &[]);
@@ -1279,9 +1316,9 @@ fn secrets_never_leak_into_cli_output_or_logs() {
     exec(&["init"], b"", 5, &[]);
     // A key file holding 43 characters of a real key (one short): malformed, must not be echoed.
     let near = &key_texts[0].1.trim()[..43];
-    write_private(&key_path, near.as_bytes());
+    write_private(&key_path(), near.as_bytes());
     exec(&["cred", "get", "alpha"], b"", 5, &[]);
-    write_private(&key_path, &good_key);
+    write_private(&key_path(), &good_key);
     exec(&["cred", "get", "alpha"], b"", 0, &["alpha"]);
 
     let mut forbidden: Vec<(String, String, Option<&str>)> = Vec::new();

@@ -43,8 +43,15 @@ impl TempHome {
         self.home.join("state/holdfast/stores/default")
     }
 
+    /// The default store's own key file (named after its identity).
     fn key(&self) -> PathBuf {
-        self.home.join("config/holdfast/keys/default.key")
+        holdfast::store::identity::own_key_file(
+            &self.home.join("config/holdfast/keys"),
+            "default",
+            &self.base(),
+        )
+        .expect("store identity")
+        .expect("the store has an identity")
     }
 
     /// `init`, returning the key fingerprint it printed.
@@ -130,7 +137,7 @@ fn init_output_permissions_and_idempotence() {
     assert_eq!(
         o.stdout,
         format!(
-            "store \"default\" at {} is already initialized (0 credentials; key file {}, fingerprint {fp})\n",
+            "store \"default\" at {} was already initialized: 0 credential file(s); key: key file {} (fingerprint {fp}). Nothing was changed.\n",
             env.base().display(),
             env.key().display()
         )
@@ -576,40 +583,68 @@ fn key_rotate_changes_fingerprint_and_keeps_every_credential() {
     let o = env.run(&["key", "rotate"], b"").ok();
     let lines: Vec<&str> = o.stdout.lines().collect();
     assert!(lines[0].starts_with("key rotated: new key "), "{o}");
-    let fp2: String = lines[0]["key rotated: new key ".len()..]
-        .chars()
-        .take(8)
-        .collect();
-    assert_eq!(
-        lines[0],
-        format!("key rotated: new key {fp2} ; retired {fp1}")
-    );
+    let fp2 = lines[0]["key rotated: new key ".len()..].to_string();
+    assert_eq!(fp2.len(), 8, "{o}");
     assert_ne!(fp1, fp2);
     assert_eq!(
         lines[1],
-        "5 file(s) re-encrypted, 5 verified under the new key"
+        "5 file(s) re-encrypted, 5 verified under the primary key"
+    );
+    // The retired key is archived, not deleted.
+    assert_eq!(
+        lines[2],
+        format!("archive (retired keys, still accepted for decryption): {fp1}")
     );
     assert_ne!(fs::read(env.key()).unwrap(), key1);
     assert_eq!(mode(&env.key()), 0o600);
-    assert!(!env
-        .home
-        .join("config/holdfast/keys/default.key.prev")
-        .exists());
+    let archive = env.key().with_extension("key.prev");
+    assert_eq!(mode(&archive), 0o600);
+    assert_eq!(
+        fs::read_to_string(&archive).unwrap().trim(),
+        String::from_utf8(key1.clone()).unwrap().trim()
+    );
     for i in 0..5 {
         assert_eq!(
             env.run(&["cred", "get", &format!("r{i}")], b"").ok().stdout,
             format!("rv{i}\n")
         );
     }
-    // init reports the new fingerprint; a second rotation in JSON.
+    // `holdfast key` shows both keys and what each opens.
+    let o = env.run(&["key"], b"").ok();
+    assert!(
+        o.stdout
+            .contains(&format!("{fp2:<10} primary        5            0")),
+        "{o}"
+    );
+    assert!(
+        o.stdout
+            .contains(&format!("{fp1:<10} archived       0            0")),
+        "{o}"
+    );
+    assert!(
+        o.stdout.contains("`holdfast key prune` removes them"),
+        "{o}"
+    );
+    // init reports the new fingerprint; a second rotation in JSON archives both.
     let o = env.run(&["init"], b"").ok();
     assert_eq!(fingerprint_in(&o.stdout), fp2);
     let r = env.run(&["--json", "key", "rotate"], b"").ok().json();
-    assert_eq!(r["retired"], json!([fp2]));
+    assert_eq!(r["retired"], json!([fp2, fp1]));
     assert_eq!(r["reencrypted"], json!(5));
     assert_ne!(r["new_key"], json!(fp2));
     let o = env.run(&["store", "fsck"], b"").ok();
     assert!(o.stdout.contains("clean"), "{o}");
+    // Pruning removes only what no file needs: here, both archived keys.
+    let r = env.run(&["--json", "key", "prune"], b"").ok().json();
+    assert_eq!(r["pruned"], json!([fp2, fp1]));
+    assert_eq!(r["retired"], json!([]));
+    assert!(!archive.exists());
+    for i in 0..5 {
+        assert_eq!(
+            env.run(&["cred", "get", &format!("r{i}")], b"").ok().stdout,
+            format!("rv{i}\n")
+        );
+    }
 }
 
 #[test]
@@ -697,9 +732,9 @@ fn store_dir_with_key_env_and_key_file() {
         .stdout,
         "pv\n"
     );
-    // The default store was never touched.
+    // The default store was never touched, and no key was made in the key directory.
     assert!(!env.base().exists());
-    assert!(!env.key().exists());
+    assert!(!env.home.join("config/holdfast/keys").exists());
 }
 
 #[test]

@@ -149,7 +149,7 @@ impl Env {
     fn fresh() -> Env {
         let dir = tempfile::tempdir().unwrap();
         let env = Env::at(dir.path().to_path_buf(), Some(dir));
-        init_store(&env.config, &env.key_file(), &Faults::none()).unwrap();
+        init_store(&env.config, &Faults::none()).unwrap();
         env
     }
 
@@ -491,13 +491,21 @@ fn finish_rotation(env: &Env, store: CredentialStore, model: &Model, t: &mut Tal
         }
         Err(e) => t.bad(V::Other, ctx, format!("resumed rotation failed: {e}")),
     }
+    let mut rotating = env.key_file().into_os_string();
+    rotating.push(".rotating");
+    if std::path::Path::new(&rotating).exists() {
+        t.bad(V::Other, ctx, "rotation mark still present after rotation");
+    }
+    // The retired keys stay in the archive until a prune proves nothing needs them: here
+    // nothing does, so it empties.
+    match store.prune_keys(|_, _| {}) {
+        Ok(r) if r.retired.is_empty() => {}
+        Ok(r) => t.bad(V::Other, ctx, format!("prune kept {:?}", r.kept)),
+        Err(e) => t.bad(V::Other, ctx, format!("prune after rotation failed: {e}")),
+    }
     let prev = keys::prev_path(&env.key_file());
     if prev.exists() {
-        t.bad(
-            V::Other,
-            ctx,
-            "previous-key file still present after rotation",
-        );
+        t.bad(V::Other, ctx, "archive still present after a prune");
     }
     let temps = env.all_temps();
     if !temps.is_empty() {

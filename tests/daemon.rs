@@ -466,6 +466,16 @@ fn every_method_once_with_its_result_shape() {
     assert_eq!(g["generation"], 3);
     let s = c1.ok("admin.status", json!({}));
     assert_eq!(s["stores"][0]["key_fingerprints"][0], rk["new_key"], "{s}");
+    // The retired key stays archived (a backup made with it still opens) until a prune
+    // proves no file needs it.
+    assert_eq!(rk["retired"], json!([before]), "{rk}");
+    let pk = c1.ok("admin.prune_keys", json!({}));
+    seen.insert("admin.prune_keys");
+    assert_eq!(pk["pruned"], json!([before]), "{pk}");
+    assert_eq!(pk["retired"], json!([]), "{pk}");
+    assert_eq!(pk["new_key"], rk["new_key"], "{pk}");
+    let g = c2.ok("cred.get", json!({"id": "short-1"}));
+    assert_eq!(g["generation"], 3);
 
     // The stream.* and checkpoint.* methods: tests/streams.rs (every_stream_method_once);
     // run.*: tests/runlog.rs (every_run_method_once).

@@ -554,7 +554,7 @@ fn python_store_updated_by_holdfast_reads_back_in_python() {
 #[test]
 fn holdfast_store_reads_in_python() {
     let sb = Sandbox::new();
-    init_store(&sb.config(), &sb.key_file(), &Faults::none()).expect("init");
+    init_store(&sb.config(), &Faults::none()).expect("init");
     let store = sb.open();
     // id -> key name -> value, as set.
     let mut want: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
@@ -874,7 +874,7 @@ fn concurrent_hive_and_holdfast_writers() {
     const PER_WRITER: usize = 100;
     const TAIL: usize = 25;
     let sb = Sandbox::new();
-    init_store(&sb.config(), &sb.key_file(), &Faults::none()).expect("init");
+    init_store(&sb.config(), &Faults::none()).expect("init");
     let store = Arc::new(sb.open());
     let go = sb.root().join("go");
     let tail_go = sb.root().join("tail-go");

@@ -108,8 +108,13 @@ fn rotation_keeps_the_old_key_while_a_future_stamped_file_needs_it() {
     drop(store);
     // Once the file no longer needs the old key, the rotation finishes.
     fs::remove_file(ts.base.join("credentials/future.enc")).unwrap();
-    let rep = ts.open().rotate_key(|_, _| {}).unwrap();
+    let store = ts.open();
+    let rep = store.rotate_key(|_, _| {}).unwrap();
     assert!(rep.resumed);
+    // Complete: the retired key stays archived until a prune proves nothing needs it.
+    assert!(keys::prev_path(&ts.key).exists());
+    let pruned = store.prune_keys(|_, _| {}).unwrap();
+    assert_eq!(pruned.pruned.len(), 1, "{pruned:?}");
     assert!(!keys::prev_path(&ts.key).exists());
 }
 
@@ -126,11 +131,13 @@ fn rotation_reencrypts_a_file_that_decrypts_but_is_not_a_credential() {
     let odd = ts.base.join("credentials/odd.enc");
     fs::write(&odd, ring.encrypt(b"not json at all")).unwrap();
     store.rotate_key(|_, _| {}).unwrap();
-    // Re-encrypted with the new key, byte-for-byte the same plaintext.
+    // Re-encrypted with the new key, byte-for-byte the same plaintext; the old key stays
+    // archived until a prune proves nothing needs it.
     let new_key = keys::load(&[KeySource::File(ts.key.clone())])
         .unwrap()
         .unwrap();
-    assert!(new_key.previous.is_empty());
+    assert_eq!(new_key.previous.len(), 1);
+    assert_eq!(store.prune_keys(|_, _| {}).unwrap().pruned.len(), 1);
     let new_ring = Keyring::new(&new_key.primary, &[]).unwrap();
     let (plain, idx) = new_ring
         .decrypt(&fs::read_to_string(&odd).unwrap())
@@ -196,10 +203,10 @@ fn racing_inits_create_exactly_one_key() {
         let barrier = Arc::new(Barrier::new(4));
         let results: Vec<_> = (0..4)
             .map(|_| {
-                let (config, key, barrier) = (config.clone(), key.clone(), barrier.clone());
+                let (config, barrier) = (config.clone(), barrier.clone());
                 std::thread::spawn(move || {
                     barrier.wait();
-                    init_store(&config, &key, &Faults::none())
+                    init_store(&config, &Faults::none())
                 })
             })
             .collect::<Vec<_>>()

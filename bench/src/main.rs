@@ -40,7 +40,7 @@ mod runs;
 mod streams;
 
 use holdfast::client::Client;
-use holdfast::crypto::{KeySource, Secret};
+use holdfast::crypto::Secret;
 use holdfast::durable::{self, Faults};
 use holdfast::store::{init_store, Credential, CredentialStore, StoreConfig, StoreOptions};
 
@@ -390,7 +390,6 @@ struct Env {
     data_dir: PathBuf,
     socket: PathBuf,
     store: StoreConfig,
-    key_file: PathBuf,
     /// The holdfast binary started as the daemon.
     holdfast: PathBuf,
 }
@@ -403,19 +402,19 @@ impl Env {
                 .map_err(|e| fail("creating the temporary home", e))?;
         }
         let data_dir = home.join("state/holdfast");
-        let key_file = home.join(format!("config/holdfast/keys/{STORE}.key"));
-        let store = StoreConfig {
-            name: STORE.into(),
-            base: data_dir.join("stores").join(STORE),
-            key_sources: vec![KeySource::File(key_file.clone())],
-        };
+        // The store as the daemon sees it: its own key file in the key directory.
+        let store = StoreConfig::owned(
+            STORE,
+            data_dir.join("stores").join(STORE),
+            home.join("config/holdfast/keys"),
+            Vec::new(),
+        );
         Ok(Env {
             root: root.to_path_buf(),
             socket: home.join("run/holdfast/holdfast.sock"),
             home,
             data_dir,
             store,
-            key_file,
             holdfast: holdfast.to_path_buf(),
         })
     }
@@ -441,8 +440,7 @@ fn temp_world(
         .tempdir_in(&parent)
         .map_err(|e| fail("creating a temp dir", e))?;
     let env = Env::create(tmp.path(), &g.holdfast)?;
-    init_store(&env.store, &env.key_file, &Faults::none())
-        .map_err(|e| fail("creating the store", e))?;
+    init_store(&env.store, &Faults::none()).map_err(|e| fail("creating the store", e))?;
     Ok((tmp, env))
 }
 
@@ -1094,7 +1092,7 @@ fn set_rounds(root: &Path, holdfast: &Path, plan: &Plan) -> CliResult<Option<Set
     let mut worlds = Vec::new();
     for &size in &plan.sizes {
         let env = Env::create(&root.join(format!("set-{size}")), holdfast)?;
-        init_store(&env.store, &env.key_file, &Faults::none())
+        init_store(&env.store, &Faults::none())
             .map_err(|e| fail("creating a store for the interleaved cred.set rounds", e))?;
         seed(&env, 0, size)?;
         worlds.push((size, env));
@@ -1531,8 +1529,7 @@ fn creds(g: &Global, plan: &Plan, tmpdir: Option<&Path>) -> CliResult {
         ),
     ];
 
-    init_store(&env.store, &env.key_file, &Faults::none())
-        .map_err(|e| fail("creating the store", e))?;
+    init_store(&env.store, &Faults::none()).map_err(|e| fail("creating the store", e))?;
     let mut seeded = 0;
     let mut seedings = Vec::new();
     let mut local = Vec::new();

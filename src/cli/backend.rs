@@ -7,7 +7,8 @@ use super::{CliError, CliResult, Global};
 use crate::client::Client;
 use crate::error::ErrorKind;
 use crate::store::{
-    Credential, CredentialInfo, CredentialStore, Listing, OpenMode, Report, RotateReport,
+    Credential, CredentialInfo, CredentialStore, Listing, OpenMode, Report, RotateOptions,
+    RotateReport,
 };
 
 use crate::limits::CAS_RETRIES;
@@ -45,7 +46,7 @@ impl Backend {
                 store: g.store.clone(),
             }),
             None => Ok(Backend::Local(Box::new(super::open_store(
-                g.store_config()?.0,
+                g.store_config()?,
                 mode,
                 fix_permissions,
             )?))),
@@ -193,6 +194,7 @@ impl Backend {
     /// directory whose streams this store's key also seals (the default store's), if any.
     pub fn rotate(
         &mut self,
+        opts: RotateOptions,
         progress: impl FnMut(usize, usize),
         streams_data_dir: Option<&std::path::Path>,
     ) -> CliResult<RotateReport> {
@@ -200,17 +202,20 @@ impl Backend {
             if let Some(dir) = streams_data_dir.filter(|d| crate::streams::has_data(d)) {
                 return Err(CliError::with_code(
                     format!(
-                        "this store's key also seals the daemon's streams in {}; rotate it through \
+                        "this store's key also seals the daemon's streams in {}; run this through \
                          the daemon (start `holdfast daemon`, then run this again), which re-seals \
-                         them under the new key before the old one is forgotten",
+                         them under the new key",
                         dir.display()
                     ),
                     ErrorKind::Unsupported.exit_code(),
                 ));
             }
-            return Ok(s.rotate_key(progress)?);
+            return Ok(s.rotate_key_with(opts, progress, || Ok(()))?);
         }
-        from_json(self.call("admin.rotate_key", json!({}))?)
+        match opts.new_key {
+            true => from_json(self.call("admin.rotate_key", json!({"prune": opts.prune}))?),
+            false => from_json(self.call("admin.prune_keys", json!({}))?),
+        }
     }
 
     /// A label for messages: the store's name and where it lives.

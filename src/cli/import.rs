@@ -100,6 +100,7 @@ pub fn run(g: &Global, a: &ImportArgs) -> CliResult {
             name: dir.display().to_string(),
             base: dir.clone(),
             key_sources,
+            key_dir: None,
         },
         OpenMode::ReadOnly,
         !a.dry_run,

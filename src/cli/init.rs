@@ -12,22 +12,28 @@ pub struct InitArgs {}
 
 /// Create the store and key, or report that both already exist.
 pub fn run(g: &Global, _args: &InitArgs) -> CliResult {
-    let (config, key_file) = g.store_config()?;
-    let Some(key_file) = key_file else {
+    let config = g.store_config()?;
+    if config.key_dir.is_none()
+        && !config
+            .key_sources
+            .iter()
+            .any(|s| s.writable_file().is_some())
+    {
         return Err(CliError::usage(
             "init needs a key file to create (the key source here is an environment variable); \
              pass --key-file FILE",
         ));
-    };
-    let created = match init_store(&config, &key_file, &Faults::none()) {
-        Ok(fixes) => {
-            super::permission_note(&fixes);
+    }
+    let created = match init_store(&config, &Faults::none()) {
+        Ok(made) => {
+            super::permission_note(&made.fixes);
             true
         }
         Err(crate::store::Error::Key(crate::crypto::KeyError::Exists(_))) => false,
         Err(e) => return Err(e.into()),
     };
-    // Open it: proves the key works, and for an existing store checks it is not sealed.
+    // Open it: proves the key works, and for an existing store checks it is not sealed (a
+    // store an older holdfast made gets its own copy of the key it used here).
     let store = g.open(OpenMode::Repair).map_err(|e| {
         if created {
             e
@@ -72,7 +78,7 @@ pub fn run(g: &Global, _args: &InitArgs) -> CliResult {
         out("Back up the key file: without it these credentials cannot be decrypted.");
     } else {
         out(format!(
-            "store {:?} at {} is already initialized ({files} credentials; {source}, fingerprint {fp})",
+            "store {:?} at {} was already initialized: {files} credential file(s); key: {source} (fingerprint {fp}). Nothing was changed.",
             config.name,
             config.base.display()
         ));

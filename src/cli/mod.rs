@@ -154,9 +154,9 @@ enum Command {
     /// Store maintenance.
     #[command(subcommand)]
     Store(store::StoreCommand),
-    /// Key management.
-    #[command(subcommand)]
-    Key(key::KeyCommand),
+    /// The store's keys: which it has and which files each opens (no subcommand), rotate,
+    /// prune the archive of retired keys.
+    Key(key::KeyArgs),
     /// Measure this machine (runs holdfast-bench, built beside this binary; `holdfast bench
     /// --help` for its options): credentials through a real daemon against the floors, or
     /// --streams (against SQLite and Redis) or --runs.
@@ -232,8 +232,8 @@ impl From<crate::store::Error> for CliError {
 type CliResult<T = ()> = Result<T, CliError>;
 
 impl Global {
-    /// The store this invocation addresses, and the key file `init` would create.
-    fn store_config(&self) -> CliResult<(StoreConfig, Option<PathBuf>)> {
+    /// The store this invocation addresses.
+    fn store_config(&self) -> CliResult<StoreConfig> {
         let explicit_key = match (&self.key_file, &self.key_env) {
             (Some(f), _) => Some(KeySource::File(f.clone())),
             (None, Some(v)) => Some(KeySource::Env(v.clone())),
@@ -249,35 +249,27 @@ impl Global {
                 Some(k) => vec![k],
                 None => paths::hive_key_sources().map_err(CliError::usage)?,
             };
-            let init_key = sources
-                .iter()
-                .find_map(|s| s.writable_file().map(ToOwned::to_owned));
             let name = base.display().to_string();
-            return Ok((
-                StoreConfig {
-                    name,
-                    base,
-                    key_sources: sources,
-                },
-                init_key,
-            ));
+            return Ok(StoreConfig {
+                name,
+                base,
+                key_sources: sources,
+                key_dir: None,
+            });
         }
         if explicit_key.is_some() {
             return Err(CliError::usage(
-                "--key-file and --key-env go with --store-dir or --hive; a named store's key lives in \
-                 $XDG_CONFIG_HOME/holdfast/keys/<store>.key",
+                "--key-file and --key-env go with --store-dir or --hive; a named store keeps its own \
+                 key in $XDG_CONFIG_HOME/holdfast/keys/<store>.<store id>.key",
             ));
         }
         paths::validate_store_name(&self.store).map_err(CliError::usage)?;
         let data = self.data_dir()?;
-        let key_file = paths::key_file(&self.store).map_err(CliError::usage)?;
-        Ok((
-            StoreConfig {
-                name: self.store.clone(),
-                base: data.join("stores").join(&self.store),
-                key_sources: paths::store_key_sources(&self.store).map_err(CliError::usage)?,
-            },
-            Some(key_file),
+        Ok(StoreConfig::owned(
+            &self.store,
+            data.join("stores").join(&self.store),
+            paths::keys_dir().map_err(CliError::usage)?,
+            paths::systemd_key_sources(&self.store),
         ))
     }
 
@@ -372,7 +364,7 @@ impl Global {
     }
 
     fn open(&self, mode: OpenMode) -> CliResult<CredentialStore> {
-        open_store(self.store_config()?.0, mode, true)
+        open_store(self.store_config()?, mode, true)
     }
 }
 
@@ -392,6 +384,7 @@ fn open_store(
         },
     )?;
     permission_note(store.permission_fixes());
+    adoption_note(&store);
     if let Some(reason) = store.sealed_reason() {
         return Err(crate::store::Error::Sealed {
             store: store.config().name.clone(),
@@ -428,6 +421,22 @@ fn init_logging(g: &Global, daemon: bool) {
 fn permission_note(fixes: &crate::store::PermFixes) {
     if !fixes.is_empty() {
         let _ = writeln!(std::io::stderr(), "holdfast: note: {fixes}");
+    }
+}
+
+/// Say on stderr that opening the store gave it its own copy of a key file older holdfast
+/// versions shared between data dirs (nothing if it did not).
+fn adoption_note(store: &CredentialStore) {
+    if let Some((shared, own)) = store.adopted_key() {
+        let _ = writeln!(
+            std::io::stderr(),
+            "holdfast: note: store {:?} now keeps its own key file {} (a copy of {}, which older \
+             holdfast versions shared between every data dir's store of this name; that file is \
+             left in place for them). Back up the new file.",
+            store.config().name,
+            own.display(),
+            shared.display()
+        );
     }
 }
 

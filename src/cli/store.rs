@@ -30,7 +30,7 @@ pub fn run(g: &Global, cmd: &StoreCommand) -> CliResult {
             };
             let report = store.fsck(*repair)?;
             let remaining = if *repair {
-                report.clock_skew.len() + report.old_key.len()
+                report.needs_a_person()
             } else {
                 report.problems()
             };

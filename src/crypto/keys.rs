@@ -21,9 +21,13 @@ use zeroize::Zeroizing;
 pub enum KeySource {
     /// systemd `LoadCredential=`: `$CREDENTIALS_DIRECTORY/holdfast-<store>.key` (read-only).
     SystemdCredential(PathBuf),
-    /// A key file holdfast may write (`$XDG_CONFIG_HOME/holdfast/keys/<store>.key`,
+    /// A key file holdfast may write (a store's own `$XDG_CONFIG_HOME/holdfast/keys/<store>.<id>.key`,
     /// `--key-file`, or hive's `$HIVE_HOME/secrets/credential_key`).
     File(PathBuf),
+    /// The key file older holdfast versions shared between every data dir's store of one name
+    /// (`keys/<store>.key`): read, never written. A store using it gets its own copy on its
+    /// next writable open (`store::identity`).
+    Shared(PathBuf),
     /// An environment variable (`HIVE_CREDENTIAL_KEY`, `--key-env VAR`); read-only.
     Env(String),
 }
@@ -33,6 +37,7 @@ impl fmt::Display for KeySource {
         match self {
             KeySource::SystemdCredential(p) => write!(f, "systemd credential {}", p.display()),
             KeySource::File(p) => write!(f, "key file {}", p.display()),
+            KeySource::Shared(p) => write!(f, "shared key file {}", p.display()),
             KeySource::Env(v) => write!(f, "environment variable {v}"),
         }
     }
@@ -44,6 +49,14 @@ impl KeySource {
         match self {
             KeySource::File(p) => Some(p),
             _ => None,
+        }
+    }
+
+    /// The file this key is read from, if it is a file.
+    pub fn file(&self) -> Option<&Path> {
+        match self {
+            KeySource::File(p) | KeySource::Shared(p) | KeySource::SystemdCredential(p) => Some(p),
+            KeySource::Env(_) => None,
         }
     }
 }
@@ -119,7 +132,7 @@ fn read_key_file(path: &Path, check_dir: bool) -> Result<Option<Secret>, KeyErro
     perms::check_private_file(path)?;
     if check_dir {
         if let Some(dir) = path.parent() {
-            perms::check_private_dir(dir)?;
+            perms::check_key_dir(dir)?;
         }
     }
     let bytes = durable::read_capped(path, MAX_KEY_FILE_BYTES).map_err(|source| KeyError::Io {
@@ -165,9 +178,10 @@ pub fn load(sources: &[KeySource]) -> Result<Option<LoadedKeys>, KeyError> {
     for source in sources {
         let desc = || source.to_string();
         match source {
-            KeySource::SystemdCredential(p) | KeySource::File(p) => {
-                // systemd owns the credentials directory's mode; our own key dirs must be 0700.
-                let check_dir = matches!(source, KeySource::File(_));
+            KeySource::SystemdCredential(p) | KeySource::File(p) | KeySource::Shared(p) => {
+                // systemd owns the credentials directory's mode; a key file's directory must be
+                // writable by no one else (it may be listable: ssh's rule).
+                let check_dir = !matches!(source, KeySource::SystemdCredential(_));
                 let Some(text) = read_key_file(p, check_dir)? else {
                     continue;
                 };
@@ -210,7 +224,7 @@ pub fn create_key_file(path: &Path, key: &Secret, faults: &Faults) -> Result<(),
     }
     let (dir, name) = split(path)?;
     durable::create_private_dir(dir, faults)?;
-    perms::check_private_dir(dir)?;
+    perms::check_key_dir(dir)?;
     match durable::create_exclusive(dir, name, key.expose().as_bytes(), faults) {
         Ok(_) => Ok(()),
         Err(e) if e.source.kind() == std::io::ErrorKind::AlreadyExists => {
@@ -224,7 +238,7 @@ pub fn create_key_file(path: &Path, key: &Secret, faults: &Faults) -> Result<(),
 pub fn write_key_file(path: &Path, key: &Secret, faults: &Faults) -> Result<(), KeyError> {
     let (dir, name) = split(path)?;
     durable::create_private_dir(dir, faults)?;
-    perms::check_private_dir(dir)?;
+    perms::check_key_dir(dir)?;
     durable::atomic_write(dir, name, key.expose().as_bytes(), faults)?;
     Ok(())
 }

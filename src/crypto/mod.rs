@@ -177,6 +177,19 @@ fn now_secs() -> u64 {
         .unwrap_or(0)
 }
 
+/// The length of the Fernet token (url-safe base64, padded) that seals `plaintext_len` bytes:
+/// `0x80 · timestamp · IV · AES-CBC blocks (PKCS#7 always adds one) · HMAC`, base64'd.
+pub fn token_len(plaintext_len: usize) -> usize {
+    let raw = 1 + 8 + 16 + (plaintext_len / 16 + 1) * 16 + 32;
+    raw.div_ceil(3) * 4
+}
+
+/// The largest plaintext whose token is at most `token_limit` bytes.
+pub fn max_plaintext_for(token_limit: usize) -> usize {
+    let raw = token_limit / 4 * 3;
+    (raw.saturating_sub(1 + 8 + 16 + 32) / 16 * 16).saturating_sub(1)
+}
+
 /// Whether `token` is shaped like a Fernet token: url-safe base64 of `0x80 · 8-byte timestamp ·
 /// 16-byte IV · a whole number of 16-byte AES blocks · 32-byte HMAC`.
 pub fn is_token_shaped(token: &str) -> bool {
@@ -273,6 +286,20 @@ impl Keyring {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn token_len_predicts_every_token_and_the_largest_plaintext_fits() {
+        let ring = Keyring::new(&generate_key(), &[]).unwrap();
+        for n in (0..100).chain([4095, 4096, 4097, 65_535, 786_367, 786_368, 786_400]) {
+            let token = ring.encrypt(&vec![b'x'; n]);
+            assert_eq!(token.len(), token_len(n), "plaintext of {n} bytes");
+        }
+        for limit in [1 << 20, 4096, 1000, 200] {
+            let max = max_plaintext_for(limit);
+            assert!(token_len(max) <= limit, "{limit}: {max}");
+            assert!(token_len(max + 1) > limit, "{limit}: {max}");
+        }
+    }
     use super::*;
 
     /// The Fernet spec's own test vector (github.com/fernet/spec, generate.json), which

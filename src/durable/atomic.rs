@@ -568,7 +568,7 @@ pub fn read_capped_stamped(path: &Path, cap: u64) -> io::Result<Option<(Vec<u8>,
     file.take(cap + 1).read_to_end(&mut buf)?;
     if buf.len() as u64 > cap {
         return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
+            io::ErrorKind::FileTooLarge,
             format!("larger than the {cap}-byte limit"),
         ));
     }

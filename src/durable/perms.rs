@@ -141,6 +141,23 @@ pub fn check_private_dir(path: &Path) -> Result<(), PermError> {
     check(path, true)
 }
 
+/// Check that `path` can hold a private key file: ours, not a symlink, and writable by no one
+/// else (ssh's rule for `~/.ssh`). Group and other may list it (0755 passes: hive's
+/// `~/.hive/secrets` is often made that way): the key file's own mode keeps its content
+/// private, while a directory others could write would let them replace or remove the key.
+pub fn check_key_dir(path: &Path) -> Result<(), PermError> {
+    let meta = owned(path, true)?;
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o022 != 0 {
+        return Err(PermError::Mode {
+            path: path.to_path_buf(),
+            mode,
+            want: mode & !0o022,
+        });
+    }
+    Ok(())
+}
+
 /// Check that `path` is a private regular file: ours, not a symlink, no group/other bits
 /// (0600 and systemd's 0400 both pass).
 pub fn check_private_file(path: &Path) -> Result<(), PermError> {
@@ -231,6 +248,29 @@ mod tests {
         );
         fs::set_permissions(&f, fs::Permissions::from_mode(0o400)).unwrap();
         check_private_file(&f).unwrap();
+    }
+
+    #[test]
+    fn key_dirs_may_be_listed_but_not_written_by_others() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("secrets");
+        fs::create_dir(&p).unwrap();
+        for ok in [0o700, 0o750, 0o755, 0o711] {
+            fs::set_permissions(&p, fs::Permissions::from_mode(ok)).unwrap();
+            check_key_dir(&p).unwrap_or_else(|e| panic!("{ok:o}: {e}"));
+        }
+        for bad in [0o775, 0o757, 0o777, 0o1777] {
+            fs::set_permissions(&p, fs::Permissions::from_mode(bad)).unwrap();
+            let msg = check_key_dir(&p).unwrap_err().to_string();
+            let want = format!("chmod {:o}", bad & !0o022);
+            assert!(msg.contains(&want), "{bad:o}: {msg}");
+        }
+        let link = d.path().join("link");
+        std::os::unix::fs::symlink(&p, &link).unwrap();
+        assert!(matches!(
+            check_key_dir(&link),
+            Err(PermError::Symlink { .. })
+        ));
     }
 
     #[test]

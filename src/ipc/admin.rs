@@ -11,6 +11,7 @@ use super::protocol::admin::AdminCall;
 use super::protocol::{RpcError, PROTOCOL_VERSION};
 use crate::config::PluginGrant;
 use crate::service::Daemon;
+use crate::store::RotateOptions;
 
 /// Run an admitted `admin.*` call.
 pub async fn dispatch(
@@ -23,7 +24,20 @@ pub async fn dispatch(
             let d = Arc::clone(daemon);
             return blocking(move || Ok::<_, RpcError>(status(&d, &grant))).await;
         }
-        AdminCall::RotateKey(p) => return rotate_key(daemon, p.store, grant).await,
+        AdminCall::RotateKey(p) => {
+            let opts = RotateOptions {
+                new_key: true,
+                prune: p.prune,
+            };
+            return rotate_key(daemon, p.store, opts, grant).await;
+        }
+        AdminCall::PruneKeys(p) => {
+            let opts = RotateOptions {
+                new_key: false,
+                prune: true,
+            };
+            return rotate_key(daemon, p.store, opts, grant).await;
+        }
         AdminCall::Reindex(p) => (p.store, true),
         AdminCall::Fsck(p) => (p.store, p.repair),
     };
@@ -35,10 +49,11 @@ pub async fn dispatch(
     Ok(v)
 }
 
-/// `admin.rotate_key`.
+/// `admin.rotate_key` and `admin.prune_keys`.
 async fn rotate_key(
     daemon: &Arc<Daemon>,
     store_name: Option<String>,
+    opts: RotateOptions,
     grant: Arc<PluginGrant>,
 ) -> Result<Value, RpcError> {
     let (name, store) = store_of(daemon, &grant, store_name.as_deref()).await?;
@@ -49,6 +64,7 @@ async fn rotate_key(
     let d = Arc::clone(daemon);
     let report = blocking(move || {
         store.rotate_key_with(
+            opts,
             |_, _| {},
             || {
                 if !seals_streams {

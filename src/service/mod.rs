@@ -204,32 +204,26 @@ impl Daemon {
                 if crate::paths::validate_store_name(&name).is_err() || !e.path().is_dir() {
                     continue;
                 }
-                let key_sources = crate::paths::store_key_sources(&name)?;
-                configs.insert(
-                    name.clone(),
-                    StoreConfig {
-                        name,
-                        base: e.path(),
-                        key_sources,
-                    },
-                );
+                configs.insert(name.clone(), own_store_config(&name, e.path())?);
             }
         }
         for (name, entry) in &config.stores {
-            let key_sources = match (&entry.key_file, &entry.key_env) {
-                (Some(f), _) => vec![KeySource::File(f.clone())],
-                (None, Some(v)) => vec![KeySource::Env(v.clone())],
-                (None, None) if entry.hive => crate::paths::hive_key_sources()?,
-                (None, None) => crate::paths::store_key_sources(name)?,
+            let given = match (&entry.key_file, &entry.key_env) {
+                (Some(f), _) => Some(vec![KeySource::File(f.clone())]),
+                (None, Some(v)) => Some(vec![KeySource::Env(v.clone())]),
+                (None, None) if entry.hive => Some(crate::paths::hive_key_sources()?),
+                (None, None) => None,
             };
-            configs.insert(
-                name.clone(),
-                StoreConfig {
+            let cfg = match given {
+                Some(key_sources) => StoreConfig {
                     name: name.clone(),
                     base: entry.path.clone(),
                     key_sources,
+                    key_dir: None,
                 },
-            );
+                None => own_store_config(name, entry.path.clone())?,
+            };
+            configs.insert(name.clone(), cfg);
         }
         let stores = configs
             .into_iter()
@@ -334,18 +328,14 @@ impl Daemon {
         if !base.is_dir() {
             return None;
         }
-        let key_sources = crate::paths::store_key_sources(name).ok()?;
+        let config = own_store_config(name, base).ok()?;
         // One opening at a time, and outside the map's lock: opening reconciles the store and
         // may wait for its file lock, and every request looks the map up.
         let _opening = self.opening.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(s) = self.open_store(name) {
             return Some(s);
         }
-        let slot = Arc::new(open_slot(StoreConfig {
-            name: name.to_owned(),
-            base,
-            key_sources,
-        }));
+        let slot = Arc::new(open_slot(config));
         self.stores
             .write()
             .unwrap_or_else(PoisonError::into_inner)
@@ -400,6 +390,17 @@ impl Daemon {
     }
 }
 
+/// A store of the data dir (or a `[stores.NAME]` entry without a key of its own): holdfast
+/// keeps its key, in its own file (`store::identity`), after systemd's credential if any.
+fn own_store_config(name: &str, base: PathBuf) -> Result<StoreConfig, crate::paths::PathError> {
+    Ok(StoreConfig::owned(
+        name,
+        base,
+        crate::paths::keys_dir()?,
+        crate::paths::systemd_key_sources(name),
+    ))
+}
+
 /// Open one store for the daemon (repairing on open), logging how it went.
 fn open_slot(cfg: StoreConfig) -> StoreSlot {
     let name = cfg.name.clone();
@@ -423,6 +424,9 @@ fn open_slot(cfg: StoreConfig) -> StoreSlot {
         let fixes = s.permission_fixes();
         if !fixes.is_empty() {
             tracing::warn!(store = %name, "{fixes}");
+        }
+        if let Some((shared, own)) = s.adopted_key() {
+            tracing::warn!(store = %name, shared = %shared.display(), own = %own.display(), "the store now keeps its own key file, a copy of the one older holdfast versions shared between data dirs (left in place); back up the new file");
         }
     }
     match &store {

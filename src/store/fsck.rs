@@ -51,8 +51,14 @@ pub struct Report {
     pub io_errors: Vec<String>,
     /// Files still encrypted with a previous key (a rotation to finish).
     pub old_key: Vec<String>,
-    /// Files that failed decryption, parsing or id binding, or are not regular files.
+    /// Files no key of the store opens (wrong key, torn, empty, not a token), or that are not
+    /// regular files: moved to quarantine when repaired.
     pub quarantined: Vec<Quarantined>,
+    /// Files a key of the store opens but that are not usable as they are (another id's file,
+    /// swapped or renamed; a document that is not a credential): left in place, never
+    /// quarantined, so the key that opens them is never retired from under them.
+    #[serde(default)]
+    pub kept: Vec<String>,
     /// Files that did not read during the scan but changed, or read, a moment later: a writer
     /// in place (hive) was mid-write. Left alone for the next scan, not quarantined.
     #[serde(default)]
@@ -81,6 +87,13 @@ impl Report {
             + self.io_errors.len()
             + self.old_key.len()
             + self.quarantined.len()
+            + self.kept.len()
+    }
+
+    /// Problems a repair leaves for a person: clock skew, files under an archived key, files
+    /// that could not be read, files a key opens that are not usable here.
+    pub fn needs_a_person(&self) -> usize {
+        self.clock_skew.len() + self.old_key.len() + self.io_errors.len() + self.kept.len()
     }
 
     /// Whether the scan changed nothing on disk and found nothing to change.
@@ -134,7 +147,7 @@ impl fmt::Display for Report {
         list(f, "unreadable (I/O error; left alone)", &self.io_errors, "")?;
         list(
             f,
-            "still under a previous key (run `holdfast key rotate` to finish)",
+            "still under an archived key (run `holdfast key prune`, or `holdfast key rotate`, to move them to the primary key)",
             &self.old_key,
             "",
         )?;
@@ -152,6 +165,12 @@ impl fmt::Display for Report {
                 }
             }
         }
+        list(
+            f,
+            "opened by a key of this store but not usable here (left in place: fix or remove by hand)",
+            &self.kept,
+            "",
+        )?;
         list(
             f,
             "being written while read (left for the next scan)",

@@ -11,18 +11,19 @@ pub mod credential;
 mod credentials;
 pub mod fsck;
 pub mod id;
+pub mod identity;
 pub mod index;
 mod private;
 mod rotate;
 
 pub use credential::Credential;
 pub use credentials::{
-    init_store, Change, CredentialInfo, CredentialStore, IndexFlush, Listing, OpenMode,
-    StoreConfig, StoreOptions,
+    init_store, Change, CredentialInfo, CredentialStore, IndexFlush, Initialized, Listing,
+    OpenMode, StoreConfig, StoreOptions,
 };
 pub use fsck::Report;
 pub use private::PermFixes;
-pub use rotate::RotateReport;
+pub use rotate::{KeyInfo, KeyReport, RotateOptions, RotateReport};
 
 use std::path::PathBuf;
 
@@ -103,6 +104,28 @@ pub enum Error {
         /// The generation on disk.
         actual: u64,
     },
+    /// The credential would not read back: its file would be larger than holdfast serves.
+    #[error("credential {id:?} is too large to store: its encrypted file would be {bytes} bytes, over the {limit}-byte limit (a document of up to about {max_doc} bytes of JSON fits); nothing was written")]
+    ValueTooLarge {
+        /// The id.
+        id: String,
+        /// The size its file would have.
+        bytes: u64,
+        /// The largest file holdfast writes and serves.
+        limit: u64,
+        /// About the largest document that fits.
+        max_doc: u64,
+    },
+    /// A file another program wrote is larger than holdfast serves.
+    #[error("credential {id:?}: its file {file} is larger than the {limit} bytes holdfast serves (another program wrote it); it is left untouched: read it with that program, or store a smaller value")]
+    FileTooLarge {
+        /// The id.
+        id: String,
+        /// The file name.
+        file: String,
+        /// The largest file holdfast serves.
+        limit: u64,
+    },
     /// The id maps to a file that holds another id (hive maps `a/b` and `a_b` to one file).
     #[error("credential {id:?} would be stored in {file}, which already holds credential {other:?} (hive maps both ids to one file name); choose another id")]
     IdCollision {
@@ -161,6 +184,9 @@ pub enum Error {
     /// A key problem other than "no key".
     #[error(transparent)]
     Key(#[from] KeyError),
+    /// The store's identity (which names its key file) cannot be read or written.
+    #[error(transparent)]
+    Identity(#[from] identity::IdentityError),
     /// There is no store at the path.
     #[error("no store at {}: run `holdfast init` (or pass --store-dir for an existing hive store)", .0.display())]
     NoStore(PathBuf),
@@ -177,7 +203,10 @@ impl Error {
     /// The stable kind of this error.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Error::InvalidId(_) | Error::InvalidCredential(_) => ErrorKind::InvalidParams,
+            Error::InvalidId(_) | Error::InvalidCredential(_) | Error::ValueTooLarge { .. } => {
+                ErrorKind::InvalidParams
+            }
+            Error::FileTooLarge { .. } => ErrorKind::Unsupported,
             Error::NotFound { .. } | Error::NoStore(_) => ErrorKind::NotFound,
             Error::GenerationMismatch { .. } | Error::IdCollision { .. } => ErrorKind::Conflict,
             Error::Sealed { .. } => ErrorKind::Sealed,
@@ -191,6 +220,13 @@ impl Error {
             Error::Key(KeyError::Exists(_)) => ErrorKind::Conflict,
             Error::Key(KeyError::Malformed { .. }) => ErrorKind::Sealed,
             Error::Key(_) => ErrorKind::Storage,
+            Error::Identity(identity::IdentityError::Damaged { .. }) => ErrorKind::Integrity,
+            Error::Identity(identity::IdentityError::Read { source, .. })
+                if source.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) =>
+            {
+                ErrorKind::Forbidden
+            }
+            Error::Identity(_) => ErrorKind::Storage,
             Error::Unsupported(_) => ErrorKind::Unsupported,
         }
     }

@@ -1,37 +1,55 @@
-//! Key rotation with MultiFernet semantics, restartable at any point.
+//! Key rotation with MultiFernet semantics, restartable at any point, and the key archive.
 //!
-//! Steps (each durable before the next):
-//! 1. Under the store lock: write `<key>.prev` = the current key (plus any older previous
-//!    keys), then write the new key to `<key>`. From here on the keyring is [new, old…]:
-//!    every file decrypts, every new write uses the new key.
-//! 2. For every file, one at a time under the lock: if it decrypts only with a previous key,
+//! A store's key file holds its primary key; `<key>.prev` beside it is the **archive**: every
+//! key the store has retired, newest first, still accepted for decryption. A retired key
+//! stays in the archive until a scan of *this* store proves no file needs it and the user asks
+//! for it to go (`holdfast key prune`): nothing deletes a key as a side effect.
+//!
+//! Rotation (`holdfast key rotate`), each step durable before the next:
+//! 1. Under the store lock: add the current key to the archive (`<key>.prev`), note the new
+//!    key's fingerprint in `<key>.rotating`, then write the new key to `<key>`. From here on
+//!    the keyring is [new, archive…]: every file decrypts, every new write uses the new key.
+//! 2. For every file, one at a time under the lock: if it opens only with an archived key,
 //!    re-encrypt it with the new key (atomic replace; the plaintext, generation included, is
 //!    unchanged).
-//! 3. Under the lock, a full scan: every file that decrypts must decrypt with the new key
-//!    (stragglers written meanwhile by processes that had not reloaded the key are re-encrypted
-//!    here). Only then `<key>.prev` is removed.
+//! 3. Under the lock, a full scan at the Fernet layer: a file written meanwhile by a process
+//!    that had not reloaded the key is re-encrypted here. Other data sealed with this key
+//!    (the daemon's streams) is re-sealed. Then `<key>.rotating` is removed: the rotation is
+//!    complete. With `prune`, the archived keys no file needs are removed as
+//!    `holdfast key prune` does.
 //!
-//! A crash anywhere leaves a keyring that opens every file: before step 1's second write the
-//! old key is still primary (and also in `.prev`); after it, both keys are loaded. Running
-//! `key rotate` again resumes: a `.prev` file means "rotation in progress" and no new key is
-//! made unless the crash came before the new key was written.
+//! A crash anywhere leaves a keyring that opens every file. Running `key rotate` again after
+//! a crash resumes when `<key>.rotating` names the current key (no other new key is made);
+//! otherwise it starts a rotation of its own — the archive keeps every key either way.
+//!
+//! Pruning (`holdfast key prune`): steps 2 and 3 without a new key, then every archived key
+//! that no credential file, no quarantined file and no other sealed data needs is removed
+//! from the archive. A file that cannot be read, or that is stamped in the future under an
+//! archived key, keeps every archived key: it might need any of them.
 
 use std::path::Path;
 
 use super::credentials::{CredentialStore, KeyUse};
 use super::{Error, Result, SealedReason};
-use crate::crypto::{generate_key, keys, KeyError, Secret};
+use crate::crypto::{fingerprint, generate_key, keys, Secret};
 use crate::durable::{self, TEMP_MARKER};
 
-/// What a rotation did.
+/// What a rotation or a prune did.
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct RotateReport {
     /// Whether this run resumed an interrupted rotation.
     pub resumed: bool,
-    /// Fingerprint of the new primary key.
+    /// Fingerprint of the primary key (the new one, after a rotation).
     pub new_key: String,
-    /// Fingerprints of the retired keys.
+    /// Fingerprints of the archived keys after this run, newest first: retired keys kept for
+    /// decryption.
     pub retired: Vec<String>,
+    /// Archived keys this run removed (it proved no file needs them).
+    #[serde(default)]
+    pub pruned: Vec<String>,
+    /// Archived keys kept because some file still needs them (`fingerprint: why`).
+    #[serde(default)]
+    pub kept: Vec<String>,
     /// Files re-encrypted.
     pub reencrypted: usize,
     /// Files checked in the final scan.
@@ -40,24 +58,89 @@ pub struct RotateReport {
     pub undecryptable: Vec<String>,
 }
 
+/// Which keys a store has and which files each opens (`holdfast key`).
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct KeyReport {
+    /// Where the keys are read from.
+    pub source: String,
+    /// The archive beside a key file, if there is one (`<key>.prev`).
+    pub archive: Option<String>,
+    /// Whether a rotation was interrupted (`holdfast key rotate` resumes it).
+    pub rotating: bool,
+    /// The keys, primary first, then the archive newest first.
+    pub keys: Vec<KeyInfo>,
+    /// Credential files no key opens (see `holdfast store fsck`).
+    pub undecryptable: Vec<String>,
+    /// Files that could not be read (they may need any key: none is pruned while they exist).
+    pub unreadable: Vec<String>,
+}
+
+/// One key of a store.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct KeyInfo {
+    /// Its fingerprint.
+    pub fingerprint: String,
+    /// `primary` or `archived`.
+    pub role: String,
+    /// The credential files it opens.
+    pub files: Vec<String>,
+    /// The quarantined files it opens.
+    pub quarantined: Vec<String>,
+}
+
+/// What to do: make a new key (rotate), and whether to prune the archive after.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RotateOptions {
+    /// Make a new primary key (`key rotate`); false: only finish moving files to the
+    /// primary (`key prune`).
+    pub new_key: bool,
+    /// Remove archived keys the final scan proves no file needs.
+    pub prune: bool,
+}
+
+/// The file beside a key file that marks a rotation in progress: it holds the fingerprint of
+/// the key that rotation made (not secret).
+fn rotating_path(key_file: &Path) -> std::path::PathBuf {
+    let mut s = key_file.as_os_str().to_owned();
+    s.push(".rotating");
+    std::path::PathBuf::from(s)
+}
+
 impl CredentialStore {
-    /// Rotate the store's key (or finish an interrupted rotation). `progress(done, total)` is
-    /// called as files are re-encrypted.
+    /// Rotate the store's key (or finish an interrupted rotation), keeping the old key in the
+    /// archive. `progress(done, total)` is called as files are re-encrypted.
     pub fn rotate_key(&self, progress: impl FnMut(usize, usize)) -> Result<RotateReport> {
-        self.rotate_key_with(progress, || Ok(()))
+        self.rotate_key_with(
+            RotateOptions {
+                new_key: true,
+                prune: false,
+            },
+            progress,
+            || Ok(()),
+        )
     }
 
-    /// [`Self::rotate_key`], with `before_retire` run once every credential file is under the
-    /// new key and before the old key is forgotten: other data sealed with this store's key
-    /// (the daemon's streams) is re-sealed there. If it fails, the old key is kept and the
-    /// rotation can be run again.
+    /// Move every file to the primary key and remove the archived keys no file needs.
+    pub fn prune_keys(&self, progress: impl FnMut(usize, usize)) -> Result<RotateReport> {
+        self.rotate_key_with(
+            RotateOptions {
+                new_key: false,
+                prune: true,
+            },
+            progress,
+            || Ok(()),
+        )
+    }
+
+    /// [`Self::rotate_key`] / [`Self::prune_keys`], with `reseal` run once every credential
+    /// file is under the primary key and before the rotation is declared complete: other data
+    /// sealed with this store's key (the daemon's streams) is re-sealed there. If it fails,
+    /// nothing is pruned and the rotation can be run again.
     pub fn rotate_key_with(
         &self,
+        opts: RotateOptions,
         mut progress: impl FnMut(usize, usize),
-        mut before_retire: impl FnMut() -> std::result::Result<
-            (),
-            Box<dyn std::error::Error + Send + Sync>,
-        >,
+        mut reseal: impl FnMut() -> std::result::Result<(), Box<dyn std::error::Error + Send + Sync>>,
     ) -> Result<RotateReport> {
         // A sealed store answers `sealed` to every operation (not `unsupported`).
         if let Some(reason) = self.sealed_reason() {
@@ -75,16 +158,26 @@ impl CredentialStore {
             });
         };
         let Some(key_file) = source.writable_file().map(ToOwned::to_owned) else {
-            return Err(Error::Unsupported(format!(
-                "the key comes from {source}, which holdfast cannot rewrite; rotate it where it is \
-                 managed (for systemd LoadCredential=, replace the credential file and restart), \
-                 or use a key file (--key-file)"
-            )));
+            return Err(Error::Unsupported(match source {
+                crate::crypto::KeySource::Shared(_) => format!(
+                    "the key comes from {source}, which older holdfast versions shared between data \
+                     dirs; open the store once without --offline or read-only (any command that \
+                     may write, such as `holdfast store fsck --repair`) to give it its own copy, \
+                     then rotate"
+                ),
+                _ => format!(
+                    "the key comes from {source}, which holdfast cannot rewrite; rotate it where it \
+                     is managed (for systemd LoadCredential=, replace the credential file and \
+                     restart), or use a key file (--key-file)"
+                ),
+            }));
         };
         let faults = self.faults().clone();
         let mut report = RotateReport::default();
+        let rotating = rotating_path(&key_file);
+        let (rot_dir, rot_name) = keys::split(&rotating)?;
 
-        // Step 1: new key first, old key kept.
+        // Step 1: new key first, old key archived.
         {
             let _lock = self.exclusive_lock()?;
             self.sweep_key_temps(&key_file)?;
@@ -94,30 +187,30 @@ impl CredentialStore {
                     reason: SealedReason::BadKey(format!("{source} has no key any more")),
                 });
             };
-            let in_prev = loaded
-                .previous
-                .iter()
-                .any(|k| k.expose() == loaded.primary.expose());
-            report.resumed = !loaded.previous.is_empty();
-            if !report.resumed || in_prev {
-                if !in_prev {
-                    let mut prev = vec![Secret::new(loaded.primary.expose().to_owned())];
-                    prev.extend(
-                        loaded
-                            .previous
-                            .iter()
-                            .map(|k| Secret::new(k.expose().to_owned())),
-                    );
-                    keys::write_previous(&key_file, &prev, &faults)
-                        .map_err(|e| self.key_write_failed(e))?;
+            let primary_fp = fingerprint(&loaded.primary);
+            let marked = durable::read_capped(&rotating, 256)
+                .ok()
+                .flatten()
+                .map(|b| String::from_utf8_lossy(&b).trim().to_owned());
+            report.resumed = marked.as_deref() == Some(primary_fp.as_str());
+            if opts.new_key && !report.resumed {
+                let mut archive = vec![Secret::new(loaded.primary.expose().to_owned())];
+                for k in &loaded.previous {
+                    if archive.iter().all(|a| a.expose() != k.expose()) {
+                        archive.push(Secret::new(k.expose().to_owned()));
+                    }
                 }
-                keys::write_key_file(&key_file, &generate_key(), &faults)
+                keys::write_previous(&key_file, &archive, &faults)
+                    .map_err(|e| self.key_write_failed(e))?;
+                let new = generate_key();
+                durable::atomic_write(rot_dir, rot_name, fingerprint(&new).as_bytes(), &faults)
+                    .map_err(|e| self.io_failed(e))?;
+                keys::write_key_file(&key_file, &new, &faults)
                     .map_err(|e| self.key_write_failed(e))?;
             }
             self.reload_keys();
         }
         report.new_key = self.key_fingerprints().first().cloned().unwrap_or_default();
-        report.retired = self.key_fingerprints().into_iter().skip(1).collect();
 
         // Step 2: re-encrypt, one file per lock hold so other writers keep going.
         let names = self.enc_files()?;
@@ -129,64 +222,184 @@ impl CredentialStore {
             progress(i + 1, names.len());
         }
 
-        // Step 3: prove nothing needs the old keys, then forget them. A file that might still
-        // need one (stamped in the future under an old key, or unreadable right now) keeps the
-        // old keys: dropping them could make it undecryptable for good.
-        {
-            let _lock = self.exclusive_lock()?;
-            let mut blockers = Vec::new();
-            for name in self.enc_files()? {
-                report.verified += 1;
-                match self.key_use(&name)? {
-                    KeyUse::Primary | KeyUse::Skewed { previous: false } => {}
-                    KeyUse::Previous => {
-                        if self.reencrypt_file(&name)? {
-                            report.reencrypted += 1;
-                        }
-                    }
-                    KeyUse::Skewed { previous: true } => blockers.push(format!(
-                        "{name}: stamped in the future and readable only with a previous key"
-                    )),
-                    KeyUse::Unreadable(why) => blockers.push(why),
-                    KeyUse::Undecryptable => report.undecryptable.push(name),
+        // Step 3: a full scan under the lock: what each archived key still opens.
+        let _lock = self.exclusive_lock()?;
+        let archived = self.key_fingerprints().len().saturating_sub(1);
+        // Per archived key (index 1..), why it is still needed; `None` in `unknown`: some
+        // file may need any key.
+        let mut needed: Vec<Vec<String>> = vec![Vec::new(); archived + 1];
+        let mut unknown: Vec<String> = Vec::new();
+        for name in self.enc_files()? {
+            report.verified += 1;
+            let mut use_ =
+                self.with_ring(|ring| Ok(self.key_use_at(ring, &self.cred_path(&name))))?;
+            if let KeyUse::Key {
+                index,
+                skewed: false,
+            } = use_
+            {
+                if index > 0 && self.reencrypt_file(&name)? {
+                    report.reencrypted += 1;
+                    use_ =
+                        self.with_ring(|ring| Ok(self.key_use_at(ring, &self.cred_path(&name))))?;
                 }
             }
-            if let Err(why) = before_retire() {
-                blockers.push(format!("re-sealing other data under the new key: {why}"));
-            }
-            if !blockers.is_empty() {
-                self.flush_locked()?;
-                return Err(Error::RotationBlocked(blockers));
-            }
-            keys::write_previous(&key_file, &[], &faults).map_err(|e| self.key_write_failed(e))?;
-            self.reload_keys();
-            self.flush_locked()?;
-            // Spares retired during the rotation may hold ciphertexts under the retired key.
-            if let Some(spares) = self.spares() {
-                spares.purge();
+            match use_ {
+                KeyUse::Key { index: 0, .. } | KeyUse::Gone => {}
+                KeyUse::Key { index, skewed } => {
+                    let why = if skewed {
+                        format!("{name} (stamped in the future)")
+                    } else {
+                        format!("{name} (could not be re-encrypted)")
+                    };
+                    if let Some(v) = needed.get_mut(index) {
+                        v.push(why);
+                    }
+                }
+                KeyUse::Unreadable(why) => unknown.push(why),
+                KeyUse::Undecryptable => report.undecryptable.push(name),
             }
         }
-        tracing::info!(store = %self.config().name, new_key = %report.new_key, reencrypted = report.reencrypted, "key rotated");
+        // Quarantined files are never deleted; one a kept key opens keeps that key.
+        for path in self.quarantined_files() {
+            match self.with_ring(|ring| Ok(self.key_use_at(ring, &path)))? {
+                KeyUse::Key { index, .. } if index > 0 => {
+                    if let Some(v) = needed.get_mut(index) {
+                        v.push(format!("quarantined {}", path.display()));
+                    }
+                }
+                KeyUse::Unreadable(why) => unknown.push(format!("quarantined {why}")),
+                _ => {}
+            }
+        }
+        let mut blockers: Vec<String> = needed
+            .iter()
+            .skip(1)
+            .flatten()
+            .cloned()
+            .chain(unknown.iter().cloned())
+            .collect();
+        if let Err(why) = reseal() {
+            blockers.push(format!("re-sealing other data under the new key: {why}"));
+        }
+        let fps = self.key_fingerprints();
+        if blockers.is_empty() {
+            durable::remove_durably(rot_dir, rot_name, &faults).map_err(|e| self.io_failed(e))?;
+            if opts.prune && archived > 0 {
+                let loaded =
+                    keys::load(std::slice::from_ref(&source))?.ok_or_else(|| Error::Sealed {
+                        store: self.config().name.clone(),
+                        reason: SealedReason::BadKey(format!("{source} has no key any more")),
+                    })?;
+                // The keyring is [primary, archive…] in file order: what is kept is what
+                // some file still needs (nothing, once every file is re-encrypted).
+                let keep: Vec<Secret> = loaded
+                    .previous
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| needed.get(i + 1).is_some_and(|v| !v.is_empty()))
+                    .map(|(_, k)| Secret::new(k.expose().to_owned()))
+                    .collect();
+                keys::write_previous(&key_file, &keep, &faults)
+                    .map_err(|e| self.key_write_failed(e))?;
+                report.pruned = fps
+                    .iter()
+                    .skip(1)
+                    .enumerate()
+                    .filter(|(i, _)| needed.get(i + 1).is_none_or(Vec::is_empty))
+                    .map(|(_, fp)| fp.clone())
+                    .collect();
+                self.reload_keys();
+                // Spares may hold ciphertexts under a pruned key.
+                if let Some(spares) = self.spares() {
+                    spares.purge();
+                }
+            }
+        }
+        report.retired = self.key_fingerprints().into_iter().skip(1).collect();
+        report.kept = fps
+            .iter()
+            .enumerate()
+            .skip(1)
+            .filter_map(|(i, fp)| {
+                let v = needed.get(i)?;
+                (!v.is_empty()).then(|| format!("{fp}: {}", v.join(", ")))
+            })
+            .collect();
+        self.flush_locked()?;
+        if !blockers.is_empty() {
+            return Err(Error::RotationBlocked(blockers));
+        }
+        tracing::info!(store = %self.config().name, key = %report.new_key, reencrypted = report.reencrypted, archived = report.retired.len(), pruned = report.pruned.len(), new_key = opts.new_key, "key rotation complete");
         Ok(report)
     }
 
-    /// A failed key-file write; a failed fsync poisons the store like any other write.
-    fn key_write_failed(&self, err: KeyError) -> Error {
-        match err {
-            KeyError::Write(io) => self.io_failed(io),
-            other => other.into(),
+    /// Which keys the store has and which files each opens: every credential file and every
+    /// quarantined file is read and checked at the Fernet layer. Modifies nothing.
+    pub fn key_report(&self) -> Result<KeyReport> {
+        let source = self.key_source();
+        let key_file = source
+            .as_ref()
+            .and_then(|s| s.file().map(Path::to_path_buf));
+        let mut report = KeyReport {
+            source: source.as_ref().map(ToString::to_string).unwrap_or_default(),
+            archive: key_file
+                .as_deref()
+                .map(keys::prev_path)
+                .filter(|p| p.exists())
+                .map(|p| p.display().to_string()),
+            rotating: key_file
+                .as_deref()
+                .is_some_and(|k| rotating_path(k).exists()),
+            keys: self
+                .key_fingerprints()
+                .into_iter()
+                .enumerate()
+                .map(|(i, fingerprint)| KeyInfo {
+                    fingerprint,
+                    role: if i == 0 { "primary" } else { "archived" }.into(),
+                    ..KeyInfo::default()
+                })
+                .collect(),
+            ..KeyReport::default()
+        };
+        let files = self
+            .enc_files()?
+            .into_iter()
+            .map(|n| (false, self.cred_path(&n)))
+            .chain(self.quarantined_files().into_iter().map(|p| (true, p)));
+        for (quarantined, path) in files {
+            let name = path.file_name().map_or_else(
+                || path.display().to_string(),
+                |n| n.to_string_lossy().into_owned(),
+            );
+            match self.with_ring(|ring| Ok(self.key_use_at(ring, &path)))? {
+                KeyUse::Key { index, .. } => {
+                    if let Some(k) = report.keys.get_mut(index) {
+                        match quarantined {
+                            true => k.quarantined.push(name),
+                            false => k.files.push(name),
+                        }
+                    }
+                }
+                KeyUse::Undecryptable if !quarantined => report.undecryptable.push(name),
+                KeyUse::Unreadable(why) => report.unreadable.push(why),
+                KeyUse::Undecryptable | KeyUse::Gone => {}
+            }
         }
+        Ok(report)
     }
 
-    /// Remove temp files that an interrupted write of this key file or its `.prev` left beside
-    /// it (they may hold the key being retired). Only names derived from this key file are
-    /// touched: a key directory can hold other stores' keys. Caller holds the store lock,
-    /// which every writer of these files holds.
+    /// Remove temp files that an interrupted write of this key file, its archive or its
+    /// rotation mark left beside it (they may hold a key). Only names derived from this key
+    /// file are touched: a key directory can hold other stores' keys. Caller holds the store
+    /// lock, which every writer of these files holds.
     fn sweep_key_temps(&self, key_file: &Path) -> Result<()> {
         let (dir, name) = keys::split(key_file)?;
         let prefixes = [
             format!(".{name}{TEMP_MARKER}"),
             format!(".{name}.prev{TEMP_MARKER}"),
+            format!(".{name}.rotating{TEMP_MARKER}"),
         ];
         let Ok(entries) = std::fs::read_dir(dir) else {
             return Ok(());

@@ -170,6 +170,7 @@ pub fn store_config(name: &str, base: &Path, key: &Path) -> StoreConfig {
         name: name.into(),
         base: base.to_path_buf(),
         key_sources: vec![KeySource::File(key.to_path_buf())],
+        key_dir: None,
     }
 }
 
@@ -189,7 +190,7 @@ impl TestStore {
         let root = dir.path().to_path_buf();
         let base = root.join("store");
         let key = root.join("keys").join("test.key");
-        init_store(&store_config(name, &base, &key), &key, &Faults::none()).expect("init_store");
+        init_store(&store_config(name, &base, &key), &Faults::none()).expect("init_store");
         fs::create_dir_all(root.join("home")).expect("mkdir home");
         TestStore {
             _dir: dir,
@@ -537,9 +538,15 @@ impl DaemonEnv {
         self.data_dir.join("stores/default")
     }
 
-    /// The `default` store's key file.
+    /// The `default` store's own key file (named after its identity).
     pub fn key_file(&self) -> PathBuf {
-        self.home.join("config/holdfast/keys/default.key")
+        holdfast::store::identity::own_key_file(
+            &self.home.join("config/holdfast/keys"),
+            "default",
+            &self.store_base(),
+        )
+        .expect("store identity")
+        .expect("the default store has an identity")
     }
 
     /// A `holdfast` command with a clean env around this HOME (as 65534 if the env is), with

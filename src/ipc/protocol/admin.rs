@@ -14,7 +14,22 @@ pub enum AdminCall {
     /// `admin.reindex`: an fsck that repairs.
     Reindex(StoreOnly),
     /// `admin.rotate_key`.
-    RotateKey(StoreOnly),
+    RotateKey(RotateKey),
+    /// `admin.prune_keys`.
+    PruneKeys(StoreOnly),
+}
+
+/// `admin.rotate_key`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RotateKey {
+    /// The store's name (absent: the default store).
+    #[serde(default)]
+    pub store: Option<String>,
+    /// Also remove the archived keys the final scan proves no file needs (as
+    /// `admin.prune_keys`). Default: the retired key stays in the archive.
+    #[serde(default)]
+    pub prune: bool,
 }
 
 /// `admin.fsck`.

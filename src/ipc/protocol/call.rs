@@ -53,6 +53,7 @@ impl Call {
             "admin.fsck" => Call::Admin(A::Fsck(typed(p)?)),
             "admin.reindex" => Call::Admin(A::Reindex(typed(p)?)),
             "admin.rotate_key" => Call::Admin(A::RotateKey(typed(p)?)),
+            "admin.prune_keys" => Call::Admin(A::PruneKeys(typed(p)?)),
             "stream.begin" => Call::Stream(S::Begin(typed(p)?)),
             "stream.append" => Call::Stream(S::Append(super::streams::append_params(p)?)),
             "stream.interrupt" => Call::Stream(S::Interrupt(typed(p)?)),
@@ -102,6 +103,7 @@ impl Call {
                 A::Fsck(_) => "admin.fsck",
                 A::Reindex(_) => "admin.reindex",
                 A::RotateKey(_) => "admin.rotate_key",
+                A::PruneKeys(_) => "admin.prune_keys",
             },
             Call::Stream(s) => match s {
                 S::Begin(_) => "stream.begin",

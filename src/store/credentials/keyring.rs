@@ -36,25 +36,100 @@ impl CredentialStore {
         }
     }
 
+    /// Where this store's keys are read from, in order: the configured sources, then (for a
+    /// store whose key holdfast keeps) its own key file — or, for a store an older holdfast
+    /// made, the key file it shared between data dirs.
+    pub(in crate::store) fn key_sources(&self) -> Vec<KeySource> {
+        let mut sources = self.config.key_sources.clone();
+        if let Some(dir) = &self.config.key_dir {
+            sources.push(match self.identity() {
+                Some(id) => KeySource::File(identity::own_key_path(dir, &self.config.name, &id)),
+                None => KeySource::Shared(identity::shared_key_path(dir, &self.config.name)),
+            });
+        }
+        sources
+    }
+
+    /// The store's identity, if it has one (read once found: it never changes).
+    pub(in crate::store) fn identity(&self) -> Option<StoreId> {
+        if let Some(id) = self.identity.get() {
+            return Some(id.clone());
+        }
+        let id = identity::read(&self.config.base).ok().flatten()?;
+        Some(self.identity.get_or_init(|| id).clone())
+    }
+
     pub(super) fn key_file_stamps(&self) -> Vec<Option<FileStamp>> {
-        self.config
-            .key_sources
+        self.key_sources()
             .iter()
-            .flat_map(|s| match s {
-                KeySource::File(p) | KeySource::SystemdCredential(p) => {
-                    vec![stamp_of(p), stamp_of(&keys::prev_path(p))]
-                }
-                KeySource::Env(_) => Vec::new(),
-            })
+            .filter_map(KeySource::file)
+            .flat_map(|p| [stamp_of(p), stamp_of(&keys::prev_path(p))])
             .collect()
+    }
+
+    /// Give a store an older holdfast made its own key file: a copy of the key file it shared
+    /// with every other data dir's store of its name (and of the keys being retired beside
+    /// it), then an identity naming the copy. The shared file is left as it was: other data
+    /// dirs may still use it. Only when the shared key opens this store (it is unsealed with
+    /// it); under the store lock, so racing opens adopt once. Returns the shared file and the
+    /// copy when it adopted.
+    pub(super) fn adopt_shared_key(&self) -> Result<Option<(PathBuf, PathBuf)>> {
+        let Some(dir) = self.config.key_dir.clone() else {
+            return Ok(None);
+        };
+        if !matches!(
+            &self.keys_now().state,
+            KeyState::Unsealed {
+                source: KeySource::Shared(_),
+                ..
+            }
+        ) {
+            return Ok(None);
+        }
+        let _guard = lock::lock(&self.lock_path, LockMode::Exclusive, self.opts.lock_timeout)?;
+        if let Some(id) = identity::read(&self.config.base)? {
+            // Another process adopted it while we waited.
+            let _ = self.identity.set(id);
+            self.reload_keys();
+            return Ok(None);
+        }
+        let shared = identity::shared_key_path(&dir, &self.config.name);
+        let Some(loaded) = keys::load(&[KeySource::Shared(shared.clone())])? else {
+            return Ok(None);
+        };
+        let id = StoreId::generate().map_err(|source| Error::Read {
+            path: PathBuf::from("/dev/urandom"),
+            source,
+        })?;
+        let own = identity::own_key_path(&dir, &self.config.name, &id);
+        // The copy first, then the identity naming it: a crash in between leaves an unnamed
+        // copy (harmless), never an identity naming no key.
+        keys::create_key_file(&own, &loaded.primary, self.faults())
+            .map_err(|e| self.key_write_failed(e))?;
+        if !loaded.previous.is_empty() {
+            keys::write_previous(&own, &loaded.previous, self.faults())
+                .map_err(|e| self.key_write_failed(e))?;
+        }
+        let id = identity::create(&self.config.base, &self.config.name, &id, self.faults())?;
+        let _ = self.identity.set(id);
+        self.reload_keys();
+        tracing::info!(store = %self.config.name, shared = %shared.display(), own = %own.display(), "the store now keeps its own key file (a copy of the key file older holdfast versions shared between data dirs, which is left in place)");
+        Ok(Some((shared, own)))
+    }
+
+    /// A failed key-file write; a failed fsync poisons the store like any other write.
+    pub(in crate::store) fn key_write_failed(&self, err: crate::crypto::KeyError) -> Error {
+        match err {
+            crate::crypto::KeyError::Write(io) => self.io_failed(io),
+            other => other.into(),
+        }
     }
 
     /// Whether `ring` opens file `name`: `Some(true)` it authenticates (even if stamped in
     /// the future or not a credential), `Some(false)` a well-formed token that does not,
     /// `None` no evidence either way (missing, empty, malformed, unreadable).
     pub(super) fn key_opens(&self, ring: &Keyring, name: &str) -> Option<bool> {
-        let bytes =
-            durable::read_capped(&self.cred_dir.join(name), MAX_CREDENTIAL_FILE_BYTES).ok()??;
+        let bytes = durable::read_capped(&self.cred_dir.join(name), MAX_SCAN_FILE_BYTES).ok()??;
         let token = std::str::from_utf8(&bytes).ok()?;
         match ring.decrypt(token) {
             Ok(_) | Err(DecryptError::ClockSkew { .. }) => Some(true),
@@ -72,7 +147,7 @@ impl CredentialStore {
                 stamps: stamps.clone(),
             })
         };
-        let sources = &self.config.key_sources;
+        let sources = &self.key_sources();
         let looked_in = sources
             .iter()
             .map(ToString::to_string)
@@ -202,31 +277,36 @@ impl CredentialStore {
         })
     }
 
-    /// Which key file `name` needs (rotation). Works on the raw token: a file that
-    /// authenticates under an old key but is not a valid credential still needs that key.
-    pub(in crate::store) fn key_use(&self, name: &str) -> Result<KeyUse> {
-        self.with_ring(|ring| {
-            let path = self.cred_dir.join(name);
-            let bytes = match durable::read_capped(&path, MAX_CREDENTIAL_FILE_BYTES) {
-                Ok(Some(b)) => b,
-                Ok(None) => return Ok(KeyUse::Primary),
-                Err(e) if is_eloop(&e) || e.kind() == io::ErrorKind::InvalidData => {
-                    return Ok(KeyUse::Undecryptable)
-                }
-                Err(e) => return Ok(KeyUse::Unreadable(format!("{name}: {e}"))),
-            };
-            let Ok(token) = std::str::from_utf8(&bytes) else {
-                return Ok(KeyUse::Undecryptable);
-            };
-            Ok(match ring.decrypt(token) {
-                Ok((_, 0)) => KeyUse::Primary,
-                Ok(_) => KeyUse::Previous,
-                Err(DecryptError::ClockSkew { key_index, .. }) => KeyUse::Skewed {
-                    previous: key_index > 0,
-                },
-                Err(DecryptError::Invalid | DecryptError::Malformed) => KeyUse::Undecryptable,
-            })
-        })
+    /// Which key of `ring` opens the file at `path`, at the Fernet layer: a file that
+    /// authenticates under a key but is not a valid credential (or is stamped in the future,
+    /// or is larger than a credential may be written) still needs that key. Read up to
+    /// [`MAX_SCAN_FILE_BYTES`], so a file another program wrote larger than holdfast writes
+    /// is looked at too.
+    pub(in crate::store) fn key_use_at(&self, ring: &Keyring, path: &Path) -> KeyUse {
+        let name = path.file_name().map_or_else(
+            || path.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        );
+        let bytes = match durable::read_capped(path, MAX_SCAN_FILE_BYTES) {
+            Ok(Some(b)) => b,
+            Ok(None) => return KeyUse::Gone,
+            Err(e) if is_eloop(&e) => return KeyUse::Undecryptable,
+            Err(e) => return KeyUse::Unreadable(format!("{name}: {e}")),
+        };
+        let Ok(token) = std::str::from_utf8(&bytes) else {
+            return KeyUse::Undecryptable;
+        };
+        match ring.decrypt(token) {
+            Ok((_, index)) => KeyUse::Key {
+                index,
+                skewed: false,
+            },
+            Err(DecryptError::ClockSkew { key_index, .. }) => KeyUse::Key {
+                index: key_index,
+                skewed: true,
+            },
+            Err(DecryptError::Invalid | DecryptError::Malformed) => KeyUse::Undecryptable,
+        }
     }
 
     /// Re-encrypt one file with the primary key if it is under a previous key, keeping its
@@ -235,7 +315,7 @@ impl CredentialStore {
         let mut inner = lock_guard(&self.inner);
         self.with_ring(|ring| {
             let path = self.cred_dir.join(name);
-            let Ok(Some(bytes)) = durable::read_capped(&path, MAX_CREDENTIAL_FILE_BYTES) else {
+            let Ok(Some(bytes)) = durable::read_capped(&path, MAX_SCAN_FILE_BYTES) else {
                 return Ok(false);
             };
             let Ok(token) = std::str::from_utf8(&bytes) else {

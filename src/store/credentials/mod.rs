@@ -36,12 +36,14 @@ use serde_json::{Map, Value};
 use super::credential::{Credential, SchemaError};
 use super::fsck::{Quarantined, Report};
 use super::id;
+use super::identity::{self, StoreId};
 use super::index::{write_index, EntryRef, Index, IndexState};
 use super::{Error, Result, SealedReason};
 use crate::crypto::{keys, DecryptError, KeySource, Keyring, LoadedKeys};
 use crate::durable::{self, lock, Faults, FileStamp, IoError, LockGuard, LockMode, Poison};
 use crate::limits::{
     KEY_CHECK_SAMPLE, LOCK_TIMEOUT, MAX_CREDENTIAL_FILE_BYTES, MAX_INDEX_FILE_BYTES,
+    MAX_SCAN_FILE_BYTES,
 };
 
 /// Where a store lives and where its key comes from.
@@ -51,8 +53,26 @@ pub struct StoreConfig {
     pub name: String,
     /// The store's base directory (holding `credentials/` and `metadata/`).
     pub base: PathBuf,
-    /// Key sources, tried in order.
+    /// Key sources, tried in order (before the store's own key file, if it has one).
     pub key_sources: Vec<KeySource>,
+    /// holdfast's key directory, for a store whose key holdfast keeps (a named store, or a
+    /// `[stores.NAME]` entry with no key of its own): its key file is then
+    /// `<key_dir>/<name>.<store id>.key`, tried after `key_sources` (`store::identity`).
+    /// `None`: the key comes from `key_sources` alone (`--key-file`, `--key-env`, hive's).
+    pub key_dir: Option<PathBuf>,
+}
+
+impl StoreConfig {
+    /// A store named `name` at `base` whose key holdfast keeps in `key_dir`, after systemd's
+    /// credential when there is one.
+    pub fn owned(name: &str, base: PathBuf, key_dir: PathBuf, first: Vec<KeySource>) -> Self {
+        StoreConfig {
+            name: name.to_owned(),
+            base,
+            key_sources: first,
+            key_dir: Some(key_dir),
+        }
+    }
 }
 
 /// Whether opening may repair the store.
@@ -249,6 +269,10 @@ pub struct CredentialStore {
     file_cache: Option<durable::FileCache>,
     /// The last sweep removed a full batch of orphaned spares: more may be left.
     orphans_pending: std::sync::atomic::AtomicBool,
+    /// The store's identity, once known (it never changes once made: `store::identity`).
+    identity: std::sync::OnceLock<StoreId>,
+    /// The shared key file this open gave the store its own copy of, and that copy.
+    adopted_key: Option<(PathBuf, PathBuf)>,
 }
 
 impl std::fmt::Debug for CredentialStore {
@@ -267,17 +291,16 @@ fn stamp_of(path: &Path) -> Option<FileStamp> {
     fs::symlink_metadata(path).ok().map(|m| FileStamp::of(&m))
 }
 
-/// What the rotation needs to know about one file.
+/// Which key one file needs (rotation, pruning, `holdfast key`).
 pub(super) enum KeyUse {
-    Primary,
-    Previous,
-    /// Stamped in the future; `previous`: it authenticates only under a previous key.
-    Skewed {
-        previous: bool,
-    },
+    /// It authenticates under key `index` of the ring (0: the primary); `skewed`: it is
+    /// stamped in the future (it reads again once the clock catches up).
+    Key { index: usize, skewed: bool },
     /// Authenticates under no key, or is not a token: no key can help it.
     Undecryptable,
-    /// Could not be read (I/O error).
+    /// It went away while being looked at.
+    Gone,
+    /// Could not be read (an I/O error, or too large to look at): it may need any key.
     Unreadable(String),
 }
 
@@ -328,9 +351,16 @@ impl CredentialStore {
                 .cache_files
                 .then(|| durable::FileCache::new(FILE_CACHE_BYTES)),
             orphans_pending: std::sync::atomic::AtomicBool::new(false),
+            identity: std::sync::OnceLock::new(),
+            adopted_key: None,
             config,
             opts,
         };
+        if store.config.key_dir.is_some() {
+            if let Some(id) = identity::read(&store.config.base)? {
+                let _ = store.identity.set(id);
+            }
+        }
         let snapshot = store.load_keys()?;
         *store.keys.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(snapshot);
         if store.sealed_reason().is_some() || store.opts.mode == OpenMode::ReadOnly {
@@ -338,6 +368,7 @@ impl CredentialStore {
         }
         durable::create_private_dir(&store.cred_dir, &store.opts.faults)?;
         durable::create_private_dir(&store.meta_dir, &store.opts.faults)?;
+        store.adopted_key = store.adopt_shared_key()?;
         if store.opts.mode == OpenMode::Deferred {
             return Ok(store);
         }
@@ -369,6 +400,14 @@ impl CredentialStore {
         &self.config
     }
 
+    /// The shared key file (made by an older holdfast for every data dir) that opening gave
+    /// this store its own copy of, and the copy: the caller tells the user.
+    pub fn adopted_key(&self) -> Option<(&Path, &Path)> {
+        self.adopted_key
+            .as_ref()
+            .map(|(shared, own)| (shared.as_path(), own.as_path()))
+    }
+
     pub(super) fn faults(&self) -> &Faults {
         &self.opts.faults
     }
@@ -382,20 +421,32 @@ impl Drop for CredentialStore {
     }
 }
 
-/// Create a new store at `config.base` with a fresh key written to `key_file`. Refuses if the
-/// store already holds credential files or a key already exists (never mint a key while
-/// encrypted data exists). Runs under the store lock, and the key file is created with a
-/// no-replace link, so two racing `init`s cannot both create a key.
+/// What [`init_store`] made.
+#[derive(Debug)]
+pub struct Initialized {
+    /// The key file it created.
+    pub key_file: PathBuf,
+    /// Permissions it tightened on a base directory that existed (see [`CredentialStore::open`]).
+    pub fixes: super::PermFixes,
+}
+
+/// Create a new store at `config.base` with a fresh key. The key file is the store's own
+/// (`<key dir>/<name>.<id>.key`, with a new identity) for a store whose key holdfast keeps,
+/// else the first key file among `config.key_sources` (`--key-file`, hive's). Refuses with
+/// [`KeyError::Exists`](crate::crypto::KeyError::Exists) if the store has a key already —
+/// including a store made by an older holdfast that used the key file it shared between data
+/// dirs (opening it gives it its own copy) — and with `sealed` if it holds credential files
+/// but no key (never mint a key while encrypted data exists). Runs under the store lock, and
+/// the key file is created with a no-replace link, so two racing `init`s cannot both create a
+/// key. `init` never takes a key it did not make for this store.
 ///
 /// A base directory that exists but is too open (made by hand with `mkdir`) is tightened as
 /// [`CredentialStore::open`] does; the changes are returned for the caller to report.
-pub fn init_store(
-    config: &StoreConfig,
-    key_file: &Path,
-    faults: &Faults,
-) -> Result<super::PermFixes> {
+pub fn init_store(config: &StoreConfig, faults: &Faults) -> Result<Initialized> {
     let cred_dir = config.base.join("credentials");
     let meta_dir = config.base.join("metadata");
+    // A store an older holdfast made has a metadata dir but no identity.
+    let made_before = meta_dir.is_dir();
     durable::create_private_dir(&config.base, faults)?;
     let fixes = super::private::make_private(&config.base, true)?;
     durable::create_private_dir(&cred_dir, faults)?;
@@ -405,13 +456,43 @@ pub fn init_store(
         LockMode::Exclusive,
         LOCK_TIMEOUT,
     )?;
+    let exists = |source: &KeySource| {
+        Error::Key(crate::crypto::KeyError::Exists(match source {
+            KeySource::Env(v) => PathBuf::from(format!("${v}")),
+            other => other.file().map(Path::to_path_buf).unwrap_or_default(),
+        }))
+    };
     if let Some(existing) = keys::load(&config.key_sources)? {
-        return Err(Error::Key(crate::crypto::KeyError::Exists(
-            match existing.source {
-                KeySource::File(p) | KeySource::SystemdCredential(p) => p,
-                KeySource::Env(v) => PathBuf::from(format!("${v}")),
-            },
-        )));
+        return Err(exists(&existing.source));
+    }
+    let (key_file, new_identity) = match &config.key_dir {
+        None => match config.key_sources.iter().find_map(KeySource::writable_file) {
+            Some(f) => (f.to_path_buf(), None),
+            None => {
+                return Err(Error::Unsupported(
+                    "init needs a key file to create (the key source here is an environment \
+                     variable); pass --key-file FILE"
+                        .into(),
+                ))
+            }
+        },
+        Some(dir) => match identity::read(&config.base)? {
+            Some(id) => (identity::own_key_path(dir, &config.name, &id), None),
+            None => {
+                let shared = KeySource::Shared(identity::shared_key_path(dir, &config.name));
+                if made_before && keys::load(std::slice::from_ref(&shared))?.is_some() {
+                    return Err(exists(&shared));
+                }
+                let id = StoreId::generate().map_err(|source| Error::Read {
+                    path: PathBuf::from("/dev/urandom"),
+                    source,
+                })?;
+                (identity::own_key_path(dir, &config.name, &id), Some(id))
+            }
+        },
+    };
+    if let Some(existing) = keys::load(&[KeySource::File(key_file.clone())])? {
+        return Err(exists(&existing.source));
     }
     let n = fs::read_dir(&cred_dir)
         .map(|rd| {
@@ -421,12 +502,13 @@ pub fn init_store(
         })
         .unwrap_or(0);
     if n > 0 {
+        let mut looked = config.key_sources.clone();
+        looked.push(KeySource::File(key_file));
         return Err(Error::Sealed {
             store: config.name.clone(),
             reason: SealedReason::NoKey {
                 files: n,
-                looked_in: config
-                    .key_sources
+                looked_in: looked
                     .iter()
                     .map(ToString::to_string)
                     .collect::<Vec<_>>()
@@ -434,6 +516,11 @@ pub fn init_store(
             },
         });
     }
-    keys::create_key_file(key_file, &crate::crypto::generate_key(), faults)?;
-    Ok(fixes)
+    keys::create_key_file(&key_file, &crate::crypto::generate_key(), faults)?;
+    // The key first, then the identity that names it: a crash in between leaves a key file
+    // nothing names (harmless) rather than an identity naming no key (a sealed store).
+    if let Some(id) = new_identity {
+        identity::create(&config.base, &config.name, &id, faults)?;
+    }
+    Ok(Initialized { key_file, fixes })
 }

@@ -24,6 +24,7 @@ impl CredentialStore {
             Err(e) if is_eloop(&e) => {
                 return FileRead::Damaged("is a symlink; refusing to follow it".into())
             }
+            Err(e) if e.kind() == io::ErrorKind::FileTooLarge => return FileRead::TooLarge,
             Err(e) if e.kind() == io::ErrorKind::InvalidData => {
                 return FileRead::Damaged(format!("is unusable: {e}"))
             }
@@ -58,7 +59,12 @@ impl CredentialStore {
                 source,
             }),
             FileRead::WrongKey => Err(integrity(DecryptError::Invalid.to_string())),
-            FileRead::Damaged(reason) => Err(integrity(reason)),
+            FileRead::Damaged(reason) | FileRead::NotCredential(reason) => Err(integrity(reason)),
+            FileRead::TooLarge => Err(Error::FileTooLarge {
+                id: id.to_owned(),
+                file: name,
+                limit: MAX_CREDENTIAL_FILE_BYTES,
+            }),
             FileRead::Io(source) => Err(Error::Read {
                 path: self.cred_dir.join(&name),
                 source,
@@ -140,8 +146,15 @@ pub(super) enum FileRead {
     Skew(DecryptError),
     /// A well-formed token that authenticates under none of the keys.
     WrongKey,
-    /// Not a usable credential file (empty, torn, not a token, not a credential, a symlink).
+    /// Not a usable credential file that no key opens (empty, torn, not a token, a symlink,
+    /// not a regular file): the only kind a repair may quarantine.
     Damaged(String),
+    /// A key of the store opens it, but it is not a credential: left where it is (a
+    /// quarantined file would need that key forever), reported as damage.
+    NotCredential(String),
+    /// Larger than holdfast serves ([`MAX_CREDENTIAL_FILE_BYTES`]; another program wrote
+    /// it): not damage, never quarantined; key rotation still reads it.
+    TooLarge,
     /// The OS failed to read it (EIO, EMFILE, …): says nothing about the file; never
     /// quarantined.
     Io(io::Error),
@@ -158,7 +171,7 @@ pub(super) fn decode(bytes: &[u8], ring: &Keyring) -> FileRead {
     match ring.decrypt(token) {
         Ok((plain, key_idx)) => match Credential::parse(plain.expose()) {
             Ok(c) => FileRead::Ok(c, key_idx),
-            Err(e) => FileRead::Damaged(format!("decrypts, but is not a credential: {e}")),
+            Err(e) => FileRead::NotCredential(format!("decrypts, but is not a credential: {e}")),
         },
         Err(e @ DecryptError::ClockSkew { .. }) => FileRead::Skew(e),
         Err(DecryptError::Invalid) => FileRead::WrongKey,

@@ -28,6 +28,25 @@ impl CredentialStore {
         Ok(names)
     }
 
+    /// The path of credential file `name`.
+    pub(in crate::store) fn cred_path(&self, name: &str) -> PathBuf {
+        self.cred_dir.join(name)
+    }
+
+    /// Every regular file in `quarantine/` (never deleted: a key that opens one is kept).
+    pub(in crate::store) fn quarantined_files(&self) -> Vec<PathBuf> {
+        let Ok(rd) = fs::read_dir(&self.quarantine_dir) else {
+            return Vec::new();
+        };
+        let mut v: Vec<PathBuf> = rd
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+            .map(|e| e.path())
+            .collect();
+        v.sort();
+        v
+    }
+
     /// Metadata of every credential (never secret values), fresh from the directory.
     /// Files that cannot be read are counted in `unreadable` (and listed with their last known
     /// metadata if they had any).
@@ -196,7 +215,8 @@ impl CredentialStore {
         }
         inner.entries = fresh;
         inner.seeded = true;
-        inner.unreadable = scan.bad.len() + scan.skewed.len() + scan.io_errors.len();
+        inner.unreadable =
+            scan.bad.len() + scan.kept.len() + scan.skewed.len() + scan.io_errors.len();
         Ok(())
     }
 
@@ -210,7 +230,7 @@ impl CredentialStore {
                 Ok(idx) => (idx, IndexState::Ok),
                 Err(state) => (Index::default(), state),
             },
-            Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+            Err(e) if e.kind() == io::ErrorKind::FileTooLarge => {
                 (Index::default(), IndexState::TooBig)
             }
             Err(_) => (Index::default(), IndexState::Unparseable),
@@ -264,7 +284,9 @@ impl CredentialStore {
                 FileRead::Missing => {}
                 FileRead::Ok(c, key_idx) => {
                     if id::file_name(c.id()) != name {
-                        scan.bad.push((name, swapped_reason(c.id()), stamp));
+                        // A key of ours opens it: never quarantined (see `Scan::kept`).
+                        scan.kept
+                            .push(format!("{name}: {}", swapped_reason(c.id())));
                         continue;
                     }
                     if key_idx > 0 {
@@ -285,11 +307,14 @@ impl CredentialStore {
                     scan.entries.insert(name, entry);
                 }
                 // Unreadable right now, not damaged: keep listing what we knew about it.
-                unreadable @ (FileRead::Skew(_) | FileRead::Io(_)) => {
+                FileRead::NotCredential(reason) => scan.kept.push(format!("{name}: {reason}")),
+                unreadable @ (FileRead::Skew(_) | FileRead::Io(_) | FileRead::TooLarge) => {
                     match &unreadable {
                         FileRead::Skew(e) => scan.skewed.push(format!("{name}: {e}")),
                         FileRead::Io(e) => scan.io_errors.push(format!("{name}: {e}")),
-                        _ => {}
+                        _ => scan.io_errors.push(format!(
+                            "{name}: larger than the {MAX_CREDENTIAL_FILE_BYTES} bytes holdfast serves (written by another program)"
+                        )),
                     }
                     if let Some(keep) = fallback() {
                         let keep = Entry {
@@ -366,6 +391,7 @@ impl CredentialStore {
         report.clock_skew = scan.skewed;
         report.io_errors = scan.io_errors;
         report.drift = scan.drift;
+        report.kept = scan.kept;
         let mut entries = scan.entries;
         if state == IndexState::Ok {
             let ids: std::collections::HashSet<&str> =
@@ -395,9 +421,14 @@ impl CredentialStore {
                 let still_bad = unchanged
                     && self.with_ring(|ring| {
                         Ok(match self.read_file(&name, ring) {
-                            FileRead::Ok(c, _) => id::file_name(c.id()) != name,
                             FileRead::WrongKey | FileRead::Damaged(_) => true,
-                            FileRead::Missing | FileRead::Skew(_) | FileRead::Io(_) => false,
+                            // A key of ours opens these now: not quarantined.
+                            FileRead::Ok(..)
+                            | FileRead::NotCredential(_)
+                            | FileRead::Missing
+                            | FileRead::Skew(_)
+                            | FileRead::Io(_)
+                            | FileRead::TooLarge => false,
                         })
                     })?;
                 if !still_bad {
@@ -442,8 +473,10 @@ impl CredentialStore {
         inner.seeded = true;
         inner.index_extra = index.extra;
         inner.index_stamp = index_stamp;
-        inner.unreadable =
-            report.clock_skew.len() + report.io_errors.len() + report.quarantined.len();
+        inner.unreadable = report.clock_skew.len()
+            + report.io_errors.len()
+            + report.quarantined.len()
+            + report.kept.len();
         inner.set_dirty(needs_rewrite);
         if repair && needs_rewrite {
             self.with_ring(|ring| self.flush_index(inner, ring))?;
@@ -491,9 +524,13 @@ pub(super) struct Scan {
     old_key: Vec<String>,
     skewed: Vec<String>,
     io_errors: Vec<String>,
-    /// File name, reason and the stamp the scan saw: files that fail decryption, parsing or
-    /// id binding.
+    /// File name, reason and the stamp the scan saw: files no key of the store opens (or
+    /// that are not files at all), the only ones a repair quarantines.
     bad: Vec<(String, String, FileStamp)>,
+    /// Files a key of the store opens but that are not usable here (another id's file, not a
+    /// credential): reported, left in place. A quarantined file would need that key for as
+    /// long as it is kept, and the key archive may not know about it.
+    kept: Vec<String>,
     drift: Vec<String>,
 }
 

@@ -93,7 +93,20 @@ impl CredentialStore {
             let generation = current + 1;
             new.stamp_write(created.as_ref());
             new.set_generation(generation);
-            let token = ring.encrypt(&new.to_bytes());
+            let plain = new.to_bytes();
+            // Acknowledged means readable: the file this write makes must be one holdfast
+            // reads and serves back.
+            let bytes = crate::crypto::token_len(plain.len()) as u64;
+            if bytes > MAX_CREDENTIAL_FILE_BYTES {
+                return Err(Error::ValueTooLarge {
+                    id: id.to_owned(),
+                    bytes,
+                    limit: MAX_CREDENTIAL_FILE_BYTES,
+                    max_doc: crate::crypto::max_plaintext_for(MAX_CREDENTIAL_FILE_BYTES as usize)
+                        as u64,
+                });
+            }
+            let token = ring.encrypt(&plain);
             let stamp = match &self.spares {
                 Some(spares) => durable::atomic_write_recycling(
                     &self.cred_dir,

@@ -1,0 +1,207 @@
+//! A store's identity, and the key file it owns.
+//!
+//! A store whose key holdfast keeps (a named store under a data dir, or a `[stores.NAME]` entry
+//! without a key of its own) has an identity: a random id made when the store is created,
+//! kept in `<base>/metadata/holdfast-store.json`. Its key file is named after that id,
+//! `<key dir>/<name>.<id>.key`, so two stores of the same name in two data dirs (a test data
+//! dir, a second profile, a migration) have two key files: rotating one never touches the
+//! other, and `init` on a new data dir makes a new key instead of finding another dir's.
+//!
+//! Older holdfast versions kept one key file per store *name*, `<key dir>/<name>.key`, shared
+//! by every data dir. A store without an identity is such a store: it reads that shared file,
+//! and the first open that may write gives it its own copy (see
+//! `CredentialStore::adopt_shared_key`). The shared file itself is never changed or removed.
+//!
+//! The identity moves with the data dir (a restored backup keeps its key), and it holds no
+//! secret: it only names the key file.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::durable::{self, Faults, IoError};
+
+/// The identity file, in the store's `metadata/` directory (hive ignores files it does not
+/// know there).
+pub const IDENTITY_FILE: &str = "holdfast-store.json";
+
+/// Identity files are tiny; anything larger is not one.
+const MAX_IDENTITY_BYTES: u64 = 4096;
+
+/// A store's id: 16 lowercase hex digits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreId(String);
+
+impl StoreId {
+    /// A fresh random id.
+    pub fn generate() -> Result<StoreId, std::io::Error> {
+        let mut raw = [0u8; 8];
+        getrandom::fill(&mut raw).map_err(|e| std::io::Error::other(e.to_string()))?;
+        Ok(StoreId(raw.iter().map(|b| format!("{b:02x}")).collect()))
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    fn parse(text: &str) -> Option<StoreId> {
+        (text.len() == 16
+            && text
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()))
+        .then(|| StoreId(text.to_owned()))
+    }
+}
+
+impl std::fmt::Display for StoreId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct IdentityDoc {
+    format: u32,
+    /// The store's name when it was made (for people reading the file; not checked).
+    store: String,
+    id: String,
+}
+
+/// Why an identity file could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum IdentityError {
+    /// It exists but could not be read (permissions, I/O, a symlink, too large).
+    #[error("store identity {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// It exists but does not hold an identity.
+    #[error("store identity {} is damaged (expected {{\"format\": 1, \"id\": <16 hex digits>}}); restore it from a backup: it names this store's key file", path.display())]
+    Damaged {
+        /// The file.
+        path: PathBuf,
+    },
+    /// Writing it failed.
+    #[error("writing the store identity: {0}")]
+    Write(#[from] IoError),
+}
+
+/// The identity file of the store at `base`.
+pub fn identity_path(base: &Path) -> PathBuf {
+    base.join("metadata").join(IDENTITY_FILE)
+}
+
+/// Read the identity of the store at `base`; `Ok(None)` if it has none (a store made by an
+/// older holdfast, or not made yet).
+pub fn read(base: &Path) -> Result<Option<StoreId>, IdentityError> {
+    let path = identity_path(base);
+    let bytes = match durable::read_capped(&path, MAX_IDENTITY_BYTES) {
+        Ok(Some(b)) => b,
+        Ok(None) => return Ok(None),
+        Err(source) => return Err(IdentityError::Read { path, source }),
+    };
+    serde_json::from_slice::<IdentityDoc>(&bytes)
+        .ok()
+        .filter(|d| d.format == 1)
+        .and_then(|d| StoreId::parse(&d.id))
+        .map(Some)
+        .ok_or(IdentityError::Damaged { path })
+}
+
+/// Write the identity of the store at `base` (its `metadata/` must exist), only if it has
+/// none: returns the identity the store has afterwards, `id` or one another process wrote
+/// first (the file is published with a no-replace link, so racing writers agree).
+pub fn create(
+    base: &Path,
+    name: &str,
+    id: &StoreId,
+    faults: &Faults,
+) -> Result<StoreId, IdentityError> {
+    let doc = IdentityDoc {
+        format: 1,
+        store: name.to_owned(),
+        id: id.0.clone(),
+    };
+    let bytes = serde_json::to_vec(&doc).unwrap_or_default();
+    match durable::create_exclusive(&base.join("metadata"), IDENTITY_FILE, &bytes, faults) {
+        Ok(_) => Ok(id.clone()),
+        Err(e) if e.source.kind() == std::io::ErrorKind::AlreadyExists => {
+            read(base)?.ok_or(IdentityError::Damaged {
+                path: identity_path(base),
+            })
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The key file a store with identity `id` owns: `<key dir>/<name>.<id>.key`.
+pub fn own_key_path(key_dir: &Path, name: &str, id: &StoreId) -> PathBuf {
+    key_dir.join(format!("{name}.{id}.key"))
+}
+
+/// The key file the store `name` at `base` owns in `key_dir`, if it has an identity yet.
+pub fn own_key_file(
+    key_dir: &Path,
+    name: &str,
+    base: &Path,
+) -> Result<Option<PathBuf>, IdentityError> {
+    Ok(read(base)?.map(|id| own_key_path(key_dir, name, &id)))
+}
+
+/// The key file older holdfast versions shared between every data dir's store of this name.
+pub fn shared_key_path(key_dir: &Path, name: &str) -> PathBuf {
+    key_dir.join(format!("{name}.key"))
+}
+
+#[cfg(test)]
+#[allow(clippy::disallowed_methods)] // tests make their fixtures directly
+mod tests {
+    use super::*;
+
+    #[test]
+    fn create_read_and_race() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir(d.path().join("metadata")).unwrap();
+        assert_eq!(read(d.path()).unwrap(), None);
+        let a = StoreId::generate().unwrap();
+        let b = StoreId::generate().unwrap();
+        assert_ne!(a, b);
+        assert_eq!(create(d.path(), "default", &a, &Faults::none()).unwrap(), a);
+        // A second creator gets the first one's identity, not its own.
+        assert_eq!(create(d.path(), "default", &b, &Faults::none()).unwrap(), a);
+        assert_eq!(read(d.path()).unwrap(), Some(a.clone()));
+        let key = own_key_path(Path::new("/k"), "default", &a);
+        assert_eq!(key, PathBuf::from(format!("/k/default.{a}.key")));
+        assert_eq!(
+            shared_key_path(Path::new("/k"), "x"),
+            PathBuf::from("/k/x.key")
+        );
+    }
+
+    #[test]
+    fn damaged_identities_are_errors_not_absent() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir(d.path().join("metadata")).unwrap();
+        for bad in [
+            "",
+            "{}",
+            "{\"format\":1,\"store\":\"x\",\"id\":\"../../etc\"}",
+            "{\"format\":2,\"store\":\"x\",\"id\":\"0123456789abcdef\"}",
+            "{\"format\":1,\"store\":\"x\",\"id\":\"0123456789ABCDEF\"}",
+        ] {
+            std::fs::write(identity_path(d.path()), bad).unwrap();
+            assert!(
+                matches!(read(d.path()), Err(IdentityError::Damaged { .. })),
+                "{bad}"
+            );
+        }
+        std::fs::remove_file(identity_path(d.path())).unwrap();
+        std::os::unix::fs::symlink("/etc/hostname", identity_path(d.path())).unwrap();
+        assert!(matches!(read(d.path()), Err(IdentityError::Read { .. })));
+    }
+}

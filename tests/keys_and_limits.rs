@@ -1,0 +1,347 @@
+//! Nothing acknowledged is ever lost (issue 34), tried as a user would with the real binary:
+//! two data dirs over one config dir, key rotation and the archive of retired keys, a store an
+//! older version made with the key file it shared between data dirs, values near and above the
+//! size limit (offline and through the daemon), and what a repair may move into quarantine.
+// Test code: fixtures are made directly, and a panic is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
+
+#[allow(dead_code)] // each test binary uses only some of the shared helpers
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use common::{run, DaemonEnv, Out, TempHome};
+use holdfast::crypto::{keys, KeySource, Keyring};
+use holdfast::store::identity;
+use serde_json::Value;
+
+fn json(o: &Out) -> Value {
+    serde_json::from_str(&o.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {o}"))
+}
+
+#[track_caller]
+fn ok(o: Out) -> Out {
+    assert_eq!(o.code, 0, "{o}");
+    o
+}
+
+#[track_caller]
+fn code(o: Out, want: i32) -> Out {
+    assert_eq!(o.code, want, "{o}");
+    o
+}
+
+/// `holdfast --data-dir DATA ARGS` in `env`'s HOME, with `stdin`.
+fn in_dir(env: &TempHome, data: &Path, args: &[&str], stdin: &[u8]) -> Out {
+    let mut c = env.cmd();
+    c.arg("--data-dir").arg(data).args(args);
+    run(c, stdin)
+}
+
+fn keys_dir(env: &TempHome) -> PathBuf {
+    env.home.join("config/holdfast/keys")
+}
+
+fn store_base(data: &Path) -> PathBuf {
+    data.join("stores/default")
+}
+
+/// The default store's own key file in data dir `data`.
+fn own_key(env: &TempHome, data: &Path) -> PathBuf {
+    identity::own_key_file(&keys_dir(env), "default", &store_base(data))
+        .unwrap()
+        .expect("the store has an identity")
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// The keyring of the key file `key` (and its archive).
+fn ring_of(key: &Path) -> Keyring {
+    let loaded = keys::load(&[KeySource::File(key.to_path_buf())])
+        .unwrap()
+        .expect("a key");
+    Keyring::new(&loaded.primary, &loaded.previous).unwrap()
+}
+
+#[test]
+fn two_data_dirs_over_one_config_dir_keep_their_own_keys() {
+    let env = TempHome::new();
+    let (a, b) = (env.root.join("A"), env.root.join("B"));
+    let made_a = ok(in_dir(&env, &a, &["init"], b""));
+    assert!(made_a.stdout.starts_with("created store"), "{made_a}");
+    // A second data dir gets a key of its own: not "already initialized" with A's.
+    let made_b = ok(in_dir(&env, &b, &["init"], b""));
+    assert!(made_b.stdout.starts_with("created store"), "{made_b}");
+    assert_ne!(own_key(&env, &a), own_key(&env, &b));
+    let b_key = fs::read(own_key(&env, &b)).unwrap();
+    assert_ne!(fs::read(own_key(&env, &a)).unwrap(), b_key);
+
+    ok(in_dir(&env, &a, &["cred", "set", "x"], b"in-a\n"));
+    ok(in_dir(&env, &b, &["cred", "set", "y"], b"in-b\n"));
+    for round in 1..=3 {
+        let o = ok(in_dir(&env, &a, &["--json", "key", "rotate"], b""));
+        assert_eq!(json(&o)["retired"].as_array().unwrap().len(), round, "{o}");
+        // B: its key untouched, its credential readable, after every rotation of A.
+        assert_eq!(fs::read(own_key(&env, &b)).unwrap(), b_key, "round {round}");
+        assert_eq!(
+            ok(in_dir(&env, &b, &["cred", "get", "y"], b"")).stdout,
+            "in-b\n"
+        );
+        assert_eq!(
+            ok(in_dir(&env, &a, &["cred", "get", "x"], b"")).stdout,
+            "in-a\n"
+        );
+    }
+    // Nothing was deleted: A's key and archive, B's key.
+    let a_key = own_key(&env, &a);
+    let a_name = a_key.file_name().unwrap().to_str().unwrap().to_owned();
+    let b_name = own_key(&env, &b)
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let mut want = vec![a_name.clone(), format!("{a_name}.prev"), b_name];
+    want.sort();
+    assert_eq!(names(&keys_dir(&env)), want);
+    let shown = json(&ok(in_dir(&env, &a, &["--json", "key"], b"")));
+    let keys = shown["keys"].as_array().unwrap();
+    assert_eq!(keys.len(), 4, "{shown}");
+    assert_eq!(keys[0]["role"], "primary");
+    assert_eq!(keys[0]["files"], serde_json::json!(["x.enc"]));
+    assert!(keys[1..].iter().all(|k| k["role"] == "archived"));
+    let shown_b = json(&ok(in_dir(&env, &b, &["--json", "key"], b"")));
+    assert_eq!(shown_b["keys"].as_array().unwrap().len(), 1, "{shown_b}");
+    println!(
+        "two data dirs over one config dir: 2 inits made 2 keys; 3 rotations of A; B's key \
+         unchanged and its credential readable after each; 0 key files deleted"
+    );
+}
+
+#[test]
+fn a_store_an_older_version_made_takes_its_own_copy_of_the_shared_key() {
+    let env = TempHome::new();
+    let (a, b) = (env.root.join("A"), env.root.join("B"));
+    ok(in_dir(&env, &a, &["init"], b""));
+    ok(in_dir(&env, &a, &["cred", "set", "x"], b"old-x\n"));
+    // Make it look as an older holdfast left it: the key under the store's name only, no
+    // identity; and a second data dir that (as that version's `init` did) uses the same key.
+    let shared = keys_dir(&env).join("default.key");
+    fs::rename(own_key(&env, &a), &shared).unwrap();
+    fs::remove_file(identity::identity_path(&store_base(&a))).unwrap();
+    fs::create_dir_all(b.join("stores")).unwrap();
+    let cp = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(store_base(&a))
+        .arg(b.join("stores"))
+        .status()
+        .unwrap();
+    assert!(cp.success());
+    let shared_bytes = fs::read(&shared).unwrap();
+
+    // Reading works as before, and changes nothing.
+    let shown = ok(in_dir(&env, &a, &["key"], b""));
+    assert!(shown.stdout.contains("shared key file"), "{shown}");
+    assert_eq!(
+        ok(in_dir(&env, &a, &["cred", "get", "x"], b"")).stdout,
+        "old-x\n"
+    );
+    assert!(!identity::identity_path(&store_base(&a)).exists());
+    // Rotating a shared key is refused until the store has its own (a read-only open).
+    // The first command that may write gives it its own copy and says so.
+    let o = ok(in_dir(&env, &a, &["cred", "set", "x2"], b"new\n"));
+    assert!(o.stderr.contains("now keeps its own key file"), "{o}");
+    let a_key = own_key(&env, &a);
+    assert_eq!(fs::read(&a_key).unwrap(), shared_bytes);
+    assert!(o.stderr.contains(&a_key.display().to_string()), "{o}");
+    // Rotating A twice leaves the shared file and B alone.
+    ok(in_dir(&env, &a, &["key", "rotate"], b""));
+    ok(in_dir(&env, &a, &["key", "rotate"], b""));
+    assert_eq!(fs::read(&shared).unwrap(), shared_bytes);
+    assert_eq!(
+        ok(in_dir(&env, &b, &["cred", "get", "x"], b"")).stdout,
+        "old-x\n"
+    );
+    // `init` on the older store reports it as initialized and gives it its own copy too.
+    let o = ok(in_dir(&env, &b, &["init"], b""));
+    assert!(o.stdout.contains("was already initialized"), "{o}");
+    assert!(o.stderr.contains("now keeps its own key file"), "{o}");
+    let b_key = own_key(&env, &b);
+    assert_ne!(b_key, a_key);
+    assert_eq!(fs::read(&b_key).unwrap(), shared_bytes);
+    for (data, id, want) in [
+        (&a, "x", "old-x\n"),
+        (&a, "x2", "new\n"),
+        (&b, "x", "old-x\n"),
+    ] {
+        assert_eq!(
+            ok(in_dir(&env, data, &["cred", "get", id], b"")).stdout,
+            want
+        );
+    }
+    println!("an older store in 2 data dirs: each took its own copy of the shared key; 2 rotations of one left the shared file and the other store unchanged");
+}
+
+/// Set `id` to a value of `len` bytes through `holdfast cred set` in `data`; the outcome.
+fn set_sized(env: &TempHome, data: &Path, id: &str, len: usize) -> Out {
+    let mut value = "v".repeat(len);
+    value.push('\n');
+    in_dir(env, data, &["cred", "set", id], value.as_bytes())
+}
+
+#[test]
+fn values_near_and_above_the_limit_are_refused_before_acknowledgement_or_read_back() {
+    let env = TempHome::new();
+    let data = env.root.join("data");
+    ok(in_dir(&env, &data, &["init"], b""));
+    let cred_dir = store_base(&data).join("credentials");
+    // Far above: refused, and nothing was written.
+    let o = code(set_sized(&env, &data, "big", 1_000_000), 2);
+    assert!(
+        o.stderr.contains("too large to store") && o.stderr.contains("nothing was written"),
+        "{o}"
+    );
+    assert!(!cred_dir.join("big.enc").exists());
+    code(in_dir(&env, &data, &["cred", "get", "big"], b""), 3);
+    // The largest value that fits, to within 64 bytes: every accepted one reads back exactly.
+    let (mut lo, mut hi) = (700_000usize, 800_000usize);
+    let mut tries = 0;
+    while hi - lo > 64 {
+        let mid = (lo + hi) / 2;
+        tries += 1;
+        match set_sized(&env, &data, "edge", mid) {
+            o if o.code == 0 => {
+                let got = ok(in_dir(&env, &data, &["cred", "get", "edge"], b""));
+                assert_eq!(got.stdout.len(), mid + 1, "value of {mid} bytes");
+                lo = mid;
+            }
+            o => {
+                assert_eq!(o.code, 2, "{o}");
+                hi = mid;
+            }
+        }
+    }
+    assert!(
+        lo > 780_000,
+        "the largest value that fits is only {lo} bytes"
+    );
+    // A rotation (and a prune) keeps the largest one readable.
+    let o = ok(set_sized(&env, &data, "edge", lo));
+    assert!(o.stdout.contains("stored edge"), "{o}");
+    ok(in_dir(&env, &data, &["key", "rotate"], b""));
+    ok(in_dir(&env, &data, &["key", "prune"], b""));
+    assert_eq!(
+        ok(in_dir(&env, &data, &["cred", "get", "edge"], b""))
+            .stdout
+            .len(),
+        lo + 1
+    );
+    assert!(ok(in_dir(&env, &data, &["store", "fsck"], b""))
+        .stdout
+        .contains("clean"));
+    println!(
+        "size limit offline: 1,000,000 bytes refused before writing; largest accepted value \
+         {lo} bytes ({tries} tries), read back exactly before and after a rotation and a prune"
+    );
+}
+
+#[test]
+fn values_near_and_above_the_limit_through_the_daemon() {
+    let mut env = DaemonEnv::new("");
+    let daemon = env.start();
+    let cred_dir = env.store_base().join("credentials");
+    let set = |len: usize| {
+        let mut c = env.holdfast(&["cred", "set", "big"]);
+        c.stdin(std::process::Stdio::piped());
+        let mut value = "w".repeat(len);
+        value.push('\n');
+        run(c, value.as_bytes())
+    };
+    let o = set(900_000);
+    assert_eq!(o.code, 2, "{o}");
+    assert!(o.stderr.contains("too large to store"), "{o}");
+    assert!(
+        !o.stderr.contains("(offline)"),
+        "went around the daemon: {o}"
+    );
+    assert!(!cred_dir.join("big.enc").exists());
+    let o = set(780_000);
+    assert_eq!(o.code, 0, "{o}");
+    let get = || run(env.holdfast(&["cred", "get", "big"]), b"");
+    let got = get();
+    assert_eq!(got.code, 0, "{got}");
+    assert_eq!(got.stdout.len(), 780_001);
+    let o = run(env.holdfast(&["key", "rotate"]), b"");
+    assert_eq!(o.code, 0, "{o}");
+    assert_eq!(get().stdout.len(), 780_001);
+    let q = env.store_base().join("quarantine");
+    assert!(names(&q).is_empty(), "{:?}", names(&q));
+    drop(daemon);
+    println!("size limit through the daemon: 900,000 bytes refused, 780,000 stored and read back before and after a rotation, 0 files quarantined");
+}
+
+#[test]
+fn a_larger_file_another_program_wrote_keeps_its_key_and_is_never_quarantined() {
+    let env = TempHome::new();
+    let data = env.root.join("data");
+    ok(in_dir(&env, &data, &["init"], b""));
+    ok(in_dir(&env, &data, &["cred", "set", "small"], b"s\n"));
+    let cred_dir = store_base(&data).join("credentials");
+    // hive has no size limit: a 1.2 MB credential sealed with the store's key.
+    let ring = ring_of(&own_key(&env, &data));
+    let doc = serde_json::json!({
+        "id": "huge",
+        "credential_type": "api_key",
+        "keys": {"api_key": {"name": "api_key", "value": "h".repeat(1_200_000)}},
+    });
+    let token = ring.encrypt(doc.to_string().as_bytes());
+    assert!(token.len() > 1 << 20);
+    fs::write(cred_dir.join("huge.enc"), &token).unwrap();
+    // And a document a key opens that is not a credential (an authentic file of no use).
+    fs::write(cred_dir.join("odd.enc"), ring.encrypt(b"[1, 2, 3]")).unwrap();
+
+    let o = code(in_dir(&env, &data, &["cred", "get", "huge"], b""), 10);
+    assert!(o.stderr.contains("larger than the 1048576 bytes"), "{o}");
+    let o = code(in_dir(&env, &data, &["store", "fsck", "--repair"], b""), 1);
+    assert!(o.stdout.contains("not usable here"), "{o}");
+    let quarantine = store_base(&data).join("quarantine");
+    assert!(names(&quarantine).is_empty(), "{:?}", names(&quarantine));
+    assert_eq!(
+        fs::read(cred_dir.join("huge.enc")).unwrap(),
+        token.as_bytes()
+    );
+
+    // Rotation reads it (it is not "undecryptable") and moves it to the new key; a prune
+    // then retires the old key, and the file still opens with what the store keeps.
+    let r = json(&ok(in_dir(&env, &data, &["--json", "key", "rotate"], b"")));
+    assert_eq!(r["reencrypted"], 3, "{r}");
+    assert_eq!(r["undecryptable"], serde_json::json!([]), "{r}");
+    let p = json(&ok(in_dir(&env, &data, &["--json", "key", "prune"], b"")));
+    assert_eq!(p["pruned"].as_array().unwrap().len(), 1, "{p}");
+    let ring = ring_of(&own_key(&env, &data));
+    for f in ["huge.enc", "odd.enc", "small.enc"] {
+        let t = fs::read_to_string(cred_dir.join(f)).unwrap();
+        assert!(ring.decrypt(&t).is_ok(), "{f} no longer opens");
+    }
+    let shown = json(&ok(in_dir(&env, &data, &["--json", "key"], b"")));
+    assert_eq!(
+        shown["keys"][0]["files"],
+        serde_json::json!(["huge.enc", "odd.enc", "small.enc"])
+    );
+    assert_eq!(
+        ok(in_dir(&env, &data, &["cred", "get", "small"], b"")).stdout,
+        "s\n"
+    );
+    println!("a 1.2 MB file hive wrote and an authentic non-credential: 0 quarantined by a repair, both re-encrypted by a rotation, the old key pruned only after, both open with the kept key");
+}
