@@ -564,6 +564,7 @@ mod tests {
             [plugins.summarizer]
             stores = ["default"]
             methods = ["cred.get", "admin.*"]
+            runs = ["summarizer-*"]
         "#;
         let c: Config = toml::from_str(text).unwrap();
         assert_eq!(c.limits().max_frame, 2048);
@@ -576,6 +577,7 @@ mod tests {
         assert!(!p.allows_method("administrator.x"));
         assert!(p.allows_store("default"));
         assert!(!p.allows_store("hive"));
+        assert!(p.allows_run("summarizer-1") && !p.allows_run("other-1"));
         assert!(toml::from_str::<Config>("nonsense = 1").is_err());
         assert!(c.validate().is_ok());
     }
