@@ -24,7 +24,9 @@ def main():
     cfg = os.path.join(home, "config", "holdfast")
     os.makedirs(cfg, exist_ok=True)
     with open(os.path.join(cfg, "config.toml"), "w") as f:
-        f.write('[plugins.reader]\nstores = ["default"]\nmethods = ["cred.get", "cred.list"]\n')
+        f.write('[plugins.reader]\nstores = ["default"]\nmethods = ["cred.get", "cred.list"]\n'
+                '[plugins.agent-a]\nstores = []\nmethods = ["stream.*", "checkpoint.*", "run.*"]\n'
+                'runs = ["agent-a-*"]\n')
     subprocess.run([BIN, "init"], env=env, check=True, capture_output=True)
     daemon = subprocess.Popen([BIN, "daemon"], env=env, stderr=subprocess.DEVNULL)
     sock_path = os.path.join(run, "holdfast", "holdfast.sock")
@@ -38,6 +40,9 @@ def main():
             return
         if sys.argv[1:] == ["runs"]:
             runs_examples(sock_path)
+            return
+        if sys.argv[1:] == ["grants"]:
+            grants_examples(sock_path)
             return
         a = Conn(sock_path, "a")
         b = Conn(sock_path, "b")
@@ -109,6 +114,19 @@ def runs_examples(sock_path):
     a.call("run.get", {"run_id": "run-7"})
     a.call("run.list", {"status": "degraded"})
     a.call("run.prune", {"older_than_days": 30, "dry_run": True})
+
+
+def grants_examples(sock_path):
+    """`python3 scripts/protocol-examples.py grants`: a plugin whose grant limits its runs."""
+    o = Conn(sock_path, "owner")
+    o.call("hello", {"client": "agent-b"}, quiet=True)
+    o.call("stream.begin", {"run_id": "agent-b-1"}, quiet=True)
+    a = Conn(sock_path, "agent-a")
+    a.call("hello", {"client": "agent-a", "plugin": "agent-a"})
+    a.call("stream.begin", {"run_id": "agent-a-1", "model": "claude-x"})
+    a.call("stream.subscribe", {"run_id": "agent-b-1"})
+    a.call("stream.resume", {"run_id": "agent-b-1"})
+    a.call("stream.list", {})
 
 
 def streams_examples(sock_path):

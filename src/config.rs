@@ -39,6 +39,7 @@
 //! [plugins.summarizer]         # `hello {plugin: "summarizer"}` binds a connection to this grant
 //! stores = ["default"]
 //! methods = ["cred.get", "cred.list", "cred.watch"]   # or "cred.*", "*"
+//! runs = ["summarizer-*"]      # stream.*, checkpoint.*, run.*: these run ids only (absent: all)
 //! ```
 
 use std::collections::BTreeMap;
@@ -169,6 +170,15 @@ pub struct PluginGrant {
     pub stores: Vec<String>,
     /// Methods it may call: exact names, `family.*`, or `*`.
     pub methods: Vec<String>,
+    /// Runs its `stream.*`, `checkpoint.*` and `run.*` calls may name, and the only runs their
+    /// listings show: exact run ids, `prefix*` (the prefix followed by anything, nothing
+    /// included), or `*`. `None` (the key absent): every run; `[]`: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runs: Option<Vec<String>>,
+    /// The plugin's name, set when a connection binds the grant ([`PluginGrant::bound_as`]);
+    /// `None` for a connection that named no plugin. Never read from the file.
+    #[serde(skip)]
+    pub plugin: Option<String>,
 }
 
 impl PluginGrant {
@@ -177,6 +187,46 @@ impl PluginGrant {
         PluginGrant {
             stores: vec!["*".into()],
             methods: vec!["*".into()],
+            runs: None,
+            plugin: None,
+        }
+    }
+
+    /// This grant as bound by a connection that named plugin `name` (for refusals to say
+    /// whose grant refused).
+    pub fn bound_as(&self, name: &str) -> Self {
+        PluginGrant {
+            plugin: Some(name.to_owned()),
+            ..self.clone()
+        }
+    }
+
+    /// Whether the grant names every run (no `runs` key, or a `*` pattern): run ids need no
+    /// check and listings no filter.
+    pub fn covers_every_run(&self) -> bool {
+        self.runs
+            .as_ref()
+            .is_none_or(|ps| ps.iter().any(|p| p == "*"))
+    }
+
+    /// Whether `run_id` matches one of the grant's run patterns. Patterns are checked when the
+    /// config is loaded ([`Config::validate`]); a `*` counts only as the last character, so a
+    /// pattern never matches more than the operator wrote.
+    pub fn allows_run(&self, run_id: &str) -> bool {
+        let Some(patterns) = &self.runs else {
+            return true;
+        };
+        patterns.iter().any(|p| match p.strip_suffix('*') {
+            Some(prefix) => run_id.starts_with(prefix),
+            None => p == run_id,
+        })
+    }
+
+    /// The run patterns as `hello` reports them: `["*"]` for every run.
+    pub fn run_patterns(&self) -> Vec<&str> {
+        match &self.runs {
+            None => vec!["*"],
+            Some(ps) => ps.iter().map(String::as_str).collect(),
         }
     }
 
@@ -429,8 +479,38 @@ impl Config {
                         .map_err(|e| format!("[plugins.{name}] stores: {st:?}: {e}"))?;
                 }
             }
+            for p in grant.runs.iter().flatten() {
+                check_run_pattern(p).map_err(|e| format!("[plugins.{name}] runs: {p:?} {e}"))?;
+            }
         }
         Ok(())
+    }
+}
+
+/// A `runs` pattern must be able to match some valid run id (1–128 bytes of `A-Z a-z 0-9 - _
+/// . :`, not starting with a dot), else it grants nothing and is a typo: `*`; an exact run id;
+/// or `prefix*`, whose prefix is a run id's start. A `*` anywhere but at the end is refused
+/// rather than read literally (no run id holds one) or as a glob (the grant would match more
+/// than a reader of the config expects).
+fn check_run_pattern(p: &str) -> Result<(), String> {
+    let run_id = format!(
+        "run ids are 1-{} characters of A-Z a-z 0-9 - _ . : not starting with a dot",
+        limits::MAX_RUN_ID_BYTES
+    );
+    if p == "*" {
+        return Ok(());
+    }
+    let prefix = p.strip_suffix('*');
+    if prefix.unwrap_or(p).contains('*') {
+        return Err("has a `*` before its end: write an exact run id, \"prefix*\" or \"*\"".into());
+    }
+    match prefix {
+        // The prefix is itself a run id when the `*` matches nothing: it is valid exactly when
+        // some run id starts with it.
+        Some(prefix) => crate::streams::validate_run_id(prefix)
+            .map_err(|_| format!("can match no run id ({run_id})")),
+        None => crate::streams::validate_run_id(p)
+            .map_err(|_| format!("is not a run id ({run_id}), \"prefix*\" or \"*\"")),
     }
 }
 
@@ -484,6 +564,7 @@ mod tests {
             [plugins.summarizer]
             stores = ["default"]
             methods = ["cred.get", "admin.*"]
+            runs = ["summarizer-*"]
         "#;
         let c: Config = toml::from_str(text).unwrap();
         assert_eq!(c.limits().max_frame, 2048);
@@ -496,6 +577,7 @@ mod tests {
         assert!(!p.allows_method("administrator.x"));
         assert!(p.allows_store("default"));
         assert!(!p.allows_store("hive"));
+        assert!(p.allows_run("summarizer-1") && !p.allows_run("other-1"));
         assert!(toml::from_str::<Config>("nonsense = 1").is_err());
         assert!(c.validate().is_ok());
     }
@@ -511,6 +593,96 @@ mod tests {
         ] {
             let c: Config = toml::from_str(bad).unwrap();
             assert!(c.validate().is_err(), "{bad}");
+        }
+    }
+
+    fn grant_with_runs(runs: &[&str]) -> Result<Config, String> {
+        let list: Vec<String> = runs.iter().map(|r| format!("{r:?}")).collect();
+        let text = format!(
+            "[plugins.agent-a]\nstores = []\nmethods = [\"stream.*\"]\nruns = [{}]\n",
+            list.join(", ")
+        );
+        let c: Config = toml::from_str(&text).map_err(|e| e.to_string())?;
+        c.validate().map(|()| c)
+    }
+
+    #[test]
+    fn run_patterns_match_exact_ids_prefixes_and_everything() {
+        let c = grant_with_runs(&["agent-a-*", "shared.run:7"]).unwrap();
+        let g = &c.plugins["agent-a"];
+        for id in ["agent-a-1", "agent-a-", "agent-a-x.y:z", "shared.run:7"] {
+            assert!(g.allows_run(id), "{id}");
+        }
+        for id in [
+            "agent-b-1",
+            "agent-a",
+            "Agent-a-1",
+            "shared.run:70",
+            "xagent-a-1",
+            "",
+        ] {
+            assert!(!g.allows_run(id), "{id}");
+        }
+        assert!(!g.covers_every_run());
+        assert_eq!(g.run_patterns(), ["agent-a-*", "shared.run:7"]);
+
+        let star = grant_with_runs(&["agent-a-*", "*"]).unwrap();
+        assert!(star.plugins["agent-a"].covers_every_run());
+        assert!(star.plugins["agent-a"].allows_run("anything"));
+
+        let none = grant_with_runs(&[]).unwrap();
+        assert!(
+            !none.plugins["agent-a"].allows_run("agent-a-1"),
+            "[] is no run"
+        );
+        assert!(!none.plugins["agent-a"].covers_every_run());
+
+        // No `runs` key: every run, as before the key existed.
+        let absent: Config =
+            toml::from_str("[plugins.p]\nstores = []\nmethods = [\"run.*\"]\n").unwrap();
+        absent.validate().unwrap();
+        assert!(absent.plugins["p"].covers_every_run());
+        assert!(absent.plugins["p"].allows_run("agent-b-1"));
+        assert_eq!(absent.plugins["p"].run_patterns(), ["*"]);
+        assert!(PluginGrant::all().allows_run("x"));
+        // The name is never read from the file.
+        assert!(toml::from_str::<Config>(
+            "[plugins.p]\nstores = []\nmethods = []\nplugin = \"q\"\n"
+        )
+        .is_err());
+        assert_eq!(
+            absent.plugins["p"].bound_as("p").plugin.as_deref(),
+            Some("p")
+        );
+    }
+
+    #[test]
+    fn run_patterns_that_can_match_no_run_id_are_config_errors_naming_the_plugin() {
+        let long = "a".repeat(crate::limits::MAX_RUN_ID_BYTES + 1);
+        let long_prefix = format!("{long}*");
+        let exactly_max_prefix = format!("{}*", "a".repeat(crate::limits::MAX_RUN_ID_BYTES));
+        for bad in [
+            "",
+            "**",
+            "*-a",
+            "agent-*-1",
+            "agent*a*",
+            ".hidden*",
+            ".",
+            "..",
+            "../x",
+            "a/b*",
+            "a b",
+            "ü*",
+            long.as_str(),
+            long_prefix.as_str(),
+        ] {
+            let e = grant_with_runs(&["agent-a-*", bad]).unwrap_err();
+            assert!(e.starts_with("[plugins.agent-a] runs: "), "{bad:?}: {e}");
+            println!("{e}");
+        }
+        for good in ["*", "a", "a*", "A.b:c_d-e*", exactly_max_prefix.as_str()] {
+            grant_with_runs(&[good]).unwrap_or_else(|e| panic!("{good:?}: {e}"));
         }
     }
 }

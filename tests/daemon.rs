@@ -2181,7 +2181,7 @@ fn plugin_grants_limit_methods_and_stores() {
     );
     assert_eq!(
         h["grant"],
-        json!({"plugin": "reader", "stores": ["default"]}),
+        json!({"plugin": "reader", "stores": ["default"], "runs": ["*"]}),
         "{h}"
     );
     let e = r.err("cred.set", json!({"id": "p-2", "value": "v"}));

@@ -46,8 +46,10 @@ pub fn route<'a>(daemon: &Daemon, session: &Session, line: &'a [u8]) -> Routed<'
         if session.may_append() {
             return Routed::Append(id, a);
         }
-        return match admit(session, "stream.append") {
-            Ok(_) => Routed::Append(id, a),
+        let admitted = admit(session, "stream.append")
+            .and_then(|g| super::run_scope::admit_run(&g, "stream.append", &a.run_id));
+        return match admitted {
+            Ok(()) => Routed::Append(id, a),
             Err(e) => Routed::Done(protocol::response_err(&id, &e)),
         };
     }
@@ -78,6 +80,9 @@ pub fn route<'a>(daemon: &Daemon, session: &Session, line: &'a [u8]) -> Routed<'
         Ok(c) => c,
         Err(e) => return answer(&id, Err(e)),
     };
+    if let Err(e) = super::run_scope::admit(&grant, &call) {
+        return answer(&id, Err(e));
+    }
     match call {
         Call::Stream(StreamCall::Append(a)) => Routed::Append(id, a),
         Call::Cred(c @ (CredCall::Get(_) | CredCall::Exists(_))) => {
@@ -103,8 +108,8 @@ pub async fn respond(
     let answer = Answer::new(id, session);
     let result = match call {
         Call::Cred(c) => return super::creds::dispatch(daemon, session, c, grant, answer).await,
-        Call::Stream(c) => super::streams::dispatch(daemon, session, c).await,
-        Call::Run(c) => super::runs::dispatch(daemon, c).await,
+        Call::Stream(c) => super::streams::dispatch(daemon, session, c, &grant).await,
+        Call::Run(c) => super::runs::dispatch(daemon, c, &grant).await,
         Call::Admin(c) => super::admin::dispatch(daemon, c, grant).await,
         Call::Unsubscribe(p) => unsubscribe(session, p),
         // Answered by `route` before admission (a second one is refused there).
@@ -207,7 +212,7 @@ fn hello(daemon: &Daemon, session: &Session, p: Hello) -> Result<Value, RpcError
         }
     }
     let grant = match &p.plugin {
-Some(name) => daemon.config().plugins.get(name).cloned().ok_or_else(|| {
+Some(name) => daemon.config().plugins.get(name).map(|g| g.bound_as(name)).ok_or_else(|| {
             // Not echoed: the name is the client's text.
             RpcError::new(
                 ErrorKind::Forbidden,
@@ -233,7 +238,10 @@ Some(name) => daemon.config().plugins.get(name).cloned().ok_or_else(|| {
         .copied()
         .filter(|m| ALWAYS_ALLOWED.contains(m) || grant.allows_method(m))
         .collect();
-    session.bind(Arc::new(grant), methods.contains(&"stream.append"));
+    // The append fast path skips the grant only when nothing in it can refuse an append.
+    let appends = methods.contains(&"stream.append") && grant.covers_every_run();
+    let grant = Arc::new(grant);
+    session.bind(Arc::clone(&grant), appends);
     let shown = |s: &Option<String>| s.as_deref().map(|s| s.chars().take(64).collect::<String>());
     if p.client.as_deref() == Some(crate::limits::WATCHDOG_CLIENT) {
         // The daemon's own liveness probe, every few seconds: not worth a journal line each.
@@ -250,6 +258,7 @@ Some(name) => daemon.config().plugins.get(name).cloned().ok_or_else(|| {
         grant: Grant {
             plugin: p.plugin.as_deref(),
             stores,
+            runs: grant.run_patterns(),
         },
         data_dir: daemon.data_dir(),
     })

@@ -8,6 +8,7 @@
 //! - [`lane`]: the append lane, the thread that reads a connection once it streams appends.
 //! - [`handlers`]: routing (admission, hello, unsubscribe) to the method families: [`creds`]
 //!   (`cred.*`), [`admin`] (`admin.*`), [`streams`] (`stream.*`, `checkpoint.*`), [`runs`] (`run.*`).
+//! - [`run_scope`]: a plugin grant's `runs`: calls naming other runs refused, listings filtered.
 //! - [`subscriptions`]: a connection's subscriptions, their cap and `unsubscribe`.
 
 pub mod activation;
@@ -20,6 +21,7 @@ pub mod handlers;
 pub mod lane;
 pub mod outbox;
 pub mod protocol;
+pub mod run_scope;
 pub mod runs;
 pub mod server;
 pub mod streams;

@@ -8,10 +8,16 @@ use serde_json::Value;
 use super::handlers::blocking;
 use super::protocol::runs::{Listing, Pruned, RunCall};
 use super::protocol::{result, RpcError};
+use crate::config::PluginGrant;
 use crate::service::Daemon;
 
-/// Run an admitted `run.*` call.
-pub async fn dispatch(daemon: &Arc<Daemon>, call: RunCall) -> Result<Value, RpcError> {
+/// Run an admitted `run.*` call: its run already checked against `grant`'s runs
+/// (`run_scope::admit`); `run.list` shows and `run.prune` deletes only runs the grant covers.
+pub async fn dispatch(
+    daemon: &Arc<Daemon>,
+    call: RunCall,
+    grant: &PluginGrant,
+) -> Result<Value, RpcError> {
     let log = daemon.run_log().map_err(RpcError::from)?;
     match call {
         RunCall::LogNode(p) => blocking(move || log.log_node(&p.run_id, p.detail)).await,
@@ -31,8 +37,9 @@ pub async fn dispatch(daemon: &Arc<Daemon>, call: RunCall) -> Result<Value, RpcE
         }
         RunCall::Get(p) => blocking(move || log.get(&p.run_id)).await,
         RunCall::List(p) => {
-            let runs =
+            let mut runs =
                 blocking(move || log.list(p.status.as_deref(), p.since_ms, p.until_ms)).await?;
+            super::run_scope::retain(grant, &mut runs);
             result(&Listing { runs })
         }
         RunCall::Prune(p) => {
@@ -41,11 +48,13 @@ pub async fn dispatch(daemon: &Arc<Daemon>, call: RunCall) -> Result<Value, RpcE
                     "older_than_days must be a non-negative number of days (at most ~5e14)",
                 )
             })?;
-            let d = Arc::clone(daemon);
+            let (d, grant) = (Arc::clone(daemon), grant.clone());
             let dry_run = p.dry_run;
             let pruned = blocking(move || {
-                // Runs with a live stream are never pruned, however old their last event.
-                let keep = d.live_streams().map_err(RpcError::from)?;
+                // Runs with a live stream are never pruned, however old their last event; nor
+                // are runs outside the grant (neither deleted nor named).
+                let live = d.live_streams().map_err(RpcError::from)?;
+                let keep = |id: &str| live(id) || !grant.allows_run(id);
                 log.prune(age, &keep, dry_run).map_err(RpcError::from)
             })
             .await?;

@@ -223,7 +223,7 @@ pub struct Session {
     pub id: u64,
     /// The grant bound by `hello` (`None` until hello): [`Session::bind`].
     grant: Mutex<Option<Arc<PluginGrant>>>,
-    /// The grant admits `stream.append` (set with it).
+    /// The grant admits `stream.append` of every run (set with it).
     appends: AtomicBool,
     /// Open subscriptions (`cred.watch`, `stream.subscribe`).
     pub subscriptions: super::subscriptions::Subscriptions,
@@ -272,14 +272,16 @@ impl Session {
         self.outbox.flush_now(&self.sock);
     }
 
-    /// Bind the grant `hello` chose; `appends` says whether it admits `stream.append`.
+    /// Bind the grant `hello` chose; `appends` says whether it admits `stream.append` of every
+    /// run (then an append needs no look at the grant).
     pub fn bind(&self, grant: Arc<PluginGrant>, appends: bool) {
         *self.grant.lock().unwrap_or_else(PoisonError::into_inner) = Some(grant);
         self.appends.store(appends, Ordering::Release);
     }
 
-    /// Whether `hello` bound a grant that admits `stream.append` (the hottest request's
-    /// admission, without the grant's lock).
+    /// Whether `hello` bound a grant that admits `stream.append` of every run (the hottest
+    /// request's admission, without the grant's lock). `false` for a grant limited to some
+    /// runs: each of its appends is admitted with the grant and its run id.
     pub fn may_append(&self) -> bool {
         self.appends.load(Ordering::Acquire)
     }

@@ -11,6 +11,7 @@ use super::protocol::streams::{
 };
 use super::protocol::{self, result, RpcError};
 use super::server::Session;
+use crate::config::PluginGrant;
 use crate::limits;
 use crate::service::Daemon;
 use crate::streams::Next;
@@ -53,11 +54,13 @@ async fn streams(daemon: &Arc<Daemon>) -> Result<Arc<Streams>, RpcError> {
     blocking(move || d.streams()).await
 }
 
-/// Run an admitted `stream.*` or `checkpoint.*` call.
+/// Run an admitted `stream.*` or `checkpoint.*` call: its run already checked against
+/// `grant`'s runs (`run_scope::admit`), its listing kept to them here.
 pub async fn dispatch(
     daemon: &Arc<Daemon>,
     session: &Arc<Session>,
     call: StreamCall,
+    grant: &PluginGrant,
 ) -> Result<Value, RpcError> {
     let s = streams(daemon).await?;
     match call {
@@ -135,17 +138,19 @@ pub async fn dispatch(
         }
         StreamCall::List(_) => {
             let s2 = Arc::clone(&s);
-            let runs = blocking(move || s2.list().map_err(rpc)).await?;
-            let j = s.journal_stats();
-            result(&Listing {
-                runs,
-                journal: JournalStats {
+            let mut runs = blocking(move || s2.list().map_err(rpc)).await?;
+            super::run_scope::retain(grant, &mut runs);
+            // The journal's counters are every run's: shown only to a grant of every run.
+            let journal = grant.covers_every_run().then(|| {
+                let j = s.journal_stats();
+                JournalStats {
                     appends: j.appends.load(Ordering::Relaxed),
                     batches: j.batches.load(Ordering::Relaxed),
                     syncs: j.syncs.load(Ordering::Relaxed),
                     active_segment: s.active_mark(),
-                },
-            })
+                }
+            });
+            result(&Listing { runs, journal })
         }
         StreamCall::CheckpointPut(p) => {
             blocking(move || s.checkpoint_put(&p.run_id, &p.snapshot).map_err(rpc)).await

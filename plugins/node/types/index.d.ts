@@ -52,7 +52,9 @@ export interface Hello {
   protocol: number;
   connection: number;
   methods: string[];
-  grant: { plugin: string | null; stores: string[] };
+  /** What this connection may touch: `runs` are the run-id patterns its stream.*, checkpoint.*
+   * and run.* calls are limited to (`["*"]`: every run). */
+  grant: { plugin: string | null; stores: string[]; runs: string[] };
   data_dir: string;
 }
 

@@ -230,7 +230,7 @@ methods = ["*"]
     with d.client("admin") as admin:
         admin.set_value("shared", SECRET)
     with d.client("reader", plugin="reader") as r:
-        assert r.hello["grant"] == {"plugin": "reader", "stores": ["default"]}
+        assert r.hello["grant"] == {"plugin": "reader", "stores": ["default"], "runs": ["*"]}
         # hello and unsubscribe concern only the connection itself: every grant has them.
         assert set(r.hello["methods"]) == {
             "hello", "unsubscribe", "cred.get", "cred.list", "cred.watch"}

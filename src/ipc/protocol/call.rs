@@ -134,6 +134,42 @@ impl Call {
     }
 }
 
+impl Call {
+    /// The run the call names, if it names one: what a grant's `runs` admits
+    /// (`ipc::run_scope`). Exhaustive on purpose: a method added later must say here whether
+    /// it names a run. `stream.list`, `run.list` and `run.prune` name none; they enumerate
+    /// runs, and their handlers keep to the grant's.
+    pub fn run_id(&self) -> Option<&str> {
+        use RunCall as R;
+        use StreamCall as S;
+        match self {
+            Call::Hello(_) | Call::Unsubscribe(_) | Call::Cred(_) | Call::Admin(_) => None,
+            Call::Stream(s) => match s {
+                S::Begin(p) => Some(&p.run_id),
+                S::Append(p) => Some(&p.run_id),
+                S::Interrupt(p) => Some(&p.run_id),
+                S::Resume(p) => Some(&p.run_id),
+                S::Commit(p) => Some(&p.run_id),
+                S::Abort(p) => Some(&p.run_id),
+                S::Subscribe(p) => Some(&p.run_id),
+                S::Get(p) | S::CheckpointGet(p) | S::CheckpointDelete(p) => Some(&p.run_id),
+                S::CheckpointPut(p) => Some(&p.run_id),
+                S::List(_) => None,
+            },
+            Call::Run(r) => match r {
+                R::LogNode(p) => Some(&p.run_id),
+                R::EnsureNode(p) => Some(&p.run_id),
+                R::LogStep(p) => Some(&p.run_id),
+                R::ToolBegin(p) => Some(&p.run_id),
+                R::ToolEnd(p) => Some(&p.run_id),
+                R::End(p) => Some(&p.run_id),
+                R::Get(p) => Some(&p.run_id),
+                R::List(_) | R::Prune(_) => None,
+            },
+        }
+    }
+}
+
 /// The params' text: `{}` when absent or null.
 pub fn text(params: Option<&RawValue>) -> &str {
     params.map_or("{}", RawValue::get)
@@ -197,6 +233,20 @@ mod tests {
         assert_eq!(e.code, codes::INVALID_PARAMS);
         assert!(e.message.contains("duplicate field"), "{}", e.message);
         assert!(!e.message.contains("sk-b"), "{}", e.message);
+    }
+
+    /// What a grant's `runs` checks: every `stream.*`, `checkpoint.*` and `run.*` method names
+    /// its run, except the three that enumerate runs (their handlers filter instead).
+    #[test]
+    fn every_method_of_the_run_families_but_the_listings_names_its_run() {
+        for m in METHODS {
+            let raw = RawValue::from_string(sample(m).to_string()).unwrap();
+            let call = Call::parse(m, Some(&raw)).unwrap();
+            let family = m.split_once('.').map(|(f, _)| f);
+            let names_a_run = matches!(family, Some("stream" | "checkpoint" | "run"))
+                && !matches!(*m, "stream.list" | "run.list" | "run.prune");
+            assert_eq!(call.run_id(), names_a_run.then_some("r"), "{m}");
+        }
     }
 
     #[test]

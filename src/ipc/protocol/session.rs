@@ -58,4 +58,7 @@ pub struct Grant<'a> {
     pub plugin: Option<&'a str>,
     /// The stores it may use.
     pub stores: Vec<String>,
+    /// The run patterns its `stream.*`, `checkpoint.*` and `run.*` calls are limited to
+    /// (`["*"]`: every run).
+    pub runs: Vec<&'a str>,
 }

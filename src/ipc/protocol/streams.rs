@@ -326,10 +326,11 @@ pub struct Deleted {
 /// `stream.list`'s result.
 #[derive(Serialize)]
 pub struct Listing {
-    /// The active runs.
+    /// The active runs (of those, the ones the connection's grant covers).
     pub runs: Vec<Value>,
-    /// The journal's counters.
-    pub journal: JournalStats,
+    /// The journal's counters; `null` for a grant limited to some runs (they count every
+    /// run's appends).
+    pub journal: Option<JournalStats>,
 }
 
 /// The journal's counters in `stream.list`.
