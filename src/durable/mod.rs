@@ -25,7 +25,7 @@ pub use atomic::{
 pub use beneath::{Dir, Owned};
 pub use cache::FileCache;
 pub use fault::{FaultMode, Faults, Op};
-pub use linelog::{append_line, remove_tree, Appended, LineFile};
+pub use linelog::{append_line, Appended, LineFile};
 pub use lock::{LockError, LockGuard, LockMode};
 pub use perms::PermError;
 pub use poison::Poison;
