@@ -533,11 +533,17 @@ impl Dir {
             .map_err(|e| IoError::new(Op::RemoveTemp, self.path.join(name), e))
     }
 
-    /// Unlink `name` (a symlink there is removed itself, never its target) and fsync this
-    /// directory. Whether it existed.
+    /// Unlink file `name` and fsync this directory; whether it existed. A symlink (or a
+    /// directory) at `name` is refused and left as it is: unlinking a link would not follow
+    /// it, but what holdfast finds where its file belongs is reported, never acted on.
     pub fn remove_file(&self, name: &str, faults: &Faults) -> Result<bool, IoError> {
         if !is_component(name) {
             return Err(self.refuse(name, "a name that is not one component", "a file"));
+        }
+        if let Ok(Some(m)) = self.stat(name) {
+            if m.kind != EntryKind::File {
+                return Err(self.refuse(name, m.kind.describe(), "a file"));
+            }
         }
         let existed = match faults.check(Op::Unlink).and_then(|()| {
             rustix::fs::unlinkat(&*self.fd, name, AtFlags::empty()).map_err(io::Error::from)

@@ -217,12 +217,28 @@ impl StreamError {
             TooManyRuns { .. } => ErrorKind::Busy,
             KeySealed(_) | Seal(_) => ErrorKind::Sealed,
             UnsafePath(_) => ErrorKind::Forbidden,
+            Journal(JournalError::Open { .. }) if self.is_unsafe_path() => ErrorKind::Forbidden,
             Undecryptable { .. } | CheckpointNotJson(_) | EventsLost { .. } => ErrorKind::Integrity,
             NoKeyStore => ErrorKind::Unsupported,
             Journal(JournalError::Fenced) => ErrorKind::Conflict,
             KeyStoreFailed(_) | Unreadable { .. } | Io(_) | Journal(_) | Database(_) => {
                 ErrorKind::Storage
             }
+        }
+    }
+}
+
+impl StreamError {
+    /// A path under the data directory was refused (a symlink, or something that is not a
+    /// directory, where holdfast keeps one of its directories or files): in a run's files, or
+    /// in the journal's directory while it opened.
+    pub fn is_unsafe_path(&self) -> bool {
+        match self {
+            StreamError::UnsafePath(_) => true,
+            StreamError::Journal(JournalError::Open { source, .. }) => source
+                .downcast_ref::<IoError>()
+                .is_some_and(IoError::is_unsafe_path),
+            _ => false,
         }
     }
 }
