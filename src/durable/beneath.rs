@@ -40,6 +40,21 @@ const MAX_TREE_DEPTH: usize = 16;
 /// filters it): directories are then resolved one `openat` per component.
 static OPENAT2_MISSING: AtomicBool = AtomicBool::new(false);
 
+#[cfg(test)]
+thread_local! {
+    /// Tests resolve with the fallback walk on this thread (both resolvers are tested).
+    static FORCE_WALK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether `openat2` is to be tried.
+fn try_openat2() -> bool {
+    #[cfg(test)]
+    if FORCE_WALK.with(std::cell::Cell::get) {
+        return false;
+    }
+    !OPENAT2_MISSING.load(Ordering::Relaxed)
+}
+
 /// What a directory entry is (as `lstat` says: a symlink is a symlink, never its target).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EntryKind {
@@ -258,7 +273,7 @@ impl Dir {
         if rel.is_empty() {
             return Ok(Some(self.clone()));
         }
-        if !OPENAT2_MISSING.load(Ordering::Relaxed) {
+        if try_openat2() {
             let how =
                 ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
             match rustix::fs::openat2(&*self.fd, rel.join("/"), DIR_FLAGS, Mode::empty(), how) {
@@ -808,9 +823,9 @@ mod tests {
     /// Both resolvers: `openat2`, and the walk it falls back to.
     fn both(test: impl Fn()) {
         test();
-        let was = OPENAT2_MISSING.swap(true, Ordering::SeqCst);
+        FORCE_WALK.with(|f| f.set(true));
         test();
-        OPENAT2_MISSING.store(was, Ordering::SeqCst);
+        FORCE_WALK.with(|f| f.set(false));
     }
 
     #[test]
@@ -837,6 +852,14 @@ mod tests {
             assert!(runs.open(&["r2"]).unwrap().is_none());
             fs::remove_dir_all(f.data.join("runs")).unwrap();
         });
+        println!(
+            "resolvers tested: {}the per-component openat walk",
+            if OPENAT2_MISSING.load(Ordering::Relaxed) {
+                "(openat2 unavailable here) "
+            } else {
+                "openat2(RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS) and "
+            }
+        );
     }
 
     /// A link at every level — the owned directory itself, a directory below it — is refused
