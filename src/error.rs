@@ -13,7 +13,8 @@ pub enum ErrorKind {
     NotFound,
     /// A compare-and-swap lost, or the id collides with another credential's file.
     Conflict,
-    /// Not allowed: unsafe permissions or ownership, or outside a grant.
+    /// Not allowed: unsafe permissions or ownership, a symlink where the daemon keeps a file
+    /// or directory under its data directory, or outside a grant.
     Forbidden,
     /// The store has data but no usable key; nothing was modified.
     Sealed,

@@ -117,7 +117,7 @@ impl FileStamp {
     }
 }
 
-fn random_hex() -> String {
+pub(super) fn random_hex() -> String {
     let mut b = [0u8; 8];
     // getrandom only fails if the OS has no entropy source at all; a time-and-pid fallback
     // still gives a name that O_EXCL will refuse to reuse.
@@ -389,19 +389,34 @@ fn remove_temp(path: &Path, faults: &Faults) -> Result<(), IoError> {
         .map_err(|e| IoError::new(Op::RemoveTemp, path, e))
 }
 
-/// fsync a directory, making renames and unlinks in it durable.
+/// fsync a directory, making renames and unlinks in it durable. Only the fsync itself is an
+/// fsync step: a directory that does not open (a symlink or a file at `dir`: a refused path;
+/// anything else: a failed open) is not an fsync failure and must not poison a store.
 pub fn fsync_dir(dir: &Path, faults: &Faults) -> Result<(), IoError> {
     faults
         .check(Op::FsyncDir)
-        .and_then(|()| {
-            OpenOptions::new()
-                .read(true)
-                .custom_flags(
-                    (rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::NOFOLLOW).bits() as i32,
-                )
-                .open(dir)?
-                .sync_all()
-        })
+        .map_err(|e| IoError::new(Op::FsyncDir, dir, e))?;
+    let opened = OpenOptions::new()
+        .read(true)
+        .custom_flags((rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::NOFOLLOW).bits() as i32)
+        .open(dir)
+        .map_err(|e| {
+            let refused = [rustix::io::Errno::NOTDIR, rustix::io::Errno::LOOP];
+            match e.raw_os_error().map(rustix::io::Errno::from_raw_os_error) {
+                Some(errno) if refused.contains(&errno) => IoError::new(
+                    Op::UnsafePath,
+                    dir,
+                    io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        "not a directory (a symbolic link or a file where holdfast keeps a \
+                         directory; it never follows one)",
+                    ),
+                ),
+                _ => IoError::new(Op::Open, dir, e),
+            }
+        })?;
+    opened
+        .sync_all()
         .map_err(|e| IoError::new(Op::FsyncDir, dir, e))?;
     faults.synced_dir(dir);
     Ok(())

@@ -48,6 +48,10 @@ pub enum Op {
     Refused,
     /// Changing a file's mode (not a fault-seam step).
     Chmod,
+    /// A path under the data directory refused because a symlink, or something that is not
+    /// a directory, is where holdfast keeps a directory or a file (`beneath.rs`; not a
+    /// fault-seam step, and never an fsync failure).
+    UnsafePath,
 }
 
 impl fmt::Display for Op {
@@ -69,6 +73,7 @@ impl fmt::Display for Op {
             Op::Read => "read",
             Op::Refused => "write refused",
             Op::Chmod => "chmod",
+            Op::UnsafePath => "refused path",
         })
     }
 }

@@ -5,14 +5,17 @@
 //! A line is acknowledged once it and its newline are `fdatasync`ed. If the write or the sync
 //! fails, the file is cut back to its length before the append (a retry must not find an
 //! unsynced line and call it logged); if even that fails, the next reader cuts the partial
-//! line as a torn tail. Files are opened `O_NOFOLLOW` and created 0600.
+//! line as a torn tail. Files are opened relative to their directory's descriptor
+//! ([`Dir`]: the run's directory, resolved beneath the data directory), `O_NOFOLLOW`, and
+//! created 0600: a symlink at a log's name is a refused path, never written through.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{self, Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use super::{fsync_dir, Faults, IoError, Op, Poison};
+use rustix::fs::OFlags;
+
+use super::{Dir, Faults, IoError, Op, Poison};
 
 /// One line file, open for reading and cutting (see [`LineFile::open`]).
 #[derive(Debug)]
@@ -30,23 +33,14 @@ pub struct Appended {
     pub created: bool,
 }
 
-fn nofollow() -> i32 {
-    rustix::fs::OFlags::NOFOLLOW.bits() as i32
-}
-
 impl LineFile {
-    /// Open an existing line file to read it and, if its last line is torn, cut it.
-    #[allow(clippy::disallowed_methods)] // durable/ may open files for writing
-    pub fn open(path: &Path) -> Result<LineFile, IoError> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(nofollow())
-            .open(path)
-            .map_err(|e| IoError::new(Op::Open, path, e))?;
+    /// Open the existing line file `name` in `dir` to read it and, if its last line is torn,
+    /// cut it.
+    pub fn open(dir: &Dir, name: &str) -> Result<LineFile, IoError> {
+        let file = dir.open_own_file(Op::Open, name, OFlags::RDWR, 0)?;
         Ok(LineFile {
             file,
-            path: path.to_path_buf(),
+            path: dir.path().join(name),
         })
     }
 
@@ -84,36 +78,38 @@ impl LineFile {
     }
 }
 
-/// Append `line` (ending in `\n`) to `dir/name`, creating the file (0600) if it is missing, and
-/// `fdatasync` it; a new file's directory entry is fsynced too. `expected_len` is the length
-/// the caller believes the file has: on a failed write or sync the file is cut back to it.
+/// Append `line` (ending in `\n`) to `name` in `dir`, creating the file (0600) if it is
+/// missing, and `fdatasync` it; a new file's directory entry is fsynced too. `expected_len`
+/// is the length the caller believes the file has: on a failed write or sync the file is cut
+/// back to it.
 #[allow(clippy::disallowed_methods)] // durable/ may append, truncate and fsync
 pub fn append_line(
-    dir: &Path,
+    dir: &Dir,
     name: &str,
     line: &[u8],
     expected_len: u64,
     faults: &Faults,
     poison: &Poison,
 ) -> Result<Appended, IoError> {
-    let path = dir.join(name);
+    let path = dir.path().join(name);
     poison.check(&path)?;
     // Opened without O_CREAT first: the usual case (the file exists) costs one open, and a
     // creation is known without a separate stat.
     let open = |create: bool| {
-        OpenOptions::new()
-            .append(true)
-            .create(create)
-            .mode(0o600)
-            .custom_flags(nofollow())
-            .open(&path)
+        let flags = OFlags::WRONLY | OFlags::APPEND;
+        let flags = if create {
+            flags | OFlags::CREATE
+        } else {
+            flags
+        };
+        dir.open_file(name, flags, 0o600)
     };
     let (file, existed) = match open(false) {
         Ok(f) => (Ok(f), true),
         Err(e) if e.kind() == io::ErrorKind::NotFound => (open(true), false),
         Err(e) => (Err(e), true),
     };
-    let mut file = file.map_err(|e| IoError::new(Op::Open, &path, e))?;
+    let mut file = file.map_err(|e| dir.file_error(Op::Open, name, e))?;
     let written = faults
         .check(Op::Append)
         .and_then(|()| file.write_all(line))
@@ -135,7 +131,7 @@ pub fn append_line(
         return Err(e);
     }
     if !existed {
-        poison.watch(fsync_dir(dir, faults))?;
+        poison.watch(dir.fsync(faults))?;
     }
     let meta = file
         .metadata()
@@ -146,35 +142,15 @@ pub fn append_line(
     })
 }
 
-/// Remove the directory `parent/name` and everything in it, then fsync `parent`. `name` must be
-/// a single path component (a run id): nothing outside `parent` can be named.
-#[allow(clippy::disallowed_methods)] // durable/ may remove directories
-pub fn remove_tree(parent: &Path, name: &str, faults: &Faults) -> Result<bool, IoError> {
-    let path = parent.join(name);
-    if name.is_empty() || name == "." || name == ".." || name.contains('/') {
-        return Err(IoError::new(
-            Op::RemoveTree,
-            &path,
-            io::Error::new(io::ErrorKind::InvalidInput, "not a single path component"),
-        ));
-    }
-    match faults
-        .check(Op::RemoveTree)
-        .and_then(|()| fs::remove_dir_all(&path))
-    {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
-        Err(e) => return Err(IoError::new(Op::RemoveTree, &path, e)),
-    }
-    fsync_dir(parent, faults)?;
-    Ok(true)
-}
-
 #[cfg(test)]
 #[allow(clippy::disallowed_methods)] // tests build their fixtures directly
 mod tests {
     use super::*;
     use crate::durable::FaultMode;
+
+    fn dir(d: &tempfile::TempDir) -> Dir {
+        Dir::open_root(d.path()).unwrap()
+    }
 
     /// A failed fsync poisons: the failed append is refused, and so is every later write —
     /// appends and cuts — until a new `Poison` (the store reopened).
@@ -183,21 +159,21 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let poison = Poison::default();
         let faults = Faults::none();
-        append_line(d.path(), "a.jsonl", b"one\n", 0, &faults, &poison).unwrap();
+        append_line(&dir(&d), "a.jsonl", b"one\n", 0, &faults, &poison).unwrap();
         let failing = Faults::at_op(Op::FsyncFile, 1, FaultMode::FailOnce(5));
-        let e = append_line(d.path(), "a.jsonl", b"two\n", 4, &failing, &poison).unwrap_err();
+        let e = append_line(&dir(&d), "a.jsonl", b"two\n", 4, &failing, &poison).unwrap_err();
         assert!(e.is_fsync(), "{e}");
         assert!(poison.reason().is_some());
-        let e = append_line(d.path(), "a.jsonl", b"three\n", 8, &faults, &poison).unwrap_err();
+        let e = append_line(&dir(&d), "a.jsonl", b"three\n", 8, &faults, &poison).unwrap_err();
         assert_eq!(e.op, Op::Refused, "{e}");
         assert!(e
             .to_string()
             .contains("writes are refused until the daemon restarts"));
-        let mut f = LineFile::open(&d.path().join("a.jsonl")).unwrap();
+        let mut f = LineFile::open(&dir(&d), "a.jsonl").unwrap();
         assert_eq!(f.cut(4, &faults, &poison).unwrap_err().op, Op::Refused);
         // Reopened: writes go through again.
         let fresh = Poison::default();
-        append_line(d.path(), "b.jsonl", b"x\n", 0, &faults, &fresh).unwrap();
+        append_line(&dir(&d), "b.jsonl", b"x\n", 0, &faults, &fresh).unwrap();
     }
 
     /// A failed write is taken back out: the file is as before the append, not poisoned.
@@ -205,9 +181,9 @@ mod tests {
     fn a_failed_write_leaves_the_file_as_it_was() {
         let d = tempfile::tempdir().unwrap();
         let poison = Poison::default();
-        append_line(d.path(), "a", b"one\n", 0, &Faults::none(), &poison).unwrap();
+        append_line(&dir(&d), "a", b"one\n", 0, &Faults::none(), &poison).unwrap();
         let failing = Faults::at_op(Op::Append, 1, FaultMode::FailOnce(28));
-        let e = append_line(d.path(), "a", b"two\n", 4, &failing, &poison).unwrap_err();
+        let e = append_line(&dir(&d), "a", b"two\n", 4, &failing, &poison).unwrap_err();
         assert_eq!(e.op, Op::Append);
         assert!(e.is_disk_full(), "{e}");
         assert!(poison.reason().is_none());
@@ -221,29 +197,31 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let poison = Poison::default();
         let f = Faults::recorder();
-        let a = append_line(d.path(), "a", b"one\n", 0, &f, &poison).unwrap();
+        let a = append_line(&dir(&d), "a", b"one\n", 0, &f, &poison).unwrap();
         assert!(a.created);
         assert_eq!(f.log(), vec![Op::Append, Op::FsyncFile, Op::FsyncDir]);
         let f = Faults::recorder();
-        let a = append_line(d.path(), "a", b"two\n", 4, &f, &poison).unwrap();
+        let a = append_line(&dir(&d), "a", b"two\n", 4, &f, &poison).unwrap();
         assert!(!a.created);
         assert_eq!(f.log(), vec![Op::Append, Op::FsyncFile]);
         assert_eq!(fs::read(d.path().join("a")).unwrap(), b"one\ntwo\n");
     }
 
+    /// A symlink at a log's name is refused (never appended through), and refusing it
+    /// poisons nothing.
     #[test]
-    fn remove_tree_takes_one_component_only() {
+    fn a_link_at_the_log_is_refused_and_poisons_nothing() {
         let d = tempfile::tempdir().unwrap();
-        fs::create_dir_all(d.path().join("run/x")).unwrap();
-        fs::write(d.path().join("run/x/f"), b"1").unwrap();
-        assert!(remove_tree(d.path(), "run", &Faults::none()).unwrap());
-        assert!(!d.path().join("run").exists());
-        assert!(!remove_tree(d.path(), "run", &Faults::none()).unwrap());
-        for bad in ["", ".", "..", "a/b"] {
-            assert!(
-                remove_tree(d.path(), bad, &Faults::none()).is_err(),
-                "{bad:?}"
-            );
-        }
+        let outside = tempfile::tempdir().unwrap();
+        fs::write(outside.path().join("f"), b"keep").unwrap();
+        std::os::unix::fs::symlink(outside.path().join("f"), d.path().join("a.jsonl")).unwrap();
+        let poison = Poison::default();
+        let e = append_line(&dir(&d), "a.jsonl", b"x\n", 0, &Faults::none(), &poison).unwrap_err();
+        assert!(e.is_unsafe_path(), "{e}");
+        assert!(poison.reason().is_none());
+        assert!(LineFile::open(&dir(&d), "a.jsonl")
+            .unwrap_err()
+            .is_unsafe_path());
+        assert_eq!(fs::read(outside.path().join("f")).unwrap(), b"keep");
     }
 }

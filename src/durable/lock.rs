@@ -286,7 +286,43 @@ pub fn try_lock(path: &Path, mode: LockMode) -> Result<Option<LockGuard>, LockEr
     acquire(path, mode, None)
 }
 
+/// [`lock`] on a lock file already open (one a [`super::Dir`] opened beneath the data
+/// directory); `path` names it and keys its in-process gate.
+pub fn lock_file(
+    file: File,
+    path: &Path,
+    mode: LockMode,
+    timeout: Duration,
+) -> Result<LockGuard, LockError> {
+    acquire_open(file, path, mode, Some(timeout))?.ok_or_else(|| LockError::Timeout {
+        path: path.to_path_buf(),
+        waited: timeout,
+    })
+}
+
+/// [`try_lock`] on a lock file already open (see [`lock_file`]).
+pub fn try_lock_file(
+    file: File,
+    path: &Path,
+    mode: LockMode,
+) -> Result<Option<LockGuard>, LockError> {
+    acquire_open(file, path, mode, None)
+}
+
 fn acquire(
+    path: &Path,
+    mode: LockMode,
+    timeout: Option<Duration>,
+) -> Result<Option<LockGuard>, LockError> {
+    let file = open_lock_file(path).map_err(|source| LockError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    acquire_open(file, path, mode, timeout)
+}
+
+fn acquire_open(
+    file: File,
     path: &Path,
     mode: LockMode,
     timeout: Option<Duration>,
@@ -297,7 +333,6 @@ fn acquire(
     };
     let start = Instant::now();
     let deadline = timeout.map(|t| start + t);
-    let file = open_lock_file(path).map_err(io_err)?;
     let gate = gate_for(path);
     if !gate.acquire(mode, deadline) {
         return Ok(None);

@@ -6,6 +6,7 @@
 #![allow(clippy::disallowed_methods)]
 
 mod atomic;
+pub mod beneath;
 mod cache;
 pub mod fault;
 pub mod journal;
@@ -21,9 +22,10 @@ pub use atomic::{
     read_capped_stamped, remove_durably, set_mode, sweep_temp_files, sweep_temps_of, FileStamp,
     ORPHAN_SWEEP_BATCH, SPARE_MARKER, TEMP_MARKER,
 };
+pub use beneath::{Dir, Owned};
 pub use cache::FileCache;
 pub use fault::{FaultMode, Faults, Op};
-pub use linelog::{append_line, remove_tree, Appended, LineFile};
+pub use linelog::{append_line, Appended, LineFile};
 pub use lock::{LockError, LockGuard, LockMode};
 pub use perms::PermError;
 pub use poison::Poison;
@@ -56,8 +58,26 @@ impl IoError {
 
     /// An fsync failed: the data may or may not be on disk, and the page cache may have dropped
     /// the dirty pages (fsyncgate). The store must stop writing until it is reopened.
+    ///
+    /// Only the fsync step itself counts. A path step that fails — ENOTDIR, ELOOP, EXDEV,
+    /// EACCES: a symlink or a file where a directory belongs, or no permission to pass — says
+    /// nothing about the page cache, and is excluded whatever step reported it, so that a
+    /// planted link can never make one request poison every other run's writes.
     pub fn is_fsync(&self) -> bool {
+        use rustix::io::Errno;
+        let path_step = [Errno::NOTDIR, Errno::LOOP, Errno::XDEV, Errno::ACCESS];
         matches!(self.op, Op::FsyncFile | Op::FsyncDir)
+            && !self
+                .source
+                .raw_os_error()
+                .is_some_and(|e| path_step.contains(&Errno::from_raw_os_error(e)))
+    }
+
+    /// A path under the data directory was refused: a symlink, or something that is not a
+    /// directory, where holdfast keeps a directory or file (`beneath.rs`). An error of the
+    /// request that met it, never a reason to refuse other writes.
+    pub fn is_unsafe_path(&self) -> bool {
+        self.op == Op::UnsafePath
     }
 
     /// The seam simulated a crash at this step.

@@ -79,7 +79,12 @@ pub enum RunLogError {
     Busy(#[from] LockError),
     /// A file-system step failed.
     #[error(transparent)]
-    Io(#[from] IoError),
+    Io(IoError),
+    /// A path under the data directory holdfast will not write through: a symlink, or
+    /// something that is not a directory, where it keeps a directory or a file. This request
+    /// is refused; nothing is poisoned, and other runs are not affected.
+    #[error(transparent)]
+    UnsafePath(IoError),
     /// A path that should be a directory or a file is something else.
     #[error("{} is not a {what}", path.display())]
     NotA {
@@ -142,8 +147,20 @@ impl RunLogError {
             NoRun(_) => ErrorKind::NotFound,
             Ended(_) | NotEmpty(_) => ErrorKind::Conflict,
             Busy(_) => ErrorKind::Busy,
+            UnsafePath(_) => ErrorKind::Forbidden,
             Io(_) | NotA { .. } | Read { .. } | Database(_) => ErrorKind::Storage,
             BadSummary { .. } | SeqExhausted | BadStoredSummary { .. } => ErrorKind::Integrity,
+        }
+    }
+}
+
+impl From<IoError> for RunLogError {
+    /// A refused path is its own variant (`forbidden`); every other step's failure is `Io`.
+    fn from(e: IoError) -> Self {
+        if e.is_unsafe_path() {
+            RunLogError::UnsafePath(e)
+        } else {
+            RunLogError::Io(e)
         }
     }
 }

@@ -1,12 +1,12 @@
 //! A run's files on disk: reading what was appended since the view last looked (and cutting a
 //! torn last line), appending a record, rewriting a file to replace an entry, writing the
-//! summary, listing and deleting runs. Every write goes through `durable` (the line log,
-//! `atomic_write`, `remove_tree`) under the run log's poison rule.
+//! summary, listing and deleting runs. Every write goes through `durable` (the line log, the
+//! atomic replacement, the removal of a run's tree) under the run log's poison rule, in
+//! directories resolved beneath the data directory without following a symlink
+//! (`durable::beneath`): a link planted at `runs/`, a run's directory or one of its files
+//! refuses the request that meets it (`forbidden`) and poisons nothing.
 
-use std::fs;
-use std::io;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::{Map, Value};
@@ -15,7 +15,8 @@ use super::error::RunLogError;
 use super::validate_run_id;
 use super::view::{mtime_ns, tail_of, Entry, FileView, Kind, Loaded, KINDS};
 use super::MAX_RECORD_BYTES;
-use crate::durable::{self, Faults, LineFile, Poison};
+use crate::durable::beneath::{EntryKind, Meta};
+use crate::durable::{self, Dir, Faults, LineFile, LockGuard, LockMode, Owned, Poison};
 use crate::timefmt::now_ms;
 
 const FRESH_TAIL: Duration = crate::limits::RUN_LOG_FRESH_TAIL;
@@ -43,63 +44,83 @@ pub(super) fn as_is(
 
 /// The files of the run logs under one `runs/` directory.
 pub(super) struct RunFiles {
-    pub(super) dir: PathBuf,
+    /// `runs/`, resolved beneath the data directory (its parent) on every use.
+    pub(super) runs: Owned,
     pub(super) faults: Faults,
     /// After a failed fsync every write is refused until the daemon restarts.
     pub(super) poison: Poison,
 }
 
 impl RunFiles {
-    /// The run's directory exists (made now if `create`), or `not_found`.
-    pub(super) fn ensure_dir(
-        &self,
-        run_id: &str,
-        dir: &Path,
-        create: bool,
-    ) -> Result<(), RunLogError> {
-        match fs::symlink_metadata(dir) {
-            Ok(m) if m.is_dir() => {}
-            Ok(_) => {
-                return Err(RunLogError::NotA {
-                    path: dir.to_path_buf(),
-                    what: "directory",
-                })
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                if !create {
-                    return Err(RunLogError::NoRun(run_id.to_owned()));
-                }
-                durable::create_private_dir(dir, &self.faults)?;
-                durable::fsync_dir(&self.dir, &self.faults)?;
-            }
-            Err(source) => {
-                return Err(RunLogError::Read {
-                    path: dir.to_path_buf(),
-                    source,
-                })
-            }
+    /// The run's directory (made now if `create`), or `not_found`. Made under the poison
+    /// rule: a failed fsync of `runs/` after the creation poisons; a refused path does not.
+    pub(super) fn ensure_dir(&self, run_id: &str, create: bool) -> Result<Dir, RunLogError> {
+        if let Some(dir) = self.runs.open(&[run_id])? {
+            return Ok(dir);
         }
-        Ok(())
+        if !create {
+            return Err(RunLogError::NoRun(run_id.to_owned()));
+        }
+        self.poison.check(&self.runs.path().join(run_id))?;
+        Ok(self
+            .poison
+            .watch(self.runs.create(&[run_id], &self.faults))?)
+    }
+
+    /// Whether `dir` is still what `runs/<run_id>` names (a prune may have removed it while
+    /// a writer waited for its lock).
+    pub(super) fn still_there(&self, run_id: &str, dir: &Dir) -> bool {
+        let now = self.runs.open(&[run_id]).ok().flatten();
+        match (now.and_then(|d| d.meta().ok()), dir.meta()) {
+            (Some(a), Ok(b)) => a.ino == b.ino && a.dev == b.dev,
+            _ => false,
+        }
+    }
+
+    /// Take the run's lock (`log.lock` in its directory, never through a symlink).
+    pub(super) fn lock(dir: &Dir, timeout: Duration) -> Result<LockGuard, RunLogError> {
+        let file = dir.open_lock_file("log.lock")?;
+        Ok(durable::lock::lock_file(
+            file,
+            &dir.path().join("log.lock"),
+            LockMode::Exclusive,
+            timeout,
+        )?)
+    }
+
+    /// Whether the run's directory holds any of a run log's files (it may hold only a
+    /// stream's state).
+    pub(super) fn has_log(&self, run_id: &str) -> bool {
+        let Ok(Some(dir)) = self.runs.open(&[run_id]) else {
+            return false;
+        };
+        KINDS
+            .iter()
+            .map(|k| k.file())
+            .chain(["summary.json"])
+            .any(|f| dir.stat(f).is_ok_and(|m| m.is_some()))
     }
 
     /// Bring `view` up to date with the files (the caller holds the run's lock).
-    pub(super) fn refresh(&self, dir: &Path, view: &mut Loaded) -> Result<(), RunLogError> {
-        let mut metas = Vec::new();
+    pub(super) fn refresh(&self, dir: &Dir, view: &mut Loaded) -> Result<(), RunLogError> {
+        let mut metas: Vec<Option<Meta>> = Vec::new();
         let mut reload = false;
         for kind in KINDS {
-            let path = dir.join(kind.file());
-            let meta = match fs::symlink_metadata(&path) {
-                Ok(m) if m.is_file() => Some(m),
-                Ok(_) => return Err(RunLogError::NotA { path, what: "file" }),
-                Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-                Err(source) => return Err(RunLogError::Read { path, source }),
+            let meta = match dir.stat(kind.file()) {
+                Ok(Some(m)) if m.kind == EntryKind::File => Some(m),
+                Ok(Some(m)) => return Err(dir.refusal(kind.file(), m.kind, "a file").into()),
+                Ok(None) => None,
+                Err(source) => {
+                    return Err(RunLogError::Read {
+                        path: dir.path().join(kind.file()),
+                        source,
+                    })
+                }
             };
             let f = &view.files[kind.index()];
             reload |= match &meta {
                 Some(m) if f.exists => {
-                    m.ino() != f.ino
-                        || m.len() < f.len
-                        || (m.len() == f.len && mtime_ns(m) != f.mtime_ns)
+                    m.ino != f.ino || m.len < f.len || (m.len == f.len && m.mtime_ns != f.mtime_ns)
                 }
                 None => f.exists,
                 Some(_) => false,
@@ -112,7 +133,7 @@ impl RunFiles {
         for (kind, meta) in KINDS.into_iter().zip(&metas) {
             let Some(meta) = meta else { continue };
             let f = &view.files[kind.index()];
-            if f.exists && meta.len() == f.len {
+            if f.exists && meta.len == f.len {
                 continue;
             }
             if !self.read_tail(dir, kind, view)? {
@@ -127,8 +148,8 @@ impl RunFiles {
             }
         }
         // Re-read each time: small, and a replaced or deleted summary must be seen.
-        let summary_path = dir.join("summary.json");
-        view.summary = match durable::read_capped(&summary_path, MAX_RECORD_BYTES as u64) {
+        let summary_path = dir.path().join("summary.json");
+        view.summary = match dir.read_capped("summary.json", MAX_RECORD_BYTES as u64) {
             Ok(Some(bytes)) => {
                 Some(
                     serde_json::from_slice(&bytes).map_err(|e| RunLogError::BadSummary {
@@ -138,11 +159,11 @@ impl RunFiles {
                 )
             }
             Ok(None) => None,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-            Err(source) => {
+            Err(e) if e.is_unsafe_path() => return Err(e.into()),
+            Err(e) => {
                 return Err(RunLogError::Read {
                     path: summary_path,
-                    source,
+                    source: e.source,
                 })
             }
         };
@@ -154,12 +175,12 @@ impl RunFiles {
     /// read (its remembered end differs): the caller reloads.
     pub(super) fn read_tail(
         &self,
-        dir: &Path,
+        dir: &Dir,
         kind: Kind,
         view: &mut Loaded,
     ) -> Result<bool, RunLogError> {
-        let path = dir.join(kind.file());
-        let mut file = LineFile::open(&path)?;
+        let path = dir.path().join(kind.file());
+        let mut file = LineFile::open(dir, kind.file())?;
         let f = view.files[kind.index()].clone();
         let (from, known) = if f.exists {
             (f.len, f.tail.clone())
@@ -253,7 +274,7 @@ impl RunFiles {
     /// Append one record to `kind`'s file, durably; returns its seq.
     pub(super) fn append(
         &self,
-        dir: &Path,
+        dir: &Dir,
         view: &mut Loaded,
         kind: Kind,
         mut record: Map<String, Value>,
@@ -266,7 +287,7 @@ impl RunFiles {
     /// backend).
     pub(super) fn append_as_is(
         &self,
-        dir: &Path,
+        dir: &Dir,
         view: &mut Loaded,
         kind: Kind,
         record: Map<String, Value>,
@@ -278,7 +299,7 @@ impl RunFiles {
     #[allow(clippy::too_many_arguments)]
     fn write_line(
         &self,
-        dir: &Path,
+        dir: &Dir,
         view: &mut Loaded,
         kind: Kind,
         record: Map<String, Value>,
@@ -315,7 +336,7 @@ impl RunFiles {
     /// Replace a logical entry of `kind` (at the same place), by rewriting the file atomically.
     pub(super) fn replace(
         &self,
-        dir: &Path,
+        dir: &Dir,
         view: &mut Loaded,
         kind: Kind,
         old: &Entry,
@@ -344,13 +365,9 @@ impl RunFiles {
         if bytes.len() > crate::limits::MAX_RUN_LOG_REWRITE_BYTES {
             return Err(RunLogError::TooLargeToRewrite);
         }
-        self.poison.check(dir)?;
-        self.poison.watch(durable::atomic_write(
-            dir,
-            kind.file(),
-            &bytes,
-            &self.faults,
-        ))?;
+        self.poison.check(dir.path())?;
+        self.poison
+            .watch(dir.atomic_write(kind.file(), &bytes, &self.faults))?;
         // The rewrite drops bad and duplicate lines: reload the view from the new file.
         let mut fresh = Loaded::default();
         self.refresh(dir, &mut fresh)?;
@@ -361,20 +378,16 @@ impl RunFiles {
 
     pub(super) fn run_ids(&self) -> Result<Vec<String>, RunLogError> {
         let mut ids = Vec::new();
-        let entries = match fs::read_dir(&self.dir) {
-            Ok(e) => e,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(ids),
-            Err(source) => {
-                return Err(RunLogError::Read {
-                    path: self.dir.clone(),
-                    source,
-                })
-            }
+        let Some(runs) = self.runs.open(&[])? else {
+            return Ok(ids);
         };
-        for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if validate_run_id(&name).is_ok() && e.file_type().is_ok_and(|t| t.is_dir()) {
-                ids.push(name);
+        let entries = runs.entries().map_err(|source| RunLogError::Read {
+            path: runs.path().to_path_buf(),
+            source,
+        })?;
+        for e in entries {
+            if validate_run_id(&e.name).is_ok() && e.kind == EntryKind::Dir {
+                ids.push(e.name);
             }
         }
         ids.sort();
@@ -384,32 +397,29 @@ impl RunFiles {
     /// The newest modification time of the files in a run's directory (ms since the epoch),
     /// not counting `log.lock` (taking the lock creates it) nor the directory itself; the
     /// directory's time only for an empty one.
-    pub(super) fn last_activity_ms(dir: &Path) -> Option<u64> {
-        let mut newest = None;
-        for e in fs::read_dir(dir).ok()?.flatten() {
-            if e.file_name() == "log.lock" {
+    pub(super) fn last_activity_ms(dir: &Dir) -> Option<u64> {
+        let mut newest: Option<i128> = None;
+        for e in dir.entries().ok()? {
+            if e.name == "log.lock" {
                 continue;
             }
-            if let Ok(t) = e.metadata().and_then(|m| m.modified()) {
-                newest = Some(newest.map_or(t, |n: std::time::SystemTime| n.max(t)));
+            if let Ok(Some(m)) = dir.stat(&e.name) {
+                newest = Some(newest.map_or(m.mtime_ns, |n| n.max(m.mtime_ns)));
             }
         }
         let newest = match newest {
             Some(t) => t,
-            None => fs::symlink_metadata(dir).ok()?.modified().ok()?,
+            None => dir.meta().ok()?.mtime_ns,
         };
-        newest
-            .duration_since(std::time::UNIX_EPOCH)
-            .ok()
-            .map(|d| d.as_millis() as u64)
+        u64::try_from(newest / 1_000_000).ok()
     }
 
     /// Remove the temp files of the run's own files (`details.jsonl` and the other logs,
     /// `summary.json`) that a rewrite killed midway left; the caller holds the run's lock.
-    pub(super) fn sweep_temps(&self, dir: &Path) -> Result<(), RunLogError> {
+    pub(super) fn sweep_temps(&self, dir: &Dir) -> Result<(), RunLogError> {
         let mut names: Vec<&str> = super::view::KINDS.iter().map(|k| k.file()).collect();
         names.push("summary.json");
-        let removed = durable::sweep_temps_of(dir, &names, &self.faults)?;
+        let removed = dir.sweep_temps_of(&names, &self.faults)?;
         if removed > 0 {
             tracing::info!(
                 removed,
@@ -420,27 +430,31 @@ impl RunFiles {
     }
 
     /// Write `summary.json` (atomically, under the poison rule).
-    pub(super) fn write_summary(&self, dir: &Path, summary: &Value) -> Result<(), RunLogError> {
+    pub(super) fn write_summary(&self, dir: &Dir, summary: &Value) -> Result<(), RunLogError> {
         // A JSON value serializes into a Vec without fail.
         let bytes = serde_json::to_vec_pretty(summary).unwrap_or_default();
-        self.poison.check(dir)?;
-        self.poison.watch(durable::atomic_write(
-            dir,
-            "summary.json",
-            &bytes,
-            &self.faults,
-        ))?;
+        self.poison.check(dir.path())?;
+        self.poison
+            .watch(dir.atomic_write("summary.json", &bytes, &self.faults))?;
         Ok(())
     }
 
-    /// Delete a run's directory (its lock held by the caller), and make it durable.
+    /// Delete a run's directory (its lock held by the caller), and make it durable, under the
+    /// poison rule. A link at `runs/` or at the run's name is refused, never followed.
     pub(super) fn remove_run(&self, run_id: &str) -> Result<(), RunLogError> {
-        durable::remove_tree(&self.dir, run_id, &self.faults)?;
+        self.poison.check(&self.runs.path().join(run_id))?;
+        if let Some(runs) = self.runs.open(&[])? {
+            self.poison.watch(runs.remove_tree(run_id, &self.faults))?;
+        }
         Ok(())
     }
 
-    /// Make deletions in `runs/` durable.
+    /// Make deletions in `runs/` durable, under the poison rule.
     pub(super) fn sync_dir(&self) -> Result<(), RunLogError> {
-        Ok(durable::fsync_dir(&self.dir, &self.faults)?)
+        self.poison.check(&self.runs.path())?;
+        if let Some(runs) = self.runs.open(&[])? {
+            self.poison.watch(runs.fsync(&self.faults))?;
+        }
+        Ok(())
     }
 }

@@ -36,7 +36,7 @@ use std::time::Duration;
 
 use serde_json::{json, Map, Value};
 
-use crate::durable::{self, Faults, LockMode, Poison};
+use crate::durable::{self, Faults, Poison};
 use crate::error::ErrorKind;
 
 mod error;
@@ -84,7 +84,10 @@ enum Store {
 impl std::fmt::Debug for RunLog {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.store {
-            Store::Files(files) => f.debug_struct("RunLog").field("dir", &files.dir).finish(),
+            Store::Files(files) => f
+                .debug_struct("RunLog")
+                .field("dir", &files.runs.path())
+                .finish(),
             Store::Pg(p) => f.debug_struct("RunLog").field("db", &p.db).finish(),
         }
     }
@@ -100,12 +103,14 @@ pub fn validate_run_id(id: &str) -> Result<(), RunLogError> {
 use crate::timefmt::now_ms;
 
 impl RunLog {
-    /// The run logs under `runs_dir` (created 0700 if missing).
+    /// The run logs under `runs_dir` (created 0700 if missing). Its parent (the data
+    /// directory) is taken as it is; `runs_dir` and everything below it are resolved beneath
+    /// the parent on every use, never through a symlink.
     pub fn open(runs_dir: &Path, faults: Faults) -> Result<RunLog, RunLogError> {
-        durable::create_private_dir(runs_dir, &faults)?;
+        let (runs, _) = durable::Owned::make(runs_dir, &faults)?;
         Ok(RunLog {
             store: Store::Files(RunFiles {
-                dir: runs_dir.to_path_buf(),
+                runs,
                 faults,
                 poison: Poison::default(),
             }),
@@ -159,17 +164,15 @@ impl RunLog {
                 return p.with_run(run_id, create, &mut view, f);
             }
         };
-        let dir = files.dir.join(run_id);
         // Twice at most: a writer that waited for the lock while a prune deleted the run finds
         // the directory gone once it holds the lock, and starts again (creating it anew).
         let mut attempts = 0;
-        let lock = loop {
+        let (dir, lock) = loop {
             attempts += 1;
-            files.ensure_dir(run_id, &dir, create)?;
-            let lock =
-                durable::lock::lock(&dir.join("log.lock"), LockMode::Exclusive, LOCK_TIMEOUT)?;
-            if dir.is_dir() || attempts >= 2 {
-                break lock;
+            let dir = files.ensure_dir(run_id, create)?;
+            let lock = RunFiles::lock(&dir, LOCK_TIMEOUT)?;
+            if files.still_there(run_id, &dir) || attempts >= 2 {
+                break (dir, lock);
             }
         };
         let slot = self.cached(run_id);
@@ -479,13 +482,7 @@ impl RunLog {
                 .run_ids()?
                 .into_iter()
                 // A run directory may hold only a stream's state: no run log.
-                .filter(|id| {
-                    KINDS
-                        .iter()
-                        .map(|k| k.file())
-                        .chain(["summary.json"])
-                        .any(|f| files.dir.join(id).join(f).exists())
-                })
+                .filter(|id| files.has_log(id))
                 .collect(),
             Store::Pg(p) => p.run_ids()?,
         };
@@ -531,7 +528,10 @@ impl RunLog {
         let mut out = Vec::new();
         let mut deleted = 0;
         for run_id in files.run_ids()? {
-            let dir = files.dir.join(&run_id);
+            // A link planted at a run's name is not a run's directory: not listed above.
+            let Ok(Some(dir)) = files.runs.open(&[&run_id]) else {
+                continue;
+            };
             let Some(last) = RunFiles::last_activity_ms(&dir) else {
                 continue;
             };
@@ -603,10 +603,10 @@ impl RunLog {
         &self,
         files: &RunFiles,
         run_id: &str,
-        dir: &Path,
+        dir: &durable::Dir,
         cutoff: u64,
     ) -> Result<bool, RunLogError> {
-        let lock = durable::lock::lock(&dir.join("log.lock"), LockMode::Exclusive, LOCK_TIMEOUT)?;
+        let lock = RunFiles::lock(dir, LOCK_TIMEOUT)?;
         // Written to while we waited for the lock: not old any more.
         if RunFiles::last_activity_ms(dir).is_some_and(|l| l >= cutoff) {
             return Ok(false);

@@ -723,3 +723,49 @@ fn a_logged_time_past_the_representable_is_clamped_not_wrapped() {
         assert_eq!(run["nodes"], 1);
     }
 }
+
+/// A link planted at a run's directory or at one of its files refuses that run's requests
+/// (`forbidden`) and touches nothing outside; other runs keep logging. A failed fsync of
+/// `runs/` after making a run's directory poisons the run log.
+#[test]
+fn a_link_at_a_run_is_refused_alone_and_a_failed_directory_fsync_poisons() {
+    let tmp = tempfile::tempdir().unwrap();
+    let runs = tmp.path().join("runs");
+    let faults = Faults::recorder();
+    let log = RunLog::open(&runs, faults.clone()).unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    fs::write(outside.path().join("details.jsonl"), b"{\"torn").unwrap();
+    std::os::unix::fs::symlink(outside.path(), runs.join("linked")).unwrap();
+    fs::create_dir(runs.join("file-linked")).unwrap();
+    std::os::unix::fs::symlink(
+        outside.path().join("details.jsonl"),
+        runs.join("file-linked/details.jsonl"),
+    )
+    .unwrap();
+    for run in ["linked", "file-linked"] {
+        let e = log.log_node(run, detail("a", 1, 10)).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Forbidden, "{run}: {e}");
+        assert!(e.to_string().contains("a symbolic link"), "{e}");
+        assert_eq!(log.get(run).unwrap_err().kind(), ErrorKind::Forbidden);
+    }
+    assert_eq!(
+        fs::read(outside.path().join("details.jsonl")).unwrap(),
+        b"{\"torn"
+    );
+    assert_eq!(fs::read_dir(outside.path()).unwrap().count(), 1);
+    log.log_node("other", detail("a", 1, 10)).unwrap();
+    // The prune passes links by: they are no run's directory.
+    std::thread::sleep(Duration::from_millis(20));
+    log.prune(Duration::ZERO, &|_: &str| false, false).unwrap();
+    assert!(fs::symlink_metadata(runs.join("linked")).is_ok());
+    assert_eq!(fs::read_dir(outside.path()).unwrap().count(), 1);
+    faults.arm(Some(Op::FsyncDir), 1, FaultMode::FailOnce(5));
+    let e = log.log_node("new-run", detail("a", 1, 10)).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Storage, "{e}");
+    let e = log.log_node("other", detail("b", 1, 10)).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("writes are refused until the daemon restarts"),
+        "{e}"
+    );
+}

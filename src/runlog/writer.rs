@@ -3,8 +3,6 @@
 //! file backend ([`FileWriter`]) is `files.rs` on the run's directory; the PostgreSQL one is
 //! `pg.rs`.
 
-use std::path::Path;
-
 use serde_json::{Map, Value};
 
 use super::error::RunLogError;
@@ -42,7 +40,7 @@ pub(super) trait Writer {
 /// [`Writer`] on a run's directory.
 pub(super) struct FileWriter<'a> {
     pub(super) files: &'a RunFiles,
-    pub(super) dir: &'a Path,
+    pub(super) dir: &'a crate::durable::Dir,
 }
 
 impl Writer for FileWriter<'_> {

@@ -178,7 +178,12 @@ pub enum StreamError {
     CheckpointNotJson(#[source] serde_json::Error),
     /// A file-system step failed.
     #[error(transparent)]
-    Io(#[from] IoError),
+    Io(IoError),
+    /// A path under the data directory holdfast will not write through: a symlink, or
+    /// something that is not a directory, where it keeps a directory or a file. This request
+    /// is refused; nothing is poisoned, and other runs are not affected.
+    #[error(transparent)]
+    UnsafePath(IoError),
     /// The journal refused or failed.
     #[error(transparent)]
     Journal(#[from] JournalError),
@@ -211,12 +216,40 @@ impl StreamError {
             }
             TooManyRuns { .. } => ErrorKind::Busy,
             KeySealed(_) | Seal(_) => ErrorKind::Sealed,
+            UnsafePath(_) => ErrorKind::Forbidden,
+            Journal(JournalError::Open { .. }) if self.is_unsafe_path() => ErrorKind::Forbidden,
             Undecryptable { .. } | CheckpointNotJson(_) | EventsLost { .. } => ErrorKind::Integrity,
             NoKeyStore => ErrorKind::Unsupported,
             Journal(JournalError::Fenced) => ErrorKind::Conflict,
             KeyStoreFailed(_) | Unreadable { .. } | Io(_) | Journal(_) | Database(_) => {
                 ErrorKind::Storage
             }
+        }
+    }
+}
+
+impl StreamError {
+    /// A path under the data directory was refused (a symlink, or something that is not a
+    /// directory, where holdfast keeps one of its directories or files): in a run's files, or
+    /// in the journal's directory while it opened.
+    pub fn is_unsafe_path(&self) -> bool {
+        match self {
+            StreamError::UnsafePath(_) => true,
+            StreamError::Journal(JournalError::Open { source, .. }) => source
+                .downcast_ref::<IoError>()
+                .is_some_and(IoError::is_unsafe_path),
+            _ => false,
+        }
+    }
+}
+
+impl From<IoError> for StreamError {
+    /// A refused path is its own variant (`forbidden`); every other step's failure is `Io`.
+    fn from(e: IoError) -> Self {
+        if e.is_unsafe_path() {
+            StreamError::UnsafePath(e)
+        } else {
+            StreamError::Io(e)
         }
     }
 }

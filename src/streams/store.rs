@@ -5,9 +5,11 @@
 //! per run the state file (the commit point) and the checkpoint. It speaks typed records
 //! ([`Record`], [`EventsOut`]) and JSON values; sealing, framing, files and fsyncs are the
 //! implementation's. [`FileStore`] keeps them in the data directory: the stream journal
-//! (`durable::journal`) under `streams/`, and `runs/<run_id>/{state,checkpoint}` written with
-//! `durable::atomic_write` under the poison rule. The PostgreSQL backend implements the same
-//! trait.
+//! (`durable::journal`) under `streams/`, and `runs/<run_id>/{state,checkpoint}` written
+//! atomically under the poison rule. Both directories, and each run's, are resolved beneath
+//! the data directory without following a symlink (`durable::beneath`): a link planted there
+//! refuses the request that meets it (`forbidden`) and nothing else. The PostgreSQL backend
+//! implements the same trait.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -24,7 +26,7 @@ use super::{EventJson, Status};
 use crate::durable::journal::{
     Durability, Journal, JournalError, Nudge, Position, Promise, ReplayReport, Stats,
 };
-use crate::durable::{self, Faults, IoError, Op, Poison};
+use crate::durable::{self, Dir, Faults, IoError, Op, Owned, Poison};
 use crate::limits::MAX_PAYLOAD;
 
 /// A record to queue: a typed record, or the append path's borrowed events.
@@ -222,7 +224,8 @@ pub trait StreamStore: Send + Sync {
 /// [`StreamStore`] on the data directory: the stream journal and the runs' files.
 pub struct FileStore {
     journal: Journal,
-    runs_dir: PathBuf,
+    /// `runs/`, each run's directory resolved beneath the data directory on every use.
+    runs: Owned,
     sealer: Arc<dyn Sealer>,
     faults: Faults,
     /// After a failed fsync of a state or checkpoint file, such writes are refused until the
@@ -253,7 +256,7 @@ impl Drop for FileStore {
 }
 
 fn storage(e: durable::IoError) -> StreamError {
-    StreamError::Io(e)
+    StreamError::from(e)
 }
 
 impl FileStore {
@@ -267,8 +270,9 @@ impl FileStore {
         durability: Durability,
         faults: Faults,
     ) -> Result<(FileStore, Vec<Replayed>), StreamError> {
-        durable::create_private_dir(runs_dir, &faults).map_err(storage)?;
-        let (journal, frames, replay) = Journal::open(streams_dir, durability, faults.clone())?;
+        let (runs, _) = Owned::make(runs_dir, &faults).map_err(storage)?;
+        let (_, streams) = Owned::make(streams_dir, &faults).map_err(storage)?;
+        let (journal, frames, replay) = Journal::open_in(streams, durability, faults.clone())?;
         let (mut undecryptable, mut unreadable) = (0usize, 0usize);
         let mut records = Vec::with_capacity(frames.len());
         for f in frames {
@@ -304,7 +308,7 @@ impl FileStore {
         }
         let store = FileStore {
             journal,
-            runs_dir: runs_dir.to_path_buf(),
+            runs,
             sealer,
             faults,
             poison: Poison::default(),
@@ -328,21 +332,42 @@ impl FileStore {
         })
     }
 
-    /// The plaintext of a sealed file, if it exists; `label` names it in errors (a path in
-    /// the log, a plain word in an answer to a client).
+    /// The directory of `run_id` if it exists (a link or a non-directory in the way is
+    /// refused: `forbidden`).
+    fn run_dir(&self, run_id: &str) -> Result<Option<Dir>, StreamError> {
+        self.runs.open(&[run_id]).map_err(storage)
+    }
+
+    /// The plaintext of sealed file `name` of `run_id`, if it exists; `label` names it in
+    /// errors (a path in the log, a plain word in an answer to a client).
     fn open_sealed(
         &self,
-        path: &Path,
+        run_id: &str,
+        name: &str,
         label: &dyn std::fmt::Display,
     ) -> Result<Option<Zeroizing<Vec<u8>>>, StreamError> {
-        let Some(bytes) = durable::read_capped(path, MAX_PAYLOAD as u64).map_err(|source| {
-            StreamError::Unreadable {
-                what: label.to_string(),
-                source,
-            }
-        })?
-        else {
+        let Some(dir) = self.run_dir(run_id)? else {
             return Ok(None);
+        };
+        self.open_sealed_in(&dir, name, label)
+    }
+
+    fn open_sealed_in(
+        &self,
+        dir: &Dir,
+        name: &str,
+        label: &dyn std::fmt::Display,
+    ) -> Result<Option<Zeroizing<Vec<u8>>>, StreamError> {
+        let bytes = match dir.read_capped(name, MAX_PAYLOAD as u64) {
+            Ok(Some(b)) => b,
+            Ok(None) => return Ok(None),
+            Err(e) if e.is_unsafe_path() => return Err(storage(e)),
+            Err(e) => {
+                return Err(StreamError::Unreadable {
+                    what: label.to_string(),
+                    source: e.source,
+                })
+            }
         };
         self.sealer
             .open(&bytes)
@@ -353,35 +378,53 @@ impl FileStore {
             })
     }
 
-    /// Replace `runs/<run_id>/<name>` with `value`, sealed, under the poison rule.
+    /// Replace `runs/<run_id>/<name>` with `value`, sealed, under the poison rule. A refused
+    /// path (a link at `runs/`, at the run's directory or at the file) fails this request
+    /// only; a failed fsync — of the file, of the run's directory, or of `runs/` after making
+    /// the run's directory — poisons.
     fn write_sealed(&self, run_id: &str, name: &str, value: &Value) -> Result<(), StreamError> {
-        let dir = self.runs_dir.join(run_id);
-        durable::create_private_dir(&dir, &self.faults).map_err(storage)?;
+        self.poison
+            .check(&self.runs.path().join(run_id))
+            .map_err(storage)?;
+        let dir = self
+            .poison
+            .watch(self.runs.create(&[run_id], &self.faults))
+            .map_err(storage)?;
         let sealed = self.seal(value)?;
         self.write_file(&dir, name, &sealed)
     }
 
     /// The run ids whose directory holds `name`, sorted.
     fn ids_with(&self, name: &str) -> Result<Vec<String>, StreamError> {
-        let entries =
-            fs::read_dir(&self.runs_dir).map_err(|e| IoError::new(Op::Read, &self.runs_dir, e))?;
+        let Some(runs) = self.runs.open(&[]).map_err(storage)? else {
+            return Ok(Vec::new());
+        };
+        let entries = runs
+            .entries()
+            .map_err(|e| IoError::new(Op::Read, runs.path(), e))?;
         let mut ids: Vec<String> = entries
-            .flatten()
-            .filter(|e| fs::symlink_metadata(e.path().join(name)).is_ok())
-            .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+            .into_iter()
+            .filter(|e| e.kind == durable::beneath::EntryKind::Dir)
+            .filter(|e| {
+                runs.open_dir(&[&e.name])
+                    .ok()
+                    .flatten()
+                    .is_some_and(|d| d.stat(name).is_ok_and(|m| m.is_some()))
+            })
+            .map(|e| e.name)
             .collect();
         ids.sort();
         Ok(ids)
     }
 
-    fn write_file(&self, dir: &Path, name: &str, sealed: &[u8]) -> Result<(), StreamError> {
+    fn write_file(&self, dir: &Dir, name: &str, sealed: &[u8]) -> Result<(), StreamError> {
         let _writing = self
             .writes
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        self.poison.check(dir).map_err(storage)?;
+        self.poison.check(dir.path()).map_err(storage)?;
         self.poison
-            .watch(durable::atomic_write(dir, name, sealed, &self.faults))
+            .watch(dir.atomic_write(name, sealed, &self.faults))
             .map_err(storage)?;
         Ok(())
     }
@@ -395,14 +438,14 @@ const RUN_FILES: [&str; 2] = ["state", "checkpoint"];
 /// `checkpoint` left, with `writes` held exclusively (no write of ours is between its temp file
 /// and its rename meanwhile). Only this store writes those names (it holds the journal's lock).
 fn sweep_run_dir(
-    dir: &Path,
+    dir: &Dir,
     writes: &std::sync::RwLock<()>,
     faults: &Faults,
 ) -> Result<usize, durable::IoError> {
     let _no_writes = writes
         .write()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    durable::sweep_temps_of(dir, &RUN_FILES, faults)
+    dir.sweep_temps_of(&RUN_FILES, faults)
 }
 
 impl StreamStore for FileStore {
@@ -440,8 +483,13 @@ impl StreamStore for FileStore {
         self.journal.set_nudge(nudge);
     }
 
+    /// A run whose directory is refused (a link) has no state this store can vouch for:
+    /// not ended; its commit is refused with the path when it writes the state.
     fn has_ended(&self, run_id: &str) -> bool {
-        fs::symlink_metadata(self.runs_dir.join(run_id).join("state")).is_ok()
+        self.run_dir(run_id)
+            .ok()
+            .flatten()
+            .is_some_and(|d| d.stat("state").is_ok_and(|m| m.is_some()))
     }
 
     fn end_run(&self, state: &Value, tail: RunTail<'_>) -> Result<(), StreamError> {
@@ -449,8 +497,8 @@ impl StreamStore for FileStore {
     }
 
     fn read_state(&self, run_id: &str) -> Option<Value> {
-        let path = self.runs_dir.join(run_id).join("state");
-        let plain = self.open_sealed(&path, &path.display()).ok()??;
+        let path = self.runs.path().join(run_id).join("state");
+        let plain = self.open_sealed(run_id, "state", &path.display()).ok()??;
         serde_json::from_slice(&plain).ok()
     }
 
@@ -459,8 +507,7 @@ impl StreamStore for FileStore {
     }
 
     fn get_checkpoint(&self, run_id: &str) -> Result<Option<Value>, StreamError> {
-        let path = self.runs_dir.join(run_id).join("checkpoint");
-        let Some(plain) = self.open_sealed(&path, &"checkpoint")? else {
+        let Some(plain) = self.open_sealed(run_id, "checkpoint", &"checkpoint")? else {
             return Ok(None);
         };
         serde_json::from_slice(&plain)
@@ -469,13 +516,12 @@ impl StreamStore for FileStore {
     }
 
     fn delete_checkpoint(&self, run_id: &str) -> Result<bool, StreamError> {
-        let dir = self.runs_dir.join(run_id);
-        if !dir.exists() {
+        let Some(dir) = self.run_dir(run_id)? else {
             return Ok(false);
-        }
-        self.poison.check(&dir).map_err(storage)?;
+        };
+        self.poison.check(dir.path()).map_err(storage)?;
         self.poison
-            .watch(durable::remove_durably(&dir, "checkpoint", &self.faults))
+            .watch(dir.remove_file("checkpoint", &self.faults))
             .map_err(storage)
     }
 
@@ -509,13 +555,22 @@ impl StreamStore for FileStore {
 
     fn reseal_files(&self) -> Result<usize, StreamError> {
         let mut files = 0;
-        let entries =
-            fs::read_dir(&self.runs_dir).map_err(|e| IoError::new(Op::Read, &self.runs_dir, e))?;
-        for e in entries.flatten() {
-            let dir = e.path();
-            for name in ["state", "checkpoint"] {
-                let path = dir.join(name);
-                let Some(plain) = self.open_sealed(&path, &path.display())? else {
+        let Some(runs) = self.runs.open(&[]).map_err(storage)? else {
+            return Ok(0);
+        };
+        let entries = runs
+            .entries()
+            .map_err(|e| IoError::new(Op::Read, runs.path(), e))?;
+        for e in entries {
+            if e.kind != durable::beneath::EntryKind::Dir {
+                continue;
+            }
+            let Some(dir) = runs.open_dir(&[&e.name]).map_err(storage)? else {
+                continue;
+            };
+            for name in RUN_FILES {
+                let path = dir.path().join(name);
+                let Some(plain) = self.open_sealed_in(&dir, name, &path.display())? else {
                     continue;
                 };
                 let sealed = self.sealer.seal(&plain).map_err(StreamError::Seal)?;
@@ -541,13 +596,18 @@ impl StreamStore for FileStore {
     fn after_replay(&self, active: &[&str]) {
         let mut removed = 0;
         for run in active {
-            match sweep_run_dir(&self.runs_dir.join(run), &self.writes, &self.faults) {
+            let swept = match self.runs.open(&[run]) {
+                Ok(Some(dir)) => sweep_run_dir(&dir, &self.writes, &self.faults),
+                Ok(None) => Ok(0),
+                Err(e) => Err(e),
+            };
+            match swept {
                 Ok(n) => removed += n,
                 Err(e) => tracing::warn!(error = %e, "could not sweep a run directory"),
             }
         }
-        let (dir, writes, faults) = (
-            self.runs_dir.clone(),
+        let (runs, writes, faults) = (
+            self.runs.clone(),
             Arc::clone(&self.writes),
             self.faults.clone(),
         );
@@ -556,19 +616,28 @@ impl StreamStore for FileStore {
         let spawned = std::thread::Builder::new()
             .name("holdfast-run-sweep".into())
             .spawn(move || {
-                let Ok(entries) = fs::read_dir(&dir) else {
+                let Some(dir) = runs.open(&[]).ok().flatten() else {
+                    return;
+                };
+                let Ok(entries) = dir.entries() else {
                     return;
                 };
                 let mut removed = 0;
-                for entry in entries.flatten() {
+                for entry in entries {
                     if stopped.load(Ordering::SeqCst) {
                         return;
                     }
-                    if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                        match sweep_run_dir(&entry.path(), &writes, &faults) {
-                            Ok(n) => removed += n,
-                            Err(e) => tracing::warn!(error = %e, "could not sweep a run directory"),
-                        }
+                    if entry.kind != durable::beneath::EntryKind::Dir {
+                        continue;
+                    }
+                    let swept = match dir.open_dir(&[&entry.name]) {
+                        Ok(Some(run)) => sweep_run_dir(&run, &writes, &faults),
+                        Ok(None) => Ok(0),
+                        Err(e) => Err(e),
+                    };
+                    match swept {
+                        Ok(n) => removed += n,
+                        Err(e) => tracing::warn!(error = %e, "could not sweep a run directory"),
                     }
                 }
                 if removed > 0 {

@@ -8,7 +8,7 @@ use zeroize::Zeroizing;
 
 use super::*;
 use crate::crypto::{generate_key, Keyring};
-use crate::durable::fault::FaultMode;
+use crate::durable::fault::{FaultMode, Op};
 use crate::durable::Faults;
 use crate::error::ErrorKind;
 
@@ -934,4 +934,34 @@ fn temps_outside_active_runs_are_swept_in_the_background() {
     }
     // Closing does not wait for more than the directory being swept.
     drop(s);
+}
+
+/// A link planted at a run's directory refuses that run's checkpoint (`forbidden`, naming the
+/// link) and writes nothing outside; other runs keep writing (nothing is poisoned). A failed
+/// fsync of `runs/` after making a run's directory does poison: that creation is under the
+/// rule like every other write.
+#[test]
+fn a_link_at_a_run_is_refused_alone_and_a_failed_directory_fsync_poisons() {
+    let env = Env::new();
+    let faults = Faults::recorder();
+    let s = env.open_with(faults.clone());
+    let outside = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(outside.path(), env.runs_dir.join("linked")).unwrap();
+    let snap = json!({"partial_text": "abc"});
+    let snap = snap.as_object().unwrap();
+    let e = s.checkpoint_put("linked", snap).err().unwrap();
+    assert_eq!(e.kind(), ErrorKind::Forbidden, "{e}");
+    assert!(e.is_unsafe_path(), "{e}");
+    assert!(e.to_string().contains("linked: a symbolic link"), "{e}");
+    assert_eq!(fs::read_dir(outside.path()).unwrap().count(), 0);
+    s.checkpoint_put("other", snap).unwrap();
+    faults.arm(Some(Op::FsyncDir), 1, FaultMode::FailOnce(5));
+    let e = s.checkpoint_put("new-run", snap).err().unwrap();
+    assert_eq!(e.kind(), ErrorKind::Storage, "{e}");
+    let e = s.checkpoint_put("other", snap).err().unwrap();
+    assert!(
+        e.to_string()
+            .contains("writes are refused until the daemon restarts"),
+        "{e}"
+    );
 }

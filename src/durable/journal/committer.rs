@@ -325,7 +325,7 @@ impl Committer {
 
     /// The path of segment `n`.
     pub(super) fn path(shared: &Shared, n: u64) -> PathBuf {
-        shared.dir.join(segment_name(n))
+        shared.dir.path().join(segment_name(n))
     }
 
     /// Open segment `n` for writing.

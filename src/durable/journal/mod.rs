@@ -28,9 +28,9 @@
 //! journal (every later append fails) until it is reopened: after a failed fsync the kernel may
 //! have dropped the dirty pages (fsyncgate), so nothing written since can be vouched for.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::File;
 use std::io::{self, Write};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -49,7 +49,7 @@ pub use promise::Promise;
 use segment::*;
 
 use super::fault::{Faults, Op};
-use super::{create_private_dir, fsync_dir, IoError};
+use super::{Dir, IoError, Owned};
 
 pub use crate::limits::SEGMENT_BYTES;
 /// The segment header: `HFJ1` · u64 segment number · u32 crc32c.
@@ -192,7 +192,9 @@ struct Queue {
 }
 
 struct Shared {
-    dir: PathBuf,
+    /// The journal's directory, resolved beneath the data directory once, at open: segments
+    /// are made, opened, renamed and unlinked relative to it.
+    dir: Dir,
     /// The segment appends go to now.
     active: AtomicU64,
     queue: Mutex<Queue>,
@@ -236,39 +238,62 @@ pub struct Journal {
 impl std::fmt::Debug for Journal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Journal")
-            .field("dir", &self.shared.dir)
+            .field("dir", &self.shared.dir.path())
             .finish_non_exhaustive()
     }
 }
 
 impl Journal {
     /// Open (or create) the journal in `dir`, replaying every segment. Returns the journal,
-    /// the good frames in order, and what was found.
+    /// the good frames in order, and what was found. `dir`'s parent is taken as it is; `dir`
+    /// itself is made or opened beneath it without following a symlink ([`Owned`]).
     pub fn open(
         dir: &Path,
         durability: Durability,
         faults: Faults,
     ) -> Result<(Journal, Vec<Replayed>, ReplayReport), JournalError> {
+        let opened = Owned::make(dir, &faults).map(|(_, made)| made);
+        let dir = opened.map_err(|e| JournalError::Open {
+            dir: dir.to_path_buf(),
+            step: "creating it",
+            source: Arc::new(e),
+        })?;
+        Self::open_in(dir, durability, faults)
+    }
+
+    /// [`Journal::open`] in a directory already opened beneath the data directory.
+    pub fn open_in(
+        dir: Dir,
+        durability: Durability,
+        faults: Faults,
+    ) -> Result<(Journal, Vec<Replayed>, ReplayReport), JournalError> {
+        let dir_path = dir.path().to_path_buf();
         let fail =
             |step: &'static str, e: Box<dyn std::error::Error + Send + Sync>| JournalError::Open {
-                dir: dir.to_path_buf(),
+                dir: dir_path.clone(),
                 step,
                 source: Arc::from(e),
             };
-        create_private_dir(dir, &faults).map_err(|e| fail("creating it", e.into()))?;
-        super::perms::check_private_dir(dir).map_err(|e| fail("permissions", e.into()))?;
+        super::perms::check_private_dir(dir.path()).map_err(|e| fail("permissions", e.into()))?;
         // One writer per journal, for its whole life: a second process would cut the first's
         // in-flight write as a "torn tail" and interleave frames.
-        let lock = match super::lock::try_lock(&dir.join(LOCK_FILE), super::LockMode::Exclusive) {
-            Ok(Some(g)) => g,
-            Ok(None) => return Err(JournalError::InUse(dir.to_path_buf())),
-            Err(e) => return Err(fail("locking", e.into())),
-        };
-        super::sweep_temp_files(dir, &faults).map_err(|e| fail("sweeping temp files", e.into()))?;
-        let mut numbers: Vec<u64> = fs::read_dir(dir)
+        let lock_path = dir.path().join(LOCK_FILE);
+        let lock_file = dir
+            .open_lock_file(LOCK_FILE)
+            .map_err(|e| fail("locking", e.into()))?;
+        let lock =
+            match super::lock::try_lock_file(lock_file, &lock_path, super::LockMode::Exclusive) {
+                Ok(Some(g)) => g,
+                Ok(None) => return Err(JournalError::InUse(dir.path().to_path_buf())),
+                Err(e) => return Err(fail("locking", e.into())),
+            };
+        dir.sweep_temp_files(&faults)
+            .map_err(|e| fail("sweeping temp files", e.into()))?;
+        let mut numbers: Vec<u64> = dir
+            .entries()
             .map_err(|e| fail("listing", e.into()))?
-            .flatten()
-            .filter_map(|e| segment_number(&e.file_name().to_string_lossy()))
+            .iter()
+            .filter_map(|e| segment_number(&e.name))
             .collect();
         numbers.sort_unstable();
         let mut frames = Vec::new();
@@ -279,8 +304,10 @@ impl Journal {
         let mut active = None;
         for (i, &n) in numbers.iter().enumerate() {
             let last = i + 1 == numbers.len();
-            let path = dir.join(segment_name(n));
-            let bytes = fs::read(&path).map_err(|e| fail("reading a segment", e.into()))?;
+            let bytes = dir
+                .read_capped(&segment_name(n), u64::MAX)
+                .map_err(|e| fail("reading a segment", e.into()))?
+                .unwrap_or_default();
             let tail = scan(n, &bytes, &mut frames).map_err(|e| fail("replaying", e.into()))?;
             match tail {
                 Tail::Clean(off) if last => active = Some((n, off)),
@@ -292,7 +319,7 @@ impl Journal {
                         &bytes[off as usize..(off as usize + TORN_WINDOW).min(bytes.len())];
                     let end =
                         off as usize + window.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
-                    let f = open_segment(dir, n).map_err(|e| fail("opening", e.into()))?;
+                    let f = open_segment(&dir, n).map_err(|e| fail("opening", e.into()))?;
                     f.write_all_at(&vec![0u8; end - off as usize], off)
                         .and_then(|()| f.sync_data())
                         .map_err(|e| fail("cutting a torn tail", e.into()))?;
@@ -301,16 +328,19 @@ impl Journal {
                     active = Some((n, off));
                 }
                 Tail::Torn(off) | Tail::Corrupt(off) => {
-                    let qdir = dir.join("quarantine");
-                    create_private_dir(&qdir, &faults).map_err(|e| fail("quarantine", e.into()))?;
-                    let copy = qdir.join(format!(
+                    let qdir = dir
+                        .create_dirs(&["quarantine"], &faults)
+                        .map_err(|e| fail("quarantine", e.into()))?;
+                    let name = format!(
                         "{}.{}",
                         segment_name(n),
                         std::time::SystemTime::now()
                             .duration_since(std::time::UNIX_EPOCH)
                             .map_or(0, |d| d.as_secs())
-                    ));
-                    fs::copy(&path, &copy).map_err(|e| fail("quarantining", e.into()))?;
+                    );
+                    qdir.write_new(&name, &bytes)
+                        .map_err(|e| fail("quarantining", e.into()))?;
+                    let copy = qdir.path().join(name);
                     tracing::error!(segment = n, offset = off, copy = %copy.display(), "stream journal: a corrupt frame; the segment was copied to quarantine and its later frames are not replayed");
                     report.corrupt.push((n, off, copy));
                     if last {
@@ -327,12 +357,12 @@ impl Journal {
             Some((n, off)) => (
                 n,
                 off,
-                Some(open_segment(dir, n).map_err(|e| fail("opening", e.into()))?),
+                Some(open_segment(&dir, n).map_err(|e| fail("opening", e.into()))?),
             ),
             None => (numbers.last().map_or(1, |n| n + 1), HEADER_BYTES, None),
         };
         let shared = Arc::new(Shared {
-            dir: dir.to_path_buf(),
+            dir,
             active: AtomicU64::new(segment),
             queue: Mutex::new(Queue::default()),
             wake: Condvar::new(),
@@ -374,18 +404,21 @@ impl Journal {
     /// committer is still writing ends a segment's frames (it is not durable, so nothing read
     /// here can need it); a segment released meanwhile is skipped.
     pub fn read_from(&self, first: u64) -> io::Result<Vec<Replayed>> {
-        let mut numbers: Vec<u64> = fs::read_dir(&self.shared.dir)?
-            .flatten()
-            .filter_map(|e| segment_number(&e.file_name().to_string_lossy()))
+        let mut numbers: Vec<u64> = self
+            .shared
+            .dir
+            .entries()?
+            .iter()
+            .filter_map(|e| segment_number(&e.name))
             .filter(|&n| n >= first)
             .collect();
         numbers.sort_unstable();
         let mut frames = Vec::new();
         for n in numbers {
-            let bytes = match fs::read(self.shared.dir.join(segment_name(n))) {
-                Ok(b) => b,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(e),
+            let bytes = match self.shared.dir.read_capped(&segment_name(n), u64::MAX) {
+                Ok(Some(b)) => b,
+                Ok(None) => continue,
+                Err(e) => return Err(io::Error::other(e)),
             };
             // A header that does not read (a segment being prepared) holds nothing yet.
             let _ = scan(n, &bytes, &mut frames);
@@ -496,17 +529,20 @@ impl Journal {
     pub fn release_before(&self, segment: u64) -> io::Result<usize> {
         let segment = segment.min(self.active_segment());
         let mut removed = 0;
-        for e in fs::read_dir(&self.shared.dir)?.flatten() {
-            if let Some(n) = segment_number(&e.file_name().to_string_lossy()) {
+        for e in self.shared.dir.entries()? {
+            if let Some(n) = segment_number(&e.name) {
                 if n < segment {
                     self.shared.faults.check(Op::Unlink)?;
-                    fs::remove_file(e.path())?;
+                    self.shared.dir.unlink(&e.name)?;
                     removed += 1;
                 }
             }
         }
         if removed > 0 {
-            fsync_dir(&self.shared.dir, &self.shared.faults).map_err(|e| e.source)?;
+            self.shared
+                .dir
+                .fsync(&self.shared.faults)
+                .map_err(|e| e.source)?;
         }
         Ok(removed)
     }

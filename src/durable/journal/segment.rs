@@ -49,24 +49,24 @@ const PREPARE_PAUSE: Duration = Duration::from_millis(1);
 /// `ahead`: prepared before it is needed (a helper thread), so its zeros are written back a
 /// chunk at a time ([`PREPARE_CHUNK`]); a segment the next batch waits for is written at once.
 pub(super) fn prepare_segment(
-    dir: &Path,
+    dir: &Dir,
     n: u64,
     faults: &Faults,
     ahead: bool,
 ) -> Result<(), IoError> {
     let name = segment_name(n);
-    let tmp = dir.join(format!(".{name}{}prep", crate::durable::TEMP_MARKER));
-    let _ = fs::remove_file(&tmp);
+    let tmp = format!(".{name}{}prep", crate::durable::TEMP_MARKER);
+    let tmp_path = dir.path().join(&tmp);
+    let _ = dir.unlink(&tmp);
     faults
         .check(Op::CreateTemp)
-        .map_err(|e| IoError::new(Op::CreateTemp, &tmp, e))?;
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
-        .open(&tmp)
-        .map_err(|e| IoError::new(Op::CreateTemp, &tmp, e))?;
+        .map_err(|e| IoError::new(Op::CreateTemp, &tmp_path, e))?;
+    let mut f = dir.open_own_file(
+        Op::CreateTemp,
+        &tmp,
+        rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CREATE | rustix::fs::OFlags::EXCL,
+        0o600,
+    )?;
     let zeros = vec![0u8; PREPARE_CHUNK];
     let mut written = 0u64;
     let res = (|| {
@@ -85,27 +85,23 @@ pub(super) fn prepare_segment(
         Ok(())
     })();
     if let Err(e) = res {
-        let _ = fs::remove_file(&tmp);
-        return Err(IoError::new(Op::WriteTemp, &tmp, e));
+        let _ = dir.unlink(&tmp);
+        return Err(IoError::new(Op::WriteTemp, &tmp_path, e));
     }
     faults
         .check(Op::FsyncFile)
         .and_then(|()| f.sync_all())
-        .map_err(|e| IoError::new(Op::FsyncFile, &tmp, e))?;
+        .map_err(|e| IoError::new(Op::FsyncFile, &tmp_path, e))?;
     drop(f);
     faults
         .check(Op::Rename)
-        .and_then(|()| fs::rename(&tmp, dir.join(&name)))
-        .map_err(|e| IoError::new(Op::Rename, dir.join(&name), e))?;
-    fsync_dir(dir, faults)
+        .and_then(|()| dir.rename(&tmp, &name))
+        .map_err(|e| dir.file_error(Op::Rename, &name, e))?;
+    dir.fsync(faults)
 }
 
-pub(super) fn open_segment(dir: &Path, n: u64) -> io::Result<File> {
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
-        .open(dir.join(segment_name(n)))
+pub(super) fn open_segment(dir: &Dir, n: u64) -> io::Result<File> {
+    dir.open_file(&segment_name(n), rustix::fs::OFlags::RDWR, 0)
 }
 
 /// Scan one segment's bytes: good frames, and where (and how) the good part ends.

@@ -1,5 +1,7 @@
 use super::*;
+use crate::durable::create_private_dir;
 use crate::durable::fault::FaultMode;
+use std::fs::{self, OpenOptions};
 
 /// The journal directory inside a temp dir (created 0700 by the journal itself).
 fn jd(t: &tempfile::TempDir) -> PathBuf {

@@ -108,13 +108,21 @@ impl From<crate::store::Error> for RpcError {
 
 impl From<crate::runlog::RunLogError> for RpcError {
     fn from(e: crate::runlog::RunLogError) -> Self {
-        RpcError::new(e.kind(), e.to_string())
+        let err = RpcError::new(e.kind(), e.to_string());
+        match e {
+            crate::runlog::RunLogError::UnsafePath(_) => err.with("reason", "unsafe_path"),
+            _ => err,
+        }
     }
 }
 
 impl From<crate::streams::StreamError> for RpcError {
     fn from(e: crate::streams::StreamError) -> Self {
-        RpcError::new(e.kind(), e.to_string())
+        let err = RpcError::new(e.kind(), e.to_string());
+        if e.is_unsafe_path() {
+            return err.with("reason", "unsafe_path");
+        }
+        err
     }
 }
 
