@@ -221,7 +221,10 @@ fn every_method_once_with_its_result_shape() {
         .map(|m| m.as_str().unwrap())
         .collect();
     assert_eq!(methods, holdfast::ipc::handlers::METHODS, "{h}");
-    assert_eq!(h["grant"], json!({"plugin": null, "stores": ["default"]}));
+    assert_eq!(
+        h["grant"],
+        json!({"plugin": null, "stores": ["default"], "runs": ["*"]})
+    );
     assert_eq!(h["data_dir"], json!(env.data_dir), "{h}");
 
     // Unknown method after hello.

@@ -28,9 +28,10 @@ use super::IoError;
 /// Every temp file holdfast creates contains this marker: `.<name>.hf-tmp-<16 hex>`.
 pub const TEMP_MARKER: &str = ".hf-tmp-";
 
-/// Whether a directory entry is one of holdfast's temp files.
+/// Whether a directory entry is one of holdfast's temp files (a generation marker, whose
+/// name ends with the name of the file it describes, is not, whatever that name holds).
 pub fn is_temp_name(name: &str) -> bool {
-    name.starts_with('.') && name.contains(TEMP_MARKER)
+    name.starts_with('.') && name.contains(TEMP_MARKER) && !super::markers::is_gen_marker_name(name)
 }
 
 /// Spare files (see [`Spares`]) are named `.hf-spare-<owner pid>-<16 hex>`.
@@ -180,7 +181,39 @@ pub fn atomic_write_recycling(
     faults: &Faults,
     spares: &Spares,
 ) -> Result<FileStamp, IoError> {
-    publish_with(dir, name, bytes, faults, Publish::Replace, Some(spares))
+    publish_with(
+        dir,
+        name,
+        bytes,
+        faults,
+        Publish::Replace,
+        Some(spares),
+        &mut || Ok(()),
+    )
+}
+
+/// [`atomic_write`] (or [`atomic_write_recycling`] with `spares`), running `before_sync` after
+/// the new file is in place and before the directory fsync that makes it durable: a change
+/// to another entry of `dir` made there (a marker's rename) becomes durable with the same
+/// fsync. If `before_sync` fails the write is reported failed, as a failed directory fsync
+/// is: the new value is visible but was not acknowledged.
+pub fn atomic_write_with(
+    dir: &Path,
+    name: &str,
+    bytes: &[u8],
+    faults: &Faults,
+    spares: Option<&Spares>,
+    before_sync: &mut dyn FnMut() -> Result<(), IoError>,
+) -> Result<FileStamp, IoError> {
+    publish_with(
+        dir,
+        name,
+        bytes,
+        faults,
+        Publish::Replace,
+        spares,
+        before_sync,
+    )
 }
 
 fn publish(
@@ -190,7 +223,7 @@ fn publish(
     faults: &Faults,
     how: Publish,
 ) -> Result<FileStamp, IoError> {
-    publish_with(dir, name, bytes, faults, how, None)
+    publish_with(dir, name, bytes, faults, how, None, &mut || Ok(()))
 }
 
 /// A spare file opened for reuse, with its length: a private regular file of ours with no
@@ -238,6 +271,7 @@ fn publish_with(
     faults: &Faults,
     how: Publish,
     spares: Option<&Spares>,
+    before_sync: &mut dyn FnMut() -> Result<(), IoError>,
 ) -> Result<FileStamp, IoError> {
     let target = dir.join(name);
 
@@ -367,7 +401,7 @@ fn publish_with(
             return Err(err);
         }
     };
-    if let Err(e) = fsync_dir(dir, faults) {
+    if let Err(e) = before_sync().and_then(|()| fsync_dir(dir, faults)) {
         // The old value kept under the spare name must not outlive the pool's knowledge of it.
         if let Some(spare) = retired {
             if !e.is_injected_crash() {

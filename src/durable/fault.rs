@@ -52,6 +52,8 @@ pub enum Op {
     /// a directory, is where holdfast keeps a directory or a file (`beneath.rs`; not a
     /// fault-seam step, and never an fsync failure).
     UnsafePath,
+    /// Renaming (or creating) an empty marker file whose name records a fact (`markers.rs`).
+    Marker,
 }
 
 impl fmt::Display for Op {
@@ -74,6 +76,7 @@ impl fmt::Display for Op {
             Op::Refused => "write refused",
             Op::Chmod => "chmod",
             Op::UnsafePath => "refused path",
+            Op::Marker => "rename marker",
         })
     }
 }

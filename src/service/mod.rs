@@ -290,6 +290,11 @@ impl Daemon {
     pub fn flush_dirty(&self) {
         for (name, slot) in self.stores() {
             if let Ok(s) = &slot.store {
+                // Files hive (or anything else) wrote, seen by the watcher or a scan: their
+                // generations are bound to their content now, not at the next read.
+                if let Err(e) = s.record_generations_pending() {
+                    tracing::warn!(store = %name, error = %e, "recording generations failed; retrying on the next flush");
+                }
                 if s.index_due(INDEX_QUIET, INDEX_MAX_LAG) {
                     if let Err(e) = s.flush() {
                         tracing::warn!(store = %name, error = %e, "index rewrite failed; retrying on the next flush");

@@ -249,6 +249,15 @@ impl Credential {
         self.doc.insert(GENERATION_FIELD.into(), generation.into());
     }
 
+    /// Carry `generation` (the file's, `store::credentials::generations`) if the document
+    /// says otherwise; a document that already says it (hive's, without the field, at 1) is
+    /// left as it was written.
+    pub(crate) fn carry_generation(&mut self, generation: u64) {
+        if self.generation() != generation {
+            self.set_generation(generation);
+        }
+    }
+
     fn keys(&self) -> Option<&Map<String, Value>> {
         self.doc.get("keys").and_then(Value::as_object)
     }

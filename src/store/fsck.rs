@@ -65,6 +65,10 @@ pub struct Report {
     pub unsettled: Vec<String>,
     /// Other entries in `credentials/` that are not credential files (left alone).
     pub stray: Vec<String>,
+    /// Files something other than holdfast wrote since holdfast last did, whose generation a
+    /// repair recorded (`generations.rs`): not a problem.
+    #[serde(default)]
+    pub generations_recorded: usize,
     /// Whether index.json was rewritten.
     pub index_rewritten: bool,
 }

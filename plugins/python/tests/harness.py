@@ -103,6 +103,13 @@ class Daemon:
                 s.close()
         raise AssertionError("daemon did not listen within %ss:\n%s" % (timeout, self.log()))
 
+    def key_file(self, store="default"):
+        """The store's own key file: ``keys/<store>.<store id>.key``, named by the identity
+        ``holdfast init`` made (``metadata/holdfast-store.json``)."""
+        base = self.home / "state" / "holdfast" / "stores" / store
+        ident = json.loads((base / "metadata" / "holdfast-store.json").read_text())
+        return self.home / "config" / "holdfast" / "keys" / ("%s.%s.key" % (store, ident["id"]))
+
     def log(self):
         try:
             return self.log_path.read_text(errors="replace")

@@ -114,11 +114,53 @@ def test_storage_is_hives_interface_with_hives_objects(daemon):
     assert out.stdout.strip() == "rt-" + SECRET
     # hive's own EncryptedFileStorage reads the daemon's files with holdfast's key: they are
     # hive's format.
-    key = (daemon.home / "config/holdfast/keys/default.key").read_bytes().strip()
+    key = daemon.key_file().read_bytes().strip()
     hive = EncryptedFileStorage(daemon.home / "state/holdfast/stores/default",
                                 encryption_key=key)
     assert secrets_of(hive.load("google/work")) == secrets_of(c)
     storage.close()
+
+
+def test_hive_saving_an_old_copy_never_moves_a_generation_back(daemon):
+    """hive keeps unknown fields, so a hive process that loaded a credential before holdfast
+    wrote it again saves its old copy back with the old ``holdfast_generation`` inside. The
+    generation holdfast reports must still go forward, and a compare-and-swap by a client that
+    read before hive's save must be refused (issue 34; docs/design.md "Generations")."""
+    from holdfast_client import Conflict
+
+    c = daemon.client()
+    key = daemon.key_file().read_bytes().strip()
+    hive = EncryptedFileStorage(daemon.home / "state/holdfast/stores/default",
+                                encryption_key=key)
+    g1 = c.set_value("svc/x", "v1").generation
+    hive_copy = hive.load("svc/x")  # hive's in-memory copy: holdfast_generation g1 inside
+    assert hive_copy.model_extra.get("holdfast_generation") == g1
+    g2 = c.set_value("svc/x", "v2").generation
+    assert g2 == g1 + 1
+    seen = c.get("svc/x")  # a client reads v2 at g2
+    assert (seen.value(), seen.generation) == ("v2", g2)
+    # hive edits its old copy and saves it (in place, its own way).
+    hive_copy.keys["note"] = CredentialKey(name="note", value=SecretStr("hive's edit"))
+    hive.save(hive_copy)
+    now = c.get("svc/x")
+    assert now.value() == "v1" and now.value("note") == "hive's edit"
+    print("generations: holdfast %d, %d; hive saved its copy of %d; holdfast now reports %d"
+          % (g1, g2, g1, now.generation))
+    assert now.generation > g2, "the generation went back (or stayed) after hive's write"
+    # The client that read v2 cannot overwrite hive's edit with a compare-and-swap ...
+    with pytest.raises(Conflict):
+        c.set_value("svc/x", "from-a-stale-read", if_generation=g2)
+    with pytest.raises(Conflict):
+        c.set_value("svc/x", "from-an-older-read", if_generation=g1)
+    assert c.get("svc/x").value("note") == "hive's edit"
+    # ... and one that read hive's version can.
+    after = c.set_value("svc/x", "v3", if_generation=now.generation).generation
+    assert after == now.generation + 1
+    # The CLI reads the same generation.
+    out = daemon.cli("--json", "cred", "get", "svc/x")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["generation"] == after
+    c.close()
 
 
 def test_hive_lists_what_holdfast_wrote_within_the_promised_lag(daemon):
@@ -127,7 +169,7 @@ def test_hive_lists_what_holdfast_wrote_within_the_promised_lag(daemon):
     flusher tick), and within 0.5 s once the writes pause; hive's load() reads each one as
     soon as it is acknowledged."""
     storage = HoldfastCredentialStorage(socket_path=daemon.socket)
-    key = (daemon.home / "config/holdfast/keys/default.key").read_bytes().strip()
+    key = daemon.key_file().read_bytes().strip()
     hive = EncryptedFileStorage(daemon.home / "state/holdfast/stores/default",
                                 encryption_key=key)
     acked = {}  # id -> time its save returned

@@ -312,6 +312,7 @@ impl CredentialStore {
     /// Re-encrypt one file with the primary key if it is under a previous key, keeping its
     /// plaintext byte for byte. Caller holds the store lock. Returns whether it was rewritten.
     pub(in crate::store) fn reencrypt_file(&self, name: &str) -> Result<bool> {
+        self.fresh_markers()?;
         let mut inner = lock_guard(&self.inner);
         self.with_ring(|ring| {
             let path = self.cred_dir.join(name);
@@ -327,12 +328,15 @@ impl CredentialStore {
             if idx == 0 {
                 return Ok(false);
             }
+            // Same plaintext, same generation: the one it has now, recorded or not.
+            let doc_gen = Credential::parse(plain.expose()).map_or(1, |c| c.generation());
+            let bytes: Arc<[u8]> = Arc::from(bytes);
+            let generation = self.resolve_generation(name, &bytes, doc_gen).gen;
             let token = ring.encrypt(plain.expose());
-            let stamp =
-                durable::atomic_write(&self.cred_dir, name, token.as_bytes(), self.faults())
-                    .map_err(|e| self.io_failed(e))?;
+            let stamp = self.write_file(name, token.as_bytes(), generation)?;
             if let Some(e) = inner.entries.get_mut(name) {
                 e.stamp = Some(stamp);
+                e.generation = generation;
             }
             inner.mark_dirty();
             Ok(true)

@@ -16,6 +16,7 @@
 //! next open (the file is found and added).
 
 mod flush;
+mod generations;
 mod keyring;
 mod read;
 mod scan;
@@ -273,6 +274,8 @@ pub struct CredentialStore {
     identity: std::sync::OnceLock<StoreId>,
     /// The shared key file this open gave the store its own copy of, and that copy.
     adopted_key: Option<(PathBuf, PathBuf)>,
+    /// The generation markers (`generations.rs`).
+    markers: Mutex<generations::Markers>,
 }
 
 impl std::fmt::Debug for CredentialStore {
@@ -353,6 +356,7 @@ impl CredentialStore {
             orphans_pending: std::sync::atomic::AtomicBool::new(false),
             identity: std::sync::OnceLock::new(),
             adopted_key: None,
+            markers: Mutex::new(generations::Markers::default()),
             config,
             opts,
         };
@@ -363,6 +367,7 @@ impl CredentialStore {
         }
         let snapshot = store.load_keys()?;
         *store.keys.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(snapshot);
+        store.load_markers()?;
         if store.sealed_reason().is_some() || store.opts.mode == OpenMode::ReadOnly {
             return Ok(store);
         }

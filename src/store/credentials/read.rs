@@ -30,7 +30,12 @@ impl CredentialStore {
             }
             Err(e) => return FileRead::Io(e),
         };
-        decode(&bytes, ring)
+        let mut read = decode(&bytes, ring);
+        if let FileRead::Ok(c, _, resolved) = &mut read {
+            *resolved = self.resolve_generation(name, &bytes, c.generation());
+            c.carry_generation(resolved.gen);
+        }
+        read
     }
 
     /// Read the credential stored under `id`'s file name: `Ok(None)` if there is no file.
@@ -53,7 +58,7 @@ impl CredentialStore {
         };
         match self.read_file_via(&name, ring, cached) {
             FileRead::Missing => Ok(None),
-            FileRead::Ok(c, _) => Ok(Some(c)),
+            FileRead::Ok(c, _, _) => Ok(Some(c)),
             FileRead::Skew(source) => Err(Error::ClockSkew {
                 id: id.to_owned(),
                 source,
@@ -86,9 +91,19 @@ impl CredentialStore {
         }
     }
 
-    /// Read credential `id`. The id inside the file must equal `id`.
+    /// Read credential `id`. The id inside the file must equal `id`. Its generation is bound
+    /// to its content before it is answered (`generations.rs`): a file something else wrote
+    /// since holdfast last did is recorded first (under the store lock).
     pub fn get(&self, id: &str) -> Result<Credential> {
         id::validate(id)?;
+        let first = self.get_once(id);
+        if self.has_pending_records() && self.record_pending()? > 0 {
+            return self.get_once(id);
+        }
+        first
+    }
+
+    fn get_once(&self, id: &str) -> Result<Credential> {
         let found = match self.with_ring(|ring| self.read_for_via(id, ring, true)) {
             // A rotation by another process re-encrypts files under a key we have not loaded.
             Err(Error::Integrity { .. }) => {
@@ -123,7 +138,14 @@ impl CredentialStore {
         };
         let bytes = cache.peek(&self.cred_dir, &name)?;
         match decode(&bytes, ring) {
-            FileRead::Ok(c, _) if c.id() == id => Some(Ok(c)),
+            FileRead::Ok(mut c, _, _) if c.id() == id => {
+                let resolved = self.resolve_generation(&name, &bytes, c.generation());
+                if !resolved.recorded {
+                    return None;
+                }
+                c.carry_generation(resolved.gen);
+                Some(Ok(c))
+            }
             _ => None,
         }
     }
@@ -141,7 +163,9 @@ impl CredentialStore {
 /// How reading one credential file went.
 pub(super) enum FileRead {
     Missing,
-    Ok(Credential, usize),
+    /// The credential (its generation the file's, see `generations.rs`), the index of the key
+    /// that opened it, and how its generation was resolved.
+    Ok(Credential, usize, generations::Resolved),
     /// Authentic, but stamped in the future.
     Skew(DecryptError),
     /// A well-formed token that authenticates under none of the keys.
@@ -170,7 +194,13 @@ pub(super) fn decode(bytes: &[u8], ring: &Keyring) -> FileRead {
     }
     match ring.decrypt(token) {
         Ok((plain, key_idx)) => match Credential::parse(plain.expose()) {
-            Ok(c) => FileRead::Ok(c, key_idx),
+            Ok(c) => {
+                let doc = generations::Resolved {
+                    gen: c.generation(),
+                    recorded: false,
+                };
+                FileRead::Ok(c, key_idx, doc)
+            }
             Err(e) => FileRead::NotCredential(format!("decrypts, but is not a credential: {e}")),
         },
         Err(e @ DecryptError::ClockSkew { .. }) => FileRead::Skew(e),

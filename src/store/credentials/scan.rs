@@ -52,6 +52,16 @@ impl CredentialStore {
     /// metadata if they had any).
     pub fn list(&self) -> Result<Listing> {
         self.reload_keys_if_changed();
+        let listing = self.list_once()?;
+        // Files something else wrote since holdfast last did: their generations are recorded
+        // before they are shown (`generations.rs`).
+        if self.has_pending_records() && self.record_pending()? > 0 {
+            return self.list_once();
+        }
+        Ok(listing)
+    }
+
+    fn list_once(&self) -> Result<Listing> {
         self.with_ring(|ring| {
             let mut inner = lock_guard(&self.inner);
             self.refresh(&mut inner, ring)?;
@@ -79,7 +89,7 @@ impl CredentialStore {
     /// reported again.
     pub fn sync(&self) -> Result<Vec<Change>> {
         self.reload_keys_if_changed();
-        let changes = self.with_ring(|ring| {
+        let mut changes = self.with_ring(|ring| {
             let mut inner = lock_guard(&self.inner);
             let was_seeded = inner.seeded;
             let before = std::mem::take(&mut inner.entries);
@@ -91,6 +101,13 @@ impl CredentialStore {
             }
             Ok(changes)
         })?;
+        if self.record_pending()? > 0 {
+            for c in changes.iter_mut().filter(|c| c.generation.is_some()) {
+                if let Some(gen) = self.marker_gen(&id::file_name(&c.id)) {
+                    c.generation = Some(gen);
+                }
+            }
+        }
         self.flush()?;
         Ok(changes)
     }
@@ -116,6 +133,10 @@ impl CredentialStore {
             }
             let mut changes = Vec::new();
             for name in names {
+                if durable::markers::is_gen_marker_name(name) {
+                    self.learn_marker(name);
+                    continue;
+                }
                 if name == INDEX_FILE {
                     if stamp_of(&self.meta_dir.join(INDEX_FILE)) != inner.index_stamp {
                         inner.mark_dirty();
@@ -134,7 +155,7 @@ impl CredentialStore {
                     continue;
                 }
                 match (stamp, self.read_file(name, ring)) {
-                    (Some(stamp), FileRead::Ok(c, _)) if id::file_name(c.id()) == *name => {
+                    (Some(stamp), FileRead::Ok(c, _, _)) if id::file_name(c.id()) == *name => {
                         let entry = Entry {
                             id: c.id().to_owned(),
                             meta: c.index_entry(),
@@ -265,7 +286,11 @@ impl CredentialStore {
                     continue;
                 }
                 if let Some((idx, index_stamp)) = index {
-                    if let Some(e) = vouched_entry(idx, index_stamp, &name, stamp) {
+                    // A vouch is trusted only with the generation its marker records: a
+                    // vouch written for a state no marker recorded is checked again.
+                    if let Some(e) = vouched_entry(idx, index_stamp, &name, stamp)
+                        .filter(|e| self.marker_gen(&name) == Some(e.generation))
+                    {
                         scan.vouched += 1;
                         scan.entries.insert(name, e);
                         continue;
@@ -282,7 +307,7 @@ impl CredentialStore {
             };
             match self.read_file(&name, ring) {
                 FileRead::Missing => {}
-                FileRead::Ok(c, key_idx) => {
+                FileRead::Ok(c, key_idx, _) => {
                     if id::file_name(c.id()) != name {
                         // A key of ours opens it: never quarantined (see `Scan::kept`).
                         scan.kept
@@ -366,7 +391,10 @@ impl CredentialStore {
                 .flatten()
                 .map(|e| e.file_name().to_string_lossy().into_owned())
                 .filter(|n| {
-                    !n.ends_with(".enc") && !durable::is_temp_name(n) && !durable::is_spare_name(n)
+                    !n.ends_with(".enc")
+                        && !durable::is_temp_name(n)
+                        && !durable::is_spare_name(n)
+                        && !durable::markers::is_gen_marker_name(n)
                 })
                 .collect();
             report.stray.sort();
@@ -414,6 +442,18 @@ impl CredentialStore {
         // changed or reads now is left for the next scan (its index entry kept meanwhile).
         if repair && !scan.bad.is_empty() {
             std::thread::sleep(crate::limits::QUARANTINE_SETTLE);
+        }
+        // Files something else wrote since holdfast last did: their generations recorded now,
+        // under the lock the repair holds (one directory fsync for all).
+        if repair && self.has_pending_records() {
+            let names: Vec<String> = self.markers_pending();
+            report.generations_recorded =
+                self.with_ring(|ring| self.record_generations(ring, &names))?;
+            for name in &names {
+                if let (Some(gen), Some(e)) = (self.marker_gen(name), entries.get_mut(name)) {
+                    e.generation = gen;
+                }
+            }
         }
         for (name, reason, seen) in scan.bad {
             if repair {

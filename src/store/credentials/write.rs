@@ -60,6 +60,7 @@ impl CredentialStore {
         id::validate(id)?;
         self.write_op(|inner, ring| {
             let name = id::file_name(id);
+            self.fresh_markers()?;
             let existing = match self.read_for(id, ring)? {
                 Some(c) if c.id() != id => {
                     return Err(self
@@ -72,6 +73,8 @@ impl CredentialStore {
                 }
                 other => other,
             };
+            // The current generation (0: absent); the file's, recorded or not, so that a
+            // compare-and-swap against content hive wrote since any read fails.
             let current = existing.as_ref().map_or(0, Credential::generation);
             if let Some(expected) = if_generation {
                 if expected != current {
@@ -90,7 +93,12 @@ impl CredentialStore {
                 return Err(Error::InvalidCredential(SchemaError::IdMismatch));
             }
             new.check().map_err(Error::InvalidCredential)?;
-            let generation = current + 1;
+            // Above everything this file ever had: a credential deleted and made again
+            // continues above the generation its marker kept.
+            let generation = match current {
+                0 => self.marker_gen(&name).map_or(1, |g| g + 1),
+                n => n + 1,
+            };
             new.stamp_write(created.as_ref());
             new.set_generation(generation);
             let plain = new.to_bytes();
@@ -107,19 +115,7 @@ impl CredentialStore {
                 });
             }
             let token = ring.encrypt(&plain);
-            let stamp = match &self.spares {
-                Some(spares) => durable::atomic_write_recycling(
-                    &self.cred_dir,
-                    &name,
-                    token.as_bytes(),
-                    self.faults(),
-                    spares,
-                ),
-                None => {
-                    durable::atomic_write(&self.cred_dir, &name, token.as_bytes(), self.faults())
-                }
-            }
-            .map_err(|e| self.io_failed(e))?;
+            let stamp = self.write_file(&name, token.as_bytes(), generation)?;
             inner.entries.insert(
                 name,
                 Entry {
@@ -134,12 +130,61 @@ impl CredentialStore {
         })
     }
 
+    /// Replace credential file `name` with `token`, giving it generation `generation`
+    /// (`generations.rs`): the new content's marker is made first, the file replaced, then the
+    /// old content's marker removed before the directory fsync that acknowledges all three. At
+    /// every step one marker names the content the file has: a crash never leaves a file whose
+    /// generation moved without its content changing. Caller holds the store lock.
+    pub(in crate::store) fn write_file(
+        &self,
+        name: &str,
+        token: &[u8],
+        generation: u64,
+    ) -> Result<FileStamp> {
+        use durable::markers;
+        let hash = generations::token_hash(token);
+        let old = self.marker_of(name);
+        let new = generations::marker_name(name, generation, &hash);
+        markers::set_marker(&self.cred_dir, None, &new, self.faults())
+            .map_err(|e| self.io_failed(e))?;
+        let written = durable::atomic_write_with(
+            &self.cred_dir,
+            name,
+            token,
+            self.faults(),
+            self.spares.as_ref(),
+            // A failure here reports the write failed, as a failed directory fsync does (the
+            // new content is in place, named by its marker; the old marker left behind only
+            // raises the floor of a later unrecorded state).
+            &mut || match old.as_deref().filter(|o| *o != new) {
+                Some(old) => markers::remove_marker(&self.cred_dir, old, self.faults()),
+                None => Ok(()),
+            },
+        );
+        let stamp = match written {
+            Ok(stamp) => stamp,
+            Err(e) => {
+                // Not replaced (the failure came before the rename): the new marker names
+                // nothing. Replaced (the directory fsync failed): it names the file.
+                let replaced = matches!(e.op, durable::Op::FsyncDir | durable::Op::Marker);
+                if !replaced && !e.is_injected_crash() {
+                    let _ = markers::remove_marker(&self.cred_dir, &new, self.faults());
+                }
+                return Err(self.io_failed(e));
+            }
+        };
+        self.note_marker(name, generation, hash);
+        self.note_markers_seen();
+        Ok(stamp)
+    }
+
     /// Delete credential `id`. Returns whether it existed. The index entry goes first, then
     /// the file, so hive never lists an id whose file is gone.
     pub fn delete(&self, id: &str) -> Result<bool> {
         id::validate(id)?;
         self.write_op(|inner, ring| {
             let name = id::file_name(id);
+            self.fresh_markers()?;
             match self.read_for(id, ring)? {
                 None => return Ok(false),
                 Some(c) if c.id() != id => {
@@ -149,6 +194,11 @@ impl CredentialStore {
                     }
                 }
                 Some(_) => {}
+            }
+            // The marker stays behind as the generation the credential reached: record it
+            // first if something else wrote the file since (one more fsync, only then).
+            if self.has_pending_records() {
+                self.record_generations(ring, std::slice::from_ref(&name))?;
             }
             let removed = inner.entries.remove(&name);
             inner.deleting = Some(name.clone());
@@ -162,6 +212,7 @@ impl CredentialStore {
             }
             let existed = durable::remove_durably(&self.cred_dir, &name, self.faults())
                 .map_err(|e| self.io_failed(e))?;
+            self.note_markers_seen();
             // Its earlier versions, kept as spares, go with it.
             if let Some(spares) = &self.spares {
                 spares.purge_from(&name);
