@@ -178,6 +178,13 @@ fn bad_ids() -> Vec<(&'static str, Vec<u8>)> {
         ("newline", b"a\nb".to_vec()),
         ("tab", b"a\tb".to_vec()),
         ("escape", b"a\x1b[31m".to_vec()),
+        (
+            "right-to-left override",
+            "pay\u{202E}lanigiro".as_bytes().to_vec(),
+        ),
+        ("bidi isolate", "a\u{2067}b".as_bytes().to_vec()),
+        ("zero-width space", "open\u{200B}ai".as_bytes().to_vec()),
+        ("byte order mark", "\u{FEFF}openai".as_bytes().to_vec()),
         ("DEL", b"a\x7f".to_vec()),
         ("C1 control", "a\u{85}b".as_bytes().to_vec()),
         ("non-UTF-8 0xff", b"a\xffb".to_vec()),

@@ -345,3 +345,54 @@ fn a_larger_file_another_program_wrote_keeps_its_key_and_is_never_quarantined() 
     );
     println!("a 1.2 MB file hive wrote and an authentic non-credential: 0 quarantined by a repair, both re-encrypted by a rotation, the old key pruned only after, both open with the kept key");
 }
+
+#[test]
+fn the_same_store_answers_alike_offline_and_through_the_daemon() {
+    let mut env = DaemonEnv::new("");
+    let daemon = env.start();
+    let cli = |env: &DaemonEnv, args: &[&str], stdin: &[u8]| run(env.holdfast(args), stdin);
+    assert_eq!(cli(&env, &["cred", "set", "team/slack"], b"v\n").code, 0);
+    // An id whose file holds another id's credential: `conflict` (exit 4) naming it, both
+    // ways — not a lost compare-and-swap retried until "busy".
+    for offline in [false, true] {
+        let mut args = vec!["cred", "set", "team_slack"];
+        if offline {
+            args.insert(0, "--offline");
+        }
+        let o = cli(&env, &args, b"w\n");
+        assert_eq!(o.code, 4, "offline={offline}: {o}");
+        assert!(
+            o.stderr.contains("already holds credential \"team/slack\""),
+            "{o}"
+        );
+        assert_eq!(o.stderr.contains("(offline)"), offline, "{o}");
+    }
+    // Ids that would display as other ids are refused (exit 2), both ways.
+    for offline in [false, true] {
+        let mut args = vec!["cred", "set", "pay\u{202E}lanigiro"];
+        if offline {
+            args.insert(0, "--offline");
+        }
+        let o = cli(&env, &args, b"x\n");
+        assert_eq!(o.code, 2, "offline={offline}: {o}");
+        assert!(o.stderr.contains("invisible formatting character"), "{o}");
+    }
+    drop(daemon);
+    // A store directory replaced by a symlink: `forbidden` (exit 9) both ways.
+    let base = env.store_base();
+    let moved = env.root.join("elsewhere");
+    fs::rename(&base, &moved).unwrap();
+    std::os::unix::fs::symlink(&moved, &base).unwrap();
+    let daemon = env.start();
+    for offline in [false, true] {
+        let mut args = vec!["cred", "get", "team/slack"];
+        if offline {
+            args.insert(0, "--offline");
+        }
+        let o = cli(&env, &args, b"");
+        assert_eq!(o.code, 9, "offline={offline}: {o}");
+        assert!(o.stderr.contains("is a symlink"), "{o}");
+    }
+    drop(daemon);
+    println!("offline and through the daemon: id collision exit 4, bidi id exit 2, symlinked store exit 9");
+}

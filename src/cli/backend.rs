@@ -97,6 +97,26 @@ impl Backend {
             .unwrap_or(0))
     }
 
+    /// [`Self::set`] through the daemon, its error as the daemon said it (with `data`).
+    fn set_raw(
+        &mut self,
+        cred: Credential,
+        if_generation: Option<u64>,
+    ) -> Result<u64, crate::client::ClientError> {
+        let Backend::Daemon { client, store } = self else {
+            return Err(crate::client::ClientError::Protocol(
+                "internal: daemon call on a local store".into(),
+            ));
+        };
+        let mut params = json!({"credential": cred.expose_json(), "store": store.as_str()});
+        if let Some(g) = if_generation {
+            params["if_generation"] = g.into();
+        }
+        Ok(client.call("cred.set", params)?["generation"]
+            .as_u64()
+            .unwrap_or(0))
+    }
+
     /// Read-modify-write. Locally under the store lock; through the daemon as a
     /// compare-and-swap on the generation, retried when another writer wins (unless the caller
     /// gave `if_generation`, which is then the condition).
@@ -124,11 +144,17 @@ impl Backend {
                     ));
                 }
             }
-            match self.set(f(existing), Some(current)) {
-                Err(e) if e.code == ErrorKind::Conflict.exit_code() && if_generation.is_none() => {
+            // Only a lost compare-and-swap is retried: another conflict (an id whose file
+            // holds another id's credential) is the answer.
+            match self.set_raw(f(existing), Some(current)) {
+                Err(crate::client::ClientError::Rpc { kind, data, .. })
+                    if kind == ErrorKind::Conflict
+                        && data["reason"] == "generation_mismatch"
+                        && if_generation.is_none() =>
+                {
                     continue
                 }
-                other => return other,
+                other => return Ok(other?),
             }
         }
         Err(CliError::with_code(

@@ -224,8 +224,10 @@ pub(super) async fn store_of(
     };
     match &slot.store {
         Ok(s) => Ok((name, Arc::clone(s))),
+        // The kind is the open's own (a symlinked store is `forbidden`, as offline): the same
+        // store answers the same way through the daemon and without it.
         Err(e) => Err(RpcError::new(
-            ErrorKind::Storage,
+            e.kind(),
             format!("store {name:?} did not open: {e}"),
         )),
     }

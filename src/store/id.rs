@@ -14,6 +14,12 @@ pub enum IdError {
     /// A NUL or other control character.
     #[error("invalid id: contains a control character")]
     Control,
+    /// An invisible formatting character: a bidirectional override or isolate (U+202A–U+202E,
+    /// U+2066–U+2069, U+200E, U+200F, U+061C) or a zero-width one (U+200B–U+200D, U+2060,
+    /// U+FEFF). They make one id look like another in a listing (`cred list` of
+    /// "pay\u{202E}lanigiro" shows "payoriginal"), so they are refused, not shown.
+    #[error("invalid id: contains an invisible formatting character (a bidirectional or zero-width control), which would let it look like another id")]
+    Invisible,
     /// A backslash.
     #[error("invalid id: contains '\\'")]
     Backslash,
@@ -28,8 +34,17 @@ pub enum IdError {
     NotUtf8,
 }
 
+/// Whether `c` is an invisible formatting character that can make one id display as another
+/// (see [`IdError::Invisible`]).
+fn is_invisible_format(c: char) -> bool {
+    matches!(c,
+        '\u{061C}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}'
+        | '\u{2060}'..='\u{2069}' | '\u{FEFF}')
+}
+
 /// Check an id against holdfast's rules: non-empty, at most 200 bytes, no control characters,
-/// no `\`, no leading `.`, `-` or `/`, and no empty, `.` or `..` segments between `/`s.
+/// no invisible formatting characters (bidirectional or zero-width controls), no `\`, no
+/// leading `.`, `-` or `/`, and no empty, `.` or `..` segments between `/`s.
 /// `/` itself is allowed (hive maps it to `_` in the file name).
 pub fn validate(id: &str) -> Result<(), IdError> {
     if id.is_empty() {
@@ -40,6 +55,9 @@ pub fn validate(id: &str) -> Result<(), IdError> {
     }
     if id.chars().any(char::is_control) {
         return Err(IdError::Control);
+    }
+    if id.chars().any(is_invisible_format) {
+        return Err(IdError::Invisible);
     }
     if id.contains('\\') {
         return Err(IdError::Backslash);
@@ -114,6 +132,17 @@ mod tests {
             ("a//b", IdError::BadSegment),
             ("a/", IdError::BadSegment),
             ("a/..", IdError::BadSegment),
+            ("pay\u{202E}lanigiro", IdError::Invisible),
+            ("a\u{202A}b", IdError::Invisible),
+            ("a\u{2066}b", IdError::Invisible),
+            ("a\u{2069}", IdError::Invisible),
+            ("\u{200F}x", IdError::Invisible),
+            ("x\u{200E}", IdError::Invisible),
+            ("x\u{061C}", IdError::Invisible),
+            ("open\u{200B}ai", IdError::Invisible),
+            ("a\u{200D}b", IdError::Invisible),
+            ("a\u{2060}b", IdError::Invisible),
+            ("a\u{FEFF}", IdError::Invisible),
         ];
         for (id, want) in cases {
             assert_eq!(validate(id).as_ref(), Err(want), "{id:?}");
