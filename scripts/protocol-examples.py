@@ -78,6 +78,7 @@ def main():
         a.call("admin.fsck", {"repair": False})
         a.call("admin.reindex", {})
         a.call("admin.rotate_key", {})
+        a.call("admin.prune_keys", {})
         a.call("no.such.method", {})
         a.raw(b'{"jsonrpc":"2.0","id":99,"method":"cred.get","params":{"id":"x","extra":1}}')
         a.raw(b'{not json')
