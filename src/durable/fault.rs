@@ -48,6 +48,8 @@ pub enum Op {
     Refused,
     /// Changing a file's mode (not a fault-seam step).
     Chmod,
+    /// `open(O_CREAT|O_EXCL|O_NOFOLLOW)` of a file appended to in place (an audit segment).
+    Create,
 }
 
 impl fmt::Display for Op {
@@ -69,6 +71,7 @@ impl fmt::Display for Op {
             Op::Read => "read",
             Op::Refused => "write refused",
             Op::Chmod => "chmod",
+            Op::Create => "create",
         })
     }
 }

@@ -5,6 +5,7 @@
 //! the only ones allowed those calls.
 #![allow(clippy::disallowed_methods)]
 
+mod appender;
 mod atomic;
 mod cache;
 pub mod fault;
@@ -15,6 +16,7 @@ pub mod perms;
 mod poison;
 mod spares;
 
+pub use appender::{AppendStat, Appender};
 pub use atomic::{
     atomic_write, atomic_write_recycling, create_exclusive, create_private_dir, create_shared_dirs,
     fsync_dir, is_spare_name, is_temp_name, leftover_names, move_aside, read_capped,
