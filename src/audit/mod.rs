@@ -129,7 +129,13 @@ impl AuditError {
     }
 
     fn from_io(e: &IoError) -> AuditError {
-        AuditError::Write(e.to_string())
+        // Not `IoError`'s own text: its hint speaks of a value left intact.
+        let full = if e.is_disk_full() {
+            " (the disk or quota is full: free some space)"
+        } else {
+            ""
+        };
+        AuditError::Write(format!("{} {}: {}{full}", e.op, e.path.display(), e.source))
     }
 
     fn read(path: &Path, e: &std::io::Error) -> AuditError {
@@ -163,6 +169,8 @@ struct Inner {
     waiting: AtomicBool,
     /// Written records not yet synced, in `Batch` mode (the committer syncs them).
     dirty: AtomicBool,
+    /// The space reserve was released on a full disk (for the log's messages).
+    low_space: AtomicBool,
     sync: Mutex<SyncState>,
     synced_cv: Condvar,
     queue: Mutex<Queue>,
@@ -212,6 +220,7 @@ impl AuditLog {
                 writer: Mutex::new(writer::Writer::default()),
                 waiting: AtomicBool::new(false),
                 dirty: AtomicBool::new(false),
+                low_space: AtomicBool::new(false),
                 sync: Mutex::new(SyncState::default()),
                 synced_cv: Condvar::new(),
                 queue: Mutex::new(Queue::default()),
@@ -245,6 +254,18 @@ impl AuditLog {
         self.inner.sync_state().syncs
     }
 
+    /// Make the directory (0700) and the space reserve now, rather than at the first record
+    /// (the daemon, before it serves).
+    pub fn prepare(&self) -> Result<(), AuditError> {
+        let cx = self.inner.cx();
+        crate::durable::create_private_dir(cx.dir, cx.faults)
+            .map_err(|e| AuditError::from_io(&e))?;
+        crate::durable::perms::check_private_dir(cx.dir)
+            .map_err(|e| AuditError::Write(e.to_string()))?;
+        writer::refill_reserve(&cx);
+        Ok(())
+    }
+
     /// Start the committer thread (the daemon): it writes records handed to it by callers
     /// that must not block, and syncs `Batch` records within the interval.
     pub fn start_committer(&self) -> std::io::Result<()> {
@@ -262,6 +283,18 @@ impl AuditLog {
     /// Record `rec`, waiting for the lock if another process holds it; with `sync` (or in
     /// `Always` mode) return only once it is durable. Its sequence number.
     pub fn record(&self, rec: Record, sync: bool) -> Result<u64, AuditError> {
+        // A change needs the space reserve in place: once a full disk took it, its room is
+        // kept for the records of reads, and changes wait until it can be made again.
+        if rec.result == BEGUN
+            && self.inner.settings.reserve_bytes > 0
+            && self.inner.dir.is_dir()
+            && !writer::refill_reserve(&self.inner.cx())
+        {
+            return Err(AuditError::Write(format!(
+                "the disk is full (No space left on device for the audit log's {}-byte reserve, kept for the records of reads): changes are refused until space is freed",
+                self.inner.settings.reserve_bytes
+            )));
+        }
         let seq = self.inner.append_blocking(std::slice::from_ref(&rec))?[0];
         if sync || self.strict() {
             self.inner.sync_through(seq)?;
@@ -366,6 +399,7 @@ impl Inner {
             settings: &self.settings,
             faults: &self.faults,
             poison: &self.poison,
+            low_space: &self.low_space,
         }
     }
 

@@ -23,6 +23,8 @@ pub(super) struct Ctx<'a> {
     pub settings: &'a Settings,
     pub faults: &'a Faults,
     pub poison: &'a Poison,
+    /// Set once the space reserve was released on a full disk, until it is made again.
+    pub low_space: &'a std::sync::atomic::AtomicBool,
 }
 
 /// The segment being appended to, as this process last saw it.
@@ -81,20 +83,21 @@ impl Writer {
             return Err(AuditError::Poisoned(why));
         }
         if !self.dir_ready {
-            durable::create_private_dir(cx.dir, cx.faults).map_err(io_err)?;
-            durable::perms::check_private_dir(cx.dir)
-                .map_err(|e| AuditError::Write(e.to_string()))?;
+            make_dir(cx)?;
             self.dir_ready = true;
         }
         let lock_path = cx.dir.join(LOCK_FILE);
+        let lock_err = |e: lock::LockError| match e {
+            lock::LockError::Timeout { .. } => AuditError::Busy(e.to_string()),
+            _ => AuditError::Write(e.to_string()),
+        };
         let _guard = if wait {
-            lock::lock(&lock_path, LockMode::Exclusive, LOCK_TIMEOUT)
-                .map_err(|e| AuditError::Busy(e.to_string()))?
+            lock::lock(&lock_path, LockMode::Exclusive, LOCK_TIMEOUT).map_err(lock_err)?
         } else {
             match lock::try_lock(&lock_path, LockMode::Exclusive) {
                 Ok(Some(g)) => g,
                 Ok(None) => return Ok(None),
-                Err(e) => return Err(AuditError::Busy(e.to_string())),
+                Err(e) => return Err(lock_err(e)),
             }
         };
         let mut pre = Vec::new();
@@ -172,6 +175,7 @@ impl Writer {
         // Each pass settles the newest segment or sets it aside; bounded by their number.
         for _ in 0..=segs.len() + 1 {
             let Some(top) = segs.last().cloned() else {
+                refill_reserve_locked(cx);
                 let name = segment_name(1);
                 let file = Appender::create_new(cx.dir, &name, cx.faults).map_err(io_err)?;
                 self.active = Some(Active {
@@ -405,7 +409,6 @@ impl Writer {
             head_hash: hash,
         });
         self.choose_drops(cx, pre, drop_after, seq, hash)?;
-        refill_reserve(cx);
         Ok(())
     }
 
@@ -478,6 +481,25 @@ impl Writer {
     }
 }
 
+/// Make the audit directory (0700) if it is missing; one of ours that is too open is
+/// tightened (said once in the log), one that is not ours or a symlink refused.
+pub(super) fn make_dir(cx: &Ctx<'_>) -> Result<(), AuditError> {
+    durable::create_private_dir(cx.dir, cx.faults).map_err(io_err)?;
+    match durable::perms::tighten(cx.dir, true, true) {
+        Ok(Some(t)) => {
+            tracing::warn!(
+                dir = %t.path.display(),
+                from = format!("{:o}", t.from),
+                to = format!("{:o}", t.to),
+                "the audit directory let group or other in: tightened"
+            );
+            Ok(())
+        }
+        Ok(None) => Ok(()),
+        Err(e) => Err(AuditError::Write(e.to_string())),
+    }
+}
+
 /// Append `bytes` to `file`; on a full disk, release the space reserve and try once more.
 fn write_with_reserve(
     cx: &Ctx<'_>,
@@ -497,9 +519,11 @@ fn write_with_reserve(
 fn release_reserve(cx: &Ctx<'_>) -> bool {
     match durable::remove_durably(cx.dir, RESERVE_FILE, cx.faults) {
         Ok(true) => {
+            cx.low_space
+                .store(true, std::sync::atomic::Ordering::SeqCst);
             tracing::error!(
                 reserve_bytes = cx.settings.reserve_bytes,
-                "the disk is full: the audit log released its space reserve; free some space — once the reserve is used, every credential operation is refused"
+                "the disk is full: the audit log released its space reserve, which now takes the records of reads; changes are refused until space is freed, and reads too once the reserve is used"
             );
             true
         }
@@ -511,14 +535,41 @@ fn release_reserve(cx: &Ctx<'_>) -> bool {
     }
 }
 
-/// Make the reserve file if it is missing (best effort: a full disk simply has none yet).
-pub(super) fn refill_reserve(cx: &Ctx<'_>) {
+/// Make the reserve file if it is missing (best effort: a full disk simply has none yet);
+/// whether there is one now (or none is wanted). Takes the directory's lock to make it (every
+/// writer of the reserve holds it, so a temp file left by one that died is swept here).
+pub(super) fn refill_reserve(cx: &Ctx<'_>) -> bool {
+    if cx.settings.reserve_bytes == 0 || cx.dir.join(RESERVE_FILE).is_file() {
+        return true;
+    }
+    match lock::lock(&cx.dir.join(LOCK_FILE), LockMode::Exclusive, LOCK_TIMEOUT) {
+        Ok(_guard) => refill_reserve_locked(cx),
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot make the audit log's space reserve now");
+            false
+        }
+    }
+}
+
+/// [`refill_reserve`], the directory's lock held by the caller.
+fn refill_reserve_locked(cx: &Ctx<'_>) -> bool {
     let bytes = cx.settings.reserve_bytes;
-    if bytes == 0 || cx.dir.join(RESERVE_FILE).exists() {
-        return;
+    if bytes == 0 {
+        return true;
     }
-    let zeros = vec![0u8; bytes as usize];
-    if let Err(e) = durable::atomic_write(cx.dir, RESERVE_FILE, &zeros, cx.faults) {
-        tracing::debug!(error = %e, "no room for the audit log's space reserve yet");
+    if !cx.dir.join(RESERVE_FILE).is_file() {
+        let _ = durable::sweep_temps_of(cx.dir, &[RESERVE_FILE], cx.faults);
+        let zeros = vec![0u8; bytes as usize];
+        if let Err(e) = durable::atomic_write(cx.dir, RESERVE_FILE, &zeros, cx.faults) {
+            tracing::debug!(error = %e, "no room for the audit log's space reserve yet");
+            return false;
+        }
     }
+    if cx
+        .low_space
+        .swap(false, std::sync::atomic::Ordering::SeqCst)
+    {
+        tracing::info!("the audit log's space reserve is back: changes are recorded again");
+    }
+    true
 }
