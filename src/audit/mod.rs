@@ -171,6 +171,8 @@ struct Inner {
     dirty: AtomicBool,
     /// The space reserve was released on a full disk (for the log's messages).
     low_space: AtomicBool,
+    /// Records this process appended (its callers' and the log's own).
+    appended: std::sync::atomic::AtomicU64,
     sync: Mutex<SyncState>,
     synced_cv: Condvar,
     queue: Mutex<Queue>,
@@ -221,6 +223,7 @@ impl AuditLog {
                 waiting: AtomicBool::new(false),
                 dirty: AtomicBool::new(false),
                 low_space: AtomicBool::new(false),
+                appended: std::sync::atomic::AtomicU64::new(0),
                 sync: Mutex::new(SyncState::default()),
                 synced_cv: Condvar::new(),
                 queue: Mutex::new(Queue::default()),
@@ -328,6 +331,7 @@ impl AuditLog {
         drop(w);
         match r {
             Ok(Some(a)) => {
+                inner.appended.fetch_add(1, Ordering::Relaxed);
                 inner.mark_dirty();
                 a.seqs.first().copied().map(Ok)
             }
@@ -389,6 +393,11 @@ impl AuditLog {
         if let Err(e) = self.inner.sync_through(written) {
             tracing::error!(error = %e, "the audit log's last records could not be synced");
         }
+        tracing::info!(
+            records = self.inner.appended.load(Ordering::Relaxed),
+            fdatasyncs = self.syncs(),
+            "audit log closed"
+        );
     }
 }
 
@@ -419,16 +428,18 @@ impl Inner {
     fn append_blocking(&self, recs: &[Record]) -> Result<Vec<u64>, AuditError> {
         let mut w = self.writer();
         let cx = self.cx();
-        if let Some(a) = w.append(&cx, recs, false)? {
-            return Ok(a.seqs);
-        }
-        self.waiting.store(true, Ordering::SeqCst);
-        let r = w.append(&cx, recs, true);
-        self.waiting.store(false, Ordering::SeqCst);
-        match r? {
-            Some(a) => Ok(a.seqs),
-            None => Err(AuditError::Busy("the lock was not taken".into())),
-        }
+        let a = match w.append(&cx, recs, false)? {
+            Some(a) => a,
+            None => {
+                self.waiting.store(true, Ordering::SeqCst);
+                let r = w.append(&cx, recs, true);
+                self.waiting.store(false, Ordering::SeqCst);
+                r?.ok_or_else(|| AuditError::Busy("the lock was not taken".into()))?
+            }
+        };
+        self.appended
+            .fetch_add(recs.len() as u64, Ordering::Relaxed);
+        Ok(a.seqs)
     }
 
     /// Note written, unsynced records: the committer syncs them within the interval.

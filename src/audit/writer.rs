@@ -12,7 +12,7 @@ use serde_json::json;
 use super::record::{self, check_line, Record, Via, Who, GENESIS, OK};
 use super::segments::{self, segment_name, Segment, Tail, DAMAGED_DIR, LOCK_FILE, RESERVE_FILE};
 use super::{AuditError, Settings};
-use crate::durable::{self, lock, Appender, Faults, IoError, LockMode, Poison};
+use crate::durable::{self, lock, Appender, Faults, IoError, LockFile, LockMode, Poison};
 
 /// How long an append waits for another process's hold on the lock.
 pub const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
@@ -49,6 +49,8 @@ pub(super) struct Writer {
     dir_ready: bool,
     /// Reused for encoding.
     buf: Vec<u8>,
+    /// The directory's lock file, kept open between appends.
+    lock: Option<LockFile>,
 }
 
 /// What one append did.
@@ -86,22 +88,32 @@ impl Writer {
             make_dir(cx)?;
             self.dir_ready = true;
         }
-        let lock_path = cx.dir.join(LOCK_FILE);
         let lock_err = |e: lock::LockError| match e {
             lock::LockError::Timeout { .. } => AuditError::Busy(e.to_string()),
             _ => AuditError::Write(e.to_string()),
         };
-        let _guard = if wait {
-            lock::lock(&lock_path, LockMode::Exclusive, LOCK_TIMEOUT).map_err(lock_err)?
-        } else {
-            match lock::try_lock(&lock_path, LockMode::Exclusive) {
-                Ok(Some(g)) => g,
-                Ok(None) => return Ok(None),
-                Err(e) => return Err(lock_err(e)),
+        let lock_file = match self.lock.take() {
+            Some(l) if !l.stale() => l,
+            _ => LockFile::open(&cx.dir.join(LOCK_FILE)).map_err(lock_err)?,
+        };
+        let result = {
+            let taken = if wait {
+                lock_file.exclusive(LOCK_TIMEOUT).map(Some)
+            } else {
+                lock_file.try_exclusive()
+            };
+            match taken.map_err(lock_err)? {
+                None => None,
+                Some(_guard) => {
+                    let mut pre = Vec::new();
+                    Some(self.append_locked(cx, &mut pre, recs))
+                }
             }
         };
-        let mut pre = Vec::new();
-        let result = self.append_locked(cx, &mut pre, recs);
+        self.lock = Some(lock_file);
+        let Some(result) = result else {
+            return Ok(None);
+        };
         if result.is_err() {
             // What this process knows of the files may be stale now: read them again.
             self.active = None;

@@ -26,7 +26,7 @@ pub use atomic::{
 pub use cache::FileCache;
 pub use fault::{FaultMode, Faults, Op};
 pub use linelog::{append_line, remove_tree, Appended, LineFile};
-pub use lock::{LockError, LockGuard, LockMode};
+pub use lock::{FileLockGuard, LockError, LockFile, LockGuard, LockMode};
 pub use perms::PermError;
 pub use poison::Poison;
 pub use spares::Spares;
