@@ -1,4 +1,4 @@
-//! An append-only file kept open across appends: the audit log's segments (`crate::audit`).
+//! An append-only file kept open across appends: the audit log's segments (`src/audit/`).
 //!
 //! Unlike [`super::append_line`], which opens, appends and `fdatasync`s in one call, an
 //! [`Appender`] separates the write from the sync, so that one `fdatasync` can cover the

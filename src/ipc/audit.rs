@@ -335,12 +335,15 @@ pub fn hello_refused(daemon: &Daemon, session: &Session, plugin: Option<&str>, e
     log.record_detached(rec);
 }
 
+/// Per peer uid: when its last refusal was recorded, and how many since were not.
+type RefusedByUid = HashMap<Option<u32>, (Instant, u64)>;
+
 /// A peer of another uid, closed before a byte was read. At most one record per uid a second
 /// (the rest counted in the next one): a process that cannot talk to the daemon must not be
 /// able to push the log's older records out through retention.
 pub fn connection_refused(daemon: &Daemon, uid: Option<u32>, pid: Option<u32>) {
     let Some(log) = daemon.audit() else { return };
-    static SEEN: OnceLock<Mutex<HashMap<Option<u32>, (Instant, u64)>>> = OnceLock::new();
+    static SEEN: OnceLock<Mutex<RefusedByUid>> = OnceLock::new();
     let suppressed = {
         let mut seen = SEEN
             .get_or_init(Default::default)
