@@ -846,3 +846,86 @@ except OSError as e:
     assert_eq!(r["pid"], pid);
     println!("refused uid: recorded {r}");
 }
+
+/// `holdfast import --from-hive`: with `--copy`, each credential read out of hive's store is
+/// recorded (`import`, that store's path, the id) besides the writes into the target; serving
+/// in place records the config change as a change (`begun`, then its outcome).
+#[test]
+fn import_records_what_it_reads_and_what_it_changes() {
+    let env = DaemonEnv::new("");
+    let hive = TestStore::new("hive");
+    let secret = "sk-hive-import-51c0de";
+    {
+        let s = hive.open();
+        for id in ["h1", "h2"] {
+            s.set(
+                holdfast::store::Credential::api_key(
+                    id,
+                    holdfast::crypto::Secret::new(format!("{secret}-{id}")),
+                ),
+                None,
+            )
+            .unwrap();
+        }
+    }
+    let (base, key) = (hive.base.to_str().unwrap(), hive.key.to_str().unwrap());
+    let o = run(
+        env.holdfast(&[
+            "--offline",
+            "import",
+            "--from-hive",
+            base,
+            "--key-file",
+            key,
+            "--copy",
+        ]),
+        b"",
+    );
+    assert_eq!(o.code, 0, "{o}");
+    let o = run(
+        env.holdfast(&[
+            "import",
+            "--from-hive",
+            base,
+            "--key-file",
+            key,
+            "--name",
+            "hv",
+        ]),
+        b"",
+    );
+    assert_eq!(o.code, 0, "{o}");
+    let got = ops(&records(&env));
+    let reads: Vec<&Value> = got
+        .iter()
+        .filter(|r| s(r, "op") == "import" && s(r, "store") == base)
+        .collect();
+    assert_eq!(reads.len(), 2, "{got:#?}");
+    for (r, id) in reads.iter().zip(["h1", "h2"]) {
+        assert_eq!(
+            (s(r, "id"), s(r, "result"), s(r, "via")),
+            (id, "ok", "cli"),
+            "{r}"
+        );
+    }
+    let sets = got
+        .iter()
+        .filter(|r| s(r, "op") == "cred.set" && s(r, "store") == "default")
+        .count();
+    assert_eq!(sets, 4, "two copies, begun and ok each: {got:#?}");
+    let served: Vec<&Value> = got
+        .iter()
+        .filter(|r| s(r, "op") == "import" && s(r, "store") == "hv")
+        .collect();
+    assert_eq!(served.len(), 2, "{got:#?}");
+    assert_eq!(
+        (s(served[0], "result"), s(served[1], "result")),
+        ("begun", "ok")
+    );
+    assert_eq!(served[1]["detail"]["mode"], "serve");
+    assert_eq!(verify(&env).code, 0);
+    assert_absent(&env.data_dir.join("audit"), &forms(secret));
+    println!(
+        "import: 2 credentials read out of hive's store recorded as import, 4 copy records, the serve-in-place change begun and ok; no secret in the log"
+    );
+}
