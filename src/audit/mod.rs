@@ -298,7 +298,12 @@ impl AuditLog {
                 self.inner.settings.reserve_bytes
             )));
         }
-        let seq = self.inner.append_blocking(std::slice::from_ref(&rec))?[0];
+        let seq = self
+            .inner
+            .append_blocking(std::slice::from_ref(&rec))?
+            .first()
+            .copied()
+            .ok_or_else(|| AuditError::Write("the record was given no number".into()))?;
         if sync || self.strict() {
             self.inner.sync_through(seq)?;
         } else {

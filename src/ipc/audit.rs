@@ -9,8 +9,10 @@
 //! - A change (`cred.set`, `cred.delete`, `admin.rotate_key`, `admin.fsck` with repair,
 //!   `admin.reindex`) first writes a `begun` record and syncs it — refused if that fails,
 //!   nothing changed — then records its outcome, which refers to it.
-//! - A refused call (`forbidden`: a plugin's grant, an unknown plugin in `hello`, a peer of
-//!   another uid) is recorded without delaying its answer.
+//! - A call refused at admission (`forbidden`: a method outside a plugin's grant, an unknown
+//!   plugin in `hello`, a peer of another uid) is recorded without delaying its answer; a
+//!   credential call refused by its own checks (a store outside the grant) is recorded as a
+//!   read, before its answer.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
