@@ -326,12 +326,24 @@ pub fn refused(
     log.record_detached(record_of(session, op, store, id, e.kind.as_str()));
 }
 
-/// `hello` refused (an unknown plugin, or none where one is required).
-pub fn hello_refused(daemon: &Daemon, session: &Session, plugin: Option<&str>, e: &RpcError) {
+/// `hello` refused (an unknown plugin, or none where one is required). Not the daemon's own
+/// watchdog probe (refused every few seconds under `require_plugin`): a connection from this
+/// very process (`SO_PEERCRED`'s pid, which a client cannot choose) naming itself the probe.
+pub fn hello_refused(
+    daemon: &Daemon,
+    session: &Session,
+    client: Option<&str>,
+    plugin: Option<&str>,
+    e: &RpcError,
+) {
     if e.kind != ErrorKind::Forbidden {
         return;
     }
     let Some(log) = daemon.audit() else { return };
+    let who = session.audit_who();
+    if client == Some(crate::limits::WATCHDOG_CLIENT) && who.pid == Some(std::process::id()) {
+        return;
+    }
     let mut rec = record_of(session, "hello", None, None, e.kind.as_str());
     rec.who.plugin = plugin.map(|p| crate::audit::record::cut_chars(p, 64).into());
     log.record_detached(rec);

@@ -67,9 +67,16 @@ pub fn route<'a>(daemon: &Daemon, session: &Session, line: &'a [u8]) -> Routed<'
     };
     if env.method == "hello" {
         let r = protocol::typed::<Hello>(protocol::call::text(env.params)).and_then(|p| {
-            let plugin = p.plugin.clone();
-            hello(daemon, session, p)
-                .inspect_err(|e| super::audit::hello_refused(daemon, session, plugin.as_deref(), e))
+            let (client, plugin) = (p.client.clone(), p.plugin.clone());
+            hello(daemon, session, p).inspect_err(|e| {
+                super::audit::hello_refused(
+                    daemon,
+                    session,
+                    client.as_deref(),
+                    plugin.as_deref(),
+                    e,
+                )
+            })
         });
         return answer(&id, r);
     }
