@@ -31,6 +31,16 @@
 //! [runs]
 //! retention_days = 30          # run logs idle this long are deleted (0: keep forever)
 //!
+//! [audit]                     # the audit log, <data_dir>/audit/ (docs/operations.md "The audit log")
+//! enabled = true               # false: record nothing (and refuse nothing for it)
+//! durability = "batch"         # "always": every answer waits for its record's fdatasync
+//! sync_interval_ms = 10        # "batch": records reach the disk within this (crash-safe at once)
+//! on_failure = "refuse"        # "serve-reads": serve reads whose record cannot be written
+//! segment_bytes = 8388608     # a segment is closed at this size (8 MiB)
+//! max_bytes = 268435456        # the oldest segments are dropped past this total (256 MiB)
+//! retention_days = 0           # and once older than this (0: by size only)
+//! reserve_bytes = 1048576      # space kept back for the records of a full disk (1 MiB)
+//!
 //! [backend]                   # where streams, checkpoints and run logs live (docs/operations.md)
 //! kind = "file"                # or "postgres", with:
 //! # url = "postgresql://holdfast@db.internal/holdfast?sslmode=require"
@@ -84,6 +94,61 @@ pub struct Config {
     /// Where streams, checkpoints and run logs are kept: files (default) or PostgreSQL.
     #[serde(default)]
     pub backend: BackendSection,
+    /// The audit log.
+    #[serde(default)]
+    pub audit: AuditSection,
+}
+
+/// `[audit]`: see [`crate::audit::Settings`] for what each means and its default.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditSection {
+    /// Keep an audit log (default true).
+    pub enabled: Option<bool>,
+    /// `batch` (default) or `always`.
+    pub durability: Option<String>,
+    /// The sync interval of `batch`, in ms (default 10).
+    pub sync_interval_ms: Option<u64>,
+    /// `refuse` (default) or `serve-reads`.
+    pub on_failure: Option<String>,
+    /// Segment size in bytes (default 8 MiB).
+    pub segment_bytes: Option<u64>,
+    /// Total size kept in bytes (default 256 MiB).
+    pub max_bytes: Option<u64>,
+    /// Days closed segments are kept at most (default 0: by size only).
+    pub retention_days: Option<u64>,
+    /// Space reserve in bytes (default 1 MiB; 0: none).
+    pub reserve_bytes: Option<u64>,
+}
+
+impl Config {
+    /// The audit log's settings: the defaults with what `[audit]` says.
+    pub fn audit_settings(&self) -> crate::audit::Settings {
+        use crate::audit::{Durability, OnFailure, Settings};
+        let a = &self.audit;
+        let d = Settings::default();
+        let interval = a
+            .sync_interval_ms
+            .map_or(crate::audit::DEFAULT_SYNC_INTERVAL, Duration::from_millis);
+        Settings {
+            enabled: a.enabled.unwrap_or(d.enabled),
+            durability: match a.durability.as_deref() {
+                Some("always") => Durability::Always,
+                _ => Durability::Batch(interval),
+            },
+            on_failure: match a.on_failure.as_deref() {
+                Some("serve-reads") => OnFailure::ServeReads,
+                _ => OnFailure::Refuse,
+            },
+            segment_bytes: a.segment_bytes.unwrap_or(d.segment_bytes),
+            max_bytes: a.max_bytes.unwrap_or(d.max_bytes),
+            retention: match a.retention_days {
+                None | Some(0) => None,
+                Some(days) => Some(Duration::from_secs(days * 86_400)),
+            },
+            reserve_bytes: a.reserve_bytes.unwrap_or(d.reserve_bytes),
+        }
+    }
 }
 
 pub use crate::pg::BackendSection;
@@ -450,6 +515,37 @@ impl Config {
             0,
             36_500,
         )?;
+        let a = &self.audit;
+        match a.durability.as_deref() {
+            None | Some("always" | "batch") => {}
+            Some(other) => {
+                return Err(format!(
+                    "[audit] durability = {other:?}: \"always\" or \"batch\""
+                ))
+            }
+        }
+        match a.on_failure.as_deref() {
+            None | Some("refuse" | "serve-reads") => {}
+            Some(other) => {
+                return Err(format!(
+                    "[audit] on_failure = {other:?}: \"refuse\" or \"serve-reads\""
+                ))
+            }
+        }
+        let arange = |name: &str, v, lo, hi| in_range("audit", name, v, lo, hi);
+        arange("sync_interval_ms", a.sync_interval_ms, 1, 10_000)?;
+        arange("segment_bytes", a.segment_bytes, 4096, 1 << 30)?;
+        arange("max_bytes", a.max_bytes, 8192, 1 << 40)?;
+        arange("retention_days", a.retention_days, 0, 36_500)?;
+        arange("reserve_bytes", a.reserve_bytes, 0, 1 << 30)?;
+        let s = self.audit_settings();
+        if s.max_bytes < 2 * s.segment_bytes {
+            return Err(format!(
+                "[audit] max_bytes must be at least twice segment_bytes (the active segment and one closed one): {} < 2 x {}",
+                s.max_bytes,
+                s.segment_bytes
+            ));
+        }
         if self
             .idle_exit_minutes
             .is_some_and(|m| !(m.is_finite() && (0.0..=10_080.0).contains(&m)))

@@ -3,6 +3,7 @@
 //! Layers, data flowing down only (see `docs/design.md`):
 //! - [`cli`]: the admin command line, one file per subcommand; [`client`]: a blocking client.
 //! - [`api`]: the plugin API's contract (version, methods, error codes).
+//! - [`audit`]: the audit log (who did what to which credential), a hash chain.
 //! - [`daemon`]: the daemon's life (boot, background jobs, systemd, shutdown).
 //! - [`ipc`]: the socket server; [`service`]: the daemon's state.
 //! - [`recovery`]: the streaming recovery planner (R1–R4), a pure function.
@@ -15,6 +16,7 @@
 #![warn(missing_docs)]
 
 pub mod api;
+pub mod audit;
 pub mod cli;
 pub mod client;
 pub mod config;

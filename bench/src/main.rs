@@ -384,6 +384,9 @@ fn cred_value(i: usize) -> String {
 }
 
 /// The temporary world the bench runs in.
+/// A config.toml every daemon the bench starts runs with (default: none, the defaults).
+const DAEMON_CONFIG_VAR: &str = "HOLDFAST_BENCH_DAEMON_CONFIG";
+
 struct Env {
     root: PathBuf,
     home: PathBuf,
@@ -400,6 +403,23 @@ impl Env {
         for d in ["config", "state", "run"] {
             durable::create_private_dir(&home.join(d), &Faults::none())
                 .map_err(|e| fail("creating the temporary home", e))?;
+        }
+        // The daemons run with this config when it is given (e.g. `[audit] durability =
+        // "always"`, to measure the strict audit log): docs/benchmarks.md.
+        if let Some(config) = std::env::var_os(DAEMON_CONFIG_VAR) {
+            let text = std::fs::read(&config).map_err(|e| {
+                fail(
+                    &format!(
+                        "reading ${DAEMON_CONFIG_VAR} ({})",
+                        Path::new(&config).display()
+                    ),
+                    e,
+                )
+            })?;
+            let dir = home.join("config/holdfast");
+            durable::create_private_dir(&dir, &Faults::none())
+                .and_then(|()| durable::atomic_write(&dir, "config.toml", &text, &Faults::none()))
+                .map_err(|e| fail("writing the daemon's config", e))?;
         }
         let data_dir = home.join("state/holdfast");
         // The store as the daemon sees it: its own key file in the key directory.

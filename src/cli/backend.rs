@@ -22,8 +22,13 @@ pub enum Backend {
         /// Store name.
         store: String,
     },
-    /// Directly.
-    Local(Box<CredentialStore>),
+    /// Directly, each operation recorded in the audit log (unless it is turned off).
+    Local {
+        /// The store.
+        store: Box<CredentialStore>,
+        /// Its recorder.
+        audit: Option<super::audit::Recorder>,
+    },
 }
 
 fn from_json<T: serde::de::DeserializeOwned>(v: Value) -> CliResult<T> {
@@ -45,11 +50,14 @@ impl Backend {
                 client: Box::new(client),
                 store: g.store.clone(),
             }),
-            None => Ok(Backend::Local(Box::new(super::open_store(
-                g.store_config()?,
-                mode,
-                fix_permissions,
-            )?))),
+            None => {
+                let config = g.store_config()?;
+                let audit = super::audit::Recorder::open(g, &config.name)?;
+                Ok(Backend::Local {
+                    store: Box::new(super::open_store(config, mode, fix_permissions)?),
+                    audit,
+                })
+            }
         }
     }
 
@@ -59,7 +67,7 @@ impl Backend {
                 params["store"] = store.as_str().into();
                 Ok(client.call(method, params)?)
             }
-            Backend::Local(_) => Err(CliError::with_code(
+            Backend::Local { .. } => Err(CliError::with_code(
                 "internal: daemon call on a local store",
                 1,
             )),
@@ -68,8 +76,8 @@ impl Backend {
 
     /// Read a credential.
     pub fn get(&mut self, id: &str) -> CliResult<Credential> {
-        if let Backend::Local(s) = self {
-            return Ok(s.get(id)?);
+        if let Backend::Local { store, audit } = self {
+            return read(audit, "cred.get", Some(id), store.get(id));
         }
         let mut v = self.call("cred.get", json!({"id": id}))?;
         let doc = v
@@ -84,8 +92,11 @@ impl Backend {
 
     /// Store a whole document.
     pub fn set(&mut self, cred: Credential, if_generation: Option<u64>) -> CliResult<u64> {
-        if let Backend::Local(s) = self {
-            return Ok(s.set(cred, if_generation)?);
+        if let Backend::Local { store, audit } = self {
+            let id = cred.id().to_owned();
+            return change(audit, "cred.set", Some(&id), || {
+                store.set(cred, if_generation)
+            });
         }
         let mut params = json!({"credential": cred.expose_json()});
         // `Client::call` zeroizes the params it is given and its own buffers.
@@ -126,8 +137,10 @@ impl Backend {
         if_generation: Option<u64>,
         mut f: impl FnMut(Option<Credential>) -> Credential,
     ) -> CliResult<u64> {
-        if let Backend::Local(s) = self {
-            return Ok(s.update(id, if_generation, |c| Ok(f(c)))?);
+        if let Backend::Local { store, audit } = self {
+            return change(audit, "cred.set", Some(id), || {
+                store.update(id, if_generation, |c| Ok(f(c)))
+            });
         }
         for _ in 0..CAS_RETRIES {
             let existing = match self.get(id) {
@@ -165,24 +178,24 @@ impl Backend {
 
     /// Delete; whether it existed.
     pub fn delete(&mut self, id: &str) -> CliResult<bool> {
-        if let Backend::Local(s) = self {
-            return Ok(s.delete(id)?);
+        if let Backend::Local { store, audit } = self {
+            return change(audit, "cred.delete", Some(id), || store.delete(id));
         }
         Ok(self.call("cred.delete", json!({"id": id}))?["deleted"].as_bool() == Some(true))
     }
 
     /// Whether it exists.
     pub fn exists(&mut self, id: &str) -> CliResult<bool> {
-        if let Backend::Local(s) = self {
-            return Ok(s.exists(id)?);
+        if let Backend::Local { store, audit } = self {
+            return read(audit, "cred.exists", Some(id), store.exists(id));
         }
         Ok(self.call("cred.exists", json!({"id": id}))?["exists"].as_bool() == Some(true))
     }
 
     /// Metadata of every credential.
     pub fn list(&mut self) -> CliResult<Listing> {
-        if let Backend::Local(s) = self {
-            return Ok(s.list()?);
+        if let Backend::Local { store, audit } = self {
+            return read(audit, "cred.list", None, store.list());
         }
         let v = self.call("cred.list", json!({}))?;
         let credentials = v["credentials"]
@@ -210,8 +223,11 @@ impl Backend {
 
     /// fsck.
     pub fn fsck(&mut self, repair: bool) -> CliResult<Report> {
-        if let Backend::Local(s) = self {
-            return Ok(s.fsck(repair)?);
+        if let Backend::Local { store, audit } = self {
+            if repair {
+                return change(audit, "admin.fsck", None, || store.fsck(true));
+            }
+            return read(audit, "admin.fsck", None, store.fsck(false));
         }
         from_json(self.call("admin.fsck", json!({"repair": repair}))?)
     }
@@ -224,7 +240,7 @@ impl Backend {
         progress: impl FnMut(usize, usize),
         streams_data_dir: Option<&std::path::Path>,
     ) -> CliResult<RotateReport> {
-        if let Backend::Local(s) = self {
+        if let Backend::Local { store, audit } = self {
             if let Some(dir) = streams_data_dir.filter(|d| crate::streams::has_data(d)) {
                 return Err(CliError::with_code(
                     format!(
@@ -236,7 +252,14 @@ impl Backend {
                     ErrorKind::Unsupported.exit_code(),
                 ));
             }
-            return Ok(s.rotate_key_with(opts, progress, || Ok(()))?);
+            let op = if opts.new_key {
+                "admin.rotate_key"
+            } else {
+                "admin.prune_keys"
+            };
+            return change(audit, op, None, || {
+                store.rotate_key_with(opts, progress, || Ok(()))
+            });
         }
         match opts.new_key {
             true => from_json(self.call("admin.rotate_key", json!({"prune": opts.prune}))?),
@@ -248,11 +271,38 @@ impl Backend {
     pub fn describe(&self) -> String {
         match self {
             Backend::Daemon { store, .. } => format!("store {store:?} (via the daemon)"),
-            Backend::Local(s) => format!(
+            Backend::Local { store, .. } => format!(
                 "store {:?} ({})",
-                s.config().name,
-                s.config().base.display()
+                store.config().name,
+                store.config().base.display()
             ),
         }
+    }
+}
+
+/// A read on a store opened here: its outcome recorded (if the log is kept) before it is used.
+fn read<T>(
+    audit: &Option<super::audit::Recorder>,
+    op: &'static str,
+    id: Option<&str>,
+    r: Result<T, crate::store::Error>,
+) -> CliResult<T> {
+    match audit {
+        Some(a) => a.read(op, id, r),
+        None => Ok(r?),
+    }
+}
+
+/// A change to a store opened here: a durable `begun` record first (refused if it cannot be
+/// written), then the change, then its outcome.
+fn change<T>(
+    audit: &Option<super::audit::Recorder>,
+    op: &'static str,
+    id: Option<&str>,
+    f: impl FnOnce() -> Result<T, crate::store::Error>,
+) -> CliResult<T> {
+    match audit {
+        Some(a) => a.change(op, id, f),
+        None => Ok(f()?),
     }
 }

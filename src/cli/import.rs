@@ -163,6 +163,8 @@ fn copy(g: &Global, a: &ImportArgs, source: &CredentialStore) -> CliResult {
         }
     })?;
     let listing = source.list()?;
+    // Each credential read out of hive's store is recorded (as `import`, on that store).
+    let recorder = super::audit::Recorder::open(g, &source.config().name)?;
     let total = listing.credentials.len();
     let progress = total > 50 && std::io::stderr().is_terminal();
     let mut rows: Vec<(String, Outcome, String)> = Vec::new();
@@ -171,11 +173,15 @@ fn copy(g: &Global, a: &ImportArgs, source: &CredentialStore) -> CliResult {
         if progress {
             let _ = write!(std::io::stderr(), "\rholdfast: import {}/{total}", i + 1);
         }
-        let cred = match source.get(&info.id) {
+        let got = match &recorder {
+            Some(r) => r.read("import", Some(&info.id), source.get(&info.id)),
+            None => source.get(&info.id).map_err(CliError::from),
+        };
+        let cred = match got {
             Ok(c) => c,
             Err(e) => {
-                let msg = e.to_string();
-                first_error.get_or_insert_with(|| CliError::from(e));
+                let msg = e.message.clone();
+                first_error.get_or_insert(e);
                 rows.push((info.id.clone(), Outcome::Unreadable, msg));
                 continue;
             }
@@ -430,10 +436,30 @@ fn serve(g: &Global, a: &ImportArgs, source: &CredentialStore) -> CliResult {
         .file_name()
         .and_then(|n| n.to_str())
         .ok_or_else(|| CliError::usage("the config file name is not UTF-8"))?;
+    // Serving a store is a change the audit log records: begun before the config is written.
+    let recorder = super::audit::Recorder::open(g, &a.name)?;
+    let begun = recorder
+        .as_ref()
+        .map(|r| r.begin("import", None))
+        .transpose()?;
     let faults = Faults::none();
-    durable::create_private_dir(parent, &faults)
+    let written = durable::create_private_dir(parent, &faults)
         .and_then(|()| durable::atomic_write(parent, name, new.as_bytes(), &faults).map(|_| ()))
-        .map_err(|e| CliError::with_code(e.to_string(), ErrorKind::Storage.exit_code()))?;
+        .map_err(|e| CliError::with_code(e.to_string(), ErrorKind::Storage.exit_code()));
+    if let (Some(r), Some(begun)) = (&recorder, begun) {
+        let result = match &written {
+            Ok(()) => crate::audit::OK,
+            Err(_) => ErrorKind::Storage.as_str(),
+        };
+        r.done(
+            "import",
+            None,
+            begun,
+            result,
+            Some(super::audit::import_detail(&dir, "serve")),
+        );
+    }
+    written?;
     if !g.json {
         out(format!(
             "{} is now store {:?} ({count} credential(s), key from {key}): added to {}",

@@ -1,6 +1,7 @@
 //! The `holdfast` admin command line. One file per subcommand; this file holds the global
 //! options, store selection, output and exit codes.
 
+mod audit;
 mod backend;
 mod bench;
 mod cred;
@@ -36,7 +37,8 @@ Exit codes:
   3  not found
   4  conflict (generation mismatch, id collision, key already exists)
   5  sealed: the store has data but no usable key (nothing was modified)
-  6  integrity: a file is damaged, swapped, or stamped in the future (clock skew)
+  6  integrity: a file is damaged, swapped, or stamped in the future (clock skew); or
+     `audit verify` found the audit chain broken
   7  storage: an I/O error (nothing was changed, or writes are refused until reopened)
   8  busy: the store lock was held by another process for the whole timeout
   9  forbidden: unsafe permissions or ownership on a store directory or key file
@@ -57,7 +59,9 @@ Environment:
 
 Commands that read or write credentials go through the daemon when one answers on the
 socket (and serves the same data directory); otherwise they open the store directly, with
-the same locks, and say \"(offline)\" on stderr.";
+the same locks, and say \"(offline)\" on stderr. Either way each operation is recorded in the
+data directory's audit log (`holdfast audit`); one that cannot be recorded is refused
+(exit 7).";
 
 /// holdfast: keeps the state AI-agent processes must not lose or leak.
 #[derive(Parser, Debug)]
@@ -157,6 +161,10 @@ enum Command {
     /// The store's keys: which it has and which files each opens (no subcommand), rotate,
     /// prune the archive of retired keys.
     Key(key::KeyArgs),
+    /// The audit log: who did what to which credential, when, with what result (never a
+    /// value). `holdfast audit` lists records (--since, --id, --op, --last; --json);
+    /// `holdfast audit verify` checks the hash chain (exit 6 naming each break).
+    Audit(audit::AuditArgs),
     /// Measure this machine (runs holdfast-bench, built beside this binary; `holdfast bench
     /// --help` for its options): credentials through a real daemon against the floors, or
     /// --streams (against SQLite and Redis) or --runs.
@@ -490,6 +498,7 @@ pub fn main() -> ExitCode {
         Command::Cred(c) => cred::run(g, c),
         Command::Store(c) => store::run(g, c),
         Command::Key(c) => key::run(g, c),
+        Command::Audit(a) => audit::run(g, a),
         Command::Bench(a) => bench::run(g, a),
         Command::Recovery(c) => recovery::run(g, c),
         Command::Stream(c) => stream::run(g, c),

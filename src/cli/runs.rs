@@ -61,7 +61,7 @@ pub struct PruneArgs {
 }
 
 /// `90s`, `30m`, `12h`, `7d` (a bare number is seconds).
-fn parse_span(s: &str) -> Result<Duration, String> {
+pub(super) fn parse_span(s: &str) -> Result<Duration, String> {
     // The unit is the trailing letters, so exponents (`1e3d`) stay with the number.
     let num = s.trim_end_matches(|c: char| c.is_ascii_alphabetic());
     let unit = &s[num.len()..];

@@ -45,6 +45,19 @@ pub fn run(g: &Global) -> CliResult {
             };
             out(format!("store {name}: {state}"));
         }
+        let audit = get("audit");
+        out(match audit.get("dir").and_then(Value::as_str) {
+            None => "audit log: off ([audit] enabled = false)".to_string(),
+            Some(dir) => match audit["refusing"].as_str() {
+                Some(why) => format!(
+                    "audit log: {dir}: REFUSING every credential operation until a restart ({why})"
+                ),
+                None => format!(
+                    "audit log: {dir} ({})",
+                    audit["durability"].as_str().unwrap_or("?")
+                ),
+            },
+        });
         return Ok(());
     }
     let store = g.open(OpenMode::ReadOnly);

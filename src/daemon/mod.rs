@@ -155,6 +155,8 @@ pub fn run(opts: BootOptions) -> Result<(), BootError> {
         let stopped = server::run(bound, Arc::clone(&daemon), limits, rx, !activated).await;
         jobs.stop(JOBS_GRACE).await;
         daemon.stop_watching();
+        let d = Arc::clone(&daemon);
+        let _ = tokio::task::spawn_blocking(move || d.close_audit()).await;
         tracing::info!("holdfast daemon stopped");
         match stopped {
             server::Stopped::Shutdown => Ok(()),

@@ -54,6 +54,8 @@ pub enum Op {
     UnsafePath,
     /// Renaming (or creating) an empty marker file whose name records a fact (`markers.rs`).
     Marker,
+    /// `open(O_CREAT|O_EXCL|O_NOFOLLOW)` of a file appended to in place (an audit segment).
+    Create,
 }
 
 impl fmt::Display for Op {
@@ -77,6 +79,7 @@ impl fmt::Display for Op {
             Op::Chmod => "chmod",
             Op::UnsafePath => "refused path",
             Op::Marker => "rename marker",
+            Op::Create => "create",
         })
     }
 }

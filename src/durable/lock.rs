@@ -454,6 +454,97 @@ fn poll_flock(file: &File, mode: LockMode, deadline: Instant) -> io::Result<bool
 
 use crate::limits::POLL_FALLBACK;
 
+/// A lock file kept open, for a caller that takes it exclusively on every append and keeps its
+/// own threads in line (the audit log's writer, under its mutex): one `flock` to take, one to
+/// release — no `open`/`close` and no in-process gate (whose release wakes a condition variable,
+/// a `futex` call each time). Every other holder of the same file — [`lock`], [`try_lock`], or
+/// another `LockFile`, in this process or another — is excluded by the `flock` itself, which
+/// holds between open file descriptions. The file is opened again after [`LockFile::REOPEN`]:
+/// a lock file deleted while held open would exclude nobody who opens the new one.
+#[derive(Debug)]
+pub struct LockFile {
+    file: File,
+    path: PathBuf,
+    opened: Instant,
+    /// Only its `helper_in_flight` is used: one blocked helper at a time (see `wait_flock`).
+    helper: Arc<Gate>,
+}
+
+/// An exclusive hold on a [`LockFile`]; released on drop.
+#[derive(Debug)]
+pub struct FileLockGuard<'a> {
+    file: &'a File,
+}
+
+impl Drop for FileLockGuard<'_> {
+    fn drop(&mut self) {
+        let _ = FileExt::unlock(self.file);
+    }
+}
+
+impl std::fmt::Debug for Gate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Gate")
+    }
+}
+
+impl LockFile {
+    /// How long one open file description is used before the path is opened again.
+    pub const REOPEN: Duration = Duration::from_secs(1);
+
+    /// Open (creating it 0600 if missing) the lock file at `path`.
+    pub fn open(path: &Path) -> Result<LockFile, LockError> {
+        let file = open_lock_file(path).map_err(|source| LockError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Ok(LockFile {
+            file,
+            path: path.to_path_buf(),
+            opened: Instant::now(),
+            helper: Arc::new(Gate::default()),
+        })
+    }
+
+    /// Whether it was opened longer ago than [`LockFile::REOPEN`] (the caller opens it again).
+    pub fn stale(&self) -> bool {
+        self.opened.elapsed() >= Self::REOPEN
+    }
+
+    /// Take it exclusively if nobody holds it; `Ok(None)` otherwise.
+    pub fn try_exclusive(&self) -> Result<Option<FileLockGuard<'_>>, LockError> {
+        match try_flock(&self.file, LockMode::Exclusive) {
+            Ok(true) => Ok(Some(FileLockGuard { file: &self.file })),
+            Ok(false) => Ok(None),
+            Err(source) => Err(LockError::Io {
+                path: self.path.clone(),
+                source,
+            }),
+        }
+    }
+
+    /// Take it exclusively, waiting at most `timeout`.
+    pub fn exclusive(&self, timeout: Duration) -> Result<FileLockGuard<'_>, LockError> {
+        let deadline = Instant::now() + timeout;
+        match wait_flock(
+            &self.file,
+            LockMode::Exclusive,
+            Some(deadline),
+            &self.helper,
+        ) {
+            Ok(true) => Ok(FileLockGuard { file: &self.file }),
+            Ok(false) => Err(LockError::Timeout {
+                path: self.path.clone(),
+                waited: timeout,
+            }),
+            Err(source) => Err(LockError::Io {
+                path: self.path.clone(),
+                source,
+            }),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -568,5 +659,34 @@ mod tests {
         // The gate was released despite the timeout: after the other side lets go we get it.
         FileExt::unlock(&other).unwrap();
         assert!(lock(&path, LockMode::Exclusive, Duration::from_secs(1)).is_ok());
+    }
+}
+
+#[cfg(test)]
+mod lock_file_tests {
+    use super::*;
+
+    /// A kept-open lock file and the gated locks exclude each other, within a process too.
+    #[test]
+    fn a_kept_open_lock_file_excludes_every_other_holder() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("x.lock");
+        let a = LockFile::open(&path).unwrap();
+        let b = LockFile::open(&path).unwrap();
+        let held = a.try_exclusive().unwrap().expect("free");
+        assert!(b.try_exclusive().unwrap().is_none());
+        assert!(try_lock(&path, LockMode::Shared).unwrap().is_none());
+        let e = b.exclusive(Duration::from_millis(50)).unwrap_err();
+        assert!(matches!(e, LockError::Timeout { .. }), "{e}");
+        let waiter =
+            std::thread::spawn(move || b.exclusive(Duration::from_secs(5)).map(|_| ()).is_ok());
+        std::thread::sleep(Duration::from_millis(20));
+        drop(held);
+        assert!(waiter.join().unwrap(), "taken once released");
+        let gated = lock(&path, LockMode::Exclusive, Duration::from_secs(1)).unwrap();
+        assert!(a.try_exclusive().unwrap().is_none());
+        drop(gated);
+        assert!(a.try_exclusive().unwrap().is_some());
+        assert!(!a.stale());
     }
 }

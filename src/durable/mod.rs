@@ -5,6 +5,7 @@
 //! the only ones allowed those calls.
 #![allow(clippy::disallowed_methods)]
 
+mod appender;
 mod atomic;
 pub mod beneath;
 mod cache;
@@ -17,6 +18,7 @@ pub mod perms;
 mod poison;
 mod spares;
 
+pub use appender::{AppendStat, Appender};
 pub(crate) use atomic::ctime_ns;
 pub use atomic::{
     atomic_write, atomic_write_recycling, atomic_write_with, create_exclusive, create_private_dir,
@@ -28,7 +30,7 @@ pub use beneath::{Dir, Owned};
 pub use cache::FileCache;
 pub use fault::{FaultMode, Faults, Op};
 pub use linelog::{append_line, Appended, LineFile};
-pub use lock::{LockError, LockGuard, LockMode};
+pub use lock::{FileLockGuard, LockError, LockFile, LockGuard, LockMode};
 pub use perms::PermError;
 pub use poison::Poison;
 pub use spares::Spares;

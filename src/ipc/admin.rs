@@ -118,6 +118,11 @@ pub fn status(daemon: &Daemon, grant: &PluginGrant) -> Value {
         "connections": daemon.connections(),
         "lane_connections": daemon.lane_connections(),
         "stores": stores,
+        "audit": daemon.audit().map(|a| json!({
+            "dir": a.dir(),
+            "durability": if a.strict() { "always" } else { "batch" },
+            "refusing": a.poisoned(),
+        })),
     })
 }
 

@@ -46,9 +46,12 @@ pub async fn dispatch(
 
 async fn cred_get(daemon: &Arc<Daemon>, grant: &PluginGrant, p: ById) -> Result<Value, RpcError> {
     let (_, store) = store_of(daemon, grant, p.store.as_deref()).await?;
-    // Here when route() could not answer from the file cache (a miss, a changed or racy file,
-    // an error, a store not open yet): the read may wait on the disk.
-    let cred = blocking(move || store.get(&p.id)).await?;
+    // A clean hit of the file cache costs no waiting (here when route() could not answer
+    // inline: its audit record had to wait). Otherwise the read may wait on the disk.
+    let cred = match store.get_cached(&p.id) {
+        Some(Ok(cred)) => cred,
+        _ => blocking(move || store.get(&p.id)).await?,
+    };
     Ok(serde_json::json!({"credential": cred.expose_json(), "generation": cred.generation()}))
 }
 
@@ -135,13 +138,13 @@ async fn release_lease(
 }
 
 /// `cred.get` / `cred.exists` on the connection's task, if the store is open and the file
-/// cache has the credential (`None`: take the async path). Refusals are answered here too.
+/// cache has the credential (`None`: take the async path): its answer, or its refusal.
 pub(super) fn read_inline(
     daemon: &Daemon,
     grant: &PluginGrant,
     call: &CredCall,
     id: &protocol::Id,
-) -> Option<Zeroizing<Vec<u8>>> {
+) -> Option<Result<Zeroizing<Vec<u8>>, RpcError>> {
     let (p, exists) = match call {
         CredCall::Get(p) => (p, false),
         CredCall::Exists(p) => (p, true),
@@ -149,7 +152,7 @@ pub(super) fn read_inline(
     };
     let name = p.store.as_deref().unwrap_or(DEFAULT_STORE);
     if let Err(e) = check_store_name(grant, name) {
-        return Some(protocol::response_err(id, &e));
+        return Some(Err(e));
     }
     let slot = daemon.open_store(name)?;
     let store = match &slot.store {
@@ -159,11 +162,11 @@ pub(super) fn read_inline(
     // Only a clean hit of the file cache (an lstat and a decryption, no file opened): anything
     // that could wait on the disk (a miss, a key reload, an error path) goes to the pool.
     let cred = store.get_cached(&p.id)?.ok()?;
-    Some(if exists {
+    Some(Ok(if exists {
         protocol::response_ok(id, serde_json::json!({"exists": true}))
     } else {
         protocol::response_credential(id, &cred, cred.generation())
-    })
+    }))
 }
 
 /// A well-formed store name this connection's grant includes.
@@ -349,7 +352,10 @@ async fn write_and_answer(
 ) {
     // The JoinHandle's error is a panic in `work`; the answer went out as `Answer`'s drop.
     let _ = tokio::task::spawn_blocking(move || {
-        answer.send(work());
+        let mut answer = answer;
+        // Its `begun` audit record is durable before the write starts, or it does not start.
+        let result = answer.begin().and_then(|()| work());
+        answer.send(result);
         drop(permit);
     })
     .await;

@@ -50,7 +50,10 @@ pub fn route<'a>(daemon: &Daemon, session: &Session, line: &'a [u8]) -> Routed<'
             .and_then(|g| super::run_scope::admit_run(&g, "stream.append", &a.run_id));
         return match admitted {
             Ok(()) => Routed::Append(id, a),
-            Err(e) => Routed::Done(protocol::response_err(&id, &e)),
+            Err(e) => {
+                super::audit::refused(daemon, session, "stream.append", None, &e);
+                Routed::Done(protocol::response_err(&id, &e))
+            }
         };
     }
     let env = match protocol::parse_request(line) {
@@ -65,14 +68,27 @@ pub fn route<'a>(daemon: &Daemon, session: &Session, line: &'a [u8]) -> Routed<'
         })
     };
     if env.method == "hello" {
-        let r = protocol::typed::<Hello>(protocol::call::text(env.params))
-            .and_then(|p| hello(daemon, session, p));
+        let r = protocol::typed::<Hello>(protocol::call::text(env.params)).and_then(|p| {
+            let (client, plugin) = (p.client.clone(), p.plugin.clone());
+            hello(daemon, session, p).inspect_err(|e| {
+                super::audit::hello_refused(
+                    daemon,
+                    session,
+                    client.as_deref(),
+                    plugin.as_deref(),
+                    e,
+                )
+            })
+        });
         return answer(&id, r);
     }
     daemon.note_request();
     let grant = match admit(session, &env.method) {
         Ok(g) => g,
-        Err(e) => return answer(&id, Err(e)),
+        Err(e) => {
+            super::audit::refused(daemon, session, &env.method, env.params, &e);
+            return answer(&id, Err(e));
+        }
     };
     // An admitted method is one of ours (never the client's text); the params are not logged.
     tracing::trace!(conn = session.id, method = %env.method, "request");
@@ -85,8 +101,13 @@ pub fn route<'a>(daemon: &Daemon, session: &Session, line: &'a [u8]) -> Routed<'
     }
     match call {
         Call::Stream(StreamCall::Append(a)) => Routed::Append(id, a),
-        Call::Cred(c @ (CredCall::Get(_) | CredCall::Exists(_))) => {
-            match super::creds::read_inline(daemon, &grant, &c, &id) {
+        Call::Cred(c @ (CredCall::Get(_) | CredCall::Exists(_)))
+            if super::audit::inline_ok(daemon) =>
+        {
+            // Answered here only once its audit record is written (ipc/audit.rs).
+            match super::creds::read_inline(daemon, &grant, &c, &id)
+                .and_then(|reply| super::audit::answer_inline(daemon, session, &c, &id, reply))
+            {
                 Some(reply) => Routed::Done(reply),
                 None => Routed::Async(id, Call::Cred(c), grant),
             }
@@ -105,9 +126,32 @@ pub async fn respond(
     call: Call,
     grant: Arc<PluginGrant>,
 ) {
-    let answer = Answer::new(id, session);
+    let (pending, delivered) = super::audit::pending(daemon, &call).unzip();
+    let mut answer = Answer::new(id, session);
+    answer.audit = pending;
+    if answer.audit.as_ref().is_some_and(|p| p.is_change()) && !matches!(call, Call::Cred(_)) {
+        // An admin change's `begun` record is synced before it starts (a credential write's
+        // is written on the pool thread that makes it: `creds::write_and_answer`).
+        let mut a = answer;
+        let begun = tokio::task::spawn_blocking(move || {
+            let r = a.begin();
+            (a, r)
+        })
+        .await;
+        let Ok((a, r)) = begun else { return };
+        answer = a;
+        if let Err(e) = r {
+            return answer.send(Err(e));
+        }
+    }
     let result = match call {
-        Call::Cred(c) => return super::creds::dispatch(daemon, session, c, grant, answer).await,
+        Call::Cred(c) => {
+            super::creds::dispatch(daemon, session, c, grant, answer).await;
+            if let Some(delivered) = delivered {
+                let _ = delivered.await;
+            }
+            return;
+        }
         Call::Stream(c) => super::streams::dispatch(daemon, session, c, &grant).await,
         Call::Run(c) => super::runs::dispatch(daemon, c, &grant).await,
         Call::Admin(c) => super::admin::dispatch(daemon, c, grant).await,
@@ -116,6 +160,11 @@ pub async fn respond(
         Call::Hello(_) => Err(RpcError::method_not_found("hello")),
     };
     answer.send(result);
+    // The answer may wait for its audit record: the request holds its in-flight slot until
+    // the answer left.
+    if let Some(delivered) = delivered {
+        let _ = delivered.await;
+    }
 }
 
 /// Where the answer to one request goes: built and sent once, from whichever thread has the
@@ -128,6 +177,8 @@ pub struct Answer {
     /// `None` once sent.
     id: Option<Id>,
     session: Arc<Session>,
+    /// The operation's audit record, which the answer waits for (ipc/audit.rs).
+    audit: Option<super::audit::Pending>,
 }
 
 impl Answer {
@@ -135,6 +186,16 @@ impl Answer {
         Answer {
             id: Some(id),
             session: Arc::clone(session),
+            audit: None,
+        }
+    }
+
+    /// For a change: write its `begun` audit record durably before the change is made
+    /// (blocking: from the blocking pool). An error means the change must not be made.
+    pub fn begin(&mut self) -> Result<(), RpcError> {
+        match &mut self.audit {
+            Some(p) => p.begin(&self.session),
+            None => Ok(()),
         }
     }
 
@@ -147,6 +208,9 @@ impl Answer {
         let Some(id) = self.id.take() else {
             return;
         };
+        if let Some(p) = self.audit.take() {
+            return p.deliver(&self.session, id, result);
+        }
         let line = match result {
             Ok(v) => protocol::response_ok(&id, v),
             Err(e) => protocol::response_err(&id, &e),
@@ -242,6 +306,7 @@ Some(name) => daemon.config().plugins.get(name).map(|g| g.bound_as(name)).ok_or_
     let appends = methods.contains(&"stream.append") && grant.covers_every_run();
     let grant = Arc::new(grant);
     session.bind(Arc::clone(&grant), appends);
+    session.name(p.client.as_deref(), p.plugin.as_deref());
     let shown = |s: &Option<String>| s.as_deref().map(|s| s.chars().take(64).collect::<String>());
     if p.client.as_deref() == Some(crate::limits::WATCHDOG_CLIENT) {
         // The daemon's own liveness probe, every few seconds: not worth a journal line each.

@@ -9,11 +9,13 @@
 //! - [`handlers`]: routing (admission, hello, unsubscribe) to the method families: [`creds`]
 //!   (`cred.*`), [`admin`] (`admin.*`), [`streams`] (`stream.*`, `checkpoint.*`), [`runs`] (`run.*`).
 //! - [`run_scope`]: a plugin grant's `runs`: calls naming other runs refused, listings filtered.
+//! - [`audit`]: what each call records in the audit log, and when its answer may leave.
 //! - [`subscriptions`]: a connection's subscriptions, their cap and `unsubscribe`.
 
 pub mod activation;
 pub mod admin;
 pub mod answers;
+pub mod audit;
 pub mod conn;
 pub mod creds;
 pub mod frame;

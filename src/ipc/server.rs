@@ -234,6 +234,10 @@ pub struct Session {
     pub ended_notify: Notify,
     /// The socket, for [`Session::send_now`].
     sock: Arc<Conn>,
+    /// The peer's pid and uid (`SO_PEERCRED` at accept), for the audit log.
+    peer: (Option<u32>, Option<u32>),
+    /// Who the audit log says asked: the peer, with the names `hello` gave.
+    who: std::sync::OnceLock<crate::audit::Who>,
 }
 
 impl Session {
@@ -272,6 +276,32 @@ impl Session {
         self.outbox.flush_now(&self.sock);
     }
 
+    /// Who the audit log says asked on this connection: the peer, and the client and plugin
+    /// names `hello` gave (set once, by [`Session::name`]).
+    pub fn audit_who(&self) -> crate::audit::Who {
+        match self.who.get() {
+            Some(w) => w.clone(),
+            None => crate::audit::Who {
+                via: crate::audit::Via::Daemon,
+                pid: self.peer.0,
+                uid: self.peer.1,
+                conn: Some(self.id),
+                ..Default::default()
+            },
+        }
+    }
+
+    /// The names `hello` gave (cut to 64 characters), for the audit log.
+    pub fn name(&self, client: Option<&str>, plugin: Option<&str>) {
+        let cut = |s: &str| -> Arc<str> {
+            crate::audit::record::cut_chars(s, crate::audit::record::MAX_NAME_CHARS).into()
+        };
+        let mut who = self.audit_who();
+        who.client = client.map(cut);
+        who.plugin = plugin.map(cut);
+        let _ = self.who.set(who);
+    }
+
     /// Bind the grant `hello` chose; `appends` says whether it admits `stream.append` of every
     /// run (then an append needs no look at the grant).
     pub fn bind(&self, grant: Arc<PluginGrant>, appends: bool) {
@@ -306,6 +336,8 @@ impl Session {
             ended: AtomicBool::new(false),
             ended_notify: Notify::new(),
             sock,
+            peer: (None, None),
+            who: Default::default(),
         })
     }
 
@@ -378,7 +410,12 @@ pub async fn run(
                     }
                 };
                 // Before reading a single byte: who is on the other end?
-                let peer = stream.peer_creds().ok().and_then(|c| c.euid());
+                let creds = stream.peer_creds().ok();
+                let peer = creds.as_ref().and_then(|c| c.euid());
+                let peer_pid = creds
+                    .as_ref()
+                    .and_then(|c| c.pid())
+                    .and_then(|p| u32::try_from(p).ok());
                 let ok = match peer {
                     Some(uid) => uid == me || (uid == 0 && allow_root),
                     None => false,
@@ -386,6 +423,7 @@ pub async fn run(
                 if !ok {
                     tracing::warn!(peer_uid = ?peer, daemon_uid = me, "uid mismatch: closing the connection before reading from it");
                     drop(stream);
+                    super::audit::connection_refused(&daemon, peer, peer_pid);
                     continue;
                 }
                 let conn = next_conn.fetch_add(1, Ordering::Relaxed);
@@ -394,7 +432,7 @@ pub async fn run(
                         let (daemon, limits, shutdown, done, lane) =
                             (Arc::clone(&daemon), limits.clone(), shutdown.clone(), done_tx.clone(), lane.clone());
                         tokio::spawn(async move {
-                            connection(stream, daemon, limits, conn, shutdown, lane).await;
+                            connection(stream, daemon, limits, conn, shutdown, lane, (peer_pid, peer)).await;
                             drop(permit);
                             drop(done);
                         });
@@ -481,6 +519,7 @@ async fn connection(
     conn: u64,
     mut shutdown: watch::Receiver<bool>,
     lane: Option<Arc<Lane>>,
+    peer: (Option<u32>, Option<u32>),
 ) {
     let (read_half, stream) = match Conn::new(stream) {
         Ok(halves) => halves,
@@ -502,6 +541,8 @@ async fn connection(
         ended: AtomicBool::new(false),
         ended_notify: Notify::new(),
         sock: Arc::clone(&stream),
+        peer,
+        who: Default::default(),
     });
     let writer_session = Arc::clone(&session);
     let writer = tokio::spawn(async move {

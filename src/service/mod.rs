@@ -108,6 +108,8 @@ pub struct Daemon {
     /// The PostgreSQL backend's database, its schema checked (`[backend] kind = "postgres"`;
     /// made on first use, shared by the streams and the run logs).
     db: Mutex<Option<Arc<crate::pg::Db>>>,
+    /// The audit log (`None`: `[audit] enabled = false`).
+    audit: Option<crate::audit::AuditLog>,
 }
 
 impl Daemon {
@@ -230,6 +232,7 @@ impl Daemon {
             .map(|(name, cfg)| (name, Arc::new(open_slot(cfg))))
             .collect();
         let (events, _) = broadcast::channel(EVENT_BACKLOG);
+        let audit = open_audit(&data_dir, &config, crate::durable::Faults::none());
         Ok(Daemon {
             started: Instant::now(),
             socket,
@@ -251,7 +254,26 @@ impl Daemon {
             lane_commits: std::sync::atomic::AtomicBool::new(false),
             run_log: Mutex::new(None),
             db: Mutex::new(None),
+            audit,
         })
+    }
+
+    /// The audit log, if one is kept.
+    pub fn audit(&self) -> Option<&crate::audit::AuditLog> {
+        self.audit.as_ref()
+    }
+
+    /// Replace the audit log with one on `faults` (tests of its failure policy).
+    #[doc(hidden)]
+    pub fn use_audit_faults(&mut self, faults: crate::durable::Faults) {
+        self.audit = open_audit(&self.data_dir, &self.config, faults);
+    }
+
+    /// Write the audit records still queued and sync them (shutdown, after the last request).
+    pub fn close_audit(&self) {
+        if let Some(a) = &self.audit {
+            a.close();
+        }
     }
 
     /// Every store, by name.
@@ -404,6 +426,30 @@ fn own_store_config(name: &str, base: PathBuf) -> Result<StoreConfig, crate::pat
         crate::paths::keys_dir()?,
         crate::paths::systemd_key_sources(name),
     ))
+}
+
+/// The audit log of `data_dir` as `config` sets it up, its committer running; `None` if the
+/// config turns it off.
+fn open_audit(
+    data_dir: &Path,
+    config: &Config,
+    faults: crate::durable::Faults,
+) -> Option<crate::audit::AuditLog> {
+    let settings = config.audit_settings();
+    if !settings.enabled {
+        tracing::warn!("[audit] enabled = false: credential operations are not recorded");
+        return None;
+    }
+    let log = crate::audit::AuditLog::new(crate::audit::dir_of(data_dir), settings, faults);
+    if let Err(e) = log.prepare() {
+        // Every operation will say why when it is refused; the log says it once here.
+        tracing::error!(error = %e, "the audit log cannot be set up");
+    }
+    if let Err(e) = log.start_committer() {
+        // Without it every record is written by its caller, waiting (correct, slower).
+        tracing::warn!(error = %e, "cannot start the audit log's committer thread");
+    }
+    Some(log)
 }
 
 /// Open one store for the daemon (repairing on open), logging how it went.
