@@ -86,6 +86,22 @@ fn two_data_dirs_over_one_config_dir_keep_their_own_keys() {
     assert_ne!(own_key(&env, &a), own_key(&env, &b));
     let b_key = fs::read(own_key(&env, &b)).unwrap();
     assert_ne!(fs::read(own_key(&env, &a)).unwrap(), b_key);
+    // Each init is in its own data dir's audit log: begun, then ok.
+    for data in [&a, &b] {
+        let log = json(&ok(in_dir(
+            &env,
+            data,
+            &["audit", "--json", "--op", "init"],
+            b"",
+        )));
+        let results: Vec<&str> = log
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["result"].as_str().unwrap())
+            .collect();
+        assert_eq!(results, ["begun", "ok"], "{log}");
+    }
 
     ok(in_dir(&env, &a, &["cred", "set", "x"], b"in-a\n"));
     ok(in_dir(&env, &b, &["cred", "set", "y"], b"in-b\n"));

@@ -24,7 +24,17 @@ pub fn run(g: &Global, _args: &InitArgs) -> CliResult {
              pass --key-file FILE",
         ));
     }
-    let created = match init_store(&config, &Faults::none()) {
+    // Recorded like every change to a store (a durable `begun` first: no record, no key).
+    let audit = super::audit::Recorder::open(g, &config.name)?;
+    let begun = audit.as_ref().map(|a| a.begin("init", None)).transpose()?;
+    let made = init_store(&config, &Faults::none());
+    if let (Some(a), Some(begun)) = (&audit, begun) {
+        let result = made
+            .as_ref()
+            .map_or_else(|e| e.kind().as_str(), |_| crate::audit::OK);
+        a.done("init", None, begun, result, None);
+    }
+    let created = match made {
         Ok(made) => {
             super::permission_note(&made.fixes);
             true
