@@ -104,6 +104,10 @@ struct Known {
     /// The generation of the last read or write, and whether anything changed it since.
     last_seen: Option<u64>,
     changed_since_seen: bool,
+    /// A crash interrupted a write since the last read: its content is the old one, but its
+    /// generation may have moved up (never down). A compare-and-swap at the last read may then
+    /// fail (a false conflict); it must never succeed over a change.
+    uncertain: bool,
 }
 
 struct World {
@@ -212,6 +216,7 @@ impl World {
         k.max_gen = k.max_gen.max(gen);
         k.last_seen = Some(gen);
         k.changed_since_seen = false;
+        k.uncertain = false;
         Ok(())
     }
 
@@ -286,12 +291,16 @@ impl World {
                     Credential::api_key(IDS[id], Secret::new(v.clone())),
                     Some(seen),
                 );
-                match (r, self.known[id].changed_since_seen) {
-                    (Ok(gen), false) => self.acked(id, v, gen, &what)?,
-                    (Err(Error::GenerationMismatch { .. }), true) => {}
-                    (r, changed) => prop_assert!(
+                let k = &self.known[id];
+                match (r, k.changed_since_seen, k.uncertain) {
+                    (Ok(gen), false, _) => self.acked(id, v, gen, &what)?,
+                    (Err(Error::GenerationMismatch { .. }), true, _) => {}
+                    (Err(Error::GenerationMismatch { actual, .. }), false, true) => {
+                        prop_assert!(actual > seen, "{what}: after a crash {actual} <= {seen}")
+                    }
+                    (r, changed, uncertain) => prop_assert!(
                         false,
-                        "{what}: CAS at {seen} with changed_since_seen={changed}: {r:?}"
+                        "{what}: CAS at {seen} with changed_since_seen={changed} uncertain={uncertain}: {r:?}"
                     ),
                 }
             }
@@ -407,11 +416,13 @@ impl World {
                             .map(|c| (value_of(&c), c.generation()));
                         match now {
                             Some((got, gen)) if Some(&got) == old.as_ref() => {
-                                let k = &self.known[id];
+                                let k = &mut self.known[id];
                                 prop_assert!(
                                     gen >= k.max_gen,
                                     "{what}: generation went back to {gen}"
                                 );
+                                k.max_gen = gen;
+                                k.uncertain = true;
                             }
                             Some((got, gen)) if got == v => {
                                 self.known[id].value = Some(v);
@@ -457,6 +468,7 @@ impl World {
         self.known[id].max_gen = gen;
         self.known[id].last_seen = Some(gen);
         self.known[id].changed_since_seen = false;
+        self.known[id].uncertain = false;
         let c = self
             .s()
             .get(IDS[id])

@@ -189,20 +189,24 @@ pub fn atomic_write_recycling(
         Publish::Replace,
         Some(spares),
         &mut || Ok(()),
+        &mut || Ok(()),
     )
 }
 
-/// [`atomic_write`] (or [`atomic_write_recycling`] with `spares`), running `before_sync` after
-/// the new file is in place and before the directory fsync that makes it durable: a change
-/// to another entry of `dir` made there (a marker's rename) becomes durable with the same
-/// fsync. If `before_sync` fails the write is reported failed, as a failed directory fsync
-/// is: the new value is visible but was not acknowledged.
+/// [`atomic_write`] (or [`atomic_write_recycling`] with `spares`), with two steps of the
+/// caller's in the same directory: `before_rename` once the new bytes are durable in their temp
+/// file and just before they take the name, and `before_sync` once they have it and before the
+/// directory fsync that makes everything durable (a marker made and a marker removed: both
+/// durable with that one fsync). If `before_rename` fails nothing was replaced; if
+/// `before_sync` fails the write is reported failed, as a failed directory fsync is (the new
+/// value is visible but was not acknowledged).
 pub fn atomic_write_with(
     dir: &Path,
     name: &str,
     bytes: &[u8],
     faults: &Faults,
     spares: Option<&Spares>,
+    before_rename: &mut dyn FnMut() -> Result<(), IoError>,
     before_sync: &mut dyn FnMut() -> Result<(), IoError>,
 ) -> Result<FileStamp, IoError> {
     publish_with(
@@ -212,6 +216,7 @@ pub fn atomic_write_with(
         faults,
         Publish::Replace,
         spares,
+        before_rename,
         before_sync,
     )
 }
@@ -223,7 +228,16 @@ fn publish(
     faults: &Faults,
     how: Publish,
 ) -> Result<FileStamp, IoError> {
-    publish_with(dir, name, bytes, faults, how, None, &mut || Ok(()))
+    publish_with(
+        dir,
+        name,
+        bytes,
+        faults,
+        how,
+        None,
+        &mut || Ok(()),
+        &mut || Ok(()),
+    )
 }
 
 /// A spare file opened for reuse, with its length: a private regular file of ours with no
@@ -271,6 +285,7 @@ fn publish_with(
     faults: &Faults,
     how: Publish,
     spares: Option<&Spares>,
+    before_rename: &mut dyn FnMut() -> Result<(), IoError>,
     before_sync: &mut dyn FnMut() -> Result<(), IoError>,
 ) -> Result<FileStamp, IoError> {
     let target = dir.join(name);
@@ -333,6 +348,7 @@ fn publish_with(
             .metadata()
             .map(|m| FileStamp::of(&m))
             .map_err(|e| IoError::new(Op::WriteTemp, &tmp, e))?;
+        before_rename()?;
         // A recycled spare trades places with the file it replaces: one `renameat2` with
         // RENAME_EXCHANGE puts the new bytes under the name and the replaced file under the
         // spare's name, where it is the next spare — what a link and a rename below do in two

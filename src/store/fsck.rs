@@ -187,6 +187,13 @@ impl fmt::Display for Report {
             &self.stray,
             "",
         )?;
+        if self.generations_recorded > 0 {
+            writeln!(
+                f,
+                "  written by another program since holdfast last wrote them: {} (their generations recorded)",
+                self.generations_recorded
+            )?;
+        }
         if self.index_rewritten {
             writeln!(f, "  index.json rewritten")?;
         }

@@ -131,10 +131,10 @@ impl CredentialStore {
     }
 
     /// Replace credential file `name` with `token`, giving it generation `generation`
-    /// (`generations.rs`): the new content's marker is made first, the file replaced, then the
-    /// old content's marker removed before the directory fsync that acknowledges all three. At
-    /// every step one marker names the content the file has: a crash never leaves a file whose
-    /// generation moved without its content changing. Caller holds the store lock.
+    /// (`generations.rs`): the new content's marker is made once its bytes are durable, the
+    /// file replaced, then the old content's marker removed before the directory fsync that
+    /// acknowledges all three. At every step a marker names the content the file has.
+    /// Caller holds the store lock.
     pub(in crate::store) fn write_file(
         &self,
         name: &str,
@@ -145,29 +145,37 @@ impl CredentialStore {
         let hash = generations::token_hash(token);
         let old = self.marker_of(name);
         let new = generations::marker_name(name, generation, &hash);
-        markers::set_marker(&self.cred_dir, None, &new, self.faults())
-            .map_err(|e| self.io_failed(e))?;
+        let (mut marked, mut replaced) = (false, false);
         let written = durable::atomic_write_with(
             &self.cred_dir,
             name,
             token,
             self.faults(),
             self.spares.as_ref(),
+            // The new content's marker, once its bytes are durable and just before they take
+            // the name: a crash before this leaves no marker naming content the file never had.
+            &mut || {
+                markers::set_marker(&self.cred_dir, None, &new, self.faults())?;
+                marked = true;
+                Ok(())
+            },
             // A failure here reports the write failed, as a failed directory fsync does (the
             // new content is in place, named by its marker; the old marker left behind only
             // raises the floor of a later unrecorded state).
-            &mut || match old.as_deref().filter(|o| *o != new) {
-                Some(old) => markers::remove_marker(&self.cred_dir, old, self.faults()),
-                None => Ok(()),
+            &mut || {
+                replaced = true;
+                match old.as_deref().filter(|o| *o != new) {
+                    Some(old) => markers::remove_marker(&self.cred_dir, old, self.faults()),
+                    None => Ok(()),
+                }
             },
         );
         let stamp = match written {
             Ok(stamp) => stamp,
             Err(e) => {
-                // Not replaced (the failure came before the rename): the new marker names
-                // nothing. Replaced (the directory fsync failed): it names the file.
-                let replaced = matches!(e.op, durable::Op::FsyncDir | durable::Op::Marker);
-                if !replaced && !e.is_injected_crash() {
+                // Not replaced: the new marker names nothing, and goes (a crashed process
+                // cannot: the next floor is then one higher, never lower).
+                if marked && !replaced && !e.is_injected_crash() {
                     let _ = markers::remove_marker(&self.cred_dir, &new, self.faults());
                 }
                 return Err(self.io_failed(e));
