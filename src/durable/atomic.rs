@@ -188,37 +188,34 @@ pub fn atomic_write_recycling(
         faults,
         Publish::Replace,
         Some(spares),
-        &mut || Ok(()),
-        &mut || Ok(()),
+        &mut |_| Ok(()),
     )
 }
 
-/// [`atomic_write`] (or [`atomic_write_recycling`] with `spares`), with two steps of the
-/// caller's in the same directory: `before_rename` once the new bytes are durable in their temp
-/// file and just before they take the name, and `before_sync` once they have it and before the
-/// directory fsync that makes everything durable (a marker made and a marker removed: both
-/// durable with that one fsync). If `before_rename` fails nothing was replaced; if
-/// `before_sync` fails the write is reported failed, as a failed directory fsync is (the new
-/// value is visible but was not acknowledged).
+/// Where a caller's step runs within [`atomic_write_with`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteStep {
+    /// The new bytes are durable in their temp file and about to take the name. A failure
+    /// here: nothing was replaced.
+    BeforeRename,
+    /// They have the name; the directory fsync that makes everything durable comes next. A
+    /// failure here reports the write failed, as a failed directory fsync does (the new value
+    /// is visible but was not acknowledged).
+    BeforeSync,
+}
+
+/// [`atomic_write`] (or [`atomic_write_recycling`] with `spares`), with steps of the caller's
+/// in the same directory at each [`WriteStep`] (a marker made before the rename and one removed
+/// after it: both durable with the one directory fsync).
 pub fn atomic_write_with(
     dir: &Path,
     name: &str,
     bytes: &[u8],
     faults: &Faults,
     spares: Option<&Spares>,
-    before_rename: &mut dyn FnMut() -> Result<(), IoError>,
-    before_sync: &mut dyn FnMut() -> Result<(), IoError>,
+    step: &mut dyn FnMut(WriteStep) -> Result<(), IoError>,
 ) -> Result<FileStamp, IoError> {
-    publish_with(
-        dir,
-        name,
-        bytes,
-        faults,
-        Publish::Replace,
-        spares,
-        before_rename,
-        before_sync,
-    )
+    publish_with(dir, name, bytes, faults, Publish::Replace, spares, step)
 }
 
 fn publish(
@@ -228,16 +225,7 @@ fn publish(
     faults: &Faults,
     how: Publish,
 ) -> Result<FileStamp, IoError> {
-    publish_with(
-        dir,
-        name,
-        bytes,
-        faults,
-        how,
-        None,
-        &mut || Ok(()),
-        &mut || Ok(()),
-    )
+    publish_with(dir, name, bytes, faults, how, None, &mut |_| Ok(()))
 }
 
 /// A spare file opened for reuse, with its length: a private regular file of ours with no
@@ -285,8 +273,7 @@ fn publish_with(
     faults: &Faults,
     how: Publish,
     spares: Option<&Spares>,
-    before_rename: &mut dyn FnMut() -> Result<(), IoError>,
-    before_sync: &mut dyn FnMut() -> Result<(), IoError>,
+    step: &mut dyn FnMut(WriteStep) -> Result<(), IoError>,
 ) -> Result<FileStamp, IoError> {
     let target = dir.join(name);
 
@@ -348,7 +335,7 @@ fn publish_with(
             .metadata()
             .map(|m| FileStamp::of(&m))
             .map_err(|e| IoError::new(Op::WriteTemp, &tmp, e))?;
-        before_rename()?;
+        step(WriteStep::BeforeRename)?;
         // A recycled spare trades places with the file it replaces: one `renameat2` with
         // RENAME_EXCHANGE puts the new bytes under the name and the replaced file under the
         // spare's name, where it is the next spare — what a link and a rename below do in two
@@ -417,7 +404,7 @@ fn publish_with(
             return Err(err);
         }
     };
-    if let Err(e) = before_sync().and_then(|()| fsync_dir(dir, faults)) {
+    if let Err(e) = step(WriteStep::BeforeSync).and_then(|()| fsync_dir(dir, faults)) {
         // The old value kept under the spare name must not outlive the pool's knowledge of it.
         if let Some(spare) = retired {
             if !e.is_injected_crash() {

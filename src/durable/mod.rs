@@ -24,7 +24,7 @@ pub use atomic::{
     atomic_write, atomic_write_recycling, atomic_write_with, create_exclusive, create_private_dir,
     create_shared_dirs, fsync_dir, is_spare_name, is_temp_name, leftover_names, move_aside,
     read_capped, read_capped_stamped, remove_durably, set_mode, sweep_temp_files, sweep_temps_of,
-    FileStamp, ORPHAN_SWEEP_BATCH, SPARE_MARKER, TEMP_MARKER,
+    FileStamp, WriteStep, ORPHAN_SWEEP_BATCH, SPARE_MARKER, TEMP_MARKER,
 };
 pub use beneath::{Dir, Owned};
 pub use cache::FileCache;

@@ -152,21 +152,24 @@ impl CredentialStore {
             token,
             self.faults(),
             self.spares.as_ref(),
-            // The new content's marker, once its bytes are durable and just before they take
-            // the name: a crash before this leaves no marker naming content the file never had.
-            &mut || {
-                markers::set_marker(&self.cred_dir, None, &new, self.faults())?;
-                marked = true;
-                Ok(())
-            },
-            // A failure here reports the write failed, as a failed directory fsync does (the
-            // new content is in place, named by its marker; the old marker left behind only
-            // raises the floor of a later unrecorded state).
-            &mut || {
-                replaced = true;
-                match old.as_deref().filter(|o| *o != new) {
-                    Some(old) => markers::remove_marker(&self.cred_dir, old, self.faults()),
-                    None => Ok(()),
+            &mut |step| match step {
+                // The new content's marker, once its bytes are durable and just before they
+                // take the name: a crash before this leaves no marker naming content the file
+                // never had.
+                durable::WriteStep::BeforeRename => {
+                    markers::set_marker(&self.cred_dir, None, &new, self.faults())?;
+                    marked = true;
+                    Ok(())
+                }
+                // A failure here reports the write failed, as a failed directory fsync does
+                // (the new content is in place, named by its marker; the old marker left
+                // behind only raises the floor of a later unrecorded state).
+                durable::WriteStep::BeforeSync => {
+                    replaced = true;
+                    match old.as_deref().filter(|o| *o != new) {
+                        Some(old) => markers::remove_marker(&self.cred_dir, old, self.faults()),
+                        None => Ok(()),
+                    }
                 }
             },
         );
