@@ -214,6 +214,12 @@ pub const ORPHAN_SWEEP_BATCH: usize = 64;
 /// How many times a read-modify-write through the daemon retries after losing a race.
 pub const CAS_RETRIES: usize = 8;
 
+/// How many times a read re-reads a credential whose bytes no generation marker names (written
+/// by another program, or overtaken by a write while they were read) after recording what the
+/// file holds: each round is a lock hold and a read, and only a writer changing the file every
+/// round keeps it going; then the read answers `busy`.
+pub const GENERATION_READ_RETRIES: usize = 8;
+
 /// Snapshots `holdfast recovery plan` reads larger than this are refused (a turn's text and
 /// tool arguments, not a corpus).
 pub const MAX_SNAPSHOT_BYTES: u64 = 64 * 1024 * 1024;

@@ -600,3 +600,65 @@ fn cli_process_and_library_write_the_same_id() {
     assert_eq!(last_i, n - 1);
     assert!(temps.is_empty(), "temp files: {temps:?}");
 }
+
+/// Counters incremented by compare-and-swap from threads that read lock-free (the daemon's
+/// options: file cache and recycled files), the case an independent tester broke: a read whose
+/// bytes the same process's later writes overtook was answered with a generation that later
+/// belonged to other content, and a stale CAS won. Every successful CAS must be counted in the
+/// final value.
+#[test]
+fn cas_increments_from_lock_free_readers_never_lose_one() {
+    let threads = 4;
+    let ts = TestStore::new(STORE_NAME);
+    let store = CredentialStore::open(
+        ts.config(),
+        holdfast::store::StoreOptions {
+            recycle_files: true,
+            cache_files: true,
+            ..holdfast::store::StoreOptions::default()
+        },
+    )
+    .expect("open");
+    store
+        .set(Credential::api_key("ctr", Secret::new("0".into())), None)
+        .expect("seed");
+    let until = std::time::Instant::now() + std::time::Duration::from_millis(1500 * scale() as u64);
+    let (wins, conflicts) = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                let store = &store;
+                s.spawn(move || {
+                    let (mut wins, mut conflicts) = (0u64, 0u64);
+                    while std::time::Instant::now() < until {
+                        let c = store.get("ctr").expect("get");
+                        let v: u64 = c.key_value("api_key").expect("value").parse().expect("n");
+                        let next = Credential::api_key("ctr", Secret::new((v + 1).to_string()));
+                        match store.set(next, Some(c.generation())) {
+                            Ok(_) => wins += 1,
+                            Err(Error::GenerationMismatch { .. }) => conflicts += 1,
+                            Err(e) => panic!("set: {e}"),
+                        }
+                    }
+                    (wins, conflicts)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("thread"))
+            .fold((0, 0), |(w, c), (a, b)| (w + a, c + b))
+    });
+    let v: u64 = store
+        .get("ctr")
+        .expect("get")
+        .key_value("api_key")
+        .expect("value")
+        .parse()
+        .expect("n");
+    println!(
+        "CAS increments, {threads} lock-free readers: {wins} won, {conflicts} conflicts, final value {v}, {} lost",
+        wins.saturating_sub(v)
+    );
+    assert!(wins > 0);
+    assert_eq!(v, wins, "a compare-and-swap against a stale read won");
+}

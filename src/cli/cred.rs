@@ -124,7 +124,9 @@ pub fn run(g: &Global, cmd: &CredCommand) -> CliResult {
         }
         CredCommand::Get { id, field } => {
             let id = valid_id(id)?;
-            let mut store = Backend::open(g, OpenMode::ReadOnly)?;
+            // Not read-only: a read that meets content another program wrote records its
+            // generation before answering with it (docs/design.md, "Generation").
+            let mut store = Backend::open(g, OpenMode::Deferred)?;
             let cred = store.get(id)?;
             if g.json {
                 let doc = match field {
@@ -169,7 +171,9 @@ pub fn run(g: &Global, cmd: &CredCommand) -> CliResult {
             Ok(())
         }
         CredCommand::List => {
-            let mut store = Backend::open(g, OpenMode::ReadOnly)?;
+            // Not read-only: a read that meets content another program wrote records its
+            // generation before answering with it (docs/design.md, "Generation").
+            let mut store = Backend::open(g, OpenMode::Deferred)?;
             let listing = store.list()?;
             if g.json {
                 out_json(&serde_json::to_value(&listing).unwrap_or_default());
@@ -238,7 +242,9 @@ pub fn run(g: &Global, cmd: &CredCommand) -> CliResult {
         }
         CredCommand::Exists { id } => {
             let id = valid_id(id)?;
-            let mut store = Backend::open(g, OpenMode::ReadOnly)?;
+            // Not read-only: a read that meets content another program wrote records its
+            // generation before answering with it (docs/design.md, "Generation").
+            let mut store = Backend::open(g, OpenMode::Deferred)?;
             let exists = store.exists(id)?;
             if g.json {
                 out_json(&json!({"id": id, "exists": exists}));

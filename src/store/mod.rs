@@ -136,6 +136,15 @@ pub enum Error {
         /// The id in the file.
         other: String,
     },
+    /// Other writers changed the credential every time it was read.
+    #[error(
+        "credential {id:?} kept changing while it was read ({} tries): retry",
+        crate::limits::GENERATION_READ_RETRIES
+    )]
+    KeepsChanging {
+        /// The id.
+        id: String,
+    },
     /// The store is sealed.
     #[error("store {store:?} is sealed: {reason}")]
     Sealed {
@@ -214,7 +223,7 @@ impl Error {
                 ErrorKind::Integrity
             }
             Error::Io(_) | Error::Read { .. } | Error::Poisoned(_) => ErrorKind::Storage,
-            Error::Lock(LockError::Timeout { .. }) => ErrorKind::Busy,
+            Error::Lock(LockError::Timeout { .. }) | Error::KeepsChanging { .. } => ErrorKind::Busy,
             Error::Lock(LockError::Io { .. }) => ErrorKind::Storage,
             Error::Unsafe(_) | Error::Key(KeyError::Unsafe(_)) => ErrorKind::Forbidden,
             Error::Key(KeyError::Exists(_)) => ErrorKind::Conflict,

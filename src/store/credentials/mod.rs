@@ -85,7 +85,8 @@ pub enum OpenMode {
     /// `--repair`). No reconciliation at open.
     ReadOnly,
     /// No reconciliation at open, writes allowed: the caller runs [`CredentialStore::fsck`]
-    /// itself and wants its report to include everything found.
+    /// itself and wants its report to include everything found, or only reads (a read may
+    /// still record a generation: `generations.rs`).
     Deferred,
 }
 
@@ -313,6 +314,12 @@ fn lock_guard<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 fn is_eloop(e: &io::Error) -> bool {
     e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error())
+}
+
+/// `ENXIO`: what opening a socket (or a FIFO with no writer, for writing) answers — something
+/// that is not a file, never an I/O error of a file.
+fn is_not_a_file(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(rustix::io::Errno::NXIO.raw_os_error())
 }
 
 impl CredentialStore {

@@ -28,6 +28,9 @@ impl CredentialStore {
             Err(e) if e.kind() == io::ErrorKind::InvalidData => {
                 return FileRead::Damaged(format!("is unusable: {e}"))
             }
+            Err(e) if is_not_a_file(&e) => {
+                return FileRead::Damaged("is not a regular file (a socket)".into())
+            }
             Err(e) => return FileRead::Io(e),
         };
         let mut read = decode(&bytes, ring);
@@ -51,6 +54,17 @@ impl CredentialStore {
         ring: &Keyring,
         cached: bool,
     ) -> Result<Option<Credential>> {
+        Ok(self.read_for_resolved(id, ring, cached)?.map(|(c, _)| c))
+    }
+
+    /// [`Self::read_for_via`], and whether the generation it carries is recorded (bound to
+    /// these bytes by a marker) or only what a writer would record.
+    pub(super) fn read_for_resolved(
+        &self,
+        id: &str,
+        ring: &Keyring,
+        cached: bool,
+    ) -> Result<Option<(Credential, bool)>> {
         let name = id::file_name(id);
         let integrity = |reason: String| Error::Integrity {
             what: format!("credential {id:?} (file {name})"),
@@ -58,7 +72,7 @@ impl CredentialStore {
         };
         match self.read_file_via(&name, ring, cached) {
             FileRead::Missing => Ok(None),
-            FileRead::Ok(c, _, _) => Ok(Some(c)),
+            FileRead::Ok(c, _, resolved) => Ok(Some((c, resolved.recorded))),
             FileRead::Skew(source) => Err(Error::ClockSkew {
                 id: id.to_owned(),
                 source,
@@ -92,33 +106,45 @@ impl CredentialStore {
     }
 
     /// Read credential `id`. The id inside the file must equal `id`. Its generation is bound
-    /// to its content before it is answered (`generations.rs`): a file something else wrote
-    /// since holdfast last did is recorded first (under the store lock).
+    /// to its content before it is answered (`generations.rs`): bytes no marker names — written
+    /// by something else, or overtaken by this process's own writes while they were read — are
+    /// never answered with a generation of their own. What the file holds now is recorded (under
+    /// the store lock) and read again; a generation answered is one no other content will get.
     pub fn get(&self, id: &str) -> Result<Credential> {
         id::validate(id)?;
-        let first = self.get_once(id);
-        if self.has_pending_records() && self.record_pending()? > 0 {
-            return self.get_once(id);
+        let mut tries = 0;
+        loop {
+            let (c, recorded) = self.get_once(id)?;
+            if recorded || self.check_writable().is_err() {
+                // A store that may not be written answers what a writer would record.
+                return Ok(c);
+            }
+            tries += 1;
+            if tries > crate::limits::GENERATION_READ_RETRIES {
+                return Err(Error::KeepsChanging { id: id.to_owned() });
+            }
+            self.record_pending()?;
         }
-        first
     }
 
-    fn get_once(&self, id: &str) -> Result<Credential> {
-        let found = match self.with_ring(|ring| self.read_for_via(id, ring, true)) {
+    fn get_once(&self, id: &str) -> Result<(Credential, bool)> {
+        let found = match self.with_ring(|ring| self.read_for_resolved(id, ring, true)) {
             // A rotation by another process re-encrypts files under a key we have not loaded.
             Err(Error::Integrity { .. }) => {
                 self.reload_keys_if_changed();
-                self.with_ring(|ring| self.read_for(id, ring))?
+                self.with_ring(|ring| self.read_for_resolved(id, ring, false))?
             }
             // Another id's content: a read that raced a replacement sees a whole but foreign
             // value. Read once more before calling it a swapped file.
-            Ok(Some(c)) if c.id() != id => self.with_ring(|ring| self.read_for(id, ring))?,
+            Ok(Some((c, _))) if c.id() != id => {
+                self.with_ring(|ring| self.read_for_resolved(id, ring, false))?
+            }
             other => other?,
         };
         match found {
             None => Err(Error::NotFound { id: id.to_owned() }),
-            Some(c) if c.id() == id => Ok(c),
-            Some(c) => Err(self
+            Some((c, recorded)) if c.id() == id => Ok((c, recorded)),
+            Some((c, _)) => Err(self
                 .binding_error(id, &c)
                 .unwrap_or_else(|| Error::NotFound { id: id.to_owned() })),
         }

@@ -52,11 +52,16 @@ impl CredentialStore {
     /// metadata if they had any).
     pub fn list(&self) -> Result<Listing> {
         self.reload_keys_if_changed();
-        let listing = self.list_once()?;
-        // Files something else wrote since holdfast last did: their generations are recorded
-        // before they are shown (`generations.rs`).
-        if self.has_pending_records() && self.record_pending()? > 0 {
-            return self.list_once();
+        // Files something else wrote since holdfast last did (or bytes overtaken while they
+        // were read): what the files hold now is recorded and listed again, so a generation
+        // shown is bound to its content (`generations.rs`).
+        let mut listing = self.list_once()?;
+        for _ in 0..crate::limits::GENERATION_READ_RETRIES {
+            if !self.has_pending_records() || self.check_writable().is_err() {
+                break;
+            }
+            self.record_pending()?;
+            listing = self.list_once()?;
         }
         Ok(listing)
     }
