@@ -412,3 +412,77 @@ fn the_same_store_answers_alike_offline_and_through_the_daemon() {
     drop(daemon);
     println!("offline and through the daemon: id collision exit 4, bidi id exit 2, symlinked store exit 9");
 }
+
+/// A FIFO or a socket where a credential, checkpoint or run file belongs never makes a request
+/// (or the daemon's start) wait: an independent tester pinned a thread per request in `open()`
+/// until the daemon stopped answering everyone.
+#[test]
+fn fifos_and_sockets_where_files_belong_never_hang_a_request() {
+    use common::Conn;
+    use serde_json::json;
+    let mkfifo = |p: &Path| {
+        let st = std::process::Command::new("mkfifo")
+            .arg(p)
+            .status()
+            .unwrap();
+        assert!(st.success(), "mkfifo {}", p.display());
+    };
+    let mut env = DaemonEnv::new("");
+    let cred_dir = env.store_base().join("credentials");
+    let quarantine = env.store_base().join("quarantine");
+    // Before the daemon starts: its open (a repair) meets a FIFO, and moves it aside.
+    mkfifo(&cred_dir.join("early.enc"));
+    let daemon = env.start();
+    assert_eq!(names(&quarantine).len(), 1, "{:?}", names(&quarantine));
+    let mut c = Conn::open(&daemon.socket);
+    c.set_timeout(std::time::Duration::from_secs(10));
+    c.ok("cred.set", json!({"id": "ok", "value": "v"}));
+    // While it runs: a FIFO and a socket among the credential files.
+    mkfifo(&cred_dir.join("fifo.enc"));
+    let _sock = std::os::unix::net::UnixListener::bind(cred_dir.join("sock.enc")).unwrap();
+    for id in ["fifo", "sock"] {
+        for _ in 0..20 {
+            let e = c.err("cred.get", json!({"id": id}));
+            assert_eq!(e["data"]["kind"], "integrity", "{id}: {e}");
+        }
+    }
+    // A run's checkpoint replaced by a FIFO.
+    let run = "fifo-run";
+    c.ok(
+        "checkpoint.put",
+        json!({"run_id": run, "snapshot": {"partial_text": "p"}}),
+    );
+    if !env.on_postgres() {
+        let ck = env.data_dir.join("runs").join(run).join("checkpoint");
+        fs::remove_file(&ck).unwrap();
+        mkfifo(&ck);
+        for _ in 0..40 {
+            let r = c.call("checkpoint.get", json!({"run_id": run}));
+            assert!(r.get("error").is_some(), "{r}");
+        }
+        // A rotation cannot re-seal it, so it keeps the old key (and says why).
+        let e = c.err("admin.rotate_key", json!({}));
+        assert_eq!(e["data"]["kind"], "integrity", "{e}");
+        assert!(
+            e["message"]
+                .as_str()
+                .unwrap()
+                .contains("not a regular file"),
+            "{e}"
+        );
+        fs::remove_file(&ck).unwrap();
+    }
+    // The daemon still answers; a repair moves the FIFO and the socket aside; a prune is not
+    // blocked by what a key could never be needed for.
+    let v = c.ok("cred.get", json!({"id": "ok"}));
+    assert_eq!(v["credential"]["keys"]["api_key"]["value"], "v");
+    let r = c.ok("admin.fsck", json!({"repair": true}));
+    assert_eq!(r["quarantined"].as_array().unwrap().len(), 2, "{r}");
+    c.ok("admin.rotate_key", json!({}));
+    let p = c.ok("admin.prune_keys", json!({}));
+    assert!(!p["pruned"].as_array().unwrap().is_empty(), "{p}");
+    assert_eq!(p["retired"], json!([]), "{p}");
+    drop(c);
+    drop(daemon);
+    println!("a FIFO and a socket among credential files, a FIFO at a checkpoint: 40 reads of it answered, the daemon started and served, 2 quarantined, a prune not blocked");
+}

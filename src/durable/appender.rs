@@ -38,7 +38,7 @@ pub struct AppendStat {
 }
 
 fn open_flags() -> i32 {
-    rustix::fs::OFlags::NOFOLLOW.bits() as i32
+    super::atomic::NO_FOLLOW_NO_WAIT
 }
 
 impl Appender {

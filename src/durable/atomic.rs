@@ -132,6 +132,13 @@ pub(super) fn random_hex() -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
+/// `O_NOFOLLOW | O_NONBLOCK` for opening an existing file: never through a symlink, and never
+/// waiting — a FIFO planted where a file belongs would make a plain `open` wait for a writer
+/// forever (holding a thread, and for a write the store lock). The file is then checked to be a
+/// regular one; `O_NONBLOCK` changes nothing for regular files.
+pub(crate) const NO_FOLLOW_NO_WAIT: i32 =
+    (rustix::fs::OFlags::NOFOLLOW.bits() | rustix::fs::OFlags::NONBLOCK.bits()) as i32;
+
 fn open_new_private(path: &Path) -> io::Result<File> {
     OpenOptions::new()
         .write(true)
@@ -234,7 +241,7 @@ fn publish(
 fn open_spare(path: &Path) -> Option<(File, u64)> {
     let file = OpenOptions::new()
         .write(true)
-        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .custom_flags(NO_FOLLOW_NO_WAIT)
         .open(path)
         .ok()?;
     let meta = file.metadata().ok()?;
@@ -602,7 +609,7 @@ pub fn read_capped(path: &Path, cap: u64) -> io::Result<Option<Vec<u8>>> {
 pub fn read_capped_stamped(path: &Path, cap: u64) -> io::Result<Option<(Vec<u8>, FileStamp, i64)>> {
     let file = match OpenOptions::new()
         .read(true)
-        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .custom_flags(NO_FOLLOW_NO_WAIT)
         .open(path)
     {
         Ok(f) => f,

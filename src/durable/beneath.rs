@@ -403,13 +403,14 @@ impl Dir {
         Ok(out)
     }
 
-    /// Open `name` in this directory with `flags` (`O_NOFOLLOW` and `O_CLOEXEC` added;
+    /// Open `name` in this directory with `flags` (`O_NOFOLLOW`, `O_CLOEXEC` and `O_NONBLOCK`
+    /// added: a FIFO planted where a file belongs never makes the open wait for a peer;
     /// created with `mode` if `flags` has `O_CREAT`).
     pub(crate) fn open_file(&self, name: &str, flags: OFlags, mode: u32) -> io::Result<File> {
         rustix::fs::openat(
             &*self.fd,
             name,
-            flags | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            flags | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
             Mode::from_raw_mode(mode),
         )
         .map(File::from)

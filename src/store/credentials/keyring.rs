@@ -290,7 +290,12 @@ impl CredentialStore {
         let bytes = match durable::read_capped(path, MAX_SCAN_FILE_BYTES) {
             Ok(Some(b)) => b,
             Ok(None) => return KeyUse::Gone,
-            Err(e) if is_eloop(&e) => return KeyUse::Undecryptable,
+            // A link, a FIFO, a socket: not a file any key could be needed for.
+            Err(e)
+                if is_eloop(&e) || e.kind() == io::ErrorKind::InvalidData || is_not_a_file(&e) =>
+            {
+                return KeyUse::Undecryptable
+            }
             Err(e) => return KeyUse::Unreadable(format!("{name}: {e}")),
         };
         let Ok(token) = std::str::from_utf8(&bytes) else {
