@@ -219,6 +219,36 @@ fn a_plugin_limited_to_its_runs_can_do_everything_on_them_and_nothing_on_others(
     wait_lane(&d.socket, 2);
     let on_lane = every_method_is_refused_on_the_victim(&mut fresh, &victim_sid, "lane");
 
+    // Each refusal is in the audit log: the plugin, `forbidden`, and the run it named. A
+    // refusal's answer does not wait for its record: wait for the records (10 s at most).
+    let audited_refusals = || {
+        let out = common::run(env.holdfast(&["audit", "--json"]), b"");
+        assert_eq!(out.code, 0, "{out}");
+        let log: Value = serde_json::from_str(&out.stdout).unwrap();
+        let n = log
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| {
+                r["result"] == "forbidden"
+                    && r["plugin"] == "agent-a"
+                    && r["detail"]["run_id"]
+                        .as_str()
+                        .is_some_and(|run| run.starts_with("agent-b"))
+            })
+            .count();
+        (n, log)
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (audited, log) = loop {
+        let (n, log) = audited_refusals();
+        if n >= on_tokio + on_lane || Instant::now() > deadline {
+            break (n, log);
+        }
+        thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(audited, on_tokio + on_lane, "audited refusals: {log}");
+
     // The victim is as it was: not taken over (its holder still appends), not appended to,
     // not ended, its checkpoint and log unchanged.
     let g = admin.ok("stream.get", json!({"run_id": VICTIM}));

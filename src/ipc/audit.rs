@@ -312,6 +312,23 @@ pub fn refused(
     params: Option<&serde_json::value::RawValue>,
     e: &RpcError,
 ) {
+    refused_naming(daemon, session, method, params, None, e);
+}
+
+/// [`refused`] for an append refused on its fast path, whose params were read apart: the run
+/// it named.
+pub fn refused_append(daemon: &Daemon, session: &Session, run_id: &str, e: &RpcError) {
+    refused_naming(daemon, session, "stream.append", None, Some(run_id), e);
+}
+
+fn refused_naming(
+    daemon: &Daemon,
+    session: &Session,
+    method: &str,
+    params: Option<&serde_json::value::RawValue>,
+    run_id: Option<&str>,
+    e: &RpcError,
+) {
     if e.kind != ErrorKind::Forbidden {
         return;
     }
@@ -326,7 +343,14 @@ pub fn refused(
         None if op.starts_with("cred.") || op.starts_with("admin.") => Some(DEFAULT_STORE),
         s => s,
     };
-    log.record_detached(record_of(session, op, store, id, e.kind.as_str()));
+    let mut rec = record_of(session, op, store, id, e.kind.as_str());
+    // A call refused by a grant's runs: which run it named (a valid run id only).
+    if let Some(run) = run_id.or_else(|| call.as_ref().and_then(Call::run_id)) {
+        if crate::streams::validate_run_id(run).is_ok() {
+            rec.detail = Some(serde_json::json!({ "run_id": run }));
+        }
+    }
+    log.record_detached(rec);
 }
 
 /// `hello` refused (an unknown plugin, or none where one is required). Not the daemon's own

@@ -51,7 +51,7 @@ pub fn route<'a>(daemon: &Daemon, session: &Session, line: &'a [u8]) -> Routed<'
         return match admitted {
             Ok(()) => Routed::Append(id, a),
             Err(e) => {
-                super::audit::refused(daemon, session, "stream.append", None, &e);
+                super::audit::refused_append(daemon, session, &a.run_id, &e);
                 Routed::Done(protocol::response_err(&id, &e))
             }
         };
@@ -97,6 +97,7 @@ pub fn route<'a>(daemon: &Daemon, session: &Session, line: &'a [u8]) -> Routed<'
         Err(e) => return answer(&id, Err(e)),
     };
     if let Err(e) = super::run_scope::admit(&grant, &call) {
+        super::audit::refused(daemon, session, &env.method, env.params, &e);
         return answer(&id, Err(e));
     }
     match call {
