@@ -166,29 +166,25 @@ fn a_store_an_older_version_made_takes_its_own_copy_of_the_shared_key() {
     assert!(cp.success());
     let shared_bytes = fs::read(&shared).unwrap();
 
-    // Reading works as before, and changes nothing.
+    // Looking at it (a read-only open) changes nothing.
     let shown = ok(in_dir(&env, &a, &["key"], b""));
     assert!(shown.stdout.contains("shared key file"), "{shown}");
-    assert_eq!(
-        ok(in_dir(&env, &a, &["cred", "get", "x"], b"")).stdout,
-        "old-x\n"
-    );
     assert!(!identity::identity_path(&store_base(&a)).exists());
-    // Rotating a shared key is refused until the store has its own (a read-only open).
-    // The first command that may write gives it its own copy and says so.
-    let o = ok(in_dir(&env, &a, &["cred", "set", "x2"], b"new\n"));
+    // The first command that may write (a read may record a generation) gives it its own copy
+    // and says so.
+    let o = ok(in_dir(&env, &a, &["cred", "get", "x"], b""));
+    assert_eq!(o.stdout, "old-x\n");
     assert!(o.stderr.contains("now keeps its own key file"), "{o}");
     let a_key = own_key(&env, &a);
-    assert_eq!(fs::read(&a_key).unwrap(), shared_bytes);
     assert!(o.stderr.contains(&a_key.display().to_string()), "{o}");
+    let o = ok(in_dir(&env, &a, &["cred", "set", "x2"], b"new\n"));
+    assert!(!o.stderr.contains("now keeps its own key file"), "{o}");
+    assert_eq!(fs::read(&a_key).unwrap(), shared_bytes);
     // Rotating A twice leaves the shared file and B alone.
     ok(in_dir(&env, &a, &["key", "rotate"], b""));
     ok(in_dir(&env, &a, &["key", "rotate"], b""));
     assert_eq!(fs::read(&shared).unwrap(), shared_bytes);
-    assert_eq!(
-        ok(in_dir(&env, &b, &["cred", "get", "x"], b"")).stdout,
-        "old-x\n"
-    );
+    assert!(!identity::identity_path(&store_base(&b)).exists());
     // `init` on the older store reports it as initialized and gives it its own copy too.
     let o = ok(in_dir(&env, &b, &["init"], b""));
     assert!(o.stdout.contains("was already initialized"), "{o}");
@@ -485,4 +481,118 @@ fn fifos_and_sockets_where_files_belong_never_hang_a_request() {
     drop(c);
     drop(daemon);
     println!("a FIFO and a socket among credential files, a FIFO at a checkpoint: 40 reads of it answered, the daemon started and served, 2 quarantined, a prune not blocked");
+}
+
+/// A data dir copied with `cp -a` (a test copy, a restored backup beside the original) has the
+/// original's identity, so it would share the original's key file: a rotation and a prune in
+/// the copy sealed the original (an independent tester's find). The copy takes an identity and
+/// a key file of its own on its first writable open.
+#[test]
+fn a_copied_data_dir_takes_its_own_key_before_it_can_touch_the_originals() {
+    let env = TempHome::new();
+    let (orig, copy) = (env.root.join("orig"), env.root.join("copy"));
+    ok(in_dir(&env, &orig, &["init"], b""));
+    ok(in_dir(&env, &orig, &["cred", "set", "prod"], b"p\n"));
+    let orig_key = own_key(&env, &orig);
+    let orig_bytes = fs::read(&orig_key).unwrap();
+    let cp = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(&orig)
+        .arg(&copy)
+        .status()
+        .unwrap();
+    assert!(cp.success());
+    // Reading the copy works (with the key it was copied with) and gives it its own key.
+    let o = ok(in_dir(&env, &copy, &["cred", "get", "prod"], b""));
+    assert_eq!(o.stdout, "p\n");
+    assert!(o.stderr.contains("is a copy of the store at"), "{o}");
+    let copy_key = own_key(&env, &copy);
+    assert_ne!(copy_key, orig_key);
+    assert_eq!(fs::read(&copy_key).unwrap(), orig_bytes);
+    // Said once: the next open is quiet.
+    let o = ok(in_dir(&env, &copy, &["cred", "get", "prod"], b""));
+    assert!(!o.stderr.contains("is a copy"), "{o}");
+    // Rotating and pruning the copy leaves the original's key and credential alone.
+    for _ in 0..2 {
+        ok(in_dir(&env, &copy, &["key", "rotate"], b""));
+    }
+    ok(in_dir(&env, &copy, &["key", "prune"], b""));
+    assert_eq!(fs::read(&orig_key).unwrap(), orig_bytes);
+    assert_eq!(
+        ok(in_dir(&env, &orig, &["cred", "get", "prod"], b"")).stdout,
+        "p\n"
+    );
+    assert_eq!(
+        ok(in_dir(&env, &copy, &["cred", "get", "prod"], b"")).stdout,
+        "p\n"
+    );
+    // A data dir that was moved (the old place gone) keeps its identity and key.
+    let moved = env.root.join("moved");
+    fs::rename(&orig, &moved).unwrap();
+    let o = ok(in_dir(&env, &moved, &["cred", "get", "prod"], b""));
+    assert!(!o.stderr.contains("is a copy"), "{o}");
+    assert_eq!(own_key(&env, &moved), orig_key);
+    println!("a copied data dir: its own identity and key on first open; 2 rotations and a prune there left the original's key byte for byte; a moved one kept its key");
+}
+
+/// The default store's key also seals the daemon's streams. Pruning it offline under another
+/// name (`--store-dir` to the default store, or its key file) removed the key the streams
+/// needed (an independent tester's find): refused, and `holdfast key` says why.
+#[test]
+fn the_default_stores_key_is_never_pruned_around_the_daemons_streams() {
+    use common::Conn;
+    use serde_json::json;
+    let mut env = DaemonEnv::new("");
+    if env.on_postgres() {
+        println!("streams on PostgreSQL are not sealed with the store's key: skipped");
+        return;
+    }
+    let daemon = env.start();
+    let mut c = Conn::open(&daemon.socket);
+    let b = c.ok("stream.begin", json!({"run_id": "kept"}));
+    c.ok(
+        "stream.append",
+        json!({"run_id": "kept", "stream_id": b["stream_id"], "seq": 1,
+               "events": [{"type": "text", "text": "sealed with the default key"}]}),
+    );
+    drop(c);
+    drop(daemon);
+    let key = env.key_file();
+    let key_bytes = fs::read(&key).unwrap();
+    let base = env.store_base();
+    let (b, k) = (base.to_str().unwrap(), key.to_str().unwrap());
+    for args in [
+        vec![
+            "--store-dir",
+            b,
+            "--key-file",
+            k,
+            "key",
+            "rotate",
+            "--prune",
+        ],
+        vec!["--store-dir", b, "--key-file", k, "key", "prune"],
+        vec!["key", "prune"],
+    ] {
+        let o = run(env.holdfast(&args), b"");
+        assert_eq!(o.code, 10, "{args:?}: {o}");
+        assert!(o.stderr.contains("also seals the daemon's streams"), "{o}");
+    }
+    assert_eq!(fs::read(&key).unwrap(), key_bytes, "the key was changed");
+    let o = run(env.holdfast(&["key"]), b"");
+    assert!(o.stdout.contains("also seals the daemon's streams"), "{o}");
+    // With the daemon running, a rotation and a prune re-seal the streams first.
+    let daemon = env.start();
+    let o = run(env.holdfast(&["key", "rotate", "--prune"]), b"");
+    assert_eq!(o.code, 0, "{o}");
+    let mut c = Conn::open(&daemon.socket);
+    let g = c.ok("stream.get", json!({"run_id": "kept"}));
+    assert_eq!(
+        (g["status"].as_str(), g["text_chars"].as_u64()),
+        (Some("streaming"), Some(27)),
+        "{g}"
+    );
+    drop(c);
+    drop(daemon);
+    println!("the default store's key: 3 offline prunes under other names refused, the key unchanged; through the daemon rotated and pruned, the stream still reads");
 }

@@ -5,7 +5,7 @@ use std::io::{IsTerminal, Write};
 use clap::{Args, Subcommand};
 
 use super::backend::Backend;
-use super::{out, out_json, CliResult, Global};
+use super::{out, out_json, CliError, CliResult, Global};
 use crate::store::{KeyReport, OpenMode, RotateOptions, RotateReport};
 
 /// `holdfast key [SUBCOMMAND]`
@@ -60,14 +60,7 @@ pub fn run(g: &Global, args: &KeyArgs) -> CliResult {
     };
     let mut store = Backend::open(g, OpenMode::Repair)?;
     let tty = std::io::stderr().is_terminal() && !g.json;
-    // The data dir's default store's key also seals the streams there.
-    let named_default =
-        g.store_dir.is_none() && !g.hive && g.store == crate::service::STREAMS_KEY_STORE;
-    let streams_dir = if named_default {
-        Some(g.data_dir()?)
-    } else {
-        None
-    };
+    let streams_dir = seals_streams_of(g)?;
     let report = store.rotate(
         opts,
         |done, total| {
@@ -86,6 +79,45 @@ pub fn run(g: &Global, args: &KeyArgs) -> CliResult {
     }
     print_rotation(&report, opts);
     Ok(())
+}
+
+/// The data dir whose streams this invocation's store's key also seals, if it does: the data
+/// dir's default store — named, reached with `--store-dir`, or another directory opened with
+/// the default store's key file (`--key-file`). Rotating or pruning that key must re-seal the
+/// streams, which only the daemon can.
+fn seals_streams_of(g: &Global) -> CliResult<Option<std::path::PathBuf>> {
+    use std::path::{Path, PathBuf};
+    let data = g.data_dir()?;
+    let default_base = data.join("stores").join(crate::service::STREAMS_KEY_STORE);
+    let config = g.store_config()?;
+    let canon = |p: &Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
+    if canon(&config.base) == canon(&default_base) {
+        return Ok(Some(data));
+    }
+    let keys_dir = crate::paths::keys_dir().map_err(CliError::usage)?;
+    let default_keys: Vec<PathBuf> = [
+        crate::store::identity::own_key_file(
+            &keys_dir,
+            crate::service::STREAMS_KEY_STORE,
+            &default_base,
+        )
+        .ok()
+        .flatten(),
+        Some(crate::store::identity::shared_key_path(
+            &keys_dir,
+            crate::service::STREAMS_KEY_STORE,
+        )),
+    ]
+    .into_iter()
+    .flatten()
+    .map(|p| canon(&p))
+    .collect();
+    let ours = config
+        .key_sources
+        .iter()
+        .filter_map(|s| s.file())
+        .any(|f| default_keys.contains(&canon(f)));
+    Ok(ours.then_some(data))
 }
 
 fn print_rotation(report: &RotateReport, opts: RotateOptions) {
@@ -136,6 +168,7 @@ fn print_rotation(report: &RotateReport, opts: RotateOptions) {
 fn show(g: &Global, files: bool) -> CliResult {
     let store = super::open_store(g.store_config()?, OpenMode::ReadOnly, false)?;
     let report: KeyReport = store.key_report()?;
+    let streams = seals_streams_of(g)?.filter(|d| crate::streams::has_data(d));
     if g.json {
         let mut v = serde_json::to_value(&report).unwrap_or_default();
         v["store"] = store.config().name.clone().into();
@@ -179,7 +212,13 @@ fn show(g: &Global, files: bool) -> CliResult {
         .filter(|k| k.files.is_empty() && k.quarantined.is_empty())
         .map(|k| k.fingerprint.as_str())
         .collect();
-    if !idle.is_empty() && report.unreadable.is_empty() {
+    if let Some(d) = &streams {
+        out(format!(
+            "this key also seals the daemon's streams in {}: archived keys may still open stream \
+             records there; `holdfast key prune` with the daemon running re-seals them first",
+            d.display()
+        ));
+    } else if !idle.is_empty() && report.unreadable.is_empty() {
         out(format!(
             "no file needs archived key(s) {}: `holdfast key prune` removes them (keep them while you may restore a backup made with them)",
             idle.join(", ")

@@ -435,16 +435,8 @@ fn permission_note(fixes: &crate::store::PermFixes) {
 /// Say on stderr that opening the store gave it its own copy of a key file older holdfast
 /// versions shared between data dirs (nothing if it did not).
 fn adoption_note(store: &CredentialStore) {
-    if let Some((shared, own)) = store.adopted_key() {
-        let _ = writeln!(
-            std::io::stderr(),
-            "holdfast: note: store {:?} now keeps its own key file {} (a copy of {}, which older \
-             holdfast versions shared between every data dir's store of this name; that file is \
-             left in place for them). Back up the new file.",
-            store.config().name,
-            own.display(),
-            shared.display()
-        );
+    if let Some(notice) = store.key_notice() {
+        let _ = writeln!(std::io::stderr(), "holdfast: note: {notice}");
     }
 }
 

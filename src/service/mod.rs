@@ -476,8 +476,8 @@ fn open_slot(cfg: StoreConfig) -> StoreSlot {
         if !fixes.is_empty() {
             tracing::warn!(store = %name, "{fixes}");
         }
-        if let Some((shared, own)) = s.adopted_key() {
-            tracing::warn!(store = %name, shared = %shared.display(), own = %own.display(), "the store now keeps its own key file, a copy of the one older holdfast versions shared between data dirs (left in place); back up the new file");
+        if let Some(notice) = s.key_notice() {
+            tracing::warn!(store = %name, "{notice}");
         }
     }
     match &store {

@@ -66,6 +66,43 @@ struct IdentityDoc {
     /// The store's name when it was made (for people reading the file; not checked).
     store: String,
     id: String,
+    /// Where the store was when the identity was made (or last moved): a store found elsewhere
+    /// with the identity while this path still holds it is a copy (see [`Identity::copied`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    path: Option<PathBuf>,
+}
+
+/// A store's identity as its file says it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Identity {
+    /// The id.
+    pub id: StoreId,
+    /// Where the store was when the identity was written (absent in early identities).
+    pub path: Option<PathBuf>,
+}
+
+impl Identity {
+    /// Whether the store at `base` is a copy of another that still exists: the identity names
+    /// another directory, and that directory holds this same identity. (If it does not, the
+    /// store was moved.) A copy of a data dir would otherwise share the key file of the store
+    /// it was copied from, and a rotation and prune in one would seal the other.
+    pub fn copied(&self, base: &Path) -> bool {
+        let Some(at) = &self.path else { return false };
+        let here = base.canonicalize().unwrap_or_else(|_| base.to_path_buf());
+        if *at == here {
+            return false;
+        }
+        read_full(at)
+            .ok()
+            .flatten()
+            .is_some_and(|other| other.id == self.id)
+    }
+
+    /// Whether the identity's recorded place is not `base` (moved, copied, or not recorded).
+    pub fn elsewhere(&self, base: &Path) -> bool {
+        let here = base.canonicalize().unwrap_or_else(|_| base.to_path_buf());
+        self.path.as_deref() != Some(here.as_path())
+    }
 }
 
 /// Why an identity file could not be used.
@@ -99,6 +136,11 @@ pub fn identity_path(base: &Path) -> PathBuf {
 /// Read the identity of the store at `base`; `Ok(None)` if it has none (a store made by an
 /// older holdfast, or not made yet).
 pub fn read(base: &Path) -> Result<Option<StoreId>, IdentityError> {
+    Ok(read_full(base)?.map(|i| i.id))
+}
+
+/// [`read`], with where the identity says the store was.
+pub fn read_full(base: &Path) -> Result<Option<Identity>, IdentityError> {
     let path = identity_path(base);
     let bytes = match durable::read_capped(&path, MAX_IDENTITY_BYTES) {
         Ok(Some(b)) => b,
@@ -108,9 +150,37 @@ pub fn read(base: &Path) -> Result<Option<StoreId>, IdentityError> {
     serde_json::from_slice::<IdentityDoc>(&bytes)
         .ok()
         .filter(|d| d.format == 1)
-        .and_then(|d| StoreId::parse(&d.id))
+        .and_then(|d| {
+            Some(Identity {
+                id: StoreId::parse(&d.id)?,
+                path: d.path,
+            })
+        })
         .map(Some)
         .ok_or(IdentityError::Damaged { path })
+}
+
+/// Rewrite the identity of the store at `base` as `id`, made here (a copy taking its own
+/// identity, or a moved store noting where it is now). Atomic replace.
+pub fn rewrite(
+    base: &Path,
+    name: &str,
+    id: &StoreId,
+    faults: &Faults,
+) -> Result<(), IdentityError> {
+    let bytes = doc_bytes(base, name, id);
+    durable::atomic_write(&base.join("metadata"), IDENTITY_FILE, &bytes, faults)?;
+    Ok(())
+}
+
+fn doc_bytes(base: &Path, name: &str, id: &StoreId) -> Vec<u8> {
+    let doc = IdentityDoc {
+        format: 1,
+        store: name.to_owned(),
+        id: id.0.clone(),
+        path: Some(base.canonicalize().unwrap_or_else(|_| base.to_path_buf())),
+    };
+    serde_json::to_vec(&doc).unwrap_or_default()
 }
 
 /// Write the identity of the store at `base` (its `metadata/` must exist), only if it has
@@ -122,12 +192,7 @@ pub fn create(
     id: &StoreId,
     faults: &Faults,
 ) -> Result<StoreId, IdentityError> {
-    let doc = IdentityDoc {
-        format: 1,
-        store: name.to_owned(),
-        id: id.0.clone(),
-    };
-    let bytes = serde_json::to_vec(&doc).unwrap_or_default();
+    let bytes = doc_bytes(base, name, id);
     match durable::create_exclusive(&base.join("metadata"), IDENTITY_FILE, &bytes, faults) {
         Ok(_) => Ok(id.clone()),
         Err(e) if e.source.kind() == std::io::ErrorKind::AlreadyExists => {

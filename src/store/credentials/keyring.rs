@@ -50,13 +50,13 @@ impl CredentialStore {
         sources
     }
 
-    /// The store's identity, if it has one (read once found: it never changes).
+    /// The store's identity, if it has one (read until found).
     pub(in crate::store) fn identity(&self) -> Option<StoreId> {
-        if let Some(id) = self.identity.get() {
-            return Some(id.clone());
+        let mut known = lock_guard(&self.identity);
+        if known.is_none() {
+            *known = identity::read(&self.config.base).ok().flatten();
         }
-        let id = identity::read(&self.config.base).ok().flatten()?;
-        Some(self.identity.get_or_init(|| id).clone())
+        known.clone()
     }
 
     pub(super) fn key_file_stamps(&self) -> Vec<Option<FileStamp>> {
@@ -73,7 +73,7 @@ impl CredentialStore {
     /// dirs may still use it. Only when the shared key opens this store (it is unsealed with
     /// it); under the store lock, so racing opens adopt once. Returns the shared file and the
     /// copy when it adopted.
-    pub(super) fn adopt_shared_key(&self) -> Result<Option<(PathBuf, PathBuf)>> {
+    pub(super) fn adopt_shared_key(&self) -> Result<Option<String>> {
         let Some(dir) = self.config.key_dir.clone() else {
             return Ok(None);
         };
@@ -89,7 +89,7 @@ impl CredentialStore {
         let _guard = lock::lock(&self.lock_path, LockMode::Exclusive, self.opts.lock_timeout)?;
         if let Some(id) = identity::read(&self.config.base)? {
             // Another process adopted it while we waited.
-            let _ = self.identity.set(id);
+            *lock_guard(&self.identity) = Some(id);
             self.reload_keys();
             return Ok(None);
         }
@@ -111,10 +111,72 @@ impl CredentialStore {
                 .map_err(|e| self.key_write_failed(e))?;
         }
         let id = identity::create(&self.config.base, &self.config.name, &id, self.faults())?;
-        let _ = self.identity.set(id);
+        *lock_guard(&self.identity) = Some(id);
         self.reload_keys();
         tracing::info!(store = %self.config.name, shared = %shared.display(), own = %own.display(), "the store now keeps its own key file (a copy of the key file older holdfast versions shared between data dirs, which is left in place)");
-        Ok(Some((shared, own)))
+        Ok(Some(format!(
+            "store {:?} now keeps its own key file {} (a copy of {}, which older holdfast \
+             versions shared between every data dir's store of this name; that file is left in \
+             place for them). Back up the new file.",
+            self.config.name,
+            own.display(),
+            shared.display()
+        )))
+    }
+
+    /// A store whose identity names another directory that still holds that identity is a
+    /// copy (a data dir copied with `cp -a`, a restored backup beside the original): left as
+    /// it is, both would read and rotate one key file, and a prune in one would retire a key
+    /// the other's files need. It takes an identity and a key file of its own — a copy of the
+    /// key file and archive it used — under the store lock; the copy first, then the identity
+    /// naming it. A store that was moved (the old place no longer holds the identity) notes
+    /// where it is now. Returns what to tell the user.
+    pub(super) fn own_identity_here(&self) -> Result<Option<String>> {
+        let (Some(dir), base) = (self.config.key_dir.clone(), &self.config.base) else {
+            return Ok(None);
+        };
+        match identity::read_full(base)? {
+            Some(ident) if ident.elsewhere(base) => {}
+            _ => return Ok(None),
+        }
+        let _guard = lock::lock(&self.lock_path, LockMode::Exclusive, self.opts.lock_timeout)?;
+        let Some(ident) = identity::read_full(base)?.filter(|i| i.elsewhere(base)) else {
+            return Ok(None);
+        };
+        if !ident.copied(base) {
+            identity::rewrite(base, &self.config.name, &ident.id, self.faults())?;
+            return Ok(None);
+        }
+        let from = identity::own_key_path(&dir, &self.config.name, &ident.id);
+        let Some(loaded) = keys::load(&[KeySource::File(from.clone())])? else {
+            return Ok(None);
+        };
+        let id = StoreId::generate().map_err(|source| Error::Read {
+            path: PathBuf::from("/dev/urandom"),
+            source,
+        })?;
+        let own = identity::own_key_path(&dir, &self.config.name, &id);
+        keys::create_key_file(&own, &loaded.primary, self.faults())
+            .map_err(|e| self.key_write_failed(e))?;
+        if !loaded.previous.is_empty() {
+            keys::write_previous(&own, &loaded.previous, self.faults())
+                .map_err(|e| self.key_write_failed(e))?;
+        }
+        identity::rewrite(base, &self.config.name, &id, self.faults())?;
+        *lock_guard(&self.identity) = Some(id);
+        self.reload_keys();
+        let original = ident.path.unwrap_or_default();
+        tracing::info!(store = %self.config.name, original = %original.display(), own = %own.display(), "a copy of another store: it now has an identity and a key file of its own");
+        Ok(Some(format!(
+            "store {:?} at {} is a copy of the store at {} (it had that store's identity): it \
+             now has an identity and a key file of its own, {} (a copy of {}), so rotating either \
+             store no longer touches the other. Back up the new file.",
+            self.config.name,
+            base.display(),
+            original.display(),
+            own.display(),
+            from.display()
+        )))
     }
 
     /// A failed key-file write; a failed fsync poisons the store like any other write.

@@ -271,10 +271,12 @@ pub struct CredentialStore {
     file_cache: Option<durable::FileCache>,
     /// The last sweep removed a full batch of orphaned spares: more may be left.
     orphans_pending: std::sync::atomic::AtomicBool,
-    /// The store's identity, once known (it never changes once made: `store::identity`).
-    identity: std::sync::OnceLock<StoreId>,
-    /// The shared key file this open gave the store its own copy of, and that copy.
-    adopted_key: Option<(PathBuf, PathBuf)>,
+    /// The store's identity, once known (`store::identity`; it changes only when a copy of
+    /// a store takes one of its own, at open).
+    identity: Mutex<Option<StoreId>>,
+    /// What opening did to the store's key file that the user must hear about (a shared key
+    /// file copied, a copied store given its own identity).
+    key_notice: Option<String>,
     /// The generation markers (`generations.rs`).
     markers: Mutex<generations::Markers>,
 }
@@ -361,16 +363,14 @@ impl CredentialStore {
                 .cache_files
                 .then(|| durable::FileCache::new(FILE_CACHE_BYTES)),
             orphans_pending: std::sync::atomic::AtomicBool::new(false),
-            identity: std::sync::OnceLock::new(),
-            adopted_key: None,
+            identity: Mutex::new(None),
+            key_notice: None,
             markers: Mutex::new(generations::Markers::default()),
             config,
             opts,
         };
         if store.config.key_dir.is_some() {
-            if let Some(id) = identity::read(&store.config.base)? {
-                let _ = store.identity.set(id);
-            }
+            *lock_guard(&store.identity) = identity::read(&store.config.base)?;
         }
         let snapshot = store.load_keys()?;
         *store.keys.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(snapshot);
@@ -380,7 +380,10 @@ impl CredentialStore {
         }
         durable::create_private_dir(&store.cred_dir, &store.opts.faults)?;
         durable::create_private_dir(&store.meta_dir, &store.opts.faults)?;
-        store.adopted_key = store.adopt_shared_key()?;
+        store.key_notice = match store.adopt_shared_key()? {
+            Some(notice) => Some(notice),
+            None => store.own_identity_here()?,
+        };
         if store.opts.mode == OpenMode::Deferred {
             return Ok(store);
         }
@@ -412,12 +415,11 @@ impl CredentialStore {
         &self.config
     }
 
-    /// The shared key file (made by an older holdfast for every data dir) that opening gave
-    /// this store its own copy of, and the copy: the caller tells the user.
-    pub fn adopted_key(&self) -> Option<(&Path, &Path)> {
-        self.adopted_key
-            .as_ref()
-            .map(|(shared, own)| (shared.as_path(), own.as_path()))
+    /// What opening did to the store's key file, for the caller to tell the user: it gave a
+    /// store an older holdfast made its own copy of the key file shared between data dirs, or a
+    /// copy of another store an identity and a key file of its own.
+    pub fn key_notice(&self) -> Option<&str> {
+        self.key_notice.as_deref()
     }
 
     pub(super) fn faults(&self) -> &Faults {
