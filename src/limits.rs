@@ -48,10 +48,6 @@ pub const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
 /// agree on which tokens are readable.
 pub const FERNET_MAX_CLOCK_SKEW_SECS: u64 = 60;
 
-/// How many files the open-time key check tries to decrypt before it concludes that the key is
-/// wrong (and seals the store) rather than that a few files are corrupt.
-pub const KEY_CHECK_SAMPLE: usize = 8;
-
 /// Largest request line (one JSON-RPC message) the daemon reads. Every legitimate request is a
 /// credential document at most (a few KiB); 1 MiB leaves room for large certificates. A longer
 /// line gets an error and the connection is closed, before more than this much is buffered.
@@ -219,6 +215,11 @@ pub const CAS_RETRIES: usize = 8;
 /// file holds: each round is a lock hold and a read, and only a writer changing the file every
 /// round keeps it going; then the read answers `busy`.
 pub const GENERATION_READ_RETRIES: usize = 8;
+
+/// The largest generation a write gives: 2^53 − 1, the largest integer every client reads
+/// exactly from JSON (JavaScript's `Number.MAX_SAFE_INTEGER`). Only a document another program
+/// wrote can carry a larger one; holdfast refuses to write over it rather than wrap or round.
+pub const MAX_GENERATION: u64 = (1 << 53) - 1;
 
 /// Snapshots `holdfast recovery plan` reads larger than this are refused (a turn's text and
 /// tool arguments, not a corpus).

@@ -237,7 +237,7 @@ fn every_method_once_with_its_result_shape() {
         "cred.set",
         json!({"credential": {
             "id": "full-1",
-            "credential_type": "oauth",
+            "credential_type": "oauth2",
             "description": "shape test",
             "keys": {"access_token": {"value": s1}, "refresh_token": {"value": s2}},
         }}),
@@ -267,7 +267,7 @@ fn every_method_once_with_its_result_shape() {
     assert_eq!(g["generation"], 1, "{g}");
     let cred = &g["credential"];
     assert_eq!(cred["id"], "full-1");
-    assert_eq!(cred["credential_type"], "oauth");
+    assert_eq!(cred["credential_type"], "oauth2");
     assert_eq!(cred["keys"]["access_token"]["value"], json!(s1));
     assert_eq!(cred["keys"]["access_token"]["name"], "access_token");
     assert_eq!(cred["keys"]["refresh_token"]["value"], json!(s2));
@@ -1950,7 +1950,7 @@ fn logged_run(format: &str) -> (usize, usize, usize, Vec<String>) {
         let (a, b) = (secret(&format!("acc{i}")), secret(&format!("ref{i}")));
         c.ok(
             "cred.set",
-            json!({"credential": {"id": format!("full-{i}"), "credential_type": "oauth",
+            json!({"credential": {"id": format!("full-{i}"), "credential_type": "oauth2",
                 "keys": {"access_token": {"value": a}, "refresh_token": {"value": b, "expires_at": "2030-01-01T00:00:00Z"}}}}),
         );
         let s = secret(&format!("short{i}"));

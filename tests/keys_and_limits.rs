@@ -387,7 +387,10 @@ fn the_same_store_answers_alike_offline_and_through_the_daemon() {
         }
         let o = cli(&env, &args, b"x\n");
         assert_eq!(o.code, 2, "offline={offline}: {o}");
-        assert!(o.stderr.contains("invisible formatting character"), "{o}");
+        assert!(
+            o.stderr.contains("invisible or look-alike character"),
+            "{o}"
+        );
     }
     drop(daemon);
     // A store directory replaced by a symlink: `forbidden` (exit 9) both ways.
@@ -595,4 +598,34 @@ fn the_default_stores_key_is_never_pruned_around_the_daemons_streams() {
     drop(c);
     drop(daemon);
     println!("the default store's key: 3 offline prunes under other names refused, the key unchanged; through the daemon rotated and pruned, the stream still reads");
+}
+
+/// A store whose identity file was lost cannot say which key file is its own: it is sealed,
+/// the message names the key files of stores of its name, `init` makes no new key, and putting
+/// the identity back opens it.
+#[test]
+fn a_lost_identity_seals_and_names_the_candidate_key_files() {
+    let env = TempHome::new();
+    let data = env.root.join("data");
+    ok(in_dir(&env, &data, &["init"], b""));
+    ok(in_dir(&env, &data, &["cred", "set", "x"], b"v\n"));
+    let key = own_key(&env, &data);
+    let ident = identity::identity_path(&store_base(&data));
+    let saved = fs::read(&ident).unwrap();
+    fs::remove_file(&ident).unwrap();
+    for args in [&["cred", "get", "x"][..], &["init"][..]] {
+        let o = code(in_dir(&env, &data, args, b""), 5);
+        assert!(o.stderr.contains("no identity"), "{args:?}: {o}");
+        assert!(
+            o.stderr.contains(&key.display().to_string()),
+            "{args:?}: {o}"
+        );
+    }
+    assert_eq!(names(&keys_dir(&env)).len(), 1, "init made a key");
+    fs::write(&ident, saved).unwrap();
+    assert_eq!(
+        ok(in_dir(&env, &data, &["cred", "get", "x"], b"")).stdout,
+        "v\n"
+    );
+    println!("a lost identity: sealed (exit 5) naming the candidate key file, no key made, restored it opens");
 }

@@ -98,7 +98,7 @@ fn rotation_keeps_the_old_key_while_a_future_stamped_file_needs_it() {
     let token = ring.encrypt_at_time(&doc.to_bytes(), now() + 3600);
     fs::write(ts.base.join("credentials/future.enc"), token).unwrap();
     let err = store.rotate_key(|_, _| {}).unwrap_err();
-    assert!(matches!(err, Error::RotationBlocked(_)), "{err}");
+    assert!(matches!(err, Error::RotationBlocked { .. }), "{err}");
     assert_eq!(err.kind(), ErrorKind::Integrity);
     assert!(err.to_string().contains("future.enc"), "{err}");
     // The old key is still there: the future file is clock skew, not undecryptable.
@@ -153,10 +153,22 @@ fn hostile_timestamp_cannot_brick_the_store() {
     let doc = json!({"id": "odd", "credential_type": "api_key", "keys": {"api_key": {
         "name": "api_key", "value": "v", "expires_at": "2026-01-01T00:00:00+0é00",
         "metadata": {}}}, "created_at": "2026-01-01T00:00:00+é:00"});
-    store
-        .set(Credential::from_value(doc).unwrap(), None)
-        .unwrap();
+    // holdfast refuses to write what hive cannot load ...
+    let e = store
+        .set(Credential::from_value(doc.clone()).unwrap(), None)
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidParams, "{e}");
     drop(store);
+    // ... and another program's file with such times neither bricks the store nor is moved.
+    let key = keys::load(&[KeySource::File(ts.key.clone())])
+        .unwrap()
+        .unwrap();
+    let ring = Keyring::new(&key.primary, &[]).unwrap();
+    fs::write(
+        ts.base.join("credentials/odd.enc"),
+        ring.encrypt(doc.to_string().as_bytes()),
+    )
+    .unwrap();
     let store = ts.open();
     assert_eq!(store.get("odd").unwrap().key_value("api_key"), Some("v"));
     assert!(store.fsck(true).unwrap().quarantined.is_empty());
@@ -384,4 +396,137 @@ fn read_only_open_lists_without_modifying() {
         fs::read(ts.base.join("metadata/index.json")).unwrap(),
         before
     );
+}
+
+/// Generations at the edge of their range, and junk where markers live (an independent
+/// tester's finds): a document another program wrote with the largest u64 as its generation
+/// made the next write overflow (a panic in debug, a wrap to 0 — "does not exist" — in
+/// release); a planted marker with that generation crashed the CLI; a directory planted at a
+/// marker's name made a write that succeeded answer `storage`.
+#[test]
+fn generations_at_the_edge_of_their_range_and_junk_markers() {
+    let ts = TestStore::new("semantics");
+    let store = ts.open();
+    store.set(api("edge", "v1"), None).unwrap();
+    let key = keys::load(&[KeySource::File(ts.key.clone())])
+        .unwrap()
+        .unwrap();
+    let ring = Keyring::new(&key.primary, &[]).unwrap();
+    let cred_dir = ts.base.join("credentials");
+    // hive writes a document whose generation is u64::MAX.
+    let mut doc = api("edge", "hive");
+    doc.set_field("holdfast_generation", json!(u64::MAX));
+    fs::write(cred_dir.join("edge.enc"), ring.encrypt(&doc.to_bytes())).unwrap();
+    let got = store.get("edge").unwrap();
+    assert_eq!(got.key_value("api_key"), Some("hive"));
+    let e = store.set(api("edge", "v2"), None).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Integrity, "{e}");
+    assert!(e.to_string().contains("largest a generation may be"), "{e}");
+    assert_eq!(
+        store.get("edge").unwrap().key_value("api_key"),
+        Some("hive")
+    );
+    // A marker with the largest generation planted for another credential: no panic, and
+    // the credential still moves forward (saturating), never back to 0.
+    store.set(api("m", "1"), None).unwrap();
+    fs::write(
+        cred_dir.join(format!(".hf-gen-{}-0123456789abcdef-m", u64::MAX)),
+        b"",
+    )
+    .unwrap();
+    drop(store);
+    let store = ts.open();
+    let g = store.get("m").unwrap().generation();
+    assert!(g >= 1, "{g}");
+    let e = store.set(api("m", "2"), None);
+    assert!(e.is_err() || e.as_ref().is_ok_and(|g2| *g2 > g), "{e:?}");
+    // A directory at a credential's marker name: the write succeeds and says so.
+    store.set(api("d", "1"), None).unwrap();
+    let marker = fs::read_dir(&cred_dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .find(|n| n.starts_with(".hf-gen-") && n.ends_with("-d"))
+        .expect("d's marker");
+    fs::remove_file(cred_dir.join(&marker)).unwrap();
+    fs::create_dir(cred_dir.join(&marker)).unwrap();
+    let g = store.set(api("d", "2"), None).unwrap();
+    assert_eq!(store.get("d").unwrap().key_value("api_key"), Some("2"));
+    assert!(g >= 2, "{g}");
+    println!("generation edges: u64::MAX from hive refused to move (integrity), a planted max marker saturates, a directory at a marker's name does not fail the write");
+}
+
+/// Files another program wrote under a key of its own (hive mints one when its key is missing)
+/// must not seal a store whose key opens the rest, however many there are and however their
+/// names sort (an independent tester sealed a store with 8 named aaa1..aaa8).
+#[test]
+fn foreign_key_files_never_seal_a_store_the_key_opens() {
+    let ts = TestStore::new("semantics");
+    let store = ts.open();
+    for i in 0..3 {
+        store.set(api(&format!("zz{i}"), "v"), None).unwrap();
+    }
+    drop(store);
+    let foreign = Keyring::new(&generate_key(), &[]).unwrap();
+    for i in 0..20 {
+        let id = format!("aaa{i:02}");
+        fs::write(
+            ts.base.join(format!("credentials/{id}.enc")),
+            foreign.encrypt(&api(&id, "x").to_bytes()),
+        )
+        .unwrap();
+    }
+    let store = ts.open();
+    assert!(
+        store.sealed_reason().is_none(),
+        "{:?}",
+        store.sealed_reason()
+    );
+    assert_eq!(store.get("zz1").unwrap().key_value("api_key"), Some("v"));
+    // The foreign files are what no key of the store opens: quarantined by the repair.
+    assert_eq!(store.open_report().quarantined.len(), 20);
+    println!("20 files under a foreign key sorted first: the store opens, 20 quarantined, 3 read");
+}
+
+/// One damaged line in the key archive sealed the whole store although its primary key opens
+/// every file (an independent tester's find). It is kept as it is, rotations carry it along,
+/// and no key is pruned while it is there.
+#[test]
+fn a_damaged_archive_line_is_kept_and_blocks_only_pruning() {
+    let ts = TestStore::new("semantics");
+    let store = ts.open();
+    store.set(api("a", "v"), None).unwrap();
+    store.rotate_key(|_, _| {}).unwrap();
+    drop(store);
+    let prev = keys::prev_path(&ts.key);
+    let mut text = fs::read_to_string(&prev).unwrap();
+    text.push_str("not-a-key-at-all\n");
+    fs::write(&prev, &text).unwrap();
+    let store = ts.open();
+    assert!(
+        store.sealed_reason().is_none(),
+        "{:?}",
+        store.sealed_reason()
+    );
+    assert_eq!(store.get("a").unwrap().key_value("api_key"), Some("v"));
+    store.rotate_key(|_, _| {}).unwrap();
+    let after = fs::read_to_string(&prev).unwrap();
+    assert!(
+        after.contains("not-a-key-at-all"),
+        "rotation dropped the line"
+    );
+    assert_eq!(after.lines().count(), 3, "two archived keys and the line");
+    let e = store.prune_keys(|_, _| {}).unwrap_err();
+    assert!(e.to_string().contains("not keys"), "{e}");
+    assert!(e.to_string().contains("`holdfast key prune`"), "{e}");
+    assert_eq!(
+        fs::read_to_string(&prev).unwrap(),
+        after,
+        "the archive changed"
+    );
+    fs::write(&prev, after.replace("not-a-key-at-all\n", "")).unwrap();
+    let p = store.prune_keys(|_, _| {}).unwrap();
+    assert_eq!(p.pruned.len(), 2, "{p:?}");
+    assert_eq!(store.get("a").unwrap().key_value("api_key"), Some("v"));
+    println!("a damaged archive line: the store opens, a rotation keeps the line, a prune refuses until it is removed, then prunes 2 keys");
 }

@@ -103,8 +103,12 @@ pub struct LoadedKeys {
     pub source: KeySource,
     /// The key new tokens are made with.
     pub primary: Secret,
-    /// Keys still accepted for decryption (mid-rotation only).
+    /// The archive: retired keys still accepted for decryption, newest first.
     pub previous: Vec<Secret>,
+    /// Lines of the archive that are not keys (damaged): never used, never dropped — written
+    /// back as they are whenever the archive is rewritten, and no key is pruned while there
+    /// are any (one may have been a key a file needs).
+    pub unparsed: Vec<Secret>,
 }
 
 impl fmt::Debug for LoadedKeys {
@@ -112,7 +116,20 @@ impl fmt::Debug for LoadedKeys {
         f.debug_struct("LoadedKeys")
             .field("source", &self.source)
             .field("previous", &self.previous.len())
+            .field("unparsed", &self.unparsed.len())
             .finish_non_exhaustive()
+    }
+}
+
+impl LoadedKeys {
+    /// Every line of the archive as it is to be written back: its keys, then the lines that
+    /// are not keys (never dropped by a rewrite).
+    pub fn archive_lines(&self) -> Vec<Secret> {
+        self.previous
+            .iter()
+            .chain(&self.unparsed)
+            .map(|k| Secret::new(k.expose().to_owned()))
+            .collect()
     }
 }
 
@@ -156,21 +173,32 @@ fn parse_one(text: Secret, source_desc: impl Fn() -> String) -> Result<Secret, K
     Ok(text)
 }
 
-fn read_previous(key_file: &Path, check_dir: bool) -> Result<Vec<Secret>, KeyError> {
+/// The archive beside `key_file`: its keys, and its lines that are not keys. A damaged line
+/// does not seal a store its primary key opens: it is kept aside (see [`LoadedKeys::unparsed`]).
+#[allow(clippy::type_complexity)]
+fn read_previous(key_file: &Path, check_dir: bool) -> Result<(Vec<Secret>, Vec<Secret>), KeyError> {
     let prev = prev_path(key_file);
     let Some(text) = read_key_file(&prev, check_dir)? else {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), Vec::new()));
     };
-    text.expose()
+    let (mut keys, mut unparsed) = (Vec::new(), Vec::new());
+    for line in text
+        .expose()
         .lines()
         .map(str::trim)
         .filter(|l| !l.is_empty())
-        .map(|l| {
-            parse_one(Secret::new(l.to_owned()), || {
-                format!("key file {}", prev.display())
-            })
-        })
-        .collect()
+    {
+        let line = Secret::new(line.to_owned());
+        if parse_key(line.expose()).is_some() {
+            keys.push(line);
+        } else {
+            unparsed.push(line);
+        }
+    }
+    if !unparsed.is_empty() {
+        tracing::warn!(archive = %prev.display(), lines = unparsed.len(), "the key archive has lines that are not keys: kept as they are, and no key is pruned until they are fixed or removed");
+    }
+    Ok((keys, unparsed))
 }
 
 /// Load keys from the first present source. `Ok(None)`: no source has a key.
@@ -186,11 +214,12 @@ pub fn load(sources: &[KeySource]) -> Result<Option<LoadedKeys>, KeyError> {
                     continue;
                 };
                 let primary = parse_one(text, desc)?;
-                let previous = read_previous(p, check_dir)?;
+                let (previous, unparsed) = read_previous(p, check_dir)?;
                 return Ok(Some(LoadedKeys {
                     source: source.clone(),
                     primary,
                     previous,
+                    unparsed,
                 }));
             }
             KeySource::Env(var) => {
@@ -208,6 +237,7 @@ pub fn load(sources: &[KeySource]) -> Result<Option<LoadedKeys>, KeyError> {
                     source: source.clone(),
                     primary,
                     previous: Vec::new(),
+                    unparsed: Vec::new(),
                 }));
             }
         }

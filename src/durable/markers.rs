@@ -57,13 +57,15 @@ pub fn set_marker(
     }
 }
 
-/// Remove marker `name` from `dir` (not durable until `dir` is fsynced); gone already is fine.
+/// Remove marker `name` from `dir` (not durable until `dir` is fsynced); gone already is fine,
+/// and so is a directory planted at its name (not a marker of ours: left alone).
 pub fn remove_marker(dir: &Path, name: &str, faults: &Faults) -> Result<(), IoError> {
     let path = dir.join(name);
     faults
         .check(Op::Marker)
         .and_then(|()| match fs::remove_file(&path) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::ISDIR.raw_os_error()) => Ok(()),
             other => other,
         })
         .map_err(|e| IoError::new(Op::Marker, &path, e))

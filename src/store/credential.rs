@@ -14,7 +14,8 @@ use crate::timefmt;
 /// Extra plaintext field holding the credential's generation (hive preserves unknown fields).
 pub const GENERATION_FIELD: &str = "holdfast_generation";
 
-/// The credential types hive knows. Others are accepted and preserved, as hive's are.
+/// The credential types hive knows (its model's enum): a write with another is refused, since
+/// hive could not load it; a file another program wrote with another is still served.
 pub const KNOWN_TYPES: &[&str] = &["api_key", "oauth2", "basic_auth", "bearer_token", "custom"];
 
 /// Key names hive's index treats as metadata rather than secrets' names.
@@ -39,6 +40,24 @@ pub enum SchemaError {
     /// A field has the wrong type.
     #[error("field \"{0}\" has the wrong type")]
     BadField(&'static str),
+    /// A field of one key has a type hive does not load.
+    #[error("key #{key}: field \"{field}\" has a type hive cannot load (expected {expected})")]
+    BadKeyField {
+        /// Which key (1-based, in document order).
+        key: usize,
+        /// The field.
+        field: &'static str,
+        /// What hive loads there.
+        expected: &'static str,
+    },
+    /// A field of the credential has a value hive does not load.
+    #[error("field \"{field}\" has a value hive cannot load (expected {expected})")]
+    NotHive {
+        /// The field.
+        field: &'static str,
+        /// What hive loads there.
+        expected: &'static str,
+    },
     /// The document's id is not the id it is being stored under.
     #[error("the document's \"id\" is not the id it is stored under")]
     IdMismatch,
@@ -183,6 +202,98 @@ impl Credential {
             None | Some(Value::Null) => {}
             Some(v) if v.as_u64().is_some() => {}
             Some(_) => return Err(SchemaError::BadField(GENERATION_FIELD)),
+        }
+        Ok(())
+    }
+
+    /// Check, before a write, that hive's own model loads the document (its pydantic types for
+    /// the fields it knows; unknown fields are kept and not checked): a credential holdfast
+    /// stores must be one hive can read. Reads stay lenient ([`Credential::check`] only): a
+    /// document written elsewhere is served as it is.
+    pub(crate) fn check_for_hive(&self) -> Result<(), SchemaError> {
+        // What pydantic reads as a datetime: an ISO 8601 time (holdfast's parser), a date
+        // alone, a `+HHMM` offset, or a number of seconds; null where the field allows it.
+        let instant = |v: &Value| {
+            v.is_number()
+                || v.as_str().is_some_and(|t| {
+                    timefmt::parse(t).is_some()
+                        || (t.len() == 10 && timefmt::parse(&format!("{t}T00:00:00")).is_some())
+                        || (t.len() > 5
+                            && t.is_char_boundary(t.len() - 2)
+                            && timefmt::parse(&format!(
+                                "{}:{}",
+                                &t[..t.len() - 2],
+                                &t[t.len() - 2..]
+                            ))
+                            .is_some())
+                })
+        };
+        let time = |v: &Value| v.is_null() || instant(v);
+        let want = |field: &'static str, ok: bool, expected: &'static str| {
+            if ok {
+                Ok(())
+            } else {
+                Err(SchemaError::NotHive { field, expected })
+            }
+        };
+        let get = |f: &str| self.doc.get(f);
+        if let Some(t) = get("credential_type") {
+            want(
+                "credential_type",
+                t.as_str().is_some_and(|t| KNOWN_TYPES.contains(&t)),
+                "one of api_key, oauth2, basic_auth, bearer_token, custom",
+            )?;
+        }
+        if let Some(v) = get("keys") {
+            want("keys", v.is_object(), "an object of keys")?;
+        }
+        for field in ["created_at", "updated_at"] {
+            if let Some(v) = get(field) {
+                want(field, instant(v), "an ISO 8601 time")?;
+            }
+        }
+        for field in ["last_refreshed", "last_used"] {
+            if let Some(v) = get(field) {
+                want(field, time(v), "an ISO 8601 time or null")?;
+            }
+        }
+        if let Some(v) = get("tags") {
+            let ok = v.as_array().is_some_and(|a| a.iter().all(Value::is_string));
+            want("tags", ok, "a list of strings")?;
+        }
+        if let Some(v) = get("description") {
+            want("description", v.is_string(), "a string")?;
+        }
+        if let Some(v) = get("provider_id") {
+            want(
+                "provider_id",
+                v.is_null() || v.is_string(),
+                "a string or null",
+            )?;
+        }
+        if let Some(v) = get("auto_refresh") {
+            want("auto_refresh", v.is_boolean(), "true or false")?;
+        }
+        if let Some(v) = get("use_count") {
+            want("use_count", v.is_i64() || v.is_u64(), "an integer")?;
+        }
+        for (i, k) in self.keys().into_iter().flatten().enumerate() {
+            let Value::Object(k) = k.1 else { continue };
+            let bad = |field, expected| SchemaError::BadKeyField {
+                key: i + 1,
+                field,
+                expected,
+            };
+            if let Some(v) = k.get("expires_at") {
+                if !time(v) {
+                    return Err(bad("expires_at", "an ISO 8601 time or null"));
+                }
+            }
+            if let Some(v) = k.get("metadata") {
+                if !v.is_object() {
+                    return Err(bad("metadata", "an object"));
+                }
+            }
         }
         Ok(())
     }

@@ -14,11 +14,13 @@ pub enum IdError {
     /// A NUL or other control character.
     #[error("invalid id: contains a control character")]
     Control,
-    /// An invisible formatting character: a bidirectional override or isolate (U+202A–U+202E,
-    /// U+2066–U+2069, U+200E, U+200F, U+061C) or a zero-width one (U+200B–U+200D, U+2060,
-    /// U+FEFF). They make one id look like another in a listing (`cred list` of
-    /// "pay\u{202E}lanigiro" shows "payoriginal"), so they are refused, not shown.
-    #[error("invalid id: contains an invisible formatting character (a bidirectional or zero-width control), which would let it look like another id")]
+    /// A character that does not show, or shows as something else: a format character
+    /// (Unicode category Cf: bidirectional overrides and isolates, zero-width characters, the
+    /// soft hyphen, tags, …), a default-ignorable one (variation selectors, Hangul fillers, …),
+    /// a line or paragraph separator, or a space other than U+0020. They make one id look like
+    /// another in a listing (`cred list` of "pay\u{202E}lanigiro" shows "payoriginal"), so they
+    /// are refused, not shown.
+    #[error("invalid id: contains an invisible or look-alike character (a format, default-ignorable or non-ASCII space character), which would let it look like another id")]
     Invisible,
     /// A backslash.
     #[error("invalid id: contains '\\'")]
@@ -38,8 +40,20 @@ pub enum IdError {
 /// (see [`IdError::Invisible`]).
 fn is_invisible_format(c: char) -> bool {
     matches!(c,
-        '\u{061C}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}'
-        | '\u{2060}'..='\u{2069}' | '\u{FEFF}')
+        // Format characters (Cf).
+        '\u{00AD}' | '\u{0600}'..='\u{0605}' | '\u{061C}' | '\u{06DD}' | '\u{070F}'
+        | '\u{0890}'..='\u{0891}' | '\u{08E2}' | '\u{180E}' | '\u{200B}'..='\u{200F}'
+        | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{206F}'
+        | '\u{FEFF}' | '\u{FFF9}'..='\u{FFFB}' | '\u{110BD}' | '\u{110CD}'
+        | '\u{13430}'..='\u{1343F}' | '\u{1BCA0}'..='\u{1BCA3}' | '\u{1D173}'..='\u{1D17A}'
+        // Default-ignorable, not Cf: the combining grapheme joiner, Hangul fillers, Khmer
+        // inherent vowels, Mongolian selectors, variation selectors, reserved, tags.
+        | '\u{034F}' | '\u{115F}'..='\u{1160}' | '\u{17B4}'..='\u{17B5}'
+        | '\u{180B}'..='\u{180D}' | '\u{180F}' | '\u{3164}' | '\u{FE00}'..='\u{FE0F}'
+        | '\u{FFA0}' | '\u{FFF0}'..='\u{FFF8}' | '\u{E0000}'..='\u{E0FFF}'
+        // Line and paragraph separators, and every space but the ASCII one.
+        | '\u{2028}' | '\u{2029}' | '\u{00A0}' | '\u{1680}' | '\u{2000}'..='\u{200A}'
+        | '\u{202F}' | '\u{205F}' | '\u{3000}')
 }
 
 /// Check an id against holdfast's rules: non-empty, at most 200 bytes, no control characters,
@@ -143,6 +157,26 @@ mod tests {
             ("a\u{200D}b", IdError::Invisible),
             ("a\u{2060}b", IdError::Invisible),
             ("a\u{FEFF}", IdError::Invisible),
+            // An independent tester's list beyond the first rule.
+            ("a\u{00AD}b", IdError::Invisible),
+            ("a\u{034F}b", IdError::Invisible),
+            ("a\u{115F}b", IdError::Invisible),
+            ("a\u{3164}b", IdError::Invisible),
+            ("a\u{FFA0}b", IdError::Invisible),
+            ("a\u{180E}b", IdError::Invisible),
+            ("a\u{2028}b", IdError::Invisible),
+            ("a\u{2029}b", IdError::Invisible),
+            ("a\u{206A}b", IdError::Invisible),
+            ("a\u{206F}b", IdError::Invisible),
+            ("a\u{FE0F}b", IdError::Invisible),
+            ("a\u{FFF9}b", IdError::Invisible),
+            ("a\u{1D173}b", IdError::Invisible),
+            ("a\u{13430}b", IdError::Invisible),
+            ("openai\u{E0020}", IdError::Invisible),
+            ("a\u{E0001}b", IdError::Invisible),
+            ("a\u{E0041}b", IdError::Invisible),
+            ("a\u{00A0}b", IdError::Invisible),
+            ("a\u{3000}b", IdError::Invisible),
         ];
         for (id, want) in cases {
             assert_eq!(validate(id).as_ref(), Err(want), "{id:?}");

@@ -218,6 +218,27 @@ pub fn own_key_file(
     Ok(read(base)?.map(|id| own_key_path(key_dir, name, &id)))
 }
 
+/// Key files in `key_dir` for stores named `name` (`<name>.<id>.key`), sorted: what to offer
+/// when a store has lost its identity.
+pub fn key_files_named(key_dir: &Path, name: &str) -> Vec<PathBuf> {
+    let prefix = format!("{name}.");
+    let mut v: Vec<PathBuf> = std::fs::read_dir(key_dir)
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+                .filter(|n| {
+                    n.strip_prefix(&prefix)
+                        .and_then(|rest| rest.strip_suffix(".key"))
+                        .is_some_and(|id| StoreId::parse(id).is_some())
+                })
+                .map(|n| key_dir.join(n))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
 /// The key file older holdfast versions shared between every data dir's store of this name.
 pub fn shared_key_path(key_dir: &Path, name: &str) -> PathBuf {
     key_dir.join(format!("{name}.key"))

@@ -53,6 +53,14 @@ pub enum SealedReason {
     },
     /// The key source holds something that is not a key.
     BadKey(String),
+    /// Encrypted files, and no identity to say which key file in holdfast's key directory is
+    /// this store's (`metadata/holdfast-store.json` was lost).
+    NoIdentity {
+        /// Encrypted files present.
+        files: usize,
+        /// Key files in the key directory for stores of this name: one of them may be its own.
+        candidates: Vec<PathBuf>,
+    },
 }
 
 impl std::error::Error for SealedReason {}
@@ -75,6 +83,22 @@ impl std::fmt::Display for SealedReason {
                  these files were encrypted with. Restore the right key; nothing was modified"
             ),
             SealedReason::BadKey(msg) => write!(f, "{msg}"),
+            SealedReason::NoIdentity { files, candidates } => write!(
+                f,
+                "it holds {files} encrypted credential file(s) but no identity \
+                 (metadata/holdfast-store.json), which names its key file: restore that file from \
+                 a backup; key files for stores of this name: {}. holdfast never creates a new key \
+                 for a store that has data",
+                if candidates.is_empty() {
+                    "none".to_string()
+                } else {
+                    candidates
+                        .iter()
+                        .map(|p| p.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                }
+            ),
         }
     }
 }
@@ -202,10 +226,15 @@ pub enum Error {
     /// The operation needs a mode or source the store was not opened with.
     #[error("{0}")]
     Unsupported(String),
-    /// Key rotation re-encrypted what it could but kept the previous key, because these files
-    /// may still need it.
-    #[error("key rotation kept the previous key because {} file(s) may still need it: {}; nothing is lost: fix the cause (clock, I/O) and run `holdfast key rotate` again to finish", .0.len(), .0.join("; "))]
-    RotationBlocked(Vec<String>),
+    /// A rotation or a prune re-encrypted what it could but kept the archived keys, because
+    /// these files may still need one.
+    #[error("{}", blocked_message(.blockers, .prune_only))]
+    RotationBlocked {
+        /// Why, file by file.
+        blockers: Vec<String>,
+        /// It was a prune (no new key): run the prune again, not a rotation.
+        prune_only: bool,
+    },
 }
 
 impl Error {
@@ -219,7 +248,7 @@ impl Error {
             Error::NotFound { .. } | Error::NoStore(_) => ErrorKind::NotFound,
             Error::GenerationMismatch { .. } | Error::IdCollision { .. } => ErrorKind::Conflict,
             Error::Sealed { .. } => ErrorKind::Sealed,
-            Error::Integrity { .. } | Error::ClockSkew { .. } | Error::RotationBlocked(_) => {
+            Error::Integrity { .. } | Error::ClockSkew { .. } | Error::RotationBlocked { .. } => {
                 ErrorKind::Integrity
             }
             Error::Io(_) | Error::Read { .. } | Error::Poisoned(_) => ErrorKind::Storage,
@@ -244,6 +273,23 @@ impl Error {
     pub fn is_clock_skew(&self) -> bool {
         matches!(self, Error::ClockSkew { .. })
     }
+}
+
+fn blocked_message(blockers: &[String], prune_only: &bool) -> String {
+    let (what, again) = match prune_only {
+        true => ("key prune", "`holdfast key prune`"),
+        false => (
+            "key rotation",
+            "`holdfast key rotate` (it resumes the rotation, making no other key)",
+        ),
+    };
+    format!(
+        "{what} kept the archived keys because {} file(s) may still need one: {}; nothing is \
+         lost: fix the cause (the clock, an I/O error, a damaged archive line) and run {again} \
+         again to finish",
+        blockers.len(),
+        blockers.join("; ")
+    )
 }
 
 /// Result alias for store operations.

@@ -200,6 +200,13 @@ impl CredentialStore {
                         archive.push(Secret::new(k.expose().to_owned()));
                     }
                 }
+                // Lines that are not keys stay as they are.
+                archive.extend(
+                    loaded
+                        .unparsed
+                        .iter()
+                        .map(|k| Secret::new(k.expose().to_owned())),
+                );
                 keys::write_previous(&key_file, &archive, &faults)
                     .map_err(|e| self.key_write_failed(e))?;
                 let new = generate_key();
@@ -282,6 +289,17 @@ impl CredentialStore {
         if let Err(why) = reseal() {
             blockers.push(format!("re-sealing other data under the new key: {why}"));
         }
+        if opts.prune {
+            let damaged =
+                keys::load(std::slice::from_ref(&source))?.map_or(0, |l| l.unparsed.len());
+            if damaged > 0 {
+                blockers.push(format!(
+                    "the key archive {} has {damaged} line(s) that are not keys (one may have been \
+                     a key a file needs): fix or remove them by hand",
+                    keys::prev_path(&key_file).display()
+                ));
+            }
+        }
         let fps = self.key_fingerprints();
         if blockers.is_empty() {
             durable::remove_durably(rot_dir, rot_name, &faults).map_err(|e| self.io_failed(e))?;
@@ -328,7 +346,10 @@ impl CredentialStore {
             .collect();
         self.flush_locked()?;
         if !blockers.is_empty() {
-            return Err(Error::RotationBlocked(blockers));
+            return Err(Error::RotationBlocked {
+                blockers,
+                prune_only: !opts.new_key,
+            });
         }
         tracing::info!(store = %self.config().name, key = %report.new_key, reencrypted = report.reencrypted, archived = report.retired.len(), pruned = report.pruned.len(), new_key = opts.new_key, "key rotation complete");
         Ok(report)

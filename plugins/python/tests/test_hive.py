@@ -163,6 +163,55 @@ def test_hive_saving_an_old_copy_never_moves_a_generation_back(daemon):
     c.close()
 
 
+def test_every_document_the_daemon_accepts_loads_in_hive(daemon):
+    """A credential holdfast stores must be one hive's own model loads: documents with field
+    types hive refuses are refused (invalid_params) before anything is written; the ones it
+    accepts (its coercions included) load in hive's EncryptedFileStorage."""
+    from holdfast_client import InvalidParams
+
+    c = daemon.client()
+    key = daemon.key_file().read_bytes().strip()
+    hive = EncryptedFileStorage(daemon.home / "state/holdfast/stores/default",
+                                encryption_key=key)
+
+    def doc(cid, **over):
+        d = {"id": cid, "credential_type": "api_key",
+             "keys": {"k": {"name": "k", "value": "v", "expires_at": None, "metadata": {}}}}
+        for f, v in over.items():
+            if f.startswith("key_"):
+                d["keys"]["k"][f[4:]] = v
+            else:
+                d[f] = v
+        return d
+
+    refused = {
+        "type": dict(credential_type="X"), "tags": dict(tags="s"),
+        "tags-ints": dict(tags=[1]), "created": dict(created_at="s"),
+        "use-count": dict(use_count="s"), "key-expires": dict(key_expires_at="s"),
+        "key-metadata": dict(key_metadata="s"), "key-metadata-null": dict(key_metadata=None),
+        "description-null": dict(description=None), "keys-null": dict(keys=None),
+        "provider": dict(provider_id=5),
+    }
+    accepted = {
+        "plain": {}, "custom": dict(credential_type="custom"),
+        "date-only": dict(key_expires_at="2026-01-01"),
+        "offset": dict(key_expires_at="2026-01-01T00:00:00+0200"),
+        "extras": dict(team="infra", key_rotation="weekly"),
+        "last-used-null": dict(last_used=None),
+    }
+    for name, over in refused.items():
+        with pytest.raises(InvalidParams):
+            c.set(doc("bad/" + name, **over))
+        assert not c.exists("bad/" + name)
+    for name, over in accepted.items():
+        c.set(doc("ok/" + name, **over))
+        loaded = hive.load("ok/" + name)
+        assert loaded is not None and loaded.id == "ok/" + name, name
+    print("documents hive refuses: %d refused by the daemon; %d accepted, each loaded by hive"
+          % (len(refused), len(accepted)))
+    c.close()
+
+
 def test_hive_lists_what_holdfast_wrote_within_the_promised_lag(daemon):
     """docs/design.md "Index rewrites in the daemon": under writes that never pause, hive's own
     list_all() shows a credential within 5.25 s of its acknowledgement (INDEX_MAX_LAG plus a

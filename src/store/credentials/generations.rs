@@ -93,7 +93,7 @@ pub(super) fn token_hash(bytes: &[u8]) -> String {
 /// The generation a file in a state no marker records gets: above its marker (what holdfast
 /// gave its previous content), never below its document.
 pub(super) fn unrecorded_gen(doc_gen: u64, marker: Option<u64>) -> u64 {
-    doc_gen.max(marker.map_or(1, |g| g + 1))
+    doc_gen.max(marker.map_or(1, |g| g.saturating_add(1)))
 }
 
 /// The credentials directory's mtime and ctime, in ns (ctime cannot be set back).

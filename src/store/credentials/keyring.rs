@@ -106,8 +106,9 @@ impl CredentialStore {
         // copy (harmless), never an identity naming no key.
         keys::create_key_file(&own, &loaded.primary, self.faults())
             .map_err(|e| self.key_write_failed(e))?;
-        if !loaded.previous.is_empty() {
-            keys::write_previous(&own, &loaded.previous, self.faults())
+        let archive = loaded.archive_lines();
+        if !archive.is_empty() {
+            keys::write_previous(&own, &archive, self.faults())
                 .map_err(|e| self.key_write_failed(e))?;
         }
         let id = identity::create(&self.config.base, &self.config.name, &id, self.faults())?;
@@ -158,8 +159,9 @@ impl CredentialStore {
         let own = identity::own_key_path(&dir, &self.config.name, &id);
         keys::create_key_file(&own, &loaded.primary, self.faults())
             .map_err(|e| self.key_write_failed(e))?;
-        if !loaded.previous.is_empty() {
-            keys::write_previous(&own, &loaded.previous, self.faults())
+        let archive = loaded.archive_lines();
+        if !archive.is_empty() {
+            keys::write_previous(&own, &archive, self.faults())
                 .map_err(|e| self.key_write_failed(e))?;
         }
         identity::rewrite(base, &self.config.name, &id, self.faults())?;
@@ -227,8 +229,18 @@ impl CredentialStore {
             source,
             primary,
             previous,
+            ..
         }) = loaded
         else {
+            // A store of ours with data and no identity: it lost the file that names its key.
+            if let (Some(dir), None, false) =
+                (&self.config.key_dir, self.identity(), files.is_empty())
+            {
+                return sealed(SealedReason::NoIdentity {
+                    files: files.len(),
+                    candidates: identity::key_files_named(dir, &self.config.name),
+                });
+            }
             return sealed(SealedReason::NoKey {
                 files: files.len(),
                 looked_in,
@@ -242,6 +254,10 @@ impl CredentialStore {
         // The key must open at least one existing file; otherwise it is the wrong key and
         // nothing may be written with it (files would end up under two keys) or quarantined.
         // Only authentication failures count: empty or torn files say nothing about the key.
+        // Every file is tried until one opens: files another program wrote under a key of its
+        // own (hive mints one when its key is missing) must not seal a store whose key opens
+        // the rest, whatever their names sort before. A right key stops at its first file; a
+        // wrong one costs a failed HMAC per file.
         let mut refused = 0;
         let mut opened = false;
         for name in &files {
@@ -252,9 +268,6 @@ impl CredentialStore {
                 }
                 Some(false) => refused += 1,
                 None => {}
-            }
-            if refused >= KEY_CHECK_SAMPLE {
-                break;
             }
         }
         if !opened && refused > 0 {

@@ -43,8 +43,7 @@ use super::{Error, Result, SealedReason};
 use crate::crypto::{keys, DecryptError, KeySource, Keyring, LoadedKeys};
 use crate::durable::{self, lock, Faults, FileStamp, IoError, LockGuard, LockMode, Poison};
 use crate::limits::{
-    KEY_CHECK_SAMPLE, LOCK_TIMEOUT, MAX_CREDENTIAL_FILE_BYTES, MAX_INDEX_FILE_BYTES,
-    MAX_SCAN_FILE_BYTES,
+    LOCK_TIMEOUT, MAX_CREDENTIAL_FILE_BYTES, MAX_INDEX_FILE_BYTES, MAX_SCAN_FILE_BYTES,
 };
 
 /// Where a store lives and where its key comes from.
@@ -516,6 +515,15 @@ pub fn init_store(config: &StoreConfig, faults: &Faults) -> Result<Initialized> 
         })
         .unwrap_or(0);
     if n > 0 {
+        if let (Some(dir), Some(_)) = (&config.key_dir, &new_identity) {
+            return Err(Error::Sealed {
+                store: config.name.clone(),
+                reason: SealedReason::NoIdentity {
+                    files: n,
+                    candidates: identity::key_files_named(dir, &config.name),
+                },
+            });
+        }
         let mut looked = config.key_sources.clone();
         looked.push(KeySource::File(key_file));
         return Err(Error::Sealed {

@@ -93,12 +93,26 @@ impl CredentialStore {
                 return Err(Error::InvalidCredential(SchemaError::IdMismatch));
             }
             new.check().map_err(Error::InvalidCredential)?;
+            new.check_for_hive().map_err(Error::InvalidCredential)?;
             // Above everything this file ever had: a credential deleted and made again
             // continues above the generation its marker kept.
             let generation = match current {
-                0 => self.marker_gen(&name).map_or(1, |g| g + 1),
-                n => n + 1,
+                0 => self.marker_gen(&name).map_or(1, |g| g.saturating_add(1)),
+                n => n.saturating_add(1),
             };
+            // Generations are JSON numbers every client reads exactly (JavaScript's safe
+            // integers): a document another program wrote with a larger one cannot be moved
+            // forward, so it is not written over.
+            if generation > crate::limits::MAX_GENERATION {
+                return Err(Error::Integrity {
+                    what: format!("credential {id:?} (file {name})"),
+                    reason: format!(
+                        "its generation ({current}) is at the largest a generation may be \
+                         ({}); delete it and set it again",
+                        crate::limits::MAX_GENERATION
+                    ),
+                });
+            }
             new.stamp_write(created.as_ref());
             new.set_generation(generation);
             let plain = new.to_bytes();
