@@ -97,23 +97,9 @@ impl CredentialStore {
         let Some(loaded) = keys::load(&[KeySource::Shared(shared.clone())])? else {
             return Ok(None);
         };
-        let id = StoreId::generate().map_err(|source| Error::Read {
-            path: PathBuf::from("/dev/urandom"),
-            source,
+        let own = self.take_new_identity(&dir, &loaded, |id| {
+            identity::create(&self.config.base, &self.config.name, id, self.faults())
         })?;
-        let own = identity::own_key_path(&dir, &self.config.name, &id);
-        // The copy first, then the identity naming it: a crash in between leaves an unnamed
-        // copy (harmless), never an identity naming no key.
-        keys::create_key_file(&own, &loaded.primary, self.faults())
-            .map_err(|e| self.key_write_failed(e))?;
-        let archive = loaded.archive_lines();
-        if !archive.is_empty() {
-            keys::write_previous(&own, &archive, self.faults())
-                .map_err(|e| self.key_write_failed(e))?;
-        }
-        let id = identity::create(&self.config.base, &self.config.name, &id, self.faults())?;
-        *lock_guard(&self.identity) = Some(id);
-        self.reload_keys();
         tracing::info!(store = %self.config.name, shared = %shared.display(), own = %own.display(), "the store now keeps its own key file (a copy of the key file older holdfast versions shared between data dirs, which is left in place)");
         Ok(Some(format!(
             "store {:?} now keeps its own key file {} (a copy of {}, which older holdfast \
@@ -152,21 +138,9 @@ impl CredentialStore {
         let Some(loaded) = keys::load(&[KeySource::File(from.clone())])? else {
             return Ok(None);
         };
-        let id = StoreId::generate().map_err(|source| Error::Read {
-            path: PathBuf::from("/dev/urandom"),
-            source,
+        let own = self.take_new_identity(&dir, &loaded, |id| {
+            identity::rewrite(base, &self.config.name, id, self.faults()).map(|()| id.clone())
         })?;
-        let own = identity::own_key_path(&dir, &self.config.name, &id);
-        keys::create_key_file(&own, &loaded.primary, self.faults())
-            .map_err(|e| self.key_write_failed(e))?;
-        let archive = loaded.archive_lines();
-        if !archive.is_empty() {
-            keys::write_previous(&own, &archive, self.faults())
-                .map_err(|e| self.key_write_failed(e))?;
-        }
-        identity::rewrite(base, &self.config.name, &id, self.faults())?;
-        *lock_guard(&self.identity) = Some(id);
-        self.reload_keys();
         let original = ident.path.unwrap_or_default();
         tracing::info!(store = %self.config.name, original = %original.display(), own = %own.display(), "a copy of another store: it now has an identity and a key file of its own");
         Ok(Some(format!(
@@ -179,6 +153,34 @@ impl CredentialStore {
             own.display(),
             from.display()
         )))
+    }
+
+    /// Give the store a new identity whose own key file holds a copy of `loaded` (its key and
+    /// archive): the copy first, then the identity naming it (`write` makes it, and answers
+    /// the identity the store has after), so a crash in between leaves an unnamed copy
+    /// (harmless), never an identity naming no key. Caller holds the store lock. Returns the
+    /// new key file.
+    fn take_new_identity(
+        &self,
+        dir: &Path,
+        loaded: &LoadedKeys,
+        write: impl FnOnce(&StoreId) -> std::result::Result<StoreId, identity::IdentityError>,
+    ) -> Result<PathBuf> {
+        let id = StoreId::generate().map_err(|source| Error::Read {
+            path: PathBuf::from("/dev/urandom"),
+            source,
+        })?;
+        let own = identity::own_key_path(dir, &self.config.name, &id);
+        keys::create_key_file(&own, &loaded.primary, self.faults())
+            .map_err(|e| self.key_write_failed(e))?;
+        let archive = loaded.archive_lines();
+        if !archive.is_empty() {
+            keys::write_previous(&own, &archive, self.faults())
+                .map_err(|e| self.key_write_failed(e))?;
+        }
+        *lock_guard(&self.identity) = Some(write(&id)?);
+        self.reload_keys();
+        Ok(own)
     }
 
     /// A failed key-file write; a failed fsync poisons the store like any other write.
