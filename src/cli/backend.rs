@@ -244,10 +244,10 @@ impl Backend {
             if let Some(dir) = streams_data_dir.filter(|d| crate::streams::has_data(d)) {
                 return Err(CliError::with_code(
                     format!(
-                        "this store's key also seals the daemon's streams in {}; run this as the \
-                         data dir's default store (`holdfast key …` without --store-dir or \
-                         --key-file) with the daemon running (start `holdfast daemon`), which \
-                         re-seals them under the primary key first",
+                        "this store's key also seals the daemon's streams in {}; run this through \
+                         the daemon (start `holdfast daemon`), as the data dir's default store \
+                         (`holdfast key …` without --store-dir or --key-file), which re-seals them \
+                         under the primary key first",
                         dir.display()
                     ),
                     ErrorKind::Unsupported.exit_code(),
