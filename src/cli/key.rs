@@ -112,12 +112,33 @@ fn seals_streams_of(g: &Global) -> CliResult<Option<std::path::PathBuf>> {
     .flatten()
     .map(|p| canon(&p))
     .collect();
-    let ours = config
+    let files: Vec<PathBuf> = config
         .key_sources
         .iter()
-        .filter_map(|s| s.file())
-        .any(|f| default_keys.contains(&canon(f)));
-    Ok(ours.then_some(data))
+        .filter_map(|s| s.file().map(Path::to_path_buf))
+        .chain(
+            crate::store::identity::own_key_file(&keys_dir, &config.name, &config.base)
+                .ok()
+                .flatten(),
+        )
+        .collect();
+    if files.iter().any(|f| default_keys.contains(&canon(f))) {
+        return Ok(Some(data));
+    }
+    // A key file another data dir's default store owns (`store::claim`): its streams.
+    for f in &files {
+        let Some(owner) = crate::store::claim::owner_dir(f) else {
+            continue;
+        };
+        if owner.file_name().and_then(|n| n.to_str()) == Some(crate::service::STREAMS_KEY_STORE)
+            && owner.parent().and_then(Path::file_name) == Some("stores".as_ref())
+        {
+            if let Some(other) = owner.parent().and_then(Path::parent) {
+                return Ok(Some(other.to_path_buf()));
+            }
+        }
+    }
+    Ok(None)
 }
 
 fn print_rotation(report: &RotateReport, opts: RotateOptions) {

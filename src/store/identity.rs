@@ -66,8 +66,8 @@ struct IdentityDoc {
     /// The store's name when it was made (for people reading the file; not checked).
     store: String,
     id: String,
-    /// Where the store was when the identity was made (or last moved): a store found elsewhere
-    /// with the identity while this path still holds it is a copy (see [`Identity::copied`]).
+    /// Where the store was when the identity was written (for people reading the file; who
+    /// owns a key file is decided by `store::claim`, by inode).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     path: Option<PathBuf>,
 }
@@ -79,30 +79,6 @@ pub struct Identity {
     pub id: StoreId,
     /// Where the store was when the identity was written (absent in early identities).
     pub path: Option<PathBuf>,
-}
-
-impl Identity {
-    /// Whether the store at `base` is a copy of another that still exists: the identity names
-    /// another directory, and that directory holds this same identity. (If it does not, the
-    /// store was moved.) A copy of a data dir would otherwise share the key file of the store
-    /// it was copied from, and a rotation and prune in one would seal the other.
-    pub fn copied(&self, base: &Path) -> bool {
-        let Some(at) = &self.path else { return false };
-        let here = base.canonicalize().unwrap_or_else(|_| base.to_path_buf());
-        if *at == here {
-            return false;
-        }
-        read_full(at)
-            .ok()
-            .flatten()
-            .is_some_and(|other| other.id == self.id)
-    }
-
-    /// Whether the identity's recorded place is not `base` (moved, copied, or not recorded).
-    pub fn elsewhere(&self, base: &Path) -> bool {
-        let here = base.canonicalize().unwrap_or_else(|_| base.to_path_buf());
-        self.path.as_deref() != Some(here.as_path())
-    }
 }
 
 /// Why an identity file could not be used.

@@ -7,6 +7,7 @@
 //! <base>/quarantine/                 files that failed decryption or id binding, never deleted
 //! ```
 
+pub mod claim;
 pub mod credential;
 mod credentials;
 pub mod fsck;

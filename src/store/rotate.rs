@@ -172,6 +172,20 @@ impl CredentialStore {
                 ),
             }));
         };
+        // Only the store that owns the key file may prune its archive: another store reading
+        // it (a copy, or one given this key file) proves nothing about the owner's files.
+        if opts.prune {
+            if let super::claim::Owner::Other(owner) =
+                super::claim::owner(&key_file, &self.config().base)
+            {
+                return Err(Error::Unsupported(format!(
+                    "the key file {} belongs to the store at {}, whose files may need the keys a \
+                     prune here would remove: prune it there",
+                    key_file.display(),
+                    owner.display()
+                )));
+            }
+        }
         let faults = self.faults().clone();
         let mut report = RotateReport::default();
         let rotating = rotating_path(&key_file);

@@ -3,6 +3,7 @@
 //! know about each file.
 
 use super::*;
+use crate::store::claim;
 
 impl CredentialStore {
     pub(super) fn keys_now(&self) -> Arc<KeySnapshot> {
@@ -111,47 +112,53 @@ impl CredentialStore {
         )))
     }
 
-    /// A store whose identity names another directory that still holds that identity is a
-    /// copy (a data dir copied with `cp -a`, a restored backup beside the original): left as
-    /// it is, both would read and rotate one key file, and a prune in one would retire a key
-    /// the other's files need. It takes an identity and a key file of its own — a copy of the
-    /// key file and archive it used — under the store lock; the copy first, then the identity
-    /// naming it. A store that was moved (the old place no longer holds the identity) notes
-    /// where it is now. Returns what to tell the user.
-    pub(super) fn own_identity_here(&self) -> Result<Option<String>> {
-        let (Some(dir), base) = (self.config.key_dir.clone(), &self.config.base) else {
+    /// Settle who owns the key file this store writes (`store::claim`), under the store lock:
+    /// claim it if nobody does (or note where the owner is now, if it moved). If another live
+    /// store owns it — this store is a copy of it (`cp -a` of a data dir, a restored backup
+    /// beside the original), or was given its key file — a store whose key holdfast keeps
+    /// takes an identity and a key file of its own, a copy of the keys it used, so that a
+    /// rotation and prune of either never touches the other; a store given the key file
+    /// explicitly keeps using it, and may not prune its archive. Returns what to tell the user.
+    pub(super) fn settle_key_ownership(&self) -> Result<Option<String>> {
+        let Some(key_file) = self
+            .key_source()
+            .and_then(|s| s.writable_file().map(Path::to_path_buf))
+        else {
             return Ok(None);
         };
-        match identity::read_full(base)? {
-            Some(ident) if ident.elsewhere(base) => {}
-            _ => return Ok(None),
-        }
+        let base = &self.config.base;
         let _guard = lock::lock(&self.lock_path, LockMode::Exclusive, self.opts.lock_timeout)?;
-        let Some(ident) = identity::read_full(base)?.filter(|i| i.elsewhere(base)) else {
+        let other = match claim::owner(&key_file, base) {
+            claim::Owner::Us | claim::Owner::Nobody => {
+                claim::claim(&key_file, base, self.faults()).map_err(|e| self.io_failed(e))?;
+                return Ok(None);
+            }
+            claim::Owner::Other(other) => other,
+        };
+        let own = match (&self.config.key_dir, self.identity()) {
+            (Some(dir), Some(id))
+                if identity::own_key_path(dir, &self.config.name, &id) == key_file =>
+            {
+                dir.clone()
+            }
+            _ => return Ok(None),
+        };
+        let Some(loaded) = keys::load(&[KeySource::File(key_file.clone())])? else {
             return Ok(None);
         };
-        if !ident.copied(base) {
-            identity::rewrite(base, &self.config.name, &ident.id, self.faults())?;
-            return Ok(None);
-        }
-        let from = identity::own_key_path(&dir, &self.config.name, &ident.id);
-        let Some(loaded) = keys::load(&[KeySource::File(from.clone())])? else {
-            return Ok(None);
-        };
-        let own = self.take_new_identity(&dir, &loaded, |id| {
+        let new = self.take_new_identity(&own, &loaded, |id| {
             identity::rewrite(base, &self.config.name, id, self.faults()).map(|()| id.clone())
         })?;
-        let original = ident.path.unwrap_or_default();
-        tracing::info!(store = %self.config.name, original = %original.display(), own = %own.display(), "a copy of another store: it now has an identity and a key file of its own");
+        tracing::info!(store = %self.config.name, owner = %other.display(), own = %new.display(), "a copy of another store: it now has an identity and a key file of its own");
         Ok(Some(format!(
-            "store {:?} at {} is a copy of the store at {} (it had that store's identity): it \
-             now has an identity and a key file of its own, {} (a copy of {}), so rotating either \
-             store no longer touches the other. Back up the new file.",
+            "store {:?} at {} uses the key file of the store at {} (a copy of it, or given its \
+             key): it now has an identity and a key file of its own, {} (a copy of {}), so \
+             rotating either store no longer touches the other. Back up the new file.",
             self.config.name,
             base.display(),
-            original.display(),
-            own.display(),
-            from.display()
+            other.display(),
+            new.display(),
+            key_file.display()
         )))
     }
 
@@ -179,6 +186,7 @@ impl CredentialStore {
                 .map_err(|e| self.key_write_failed(e))?;
         }
         *lock_guard(&self.identity) = Some(write(&id)?);
+        claim::claim(&own, &self.config.base, self.faults()).map_err(|e| self.io_failed(e))?;
         self.reload_keys();
         Ok(own)
     }

@@ -381,7 +381,7 @@ impl CredentialStore {
         durable::create_private_dir(&store.meta_dir, &store.opts.faults)?;
         store.key_notice = match store.adopt_shared_key()? {
             Some(notice) => Some(notice),
-            None => store.own_identity_here()?,
+            None => store.settle_key_ownership()?,
         };
         if store.opts.mode == OpenMode::Deferred {
             return Ok(store);
@@ -539,6 +539,8 @@ pub fn init_store(config: &StoreConfig, faults: &Faults) -> Result<Initialized> 
         });
     }
     keys::create_key_file(&key_file, &crate::crypto::generate_key(), faults)?;
+    // The store owns the key it made (`store::claim`).
+    super::claim::claim(&key_file, &config.base, faults)?;
     // The key first, then the identity that names it: a crash in between leaves a key file
     // nothing names (harmless) rather than an identity naming no key (a sealed store).
     if let Some(id) = new_identity {
