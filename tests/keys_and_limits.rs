@@ -655,7 +655,6 @@ fn only_the_store_that_owns_a_key_file_may_prune_it() {
     let orig = env.root.join("orig");
     ok(in_dir(&env, &orig, &["init"], b""));
     ok(in_dir(&env, &orig, &["cred", "set", "a"], b"v1\n"));
-    let key = own_key(&env, &orig);
     // Copied, then the original moved: whichever opens first keeps the key file, the other
     // takes its own; a prune in the copy leaves the original readable.
     let (copy, moved) = (env.root.join("copy"), env.root.join("moved"));
