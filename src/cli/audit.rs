@@ -119,29 +119,13 @@ fn show(g: &Global, dir: &std::path::Path, a: &AuditArgs) -> CliResult {
     Ok(())
 }
 
-/// Control characters and bidi overrides shown escaped: a table must not be spoofable.
-fn shown(s: &str) -> String {
-    s.chars()
-        .flat_map(|c| {
-            if c.is_control()
-                || ('\u{202a}'..='\u{202e}').contains(&c)
-                || ('\u{2066}'..='\u{2069}').contains(&c)
-            {
-                c.escape_unicode().collect::<Vec<_>>()
-            } else {
-                vec![c]
-            }
-        })
-        .collect()
-}
-
 fn who_of(e: &Entry) -> String {
     let mut w = e.via.clone();
     if let Some(c) = &e.client {
-        w.push_str(&format!(" {}", shown(c)));
+        w.push_str(&format!(" {}", super::shown(c)));
     }
     if let Some(p) = &e.plugin {
-        w.push_str(&format!(" plugin={}", shown(p)));
+        w.push_str(&format!(" plugin={}", super::shown(p)));
     }
     if let Some(p) = e.pid {
         w.push_str(&format!(" pid={p}"));
@@ -164,8 +148,17 @@ fn table(rows: &[Entry]) {
             .max(min)
     };
     let op_of = |e: &Entry| e.op.clone();
-    let store_of = |e: &Entry| e.store.as_deref().map(shown).unwrap_or_else(|| "-".into());
-    let id_of = |e: &Entry| e.id.as_deref().map(shown).unwrap_or_else(|| "-".into());
+    let store_of = |e: &Entry| {
+        e.store
+            .as_deref()
+            .map(super::shown)
+            .unwrap_or_else(|| "-".into())
+    };
+    let id_of = |e: &Entry| {
+        e.id.as_deref()
+            .map(super::shown)
+            .unwrap_or_else(|| "-".into())
+    };
     let result_of = |e: &Entry| match e.refers {
         Some(r) => format!("{} (of {r})", e.result),
         None => e.result.clone(),
@@ -193,7 +186,7 @@ fn table(rows: &[Entry]) {
             who_of(e)
         );
         if let Some(d) = &e.detail {
-            line.push_str(&format!("  {}", shown(&d.to_string())));
+            line.push_str(&format!("  {}", super::shown(&d.to_string())));
         }
         out(line.trim_end());
     }

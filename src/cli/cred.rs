@@ -205,11 +205,12 @@ pub fn run(g: &Global, cmd: &CredCommand) -> CliResult {
                         })
                         .unwrap_or_default();
                     out(format!(
-                        "{:<w$}  {:<12}  {:>3}  {:<19}  {keys}",
-                        c.id,
-                        s("credential_type"),
+                        "{:<w$}  {:<12}  {:>3}  {:<19}  {}",
+                        super::shown(&c.id),
+                        super::shown(&s("credential_type")),
                         c.generation,
-                        s("updated_at").get(..19).unwrap_or("-").replace('T', " ")
+                        super::shown(s("updated_at").get(..19).unwrap_or("-")).replace('T', " "),
+                        super::shown(&keys)
                     ));
                 }
             }

@@ -457,6 +457,21 @@ impl From<crate::client::ClientError> for CliError {
     }
 }
 
+/// Text from a store or a log as a table cell or a line shows it: control characters (a
+/// newline that would forge a row, an escape sequence for the terminal) and bidirectional
+/// controls written as `\u{…}`. Never for secret values, which are printed as they are.
+pub(crate) fn shown(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() || matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}') {
+            out.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// Print a line to stdout; a closed pipe (`| head`) is not an error worth a panic.
 fn out(line: impl std::fmt::Display) {
     let _ = writeln!(std::io::stdout().lock(), "{line}");
@@ -505,5 +520,16 @@ pub fn main() -> ExitCode {
             let _ = writeln!(std::io::stderr(), "holdfast: error: {}", e.message);
             ExitCode::from(e.code)
         }
+    }
+}
+
+#[cfg(test)]
+mod shown_tests {
+    #[test]
+    fn control_and_bidi_characters_are_written_out_and_the_rest_kept() {
+        assert_eq!(super::shown("a\nb"), "a\\u{a}b");
+        assert_eq!(super::shown("\u{1b}[31mred"), "\\u{1b}[31mred");
+        assert_eq!(super::shown("x\u{202E}y\u{2066}z"), "x\\u{202e}y\\u{2066}z");
+        assert_eq!(super::shown("café → ok"), "café → ok");
     }
 }

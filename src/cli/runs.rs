@@ -200,7 +200,7 @@ pub fn run(g: &Global, c: &RunsCommand) -> CliResult {
             out(format!(
                 "nodes      {} ({})",
                 s["total_nodes_executed"],
-                path.join(" -> ")
+                super::shown(&path.join(" -> "))
             ));
             out(format!(
                 "tokens     {} in, {} out",
@@ -219,7 +219,7 @@ pub fn run(g: &Global, c: &RunsCommand) -> CliResult {
                 (true, reasons) => {
                     out("attention  yes:");
                     for r in reasons {
-                        out(format!("  - {r}"));
+                        out(format!("  - {}", super::shown(r)));
                     }
                 }
             }
@@ -353,13 +353,17 @@ fn show(g: &Global, run: &str) -> CliResult {
     rows.sort();
     for (ms, seq, text) in rows {
         out(format!(
-            "  +{:>8.3}s  #{seq:<5} {text}",
-            ms.saturating_sub(t0) as f64 / 1000.0
+            "  +{:>8.3}s  #{seq:<5} {}",
+            ms.saturating_sub(t0) as f64 / 1000.0,
+            super::shown(&text)
         ));
     }
     match attention(s) {
         (true, reasons) if reasons.is_empty() => out("needs attention: yes"),
-        (true, reasons) => out(format!("needs attention: {}", reasons.join("; "))),
+        (true, reasons) => out(format!(
+            "needs attention: {}",
+            super::shown(&reasons.join("; "))
+        )),
         (false, _) => {}
     }
     if let Some(st) = r.get("stream") {

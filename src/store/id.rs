@@ -43,7 +43,7 @@ fn is_invisible_format(c: char) -> bool {
         // Format characters (Cf).
         '\u{00AD}' | '\u{0600}'..='\u{0605}' | '\u{061C}' | '\u{06DD}' | '\u{070F}'
         | '\u{0890}'..='\u{0891}' | '\u{08E2}' | '\u{180E}' | '\u{200B}'..='\u{200F}'
-        | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{206F}'
+        | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{206F}'
         | '\u{FEFF}' | '\u{FFF9}'..='\u{FFFB}' | '\u{110BD}' | '\u{110CD}'
         | '\u{13430}'..='\u{1343F}' | '\u{1BCA0}'..='\u{1BCA3}' | '\u{1D173}'..='\u{1D17A}'
         // Default-ignorable, not Cf: the combining grapheme joiner, Hangul fillers, Khmer
@@ -51,9 +51,13 @@ fn is_invisible_format(c: char) -> bool {
         | '\u{034F}' | '\u{115F}'..='\u{1160}' | '\u{17B4}'..='\u{17B5}'
         | '\u{180B}'..='\u{180D}' | '\u{180F}' | '\u{3164}' | '\u{FE00}'..='\u{FE0F}'
         | '\u{FFA0}' | '\u{FFF0}'..='\u{FFF8}' | '\u{E0000}'..='\u{E0FFF}'
-        // Line and paragraph separators, and every space but the ASCII one.
+        // Line and paragraph separators, every space but the ASCII one, the braille blank.
         | '\u{2028}' | '\u{2029}' | '\u{00A0}' | '\u{1680}' | '\u{2000}'..='\u{200A}'
-        | '\u{202F}' | '\u{205F}' | '\u{3000}')
+        | '\u{202F}' | '\u{205F}' | '\u{3000}' | '\u{2800}'
+        // Combining marks: `cafe` + U+0301 lists as `café`, another id than the precomposed
+        // one (precomposed letters are accepted).
+        | '\u{0300}'..='\u{036F}' | '\u{1AB0}'..='\u{1AFF}' | '\u{1DC0}'..='\u{1DFF}'
+        | '\u{20D0}'..='\u{20FF}' | '\u{FE20}'..='\u{FE2F}')
 }
 
 /// Check an id against holdfast's rules: non-empty, at most 200 bytes, no control characters,
@@ -120,6 +124,7 @@ mod tests {
             "a..b",
             "x-y",
             "ünï",
+            "café",
         ] {
             validate(id).unwrap_or_else(|e| panic!("{id}: {e}"));
         }
@@ -177,6 +182,11 @@ mod tests {
             ("a\u{E0041}b", IdError::Invisible),
             ("a\u{00A0}b", IdError::Invisible),
             ("a\u{3000}b", IdError::Invisible),
+            // The second round: a reserved default-ignorable, the braille blank, combining marks.
+            ("a\u{2065}b", IdError::Invisible),
+            ("open\u{2800}ai", IdError::Invisible),
+            ("cafe\u{0301}", IdError::Invisible),
+            ("a\u{20E3}", IdError::Invisible),
         ];
         for (id, want) in cases {
             assert_eq!(validate(id).as_ref(), Err(want), "{id:?}");
