@@ -610,6 +610,60 @@ fn the_default_stores_key_is_never_pruned_around_the_daemons_streams() {
     println!("the default store's key: 3 offline prunes under other names refused, the key unchanged; through the daemon rotated and pruned, the stream still reads");
 }
 
+/// The default store's key also seals the streams: when the store lost its identity (and
+/// so its key) but the streams hold data, `init` refuses to mint a key over them (an
+/// independent tester's second round: the new key left every stream unreadable), and putting
+/// the identity back makes it all readable again.
+#[test]
+fn init_never_mints_a_key_over_streams_the_lost_one_sealed() {
+    use common::Conn;
+    use serde_json::json;
+    let mut env = DaemonEnv::new("");
+    if env.on_postgres() {
+        println!("streams on PostgreSQL are not sealed with the store's key: skipped");
+        return;
+    }
+    let daemon = env.start();
+    let mut c = Conn::open(&daemon.socket);
+    let b = c.ok("stream.begin", json!({"run_id": "kept"}));
+    c.ok(
+        "stream.append",
+        json!({"run_id": "kept", "stream_id": b["stream_id"], "seq": 1,
+               "events": [{"type": "text", "text": "sealed with the default key"}]}),
+    );
+    drop(c);
+    drop(daemon);
+    let key = env.key_file();
+    let keys = key.parent().unwrap().to_path_buf();
+    let ident = identity::identity_path(&env.store_base());
+    let saved = fs::read(&ident).unwrap();
+    fs::remove_file(&ident).unwrap();
+    let keys_before = names(&keys);
+    let o = run(env.holdfast(&["init"]), b"");
+    assert_eq!(o.code, 5, "{o}");
+    assert!(o.stderr.contains("also seals the streams"), "{o}");
+    assert!(
+        o.stderr.contains(&key.display().to_string()),
+        "the message names the candidate key file: {o}"
+    );
+    assert_eq!(
+        names(&keys),
+        keys_before,
+        "init made a key"
+    );
+    fs::write(&ident, saved).unwrap();
+    let o = run(env.holdfast(&["init"]), b"");
+    assert_eq!(o.code, 0, "{o}");
+    assert!(o.stdout.contains("already initialized"), "{o}");
+    let daemon = env.start();
+    let mut c = Conn::open(&daemon.socket);
+    let g = c.ok("stream.get", json!({"run_id": "kept"}));
+    assert_eq!(g["text_chars"].as_u64(), Some(27), "{g}");
+    drop(c);
+    drop(daemon);
+    println!("a lost identity over sealed streams: init refused (exit 5) naming the key file, no key made; restored, the stream reads");
+}
+
 /// A store whose identity file was lost cannot say which key file is its own: it is sealed,
 /// the message names the key files of stores of its name, `init` makes no new key, and putting
 /// the identity back opens it.

@@ -4,7 +4,7 @@ use clap::Args;
 
 use super::{out, out_json, CliError, CliResult, Global};
 use crate::durable::Faults;
-use crate::store::{init_store, OpenMode};
+use crate::store::{init_store_guarded, OpenMode};
 
 /// Arguments of `holdfast init`.
 #[derive(Args, Debug)]
@@ -27,7 +27,10 @@ pub fn run(g: &Global, _args: &InitArgs) -> CliResult {
     // Recorded like every change to a store (a durable `begun` first: no record, no key).
     let audit = super::audit::Recorder::open(g, &config.name)?;
     let begun = audit.as_ref().map(|a| a.begin("init", None)).transpose()?;
-    let made = init_store(&config, &Faults::none());
+    // The key of the data dir's default store also seals its streams: never mint one over
+    // streams it sealed before (the store lost its key or identity).
+    let streams_of = super::key::seals_streams_of(g)?;
+    let made = init_store_guarded(&config, &Faults::none(), streams_of.as_deref());
     if let (Some(a), Some(begun)) = (&audit, begun) {
         let result = made
             .as_ref()

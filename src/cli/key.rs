@@ -85,7 +85,7 @@ pub fn run(g: &Global, args: &KeyArgs) -> CliResult {
 /// dir's default store — named, reached with `--store-dir`, or another directory opened with
 /// the default store's key file (`--key-file`). Rotating or pruning that key must re-seal the
 /// streams, which only the daemon can.
-fn seals_streams_of(g: &Global) -> CliResult<Option<std::path::PathBuf>> {
+pub(super) fn seals_streams_of(g: &Global) -> CliResult<Option<std::path::PathBuf>> {
     use std::path::{Path, PathBuf};
     let data = g.data_dir()?;
     let default_base = data.join("stores").join(crate::service::STREAMS_KEY_STORE);

@@ -19,8 +19,8 @@ mod rotate;
 
 pub use credential::Credential;
 pub use credentials::{
-    init_store, Change, CredentialInfo, CredentialStore, IndexFlush, Initialized, Listing,
-    OpenMode, StoreConfig, StoreOptions,
+    init_store, init_store_guarded, Change, CredentialInfo, CredentialStore, IndexFlush,
+    Initialized, Listing, OpenMode, StoreConfig, StoreOptions,
 };
 pub use fsck::Report;
 pub use private::PermFixes;
@@ -62,6 +62,14 @@ pub enum SealedReason {
         /// Key files in the key directory for stores of this name: one of them may be its own.
         candidates: Vec<PathBuf>,
     },
+    /// The store has no key, and its key would also seal a data directory's streams and run
+    /// logs, which hold data sealed by the key it lost: a new key would leave them unreadable.
+    SealsStreams {
+        /// The data directory whose streams the lost key sealed.
+        data_dir: PathBuf,
+        /// Key files in the key directory for stores of this name: one of them may be the one.
+        candidates: Vec<PathBuf>,
+    },
 }
 
 impl std::error::Error for SealedReason {}
@@ -99,6 +107,28 @@ impl std::fmt::Display for SealedReason {
                         .collect::<Vec<_>>()
                         .join(", ")
                 }
+            ),
+            SealedReason::SealsStreams {
+                data_dir,
+                candidates,
+            } => write!(
+                f,
+                "it has no key, and its key also seals the streams and run logs in {} (they hold \
+                 data): a new key would leave them unreadable. Restore the key, or \
+                 metadata/holdfast-store.json which names it (key files for stores of this name: \
+                 {}); or, to give up that data, move {}/streams and {}/runs aside first",
+                data_dir.display(),
+                if candidates.is_empty() {
+                    "none".to_string()
+                } else {
+                    candidates
+                        .iter()
+                        .map(|p| p.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                },
+                data_dir.display(),
+                data_dir.display(),
             ),
         }
     }

@@ -456,6 +456,18 @@ pub struct Initialized {
 /// A base directory that exists but is too open (made by hand with `mkdir`) is tightened as
 /// [`CredentialStore::open`] does; the changes are returned for the caller to report.
 pub fn init_store(config: &StoreConfig, faults: &Faults) -> Result<Initialized> {
+    init_store_guarded(config, faults, None)
+}
+
+/// [`init_store`] for the store whose key also seals `streams_of`'s streams and run logs: if
+/// they hold data, it refuses (`sealed`) to mint a new key rather than leave them unreadable
+/// — the store lost its key or identity, it is not new. Checked under the store lock, at the
+/// point where a key would be made.
+pub fn init_store_guarded(
+    config: &StoreConfig,
+    faults: &Faults,
+    streams_of: Option<&Path>,
+) -> Result<Initialized> {
     let cred_dir = config.base.join("credentials");
     let meta_dir = config.base.join("metadata");
     // A store an older holdfast made has a metadata dir but no identity.
@@ -535,6 +547,19 @@ pub fn init_store(config: &StoreConfig, faults: &Faults) -> Result<Initialized> 
                     .map(ToString::to_string)
                     .collect::<Vec<_>>()
                     .join(", "),
+            },
+        });
+    }
+    if let Some(data_dir) = streams_of.filter(|d| crate::streams::has_data(d)) {
+        return Err(Error::Sealed {
+            store: config.name.clone(),
+            reason: SealedReason::SealsStreams {
+                data_dir: data_dir.to_path_buf(),
+                candidates: config
+                    .key_dir
+                    .as_deref()
+                    .map(|dir| identity::key_files_named(dir, &config.name))
+                    .unwrap_or_default(),
             },
         });
     }
