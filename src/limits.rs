@@ -175,6 +175,10 @@ pub const SEGMENT_BYTES: u64 = 16 * 1024 * 1024;
 /// scan read it. Found by `test_the_daemon_two_offline_clis_and_hive_write_one_store_at_once`.
 pub const QUARANTINE_SETTLE: Duration = Duration::from_millis(100);
 
+/// How often a read that found a credential file empty or torn looks again, for up to
+/// [`QUARANTINE_SETTLE`] (a writer in place may be between its truncate and its write).
+pub const READ_SETTLE_STEP: Duration = Duration::from_millis(10);
+
 /// Largest payload of one stream-journal frame (a run's snapshot at a key rotation is the largest record).
 pub const MAX_PAYLOAD: usize = 12 * 1024 * 1024;
 

@@ -646,11 +646,7 @@ fn init_never_mints_a_key_over_streams_the_lost_one_sealed() {
         o.stderr.contains(&key.display().to_string()),
         "the message names the candidate key file: {o}"
     );
-    assert_eq!(
-        names(&keys),
-        keys_before,
-        "init made a key"
-    );
+    assert_eq!(names(&keys), keys_before, "init made a key");
     fs::write(&ident, saved).unwrap();
     let o = run(env.holdfast(&["init"]), b"");
     assert_eq!(o.code, 0, "{o}");

@@ -63,6 +63,11 @@ pub struct Report {
     /// in place (hive) was mid-write. Left alone for the next scan, not quarantined.
     #[serde(default)]
     pub unsettled: Vec<String>,
+    /// Empty files: a writer in place (hive: truncate, then write) truncated one and has not
+    /// written yet, or died before it did. Nothing in them to keep, and moving one aside would
+    /// carry off the write still to come: left in place, never quarantined.
+    #[serde(default)]
+    pub empty: Vec<String>,
     /// Other entries in `credentials/` that are not credential files (left alone).
     pub stray: Vec<String>,
     /// Files something other than holdfast wrote since holdfast last did, whose generation a
@@ -92,12 +97,17 @@ impl Report {
             + self.old_key.len()
             + self.quarantined.len()
             + self.kept.len()
+            + self.empty.len()
     }
 
     /// Problems a repair leaves for a person: clock skew, files under an archived key, files
-    /// that could not be read, files a key opens that are not usable here.
+    /// that could not be read, files a key opens that are not usable here, empty files.
     pub fn needs_a_person(&self) -> usize {
-        self.clock_skew.len() + self.old_key.len() + self.io_errors.len() + self.kept.len()
+        self.clock_skew.len()
+            + self.old_key.len()
+            + self.io_errors.len()
+            + self.kept.len()
+            + self.empty.len()
     }
 
     /// Whether the scan changed nothing on disk and found nothing to change.
@@ -180,6 +190,12 @@ impl fmt::Display for Report {
             "being written while read (left for the next scan)",
             &self.unsettled,
             "",
+        )?;
+        list(
+            f,
+            "empty (a writer truncated it and has not written yet, or died first): left in place",
+            &self.empty,
+            "; if one stays empty, restore that credential or remove the file",
         )?;
         list(
             f,

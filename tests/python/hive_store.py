@@ -321,10 +321,13 @@ class Store:
     def load_credential(self, cid):
         return self.decrypt(self.cred_dir / file_name(cid))
 
-    def scan(self, skip_unreadable=False):
-        """Every credential on disk: {id: doc}. The file name must be the id's safe name."""
+    def scan(self, skip_unreadable=False, skip_empty=False):
+        """Every credential on disk: {id: doc}. The file name must be the id's safe name.
+        With skip_empty, an empty file (a write in place not made yet, or never) is passed by."""
         out = {}
         for p in self.enc_files():
+            if skip_empty and p.stat().st_size == 0:
+                continue
             try:
                 doc = self.decrypt(p)
             except Failure:
@@ -412,14 +415,15 @@ def cmd_write(args):
 
 
 def cmd_read(args):
-    return Store(args.store_dir, load_key(args)).scan()
+    return Store(args.store_dir, load_key(args)).scan(skip_empty=args.skip_empty)
 
 
 def cmd_list(args):
     """hive's list_all (the index's ids) plus a check of every entry against the files."""
     store = Store(args.store_dir, load_key(args))
     index, rebuilt = store.load_index()
-    on_disk = store.scan()
+    # An empty file holds no credential (a write in place not made yet, or never).
+    on_disk = store.scan(skip_empty=True)
     problems = []
     for f in ("store_path", "generated_at"):
         if not isinstance(index.get(f), str):
@@ -562,6 +566,8 @@ def main(argv=None):
     s.add_argument("--expected", help="also write the documents to this JSON file")
     s = sub.add_parser("read", help="decrypt and validate every .enc, print {id: doc}")
     s.add_argument("store_dir")
+    s.add_argument("--skip-empty", action="store_true",
+                   help="pass by empty files (a write in place that holdfast leaves alone)")
     s = sub.add_parser("list", help="hive's list_all (index ids) and index checks")
     s.add_argument("store_dir")
     s = sub.add_parser("break-index", help="damage index.json as unpatched hive does")

@@ -41,6 +41,40 @@ impl CredentialStore {
         read
     }
 
+    /// [`Self::read_file_via`], giving a writer in place a moment: hive rewrites its files
+    /// in place (truncate, then write), so a read between the two sees an empty or torn file
+    /// that is no damage. A read that fails its check is tried again every
+    /// [`READ_SETTLE_STEP`](crate::limits::READ_SETTLE_STEP), for up to
+    /// [`QUARANTINE_SETTLE`](crate::limits::QUARANTINE_SETTLE), while the file is empty or
+    /// has changed since the last try; a non-empty file that fails twice unchanged is damage.
+    fn read_settled(&self, name: &str, ring: &Keyring, cached: bool) -> FileRead {
+        let path = self.cred_dir.join(name);
+        let mut read = self.read_file_via(name, ring, cached);
+        let mut last = None;
+        let deadline = std::time::Instant::now() + crate::limits::QUARANTINE_SETTLE;
+        while matches!(
+            read,
+            FileRead::Damaged(_) | FileRead::WrongKey | FileRead::NotCredential(_)
+        ) {
+            let now = stamp_of(&path);
+            let settled = now.is_some_and(|s| s.size > 0) && now == last;
+            if settled || std::time::Instant::now() >= deadline {
+                break;
+            }
+            last = now;
+            std::thread::sleep(crate::limits::READ_SETTLE_STEP);
+            read = self.read_file_via(name, ring, cached);
+        }
+        if let (FileRead::Damaged(reason), Some(s)) = (&mut read, stamp_of(&path)) {
+            if s.size == 0 {
+                reason.push_str(
+                    " (a writer in place, as hive, may have truncated it and not written yet: try again)",
+                );
+            }
+        }
+        read
+    }
+
     /// Read the credential stored under `id`'s file name: `Ok(None)` if there is no file.
     /// Files that fail are errors (integrity, clock skew, I/O), never silently "missing".
     pub(super) fn read_for(&self, id: &str, ring: &Keyring) -> Result<Option<Credential>> {
@@ -70,7 +104,7 @@ impl CredentialStore {
             what: format!("credential {id:?} (file {name})"),
             reason,
         };
-        match self.read_file_via(&name, ring, cached) {
+        match self.read_settled(&name, ring, cached) {
             FileRead::Missing => Ok(None),
             FileRead::Ok(c, _, resolved) => Ok(Some((c, resolved.recorded))),
             FileRead::Skew(source) => Err(Error::ClockSkew {

@@ -461,6 +461,13 @@ impl CredentialStore {
             }
         }
         for (name, reason, seen) in scan.bad {
+            // An empty file holds nothing to keep, and a writer in place that truncated it
+            // writes next into the same inode: moved aside, that write would leave the store.
+            // Not listed meanwhile (nothing to read); the next scan finds it once written.
+            if seen.size == 0 {
+                report.empty.push(name);
+                continue;
+            }
             if repair {
                 let unchanged = stamp_of(&self.cred_dir.join(&name)) == Some(seen);
                 let still_bad = unchanged
@@ -521,7 +528,8 @@ impl CredentialStore {
         inner.unreadable = report.clock_skew.len()
             + report.io_errors.len()
             + report.quarantined.len()
-            + report.kept.len();
+            + report.kept.len()
+            + report.empty.len();
         inner.set_dirty(needs_rewrite);
         if repair && needs_rewrite {
             self.with_ring(|ring| self.flush_index(inner, ring))?;
