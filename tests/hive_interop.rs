@@ -795,7 +795,7 @@ fn holdfast_recovers_stores_hive_broke() {
             }
             Some((id, file, 0)) => {
                 assert!(rep.quarantined.is_empty() && q.is_empty(), "{label}\n{rep}");
-                assert_eq!(rep.empty, [file.clone()], "{label}\n{rep}");
+                assert_eq!(rep.empty, std::slice::from_ref(file), "{label}\n{rep}");
                 assert!(sb.store().join("credentials").join(file).exists());
                 let err = store.get(id).expect_err("an empty file");
                 assert_eq!(err.kind(), ErrorKind::Integrity, "{label}: {err}");
