@@ -20,9 +20,13 @@ pub const MAX_SCAN_FILE_BYTES: u64 = 64 * 1024 * 1024;
 /// credentials; anything bigger is treated as corrupt and rebuilt from the directory scan.
 pub const MAX_INDEX_FILE_BYTES: u64 = 64 * 1024 * 1024;
 
-/// Largest key file. A Fernet key is 44 characters; a `.prev` file holds a handful of them.
-/// Anything larger is not a key file.
+/// Largest key file. A Fernet key is 44 characters: anything larger is not a key file.
 pub const MAX_KEY_FILE_BYTES: u64 = 64 * 1024;
+
+/// Largest archive of retired keys (`<key>.prev`): 45 bytes a key, so some 93,000 rotations
+/// without a prune. A rotation that would grow it past this is refused before anything
+/// changes (`key prune` first): an archive holdfast cannot read back would seal the store.
+pub const MAX_KEY_ARCHIVE_BYTES: u64 = 4 * 1024 * 1024;
 
 /// Longest credential id, in bytes. hive puts no limit, but the id becomes a file name
 /// (`<safe_id>.enc`, plus a temp-file prefix and suffix during writes) and must stay under the

@@ -499,8 +499,12 @@ fn a_damaged_archive_line_is_kept_and_blocks_only_pruning() {
     store.rotate_key(|_, _| {}).unwrap();
     drop(store);
     let prev = keys::prev_path(&ts.key);
-    let mut text = fs::read_to_string(&prev).unwrap();
-    text.push_str("not-a-key-at-all\n");
+    let mut text = fs::read(&prev).unwrap();
+    text.extend_from_slice(b"not-a-key-at-all\n");
+    // A line that is not even text (the second round of attacks: it sealed the store).
+    let not_text: &[u8] = b"\xff\xfe-latin1-caf\xe9";
+    text.extend_from_slice(not_text);
+    text.push(b'\n');
     fs::write(&prev, &text).unwrap();
     let store = ts.open();
     assert!(
@@ -509,24 +513,76 @@ fn a_damaged_archive_line_is_kept_and_blocks_only_pruning() {
         store.sealed_reason()
     );
     assert_eq!(store.get("a").unwrap().key_value("api_key"), Some("v"));
+    assert_eq!(store.key_report().unwrap().archive_damaged, 2);
     store.rotate_key(|_, _| {}).unwrap();
-    let after = fs::read_to_string(&prev).unwrap();
+    let after = fs::read(&prev).unwrap();
+    let lines: Vec<&[u8]> = after
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .collect();
     assert!(
-        after.contains("not-a-key-at-all"),
-        "rotation dropped the line"
+        lines.contains(&&b"not-a-key-at-all"[..]) && lines.contains(&not_text),
+        "rotation dropped a line"
     );
-    assert_eq!(after.lines().count(), 3, "two archived keys and the line");
+    assert_eq!(lines.len(), 4, "two archived keys and the two lines");
     let e = store.prune_keys(|_, _| {}).unwrap_err();
     assert!(e.to_string().contains("not keys"), "{e}");
     assert!(e.to_string().contains("`holdfast key prune`"), "{e}");
-    assert_eq!(
-        fs::read_to_string(&prev).unwrap(),
-        after,
-        "the archive changed"
-    );
-    fs::write(&prev, after.replace("not-a-key-at-all\n", "")).unwrap();
+    assert_eq!(fs::read(&prev).unwrap(), after, "the archive changed");
+    let kept: Vec<u8> = lines
+        .iter()
+        .filter(|l| ![&b"not-a-key-at-all"[..], not_text].contains(l))
+        .flat_map(|l| l.iter().copied().chain([b'\n']))
+        .collect();
+    fs::write(&prev, kept).unwrap();
     let p = store.prune_keys(|_, _| {}).unwrap();
     assert_eq!(p.pruned.len(), 2, "{p:?}");
     assert_eq!(store.get("a").unwrap().key_value("api_key"), Some("v"));
-    println!("a damaged archive line: the store opens, a rotation keeps the line, a prune refuses until it is removed, then prunes 2 keys");
+    println!("two damaged archive lines (one not text): the store opens, a rotation keeps them byte for byte, a prune refuses until they are removed, then prunes 2 keys");
+}
+
+/// An archive grows by a key each rotation; one past what holdfast reads back sealed the store
+/// half-way through the rotation that wrote it (the second round of attacks, after ~1,457
+/// rotations under the old 64 KiB cap). Now the archive may hold some 93,000 keys, and the
+/// rotation that would overflow it is refused before anything changes; a prune makes room.
+#[test]
+fn a_rotation_that_would_overflow_the_archive_is_refused_before_it_starts() {
+    use holdfast::limits::MAX_KEY_ARCHIVE_BYTES;
+    let ts = TestStore::new("semantics");
+    let store = ts.open();
+    store.set(api("a", "v"), None).unwrap();
+    drop(store);
+    // As many retired keys as fit: 45 bytes a line.
+    let fit = (MAX_KEY_ARCHIVE_BYTES / 45) as usize;
+    let mut text = Vec::with_capacity(fit * 45);
+    for _ in 0..fit {
+        text.extend_from_slice(generate_key().expose().as_bytes());
+        text.push(b'\n');
+    }
+    let prev = keys::prev_path(&ts.key);
+    fs::write(&prev, &text).unwrap();
+    let mut perms = fs::metadata(&prev).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o600);
+    fs::set_permissions(&prev, perms).unwrap();
+    let key_before = fs::read(&ts.key).unwrap();
+    let store = ts.open();
+    assert!(
+        store.sealed_reason().is_none(),
+        "{:?}",
+        store.sealed_reason()
+    );
+    let e = store.rotate_key(|_, _| {}).unwrap_err();
+    assert_eq!(e.kind().as_str(), "unsupported", "{e}");
+    assert!(e.to_string().contains("holdfast key prune"), "{e}");
+    assert!(e.to_string().contains("nothing was changed"), "{e}");
+    assert_eq!(fs::read(&ts.key).unwrap(), key_before, "the key changed");
+    assert_eq!(fs::read(&prev).unwrap(), text, "the archive changed");
+    assert_eq!(store.get("a").unwrap().key_value("api_key"), Some("v"));
+    let p = store.prune_keys(|_, _| {}).unwrap();
+    assert_eq!(p.pruned.len(), fit, "no file needs any of them");
+    store.rotate_key(|_, _| {}).unwrap();
+    drop(store);
+    let store = ts.open();
+    assert_eq!(store.get("a").unwrap().key_value("api_key"), Some("v"));
+    println!("an archive of {fit} retired keys ({} bytes): the rotation past {MAX_KEY_ARCHIVE_BYTES} bytes refused, nothing changed; pruned {fit}, then rotated", text.len());
 }

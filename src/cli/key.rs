@@ -205,6 +205,13 @@ fn show(g: &Global, files: bool) -> CliResult {
     if let Some(a) = &report.archive {
         out(format!("archive: {a}"));
     }
+    if report.archive_damaged > 0 {
+        out(format!(
+            "the archive has {} line(s) that are not keys: kept as they are, and no key is pruned \
+             until they are fixed or removed by hand (one may have been a key a file needs)",
+            report.archive_damaged
+        ));
+    }
     if report.rotating {
         out("a rotation was interrupted: run `holdfast key rotate` to finish it");
     }

@@ -11,9 +11,9 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use super::{parse_key, Secret};
+use super::{parse_key, Secret, SecretBytes};
 use crate::durable::{self, perms, Faults, IoError, PermError};
-use crate::limits::MAX_KEY_FILE_BYTES;
+use crate::limits::{MAX_KEY_ARCHIVE_BYTES, MAX_KEY_FILE_BYTES};
 use zeroize::Zeroizing;
 
 /// One place a key can come from.
@@ -95,6 +95,14 @@ pub enum KeyError {
     /// The key file already exists.
     #[error("{} already exists; holdfast never overwrites a key (data encrypted with it would be lost)", .0.display())]
     Exists(PathBuf),
+    /// The archive of retired keys would grow past what holdfast reads back.
+    #[error("the key archive {} would hold {lines} retired key(s), more than the {} bytes holdfast reads back: prune the keys no file needs first (`holdfast key prune`); nothing was changed", path.display(), MAX_KEY_ARCHIVE_BYTES)]
+    ArchiveFull {
+        /// The archive.
+        path: PathBuf,
+        /// Lines it would hold.
+        lines: usize,
+    },
 }
 
 /// A key set read from a source: the primary key and any previous keys.
@@ -105,10 +113,10 @@ pub struct LoadedKeys {
     pub primary: Secret,
     /// The archive: retired keys still accepted for decryption, newest first.
     pub previous: Vec<Secret>,
-    /// Lines of the archive that are not keys (damaged): never used, never dropped — written
-    /// back as they are whenever the archive is rewritten, and no key is pruned while there
-    /// are any (one may have been a key a file needs).
-    pub unparsed: Vec<Secret>,
+    /// Lines of the archive that are not keys (damaged, even not text): never used, never
+    /// dropped — written back byte for byte whenever the archive is rewritten, and no key is
+    /// pruned while there are any (one may have been a key a file needs).
+    pub unparsed: Vec<SecretBytes>,
 }
 
 impl fmt::Debug for LoadedKeys {
@@ -124,18 +132,26 @@ impl fmt::Debug for LoadedKeys {
 impl LoadedKeys {
     /// Every line of the archive as it is to be written back: its keys, then the lines that
     /// are not keys (never dropped by a rewrite).
-    pub fn archive_lines(&self) -> Vec<Secret> {
+    pub fn archive_lines(&self) -> Vec<SecretBytes> {
         self.previous
             .iter()
-            .chain(&self.unparsed)
-            .map(|k| Secret::new(k.expose().to_owned()))
+            .map(|k| SecretBytes::new(k.expose().as_bytes().to_vec()))
+            .chain(
+                self.unparsed
+                    .iter()
+                    .map(|l| SecretBytes::new(l.expose().to_vec())),
+            )
             .collect()
     }
 }
 
-/// Read a key file's text, trimmed, as a `Secret`. `Ok(None)` only if the file does not exist:
-/// any other failure to look at it (EACCES, …) is an error, never "no key here".
-fn read_key_file(path: &Path, check_dir: bool) -> Result<Option<Secret>, KeyError> {
+/// Read a key file's bytes (at most `cap`). `Ok(None)` only if the file does not exist: any
+/// other failure to look at it (EACCES, …) is an error, never "no key here".
+fn read_key_bytes(
+    path: &Path,
+    check_dir: bool,
+    cap: u64,
+) -> Result<Option<Zeroizing<Vec<u8>>>, KeyError> {
     match std::fs::symlink_metadata(path) {
         Ok(_) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -152,12 +168,18 @@ fn read_key_file(path: &Path, check_dir: bool) -> Result<Option<Secret>, KeyErro
             perms::check_key_dir(dir)?;
         }
     }
-    let bytes = durable::read_capped(path, MAX_KEY_FILE_BYTES).map_err(|source| KeyError::Io {
+    let bytes = durable::read_capped(path, cap).map_err(|source| KeyError::Io {
         path: path.to_path_buf(),
         source,
     })?;
-    let Some(bytes) = bytes else { return Ok(None) };
-    let bytes = Zeroizing::new(bytes);
+    Ok(bytes.map(Zeroizing::new))
+}
+
+/// Read a key file's text, trimmed, as a `Secret`. `Ok(None)` only if the file does not exist.
+fn read_key_file(path: &Path, check_dir: bool) -> Result<Option<Secret>, KeyError> {
+    let Some(bytes) = read_key_bytes(path, check_dir, MAX_KEY_FILE_BYTES)? else {
+        return Ok(None);
+    };
     let text = std::str::from_utf8(&bytes).map_err(|_| KeyError::Malformed {
         source_desc: format!("key file {}", path.display()),
     })?;
@@ -174,31 +196,40 @@ fn parse_one(text: Secret, source_desc: impl Fn() -> String) -> Result<Secret, K
 }
 
 /// The archive beside `key_file`: its keys, and its lines that are not keys. A damaged line
-/// does not seal a store its primary key opens: it is kept aside (see [`LoadedKeys::unparsed`]).
+/// (even one that is not text) does not seal a store its primary key opens: it is kept aside,
+/// byte for byte (see [`LoadedKeys::unparsed`]).
 #[allow(clippy::type_complexity)]
-fn read_previous(key_file: &Path, check_dir: bool) -> Result<(Vec<Secret>, Vec<Secret>), KeyError> {
+fn read_previous(
+    key_file: &Path,
+    check_dir: bool,
+) -> Result<(Vec<Secret>, Vec<SecretBytes>), KeyError> {
     let prev = prev_path(key_file);
-    let Some(text) = read_key_file(&prev, check_dir)? else {
+    let Some(bytes) = read_key_bytes(&prev, check_dir, MAX_KEY_ARCHIVE_BYTES)? else {
         return Ok((Vec::new(), Vec::new()));
     };
     let (mut keys, mut unparsed) = (Vec::new(), Vec::new());
-    for line in text
-        .expose()
-        .lines()
-        .map(str::trim)
+    for line in bytes
+        .split(|b| *b == b'\n')
+        .map(<[u8]>::trim_ascii)
         .filter(|l| !l.is_empty())
     {
-        let line = Secret::new(line.to_owned());
-        if parse_key(line.expose()).is_some() {
-            keys.push(line);
-        } else {
-            unparsed.push(line);
+        match std::str::from_utf8(line)
+            .ok()
+            .filter(|t| parse_key(t).is_some())
+        {
+            Some(key) => keys.push(Secret::new(key.to_owned())),
+            None => unparsed.push(SecretBytes::new(line.to_vec())),
         }
     }
     if !unparsed.is_empty() {
         tracing::warn!(archive = %prev.display(), lines = unparsed.len(), "the key archive has lines that are not keys: kept as they are, and no key is pruned until they are fixed or removed");
     }
     Ok((keys, unparsed))
+}
+
+/// The bytes of an archive holding `lines` (one per line).
+pub fn archive_bytes(lines: &[SecretBytes]) -> u64 {
+    lines.iter().map(|l| l.expose().len() as u64 + 1).sum()
 }
 
 /// Load keys from the first present source. `Ok(None)`: no source has a key.
@@ -273,26 +304,34 @@ pub fn write_key_file(path: &Path, key: &Secret, faults: &Faults) -> Result<(), 
     Ok(())
 }
 
-/// Write (or, with no keys, remove) the previous-keys file beside `key_file`.
+/// Write (or, with no lines, remove) the previous-keys file beside `key_file`: `lines` as they
+/// are, one per line (keys, and the lines that are not keys, kept byte for byte). Refuses an
+/// archive larger than [`MAX_KEY_ARCHIVE_BYTES`], which could not be read back.
 pub fn write_previous(
     key_file: &Path,
-    previous: &[Secret],
+    lines: &[SecretBytes],
     faults: &Faults,
 ) -> Result<(), KeyError> {
     let prev = prev_path(key_file);
     let (dir, name) = split(&prev)?;
-    if previous.is_empty() {
+    if lines.is_empty() {
         durable::remove_durably(dir, name, faults)?;
         return Ok(());
     }
-    let mut joined = String::new();
-    for k in previous {
-        joined.push_str(k.expose());
-        joined.push('\n');
+    let size = archive_bytes(lines);
+    if size > MAX_KEY_ARCHIVE_BYTES {
+        return Err(KeyError::ArchiveFull {
+            path: prev.clone(),
+            lines: lines.len(),
+        });
     }
-    let text = Secret::new(joined);
+    let mut joined = Zeroizing::new(Vec::with_capacity(size as usize));
+    for l in lines {
+        joined.extend_from_slice(l.expose());
+        joined.push(b'\n');
+    }
     durable::create_private_dir(dir, faults)?;
-    durable::atomic_write(dir, name, text.expose().as_bytes(), faults)?;
+    durable::atomic_write(dir, name, &joined, faults)?;
     Ok(())
 }
 
@@ -355,7 +394,12 @@ mod tests {
         let a = d.path().join("keys/a.key");
         let (k1, k2) = (generate_key(), generate_key());
         create_key_file(&a, &k2, &Faults::none()).unwrap();
-        write_previous(&a, &[Secret::new(k1.expose().into())], &Faults::none()).unwrap();
+        write_previous(
+            &a,
+            &[SecretBytes::new(k1.expose().as_bytes().to_vec())],
+            &Faults::none(),
+        )
+        .unwrap();
         let loaded = load(&[KeySource::File(a.clone())]).unwrap().unwrap();
         assert_eq!(loaded.previous.len(), 1);
         assert_eq!(loaded.previous[0].expose(), k1.expose());

@@ -287,6 +287,7 @@ impl Error {
             Error::Lock(LockError::Io { .. }) => ErrorKind::Storage,
             Error::Unsafe(_) | Error::Key(KeyError::Unsafe(_)) => ErrorKind::Forbidden,
             Error::Key(KeyError::Exists(_)) => ErrorKind::Conflict,
+            Error::Key(KeyError::ArchiveFull { .. }) => ErrorKind::Unsupported,
             Error::Key(KeyError::Malformed { .. }) => ErrorKind::Sealed,
             Error::Key(_) => ErrorKind::Storage,
             Error::Identity(identity::IdentityError::Damaged { .. }) => ErrorKind::Integrity,
@@ -315,7 +316,7 @@ fn blocked_message(blockers: &[String], prune_only: &bool) -> String {
         ),
     };
     format!(
-        "{what} kept the archived keys because {} file(s) may still need one: {}; nothing is \
+        "{what} kept the archived keys ({} reason(s) one may still be needed): {}; nothing is \
          lost: fix the cause (the clock, an I/O error, a damaged archive line) and run {again} \
          again to finish",
         blockers.len(),

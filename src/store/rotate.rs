@@ -31,7 +31,7 @@ use std::path::Path;
 
 use super::credentials::{CredentialStore, KeyUse};
 use super::{Error, Result, SealedReason};
-use crate::crypto::{fingerprint, generate_key, keys, Secret};
+use crate::crypto::{fingerprint, generate_key, keys, SecretBytes};
 use crate::durable::{self, TEMP_MARKER};
 
 /// What a rotation or a prune did.
@@ -67,6 +67,10 @@ pub struct KeyReport {
     pub archive: Option<String>,
     /// Whether a rotation was interrupted (`holdfast key rotate` resumes it).
     pub rotating: bool,
+    /// Lines of the archive that are not keys: kept as they are; no key is pruned while any
+    /// remain.
+    #[serde(default)]
+    pub archive_damaged: usize,
     /// The keys, primary first, then the archive newest first.
     pub keys: Vec<KeyInfo>,
     /// Credential files no key opens (see `holdfast store fsck`).
@@ -208,19 +212,23 @@ impl CredentialStore {
                 .map(|b| String::from_utf8_lossy(&b).trim().to_owned());
             report.resumed = marked.as_deref() == Some(primary_fp.as_str());
             if opts.new_key && !report.resumed {
-                let mut archive = vec![Secret::new(loaded.primary.expose().to_owned())];
-                for k in &loaded.previous {
-                    if archive.iter().all(|a| a.expose() != k.expose()) {
-                        archive.push(Secret::new(k.expose().to_owned()));
-                    }
-                }
-                // Lines that are not keys stay as they are.
+                // The old primary first, then the archive without repeats (a set: an archive
+                // may hold tens of thousands of keys).
+                let mut seen = std::collections::HashSet::new();
+                let archive_keys = std::iter::once(&loaded.primary).chain(&loaded.previous);
+                let mut archive: Vec<SecretBytes> = archive_keys
+                    .filter(|k| seen.insert(k.expose()))
+                    .map(|k| SecretBytes::new(k.expose().as_bytes().to_vec()))
+                    .collect();
+                drop(seen);
+                // Lines that are not keys stay as they are, byte for byte.
                 archive.extend(
                     loaded
                         .unparsed
                         .iter()
-                        .map(|k| Secret::new(k.expose().to_owned())),
+                        .map(|l| SecretBytes::new(l.expose().to_vec())),
                 );
+                // An archive too large to read back is refused here, before the new key.
                 keys::write_previous(&key_file, &archive, &faults)
                     .map_err(|e| self.key_write_failed(e))?;
                 let new = generate_key();
@@ -325,12 +333,12 @@ impl CredentialStore {
                     })?;
                 // The keyring is [primary, archive…] in file order: what is kept is what
                 // some file still needs (nothing, once every file is re-encrypted).
-                let keep: Vec<Secret> = loaded
+                let keep: Vec<SecretBytes> = loaded
                     .previous
                     .iter()
                     .enumerate()
                     .filter(|(i, _)| needed.get(i + 1).is_some_and(|v| !v.is_empty()))
-                    .map(|(_, k)| Secret::new(k.expose().to_owned()))
+                    .map(|(_, k)| SecretBytes::new(k.expose().as_bytes().to_vec()))
                     .collect();
                 keys::write_previous(&key_file, &keep, &faults)
                     .map_err(|e| self.key_write_failed(e))?;
@@ -386,6 +394,12 @@ impl CredentialStore {
             rotating: key_file
                 .as_deref()
                 .is_some_and(|k| rotating_path(k).exists()),
+            archive_damaged: match &source {
+                Some(s) if s.file().is_some() => {
+                    keys::load(std::slice::from_ref(s))?.map_or(0, |l| l.unparsed.len())
+                }
+                _ => 0,
+            },
             keys: self
                 .key_fingerprints()
                 .into_iter()
