@@ -419,6 +419,16 @@ fn generations_at_the_edge_of_their_range_and_junk_markers() {
     fs::write(cred_dir.join("edge.enc"), ring.encrypt(&doc.to_bytes())).unwrap();
     let got = store.get("edge").unwrap();
     assert_eq!(got.key_value("api_key"), Some("hive"));
+    // Answered as the largest generation every client reads exactly, in get and list alike.
+    use holdfast::limits::MAX_GENERATION;
+    assert_eq!(got.generation(), MAX_GENERATION);
+    let listed = store.list().unwrap().credentials;
+    let edge = listed.iter().find(|c| c.id == "edge").unwrap();
+    assert_eq!(edge.generation, MAX_GENERATION);
+    let e = store
+        .set(api("edge", "v2"), Some(MAX_GENERATION))
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Integrity, "{e}");
     let e = store.set(api("edge", "v2"), None).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Integrity, "{e}");
     assert!(e.to_string().contains("largest a generation may be"), "{e}");
@@ -426,6 +436,12 @@ fn generations_at_the_edge_of_their_range_and_junk_markers() {
         store.get("edge").unwrap().key_value("api_key"),
         Some("hive")
     );
+    // Deleted, it is made again: its tombstone marker is at the largest, so it starts at 1
+    // (it was refused for good, "delete it and set it again" leading nowhere).
+    store.delete("edge").unwrap();
+    assert_eq!(store.set(api("edge", "v3"), None).unwrap(), 1);
+    assert_eq!(store.get("edge").unwrap().generation(), 1);
+    assert_eq!(store.set(api("edge", "v4"), Some(1)).unwrap(), 2);
     // A marker with the largest generation planted for another credential: no panic, and
     // the credential still moves forward (saturating), never back to 0.
     store.set(api("m", "1"), None).unwrap();
@@ -453,7 +469,7 @@ fn generations_at_the_edge_of_their_range_and_junk_markers() {
     let g = store.set(api("d", "2"), None).unwrap();
     assert_eq!(store.get("d").unwrap().key_value("api_key"), Some("2"));
     assert!(g >= 2, "{g}");
-    println!("generation edges: u64::MAX from hive refused to move (integrity), a planted max marker saturates, a directory at a marker's name does not fail the write");
+    println!("generation edges: u64::MAX from hive answered as 2^53-1 and refused to move (integrity), deleted and made again from 1, a planted max marker saturates, a directory at a marker's name does not fail the write");
 }
 
 /// Files another program wrote under a key of its own (hive mints one when its key is missing)

@@ -151,9 +151,14 @@ impl CredentialStore {
         self.markers().dir_seen = now;
     }
 
-    /// The generation of the marker of file `name`, if it has one.
+    /// The generation of the marker of file `name`, if it has one (at most
+    /// [`MAX_GENERATION`](crate::limits::MAX_GENERATION): a marker another program named
+    /// higher is answered as the largest).
     pub(super) fn marker_gen(&self, name: &str) -> Option<u64> {
-        self.markers().by_file.get(name).map(|m| m.gen)
+        self.markers()
+            .by_file
+            .get(name)
+            .map(|m| m.gen.min(crate::limits::MAX_GENERATION))
     }
 
     /// The name of file `name`'s marker, if it has one.
@@ -179,6 +184,22 @@ impl CredentialStore {
     /// The generation of file `name` whose bytes are `bytes` and whose document says
     /// `doc_gen`. Lock-free: a state no marker records is noted for [`Self::record_pending`].
     pub(super) fn resolve_generation(
+        &self,
+        name: &str,
+        bytes: &Arc<[u8]>,
+        doc_gen: u64,
+    ) -> Resolved {
+        // Generations are answered as JSON numbers every client reads exactly: one another
+        // program wrote (or named a marker) above the largest is answered as the largest,
+        // and a write over it is refused (`write.rs`).
+        let r = self.resolve_generation_unclamped(name, bytes, doc_gen);
+        Resolved {
+            gen: r.gen.min(crate::limits::MAX_GENERATION),
+            ..r
+        }
+    }
+
+    fn resolve_generation_unclamped(
         &self,
         name: &str,
         bytes: &Arc<[u8]>,

@@ -597,7 +597,10 @@ fn index_entry(idx: &Index, name: &str) -> Option<Entry> {
         id: cid.clone(),
         meta: meta.clone(),
         stamp: None,
-        generation: idx.vouches.get(name).map_or(0, |v| v.generation),
+        generation: idx
+            .vouches
+            .get(name)
+            .map_or(0, |v| v.generation.min(crate::limits::MAX_GENERATION)),
     })
 }
 

@@ -95,9 +95,17 @@ impl CredentialStore {
             new.check().map_err(Error::InvalidCredential)?;
             new.check_for_hive().map_err(Error::InvalidCredential)?;
             // Above everything this file ever had: a credential deleted and made again
-            // continues above the generation its marker kept.
+            // continues above the generation its marker kept — unless that is already the
+            // largest (only another program's numbers get there): then it starts again at 1,
+            // which no reader of the deleted credential holds as current.
             let generation = match current {
-                0 => self.marker_gen(&name).map_or(1, |g| g.saturating_add(1)),
+                0 => self.marker_gen(&name).map_or(1, |g| {
+                    if g >= crate::limits::MAX_GENERATION {
+                        1
+                    } else {
+                        g + 1
+                    }
+                }),
                 n => n.saturating_add(1),
             };
             // Generations are JSON numbers every client reads exactly (JavaScript's safe
