@@ -107,6 +107,86 @@ pub fn parse(text: &str) -> Option<i64> {
     Some(secs * 1_000_000 + micros)
 }
 
+/// Whether hive's model (pydantic 2's datetime parser) certainly accepts `text` as a datetime:
+/// `YYYY-MM-DD`, optionally `T`/`t`/space and `HH:MM`, optionally `:SS`, optionally a fraction
+/// after `.` or `,`, optionally `Z`/`z`/`±HH:MM`/`±HHMM` — a real calendar date (leap years),
+/// year 1–9999, hours < 24, minutes and seconds < 60, offsets under 24 h. Stricter than
+/// pydantic where it is lax (numeric strings, leap seconds are refused here): a document is
+/// refused rather than written in a form hive's loader rejects.
+pub fn hive_accepts(text: &str) -> bool {
+    fn digits(b: &[u8], at: usize, n: usize) -> Option<u32> {
+        let s = b.get(at..at + n)?;
+        s.iter()
+            .all(u8::is_ascii_digit)
+            .then(|| s.iter().fold(0, |acc, d| acc * 10 + u32::from(d - b'0')))
+    }
+    let b = text.as_bytes();
+    let (Some(y), Some(mo), Some(d)) = (digits(b, 0, 4), digits(b, 5, 2), digits(b, 8, 2)) else {
+        return false;
+    };
+    let leap = y % 4 == 0 && (y % 100 != 0 || y % 400 == 0);
+    let month_days = [
+        31,
+        if leap { 29 } else { 28 },
+        31,
+        30,
+        31,
+        30,
+        31,
+        31,
+        30,
+        31,
+        30,
+        31,
+    ];
+    if b[4] != b'-' || b[7] != b'-' || y == 0 || !(1..=12).contains(&mo) {
+        return false;
+    }
+    if d == 0 || d > month_days[mo as usize - 1] {
+        return false;
+    }
+    let mut i = 10;
+    if b.len() == i {
+        return true;
+    }
+    if !matches!(b[i], b'T' | b't' | b' ') {
+        return false;
+    }
+    let (Some(h), Some(mi)) = (digits(b, i + 1, 2), digits(b, i + 4, 2)) else {
+        return false;
+    };
+    if b.get(i + 3) != Some(&b':') || h > 23 || mi > 59 {
+        return false;
+    }
+    i += 6;
+    if b.get(i) == Some(&b':') {
+        match digits(b, i + 1, 2) {
+            Some(s) if s < 60 => i += 3,
+            _ => return false,
+        }
+        if matches!(b.get(i), Some(b'.' | b',')) {
+            let n = b[i + 1..].iter().take_while(|c| c.is_ascii_digit()).count();
+            if n == 0 {
+                return false;
+            }
+            i += 1 + n;
+        }
+    }
+    match &b[i..] {
+        [] | [b'Z' | b'z'] => true,
+        [b'+' | b'-', ..] => {
+            let o = &b[i + 1..];
+            let (hh, mm) = match o.len() {
+                5 if o[2] == b':' => (digits(o, 0, 2), digits(o, 3, 2)),
+                4 => (digits(o, 0, 2), digits(o, 2, 2)),
+                _ => return false,
+            };
+            matches!((hh, mm), (Some(hh), Some(mm)) if hh < 24 && mm < 60)
+        }
+        _ => false,
+    }
+}
+
 /// Convert a credential-file timestamp to index form: `Z` becomes `+00:00` (other offsets and
 /// naive timestamps are already in `isoformat()` form and pass through).
 pub fn z_to_offset(text: &str) -> String {
@@ -119,6 +199,57 @@ pub fn z_to_offset(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What pydantic 2.13 (hive's model) answered for each of these, probed with
+    /// `CredentialKey(expires_at=…)`; `hive_accepts` may refuse what pydantic accepts, never
+    /// the reverse (`plugins/python/tests/test_hive.py` checks the same against hive itself).
+    #[test]
+    fn hive_accepts_only_what_pydantic_does() {
+        for ok in [
+            "2024-02-29T00:00:00",
+            "2026-01-01T00:00:59.999999999",
+            "2026-01-01T00:00:00+23:59",
+            "2026-01-01T00:00:00-23:59",
+            "2026-01-01",
+            "2026-01-01T00:00",
+            "2026-01-01T00:00:00+0200",
+            "9999-12-31T23:59:59",
+            "2026-01-01t00:00:00",
+            "2026-01-01 00:00:00",
+            "2026-01-01T00:00:00.1234567",
+            "2026-01-01T00:00:00,5",
+            "2026-01-01T00:00:00Z",
+            "2026-01-01T00:00:00z",
+        ] {
+            assert!(hive_accepts(ok), "{ok}");
+        }
+        for bad in [
+            "2026-02-30T00:00:00",
+            "2026-02-29T00:00:00",
+            "2026-04-31T00:00:00",
+            "2026-01-01T00:00:60",
+            "2026-01-01T24:00:00",
+            "2026-01-01T00:00:00+24:00",
+            "2026-01-01T00:00:00+99:00",
+            "2026-01-01T00:00:00+00:60",
+            "2026-01-01T00:00:00+02",
+            "0000-01-01T00:00:00",
+            "2026-01-01T00:00:00.",
+            "20260101T000000",
+            "2026-1-01T00:00:00",
+            " 2026-01-01T00:00:00",
+            "2026-01-01T00:00:00 ",
+            "1e9",
+            "2026-13-01T00:00:00",
+            "2026-00-01T00:00:00",
+            "2026-01-00T00:00:00",
+            "+2026-01-01T00:00:00",
+            "2026-01-01T00:00:00+٠٢:00",
+            "",
+        ] {
+            assert!(!hive_accepts(bad), "{bad}");
+        }
+    }
 
     #[test]
     fn formats_like_hive() {

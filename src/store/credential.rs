@@ -211,23 +211,14 @@ impl Credential {
     /// stores must be one hive can read. Reads stay lenient ([`Credential::check`] only): a
     /// document written elsewhere is served as it is.
     pub(crate) fn check_for_hive(&self) -> Result<(), SchemaError> {
-        // What pydantic reads as a datetime: an ISO 8601 time (holdfast's parser), a date
-        // alone, a `+HHMM` offset, or a number of seconds; null where the field allows it.
-        let instant = |v: &Value| {
-            v.is_number()
-                || v.as_str().is_some_and(|t| {
-                    timefmt::parse(t).is_some()
-                        || (t.len() == 10 && timefmt::parse(&format!("{t}T00:00:00")).is_some())
-                        || (t.len() > 5
-                            && t.is_char_boundary(t.len() - 2)
-                            && timefmt::parse(&format!(
-                                "{}:{}",
-                                &t[..t.len() - 2],
-                                &t[t.len() - 2..]
-                            ))
-                            .is_some())
-                })
-        };
+        const TIME: &str =
+            "an ISO 8601 time hive reads: YYYY-MM-DD[THH:MM[:SS[.ffffff]]][Z|±HH:MM], a real date";
+        const TIME_OR_NULL: &str = "an ISO 8601 time hive reads (YYYY-MM-DD[THH:MM[:SS[.ffffff]]][Z|±HH:MM], a real date) or null";
+        // What hive's model (pydantic) certainly reads as a datetime, in the form hive itself
+        // writes: an ISO 8601 time it parses (`timefmt::hive_accepts`). Not a number, which
+        // pydantic reads as seconds or milliseconds by its size, and which hive never writes
+        // (the index holdfast derives would differ from the one hive derives).
+        let instant = |v: &Value| v.as_str().is_some_and(timefmt::hive_accepts);
         let time = |v: &Value| v.is_null() || instant(v);
         let want = |field: &'static str, ok: bool, expected: &'static str| {
             if ok {
@@ -249,12 +240,12 @@ impl Credential {
         }
         for field in ["created_at", "updated_at"] {
             if let Some(v) = get(field) {
-                want(field, instant(v), "an ISO 8601 time")?;
+                want(field, instant(v), TIME)?;
             }
         }
         for field in ["last_refreshed", "last_used"] {
             if let Some(v) = get(field) {
-                want(field, time(v), "an ISO 8601 time or null")?;
+                want(field, time(v), TIME_OR_NULL)?;
             }
         }
         if let Some(v) = get("tags") {
@@ -286,7 +277,7 @@ impl Credential {
             };
             if let Some(v) = k.get("expires_at") {
                 if !time(v) {
-                    return Err(bad("expires_at", "an ISO 8601 time or null"));
+                    return Err(bad("expires_at", TIME_OR_NULL));
                 }
             }
             if let Some(v) = k.get("metadata") {

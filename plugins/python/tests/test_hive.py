@@ -212,6 +212,70 @@ def test_every_document_the_daemon_accepts_loads_in_hive(daemon):
     c.close()
 
 
+def test_no_time_the_daemon_accepts_is_one_hive_refuses(daemon):
+    """Explores the times a client may send (a fixed set of edges plus seeded mutations of
+    them): every one the daemon accepts in a credential must load in hive's own model
+    (pydantic's datetime parser). An independent tester wrote `2026-02-30` and `+99:00`
+    offsets that holdfast acknowledged and hive then could not load."""
+    import random
+
+    from holdfast_client import InvalidParams
+
+    c = daemon.client()
+    key = daemon.key_file().read_bytes().strip()
+    hive = EncryptedFileStorage(daemon.home / "state/holdfast/stores/default",
+                                encryption_key=key)
+    seeds = ["2026-01-01T00:00:00", "2024-02-29T23:59:59.5+05:30", "2026-12-31 12:00Z",
+             "2026-06-30", "2026-01-01T00:00:00,25-0800", "9999-12-31T23:59:59z"]
+    edges = ["2026-02-30T00:00:00", "2026-02-29", "2100-02-29", "2000-02-29", "2026-04-31",
+             "2026-01-01T00:00:60", "2026-01-01T24:00:00", "2026-01-01T00:00:00+24:00",
+             "2026-01-01T00:00:00+99:00", "2026-01-01T00:00:00+00:60", "0000-01-01",
+             "2026-01-01T00:00:00+02", "1700000000", 1700000000, 1.5, -1, 2e10, 2e10 + 1,
+             1e15, 1e300, -1e20, True, [], {}]
+    rng = random.Random(int(os.environ.get("HOLDFAST_TIME_SEED", "34")))
+    # Mostly digits: a changed digit keeps the shape and tests the ranges (days, offsets).
+    alphabet = "0123456789" * 4 + "-:T tZz+.,"
+
+    def mutate(t):
+        t = list(t)
+        for _ in range(rng.randint(1, 2)):
+            op = rng.choice([0, 0, 0, 1, 2])
+            i = rng.randrange(len(t) + 1)
+            if op == 0 and t:
+                t[min(i, len(t) - 1)] = rng.choice(alphabet)
+            elif op == 1:
+                t.insert(i, rng.choice(alphabet))
+            elif t:
+                del t[min(i, len(t) - 1)]
+        return "".join(t)
+
+    n = int(os.environ.get("HOLDFAST_TIME_CASES", "300"))
+    candidates = edges + seeds + [mutate(rng.choice(seeds)) for _ in range(n)]
+    accepted = refused = 0
+    wrong = []
+    for i, when in enumerate(candidates):
+        cid = "time/%d" % i
+        d = {"id": cid, "credential_type": "api_key",
+             "keys": {"k": {"name": "k", "value": "v", "expires_at": when, "metadata": {}}}}
+        try:
+            c.set(d)
+        except InvalidParams:
+            refused += 1
+            continue
+        accepted += 1
+        try:
+            loaded = hive.load(cid)
+            assert loaded is not None and loaded.id == cid
+        except Exception as e:  # noqa: BLE001 - any failure to load is the defect
+            wrong.append((when, str(e).splitlines()[0]))
+    print("times explored: %d (seed %s): %d accepted, each loaded by hive; %d refused; %d hive "
+          "could not load" % (len(candidates), os.environ.get("HOLDFAST_TIME_SEED", "34"),
+                              accepted, refused, len(wrong)))
+    assert not wrong, wrong
+    assert accepted > 10 and refused > 10, "the exploration did not reach both sides"
+    c.close()
+
+
 def test_hive_lists_what_holdfast_wrote_within_the_promised_lag(daemon):
     """docs/design.md "Index rewrites in the daemon": under writes that never pause, hive's own
     list_all() shows a credential within 5.25 s of its acknowledgement (INDEX_MAX_LAG plus a
