@@ -296,6 +296,11 @@ fn stamp_of(path: &Path) -> Option<FileStamp> {
     fs::symlink_metadata(path).ok().map(|m| FileStamp::of(&m))
 }
 
+/// Whether `path` is a regular file (not followed if a symlink).
+fn is_regular(path: &Path) -> bool {
+    fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_file())
+}
+
 /// Which key one file needs (rotation, pruning, `holdfast key`).
 pub(super) enum KeyUse {
     /// It authenticates under key `index` of the ring (0: the primary); `skewed`: it is

@@ -57,7 +57,9 @@ impl CredentialStore {
             FileRead::Damaged(_) | FileRead::WrongKey | FileRead::NotCredential(_)
         ) {
             let now = stamp_of(&path);
-            let settled = now.is_some_and(|s| s.size > 0) && now == last;
+            // An empty regular file may be a writer's truncation: wait for it. Anything else
+            // (written, or a FIFO or socket, which never fill) is settled once unchanged.
+            let settled = now == last && (now.is_some_and(|s| s.size > 0) || !is_regular(&path));
             if settled || std::time::Instant::now() >= deadline {
                 break;
             }
@@ -66,7 +68,7 @@ impl CredentialStore {
             read = self.read_file_via(name, ring, cached);
         }
         if let (FileRead::Damaged(reason), Some(s)) = (&mut read, stamp_of(&path)) {
-            if s.size == 0 {
+            if s.size == 0 && is_regular(&path) {
                 reason.push_str(
                     " (a writer in place, as hive, may have truncated it and not written yet: try again)",
                 );

@@ -464,7 +464,8 @@ impl CredentialStore {
             // An empty file holds nothing to keep, and a writer in place that truncated it
             // writes next into the same inode: moved aside, that write would leave the store.
             // Not listed meanwhile (nothing to read); the next scan finds it once written.
-            if seen.size == 0 {
+            // (A FIFO or a socket also has size 0: those are moved aside like any bad file.)
+            if seen.size == 0 && is_regular(&self.cred_dir.join(&name)) {
                 report.empty.push(name);
                 continue;
             }
