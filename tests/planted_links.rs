@@ -507,3 +507,96 @@ fn a_symlink_at_every_path_under_the_data_dir_is_refused_per_request() {
     assert_eq!(t.paths.len(), 12, "{:?}", t.paths);
     assert_eq!((t.outside_changes, t.unrelated_refusals), (0, 0));
 }
+
+/// A run's `state` file is its commit point: that it exists says the run ended. Something
+/// else planted under that name in an active run's directory (a directory, a FIFO, a link)
+/// does not end the run at the next start: it stays active with its text (an independent
+/// tester's run vanished: neither active nor readable). A state that is a file but does not
+/// read is an `integrity` error naming it, never "no such run".
+#[test]
+fn a_planted_state_that_is_not_a_file_never_ends_an_active_run() {
+    let mut env = DaemonEnv::new("");
+    if env.on_postgres() {
+        println!("skipped: on the PostgreSQL backend a run's state is a row, not a file");
+        return;
+    }
+    let runs = env.data_dir.join("runs");
+    let daemon = env.start();
+    let mut c = Conn::open(&daemon.socket);
+    let kinds = ["dir", "fifo", "link"];
+    let mut sids = BTreeMap::new();
+    for kind in kinds {
+        let run = format!("planted-{kind}");
+        let b = c.ok("stream.begin", json!({"run_id": run}));
+        c.ok(
+            "stream.append",
+            json!({"run_id": run, "stream_id": b["stream_id"], "seq": 1,
+                   "events": [{"type": "text", "text": "kept text"}]}),
+        );
+        sids.insert(kind, b["stream_id"].clone());
+    }
+    let b = c.ok("stream.begin", json!({"run_id": "garbled"}));
+    c.ok(
+        "stream.commit",
+        json!({"run_id": "garbled", "stream_id": b["stream_id"], "final_message": "fin"}),
+    );
+    daemon.stop();
+    for kind in kinds {
+        let dir = runs.join(format!("planted-{kind}"));
+        if !dir.exists() {
+            private_dir(&dir);
+        }
+        let at = dir.join("state");
+        match kind {
+            "dir" => private_dir(&at),
+            "fifo" => {
+                let st = std::process::Command::new("mkfifo")
+                    .arg(&at)
+                    .status()
+                    .unwrap();
+                assert!(st.success());
+            }
+            _ => symlink(env.root.join("nowhere"), &at).unwrap(),
+        }
+    }
+    fs::write(runs.join("garbled").join("state"), b"not a sealed state").unwrap();
+    let daemon = env.start();
+    let mut c = Conn::open(&daemon.socket);
+    for kind in kinds {
+        let run = format!("planted-{kind}");
+        let g = c.ok("stream.get", json!({"run_id": run}));
+        assert_eq!(g["status"], "streaming", "{kind}: {g}");
+        assert_eq!(g["text_chars"], 9, "{kind}: {g}");
+    }
+    let e = c.err("stream.get", json!({"run_id": "garbled"}));
+    assert_eq!(e["data"]["kind"], "integrity", "{e}");
+    assert!(
+        e["message"].as_str().unwrap_or_default().contains("state"),
+        "{e}"
+    );
+    // It ended: it cannot stream again, whatever its state says.
+    let e = c.err("stream.begin", json!({"run_id": "garbled"}));
+    assert_eq!(e["data"]["kind"], "conflict", "{e}");
+    // A commit will not replace what it did not write: refused per request (`forbidden`),
+    // and the run stays active, its text kept.
+    let mut outcomes = Vec::new();
+    for kind in kinds {
+        let run = format!("planted-{kind}");
+        let r = c.call(
+            "stream.commit",
+            json!({"run_id": run, "stream_id": sids[kind], "final_message": "fin"}),
+        );
+        let g = c.call("stream.get", json!({"run_id": run}));
+        outcomes.push(format!(
+            "{kind}: commit {}, then {}",
+            r.get("error")
+                .map_or("ok".into(), |e| e["data"]["kind"].to_string()),
+            g["result"]["status"]
+        ));
+        assert_eq!(r["error"]["data"]["kind"], "forbidden", "{kind}: {r}");
+        assert_eq!(g["result"]["status"], "streaming", "{kind}: {g}");
+    }
+    c.ok("admin.status", json!({}));
+    daemon.stop();
+    println!("planted states: {}", outcomes.join("; "));
+}

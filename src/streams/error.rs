@@ -173,6 +173,9 @@ pub enum StreamError {
         /// The run.
         run_id: String,
     },
+    /// A run's state (how it ended) decrypts but is not JSON.
+    #[error("the run's state (how it ended) is not JSON: {0}")]
+    StateNotJson(#[source] serde_json::Error),
     /// A checkpoint decrypts but is not JSON.
     #[error("checkpoint is not JSON: {0}")]
     CheckpointNotJson(#[source] serde_json::Error),
@@ -218,7 +221,9 @@ impl StreamError {
             KeySealed(_) | Seal(_) => ErrorKind::Sealed,
             UnsafePath(_) => ErrorKind::Forbidden,
             Journal(JournalError::Open { .. }) if self.is_unsafe_path() => ErrorKind::Forbidden,
-            Undecryptable { .. } | CheckpointNotJson(_) | EventsLost { .. } => ErrorKind::Integrity,
+            Undecryptable { .. } | CheckpointNotJson(_) | StateNotJson(_) | EventsLost { .. } => {
+                ErrorKind::Integrity
+            }
             NoKeyStore => ErrorKind::Unsupported,
             Journal(JournalError::Fenced) => ErrorKind::Conflict,
             KeyStoreFailed(_) | Unreadable { .. } | Io(_) | Journal(_) | Database(_) => {

@@ -246,23 +246,21 @@ impl StreamStore for PgStore {
         matches!(self.head(run_id), Ok(Some(Head { ended: true, .. })))
     }
 
-    fn read_state(&self, run_id: &str) -> Option<Value> {
+    fn read_state(&self, run_id: &str) -> Result<Option<Value>, StreamError> {
         let run = run_id.to_owned();
-        let text: Option<String> = self
-            .query(move |c| {
-                Box::pin(async move {
-                    let row = c
-                        .query_opt(
-                            "SELECT state FROM hf_stream_runs WHERE run_id = $1 AND ended",
-                            &[&run],
-                        )
-                        .await?;
-                    Ok(row.and_then(|r| r.get::<_, Option<String>>(0)))
-                })
+        let text: Option<String> = self.query(move |c| {
+            Box::pin(async move {
+                let row = c
+                    .query_opt(
+                        "SELECT state FROM hf_stream_runs WHERE run_id = $1 AND ended",
+                        &[&run],
+                    )
+                    .await?;
+                Ok(row.and_then(|r| r.get::<_, Option<String>>(0)))
             })
-            .ok()
-            .flatten();
-        text.and_then(|t| serde_json::from_str(&t).ok())
+        })?;
+        text.map(|t| serde_json::from_str(&t).map_err(StreamError::StateNotJson))
+            .transpose()
     }
 
     fn put_checkpoint(&self, run_id: &str, snapshot: &Value) -> Result<(), StreamError> {

@@ -189,8 +189,9 @@ pub trait StreamStore: Send + Sync {
     /// Whether the run has a state file: it ended. Its existence decides, not its content (an
     /// unreadable state must not bring a committed run back).
     fn has_ended(&self, run_id: &str) -> bool;
-    /// The run's state, if it has one that reads.
-    fn read_state(&self, run_id: &str) -> Option<Value>;
+    /// The run's state, if it has one: an error if it has one that does not read (never
+    /// taken for "no such run").
+    fn read_state(&self, run_id: &str) -> Result<Option<Value>, StreamError>;
     /// Write the run's checkpoint (replacing it).
     fn put_checkpoint(&self, run_id: &str, snapshot: &Value) -> Result<(), StreamError>;
     /// The run's checkpoint, if it has one.
@@ -409,7 +410,7 @@ impl FileStore {
                 runs.open_dir(&[&e.name])
                     .ok()
                     .flatten()
-                    .is_some_and(|d| d.stat(name).is_ok_and(|m| m.is_some()))
+                    .is_some_and(|d| has_regular(&d, name))
             })
             .map(|e| e.name)
             .collect();
@@ -433,6 +434,12 @@ impl FileStore {
 /// The files a [`FileStore`] writes in a run's directory (the run log's files beside them are
 /// the run log's, under its own lock).
 const RUN_FILES: [&str; 2] = ["state", "checkpoint"];
+
+/// Whether `dir` holds a regular file `name` (a link is not followed).
+fn has_regular(dir: &Dir, name: &str) -> bool {
+    dir.stat(name)
+        .is_ok_and(|m| m.is_some_and(|m| m.kind == durable::beneath::EntryKind::File))
+}
 
 /// Remove the temp files a writer killed in the middle of replacing `dir`'s `state` or
 /// `checkpoint` left, with `writes` held exclusively (no write of ours is between its temp file
@@ -484,22 +491,28 @@ impl StreamStore for FileStore {
     }
 
     /// A run whose directory is refused (a link) has no state this store can vouch for:
-    /// not ended; its commit is refused with the path when it writes the state.
+    /// not ended; its commit is refused with the path when it writes the state. Only a
+    /// regular file is a state (this store writes no other kind): a directory, FIFO or link
+    /// named `state` does not end an active run.
     fn has_ended(&self, run_id: &str) -> bool {
         self.run_dir(run_id)
             .ok()
             .flatten()
-            .is_some_and(|d| d.stat("state").is_ok_and(|m| m.is_some()))
+            .is_some_and(|d| has_regular(&d, "state"))
     }
 
     fn end_run(&self, state: &Value, tail: RunTail<'_>) -> Result<(), StreamError> {
         self.write_sealed(tail.run, "state", state)
     }
 
-    fn read_state(&self, run_id: &str) -> Option<Value> {
+    fn read_state(&self, run_id: &str) -> Result<Option<Value>, StreamError> {
         let path = self.runs.path().join(run_id).join("state");
-        let plain = self.open_sealed(run_id, "state", &path.display()).ok()??;
-        serde_json::from_slice(&plain).ok()
+        let Some(plain) = self.open_sealed(run_id, "state", &path.display())? else {
+            return Ok(None);
+        };
+        serde_json::from_slice(&plain)
+            .map(Some)
+            .map_err(StreamError::StateNotJson)
     }
 
     fn put_checkpoint(&self, run_id: &str, snapshot: &Value) -> Result<(), StreamError> {

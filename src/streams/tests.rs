@@ -366,7 +366,7 @@ fn commit_is_atomic_at_every_crash_point() {
             temps.is_empty(),
             "crash at step {k}: temp files left: {temps:?}"
         );
-        let state = s.read_state("run-c");
+        let state = s.read_state("run-c").unwrap();
         let active = s
             .get("run-c", true)
             .ok()
@@ -509,7 +509,7 @@ fn idle_runs_expire_and_keep_what_they_were() {
     std::thread::sleep(Duration::from_millis(5));
     assert_eq!(s.expire_idle(), 1);
     assert_eq!(s.active_runs(), 0);
-    let st = s.read_state("run-e").unwrap();
+    let st = s.read_state("run-e").unwrap().unwrap();
     assert_eq!(st["status"], "expired");
     assert_eq!(st["was"], "streaming");
     assert_eq!(st["text_chars"], 9);
@@ -624,7 +624,10 @@ fn reseal_survives_the_old_key_being_forgotten() {
         s.get("active", true).unwrap()["checkpoint"]["partial_text"],
         "Hello, world!"
     );
-    assert_eq!(s.read_state("done").unwrap()["final_message"], "fin");
+    assert_eq!(
+        s.read_state("done").unwrap().unwrap()["final_message"],
+        "fin"
+    );
     assert_eq!(s.checkpoint_get("cp").unwrap()["partial_text"], "x");
     assert_eq!(
         s.begin("done", None, None, true).err().unwrap().kind(),

@@ -4,8 +4,9 @@
 use super::*;
 
 impl Streams {
-    /// The run's state file, if it has one (committed or aborted).
-    pub fn read_state(&self, run_id: &str) -> Option<Value> {
+    /// The run's state file, if it has one (committed or aborted); an error if it has one
+    /// that does not read.
+    pub fn read_state(&self, run_id: &str) -> Result<Option<Value>, StreamError> {
         self.store.read_state(run_id)
     }
 

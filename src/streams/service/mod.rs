@@ -366,6 +366,8 @@ impl Streams {
         if shared_ended || (!self.is_shared() && self.has_ended(run_id)) {
             let status = self
                 .read_state(run_id)
+                .ok()
+                .flatten()
                 .and_then(|s| s["status"].as_str().map(str::to_owned))
                 .unwrap_or_else(|| "ended".into());
             return Err(StreamError::Ended { status });
@@ -611,7 +613,7 @@ impl Streams {
             return Ok(rx);
         }
         // Not active (or it ended while its events were read): its finish, if it has one.
-        let state = self.read_state(run_id).ok_or(StreamError::NoSuchRun)?;
+        let state = self.read_state(run_id)?.ok_or(StreamError::NoSuchRun)?;
         let seq = state["finish_seq"].as_u64().unwrap_or(0);
         if seq > after_seq {
             let finish = json!({"type": "finish", "status": state["status"]});
@@ -632,7 +634,7 @@ impl Streams {
             }
             return Ok(v);
         }
-        let mut state = self.read_state(run_id).ok_or(StreamError::NoSuchRun)?;
+        let mut state = self.read_state(run_id)?.ok_or(StreamError::NoSuchRun)?;
         if !reveal {
             if let Some(m) = state.get_mut("final_message") {
                 *m = json!({"hidden": "pass reveal: true"});

@@ -87,6 +87,8 @@ impl Streams {
             Loaded::Ended => {
                 let status = self
                     .read_state(run_id)
+                    .ok()
+                    .flatten()
                     .and_then(|s| s["status"].as_str().map(str::to_owned))
                     .unwrap_or_else(|| "ended".into());
                 return Err(StreamError::Ended { status });

@@ -51,7 +51,7 @@ impl Streams {
         }
         let mut ended = Vec::new();
         for id in self.store.ended_ids()? {
-            let state = self.read_state(&id).ok_or(StreamError::NoSuchRun)?;
+            let state = self.read_state(&id)?.ok_or(StreamError::NoSuchRun)?;
             ended.push((id, state));
         }
         let mut checkpoints = Vec::new();
