@@ -935,3 +935,61 @@ fn import_records_what_it_reads_and_what_it_changes() {
         "import: 2 credentials read out of hive's store recorded as import, 4 copy records, the serve-in-place change begun and ok; no secret in the log"
     );
 }
+
+/// A repair no client asked for is still a change to a store: the files opening it moved to
+/// quarantine are recorded (`store.repair`, file names and counts, no content), by the daemon
+/// at its start and by an offline CLI that opened the store; a clean open records nothing.
+#[test]
+fn repairs_made_at_open_are_recorded() {
+    let mut env = DaemonEnv::new("");
+    let cred_dir = env.store_base().join("credentials");
+    let o = run(env.holdfast(&["--offline", "cred", "set", "kept"]), b"v\n");
+    assert_eq!(o.code, 0, "{o}");
+    let repairs = |env: &DaemonEnv| -> Vec<Value> {
+        records(env)
+            .into_iter()
+            .filter(|r| r["op"] == "store.repair")
+            .collect()
+    };
+    assert!(repairs(&env).is_empty(), "{:?}", repairs(&env));
+    // Damage found by the daemon's open.
+    fs::write(cred_dir.join("torn.enc"), b"gAAAAAtorn").unwrap();
+    let daemon = env.start();
+    let mut c = Conn::open(&daemon.socket);
+    c.ok("cred.get", json!({"id": "kept"}));
+    daemon.stop();
+    let r = repairs(&env);
+    assert_eq!(r.len(), 1, "{r:?}");
+    assert_eq!(r[0]["via"], "daemon", "{}", r[0]);
+    assert_eq!(r[0]["store"], "default", "{}", r[0]);
+    assert_eq!(
+        r[0]["detail"]["quarantined"],
+        json!(["torn.enc"]),
+        "{}",
+        r[0]
+    );
+    assert_eq!(r[0]["result"], "ok", "{}", r[0]);
+    // A clean open (the daemon again) records nothing more.
+    let daemon = env.start();
+    daemon.stop();
+    assert_eq!(repairs(&env).len(), 1);
+    // Damage found by an offline CLI's open.
+    fs::write(cred_dir.join("other.enc"), b"not a token at all").unwrap();
+    let o = run(env.holdfast(&["--offline", "cred", "set", "fresh"]), b"v\n");
+    assert_eq!(o.code, 0, "{o}");
+    let r = repairs(&env);
+    assert_eq!(r.len(), 2, "{r:?}");
+    assert_eq!(r[1]["via"], "cli", "{}", r[1]);
+    assert_eq!(
+        r[1]["detail"]["quarantined"],
+        json!(["other.enc"]),
+        "{}",
+        r[1]
+    );
+    let v = verify(&env);
+    assert_eq!(v.code, 0, "{v}");
+    println!(
+        "repairs at open: {} recorded (daemon, then offline CLI), a clean open none",
+        r.len()
+    );
+}

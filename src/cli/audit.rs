@@ -323,6 +323,21 @@ impl Recorder {
         Ok(r?)
     }
 
+    /// Record what opening the store repaired, if anything (the repair is made by then: a
+    /// failure to record it is said on stderr).
+    pub(super) fn repaired(&self, report: &crate::store::Report) {
+        let Some(changes) = report.changes() else {
+            return;
+        };
+        let rec = self.record("store.repair", None, OK).detail(changes);
+        if let Err(e) = self.log.record(rec, true) {
+            let _ = writeln!(
+                std::io::stderr(),
+                "holdfast: warning: the repairs made opening the store could not be recorded in the audit log: {e}"
+            );
+        }
+    }
+
     /// Record that a change begins (durably): an error means it must not be made.
     pub(super) fn begin(&self, op: &'static str, id: Option<&str>) -> CliResult<u64> {
         self.log

@@ -53,8 +53,12 @@ impl Backend {
             None => {
                 let config = g.store_config()?;
                 let audit = super::audit::Recorder::open(g, &config.name)?;
+                let store = super::open_store(config, mode, fix_permissions)?;
+                if let Some(a) = &audit {
+                    a.repaired(store.open_report());
+                }
                 Ok(Backend::Local {
-                    store: Box::new(super::open_store(config, mode, fix_permissions)?),
+                    store: Box::new(store),
                     audit,
                 })
             }

@@ -60,6 +60,10 @@ pub fn run(g: &Global, _args: &InitArgs) -> CliResult {
             )
         }
     })?;
+    if let Some(a) = &audit {
+        a.repaired(store.open_report());
+    }
+    let repaired = store.open_report().changes().is_some();
     let fp = store
         .key_fingerprints()
         .first()
@@ -91,9 +95,14 @@ pub fn run(g: &Global, _args: &InitArgs) -> CliResult {
         out("Back up the key file: without it these credentials cannot be decrypted.");
     } else {
         out(format!(
-            "store {:?} at {} was already initialized: {files} credential file(s); key: {source} (fingerprint {fp}). Nothing was changed.",
+            "store {:?} at {} was already initialized: {files} credential file(s); key: {source} (fingerprint {fp}). {}",
             config.name,
-            config.base.display()
+            config.base.display(),
+            if repaired {
+                "Opening it repaired what is said above (recorded in the audit log); nothing else was changed."
+            } else {
+                "Nothing was changed."
+            }
         ));
     }
     Ok(())

@@ -227,12 +227,15 @@ impl Daemon {
             };
             configs.insert(name.clone(), cfg);
         }
-        let stores = configs
+        let stores: BTreeMap<String, Arc<StoreSlot>> = configs
             .into_iter()
             .map(|(name, cfg)| (name, Arc::new(open_slot(cfg))))
             .collect();
         let (events, _) = broadcast::channel(EVENT_BACKLOG);
         let audit = open_audit(&data_dir, &config, crate::durable::Faults::none());
+        for slot in stores.values() {
+            audit_repairs(audit.as_ref(), slot);
+        }
         Ok(Daemon {
             started: Instant::now(),
             socket,
@@ -363,6 +366,7 @@ impl Daemon {
             return Some(s);
         }
         let slot = Arc::new(open_slot(config));
+        audit_repairs(self.audit(), &slot);
         self.stores
             .write()
             .unwrap_or_else(PoisonError::into_inner)
@@ -450,6 +454,31 @@ fn open_audit(
         tracing::warn!(error = %e, "cannot start the audit log's committer thread");
     }
     Some(log)
+}
+
+/// Record in the audit log what opening `slot`'s store repaired (files quarantined, the index
+/// rewritten, temp files removed, generations recorded), if anything: a change to a store no
+/// client asked for is still a change to it.
+fn audit_repairs(audit: Option<&crate::audit::AuditLog>, slot: &StoreSlot) {
+    let (Some(log), Ok(store)) = (audit, &slot.store) else {
+        return;
+    };
+    let Some(changes) = store.open_report().changes() else {
+        return;
+    };
+    let who = crate::audit::Who {
+        via: crate::audit::Via::Daemon,
+        client: Some("holdfast-daemon".into()),
+        pid: Some(std::process::id()),
+        uid: Some(crate::durable::perms::euid()),
+        ..crate::audit::Who::default()
+    };
+    let rec = crate::audit::Record::new("store.repair", crate::audit::OK, who)
+        .store(&slot.config.name)
+        .detail(changes);
+    if let Err(e) = log.record(rec, true) {
+        tracing::warn!(store = %slot.config.name, error = %e, "the repairs made at open could not be recorded in the audit log");
+    }
 }
 
 /// Open one store for the daemon (repairing on open), logging how it went.

@@ -79,6 +79,24 @@ pub struct Report {
 }
 
 impl Report {
+    /// What a repair moved out of the store, for the audit log: the files quarantined (a
+    /// credential no client can read any more), with the routine work done beside them
+    /// (temp files removed, generations recorded, the index rewritten) as counts. File names
+    /// and counts, never content. `None` if nothing was quarantined: the rest is derived or
+    /// leftover data, done on most opens beside a writer such as hive.
+    pub fn changes(&self) -> Option<serde_json::Value> {
+        if !self.repaired || self.quarantined.is_empty() {
+            return None;
+        }
+        let quarantined: Vec<&str> = self.quarantined.iter().map(|q| q.file.as_str()).collect();
+        Some(serde_json::json!({
+            "quarantined": quarantined,
+            "index_rewritten": self.index_rewritten,
+            "temp_files_removed": self.temp_files.len(),
+            "generations_recorded": self.generations_recorded,
+        }))
+    }
+
     pub(crate) fn set_index_state(&mut self, state: &IndexState) {
         self.index = state.to_string();
         self.index_rebuilt = *state != IndexState::Ok;
