@@ -650,6 +650,16 @@ fn audit_verify_names_where_a_tampered_log_breaks() {
         "audit verify: {} tamperings, {found} found with exit 6 and the place named",
         cases.len()
     );
+    // Every segment removed looks like a log not written yet: said so, and found against an
+    // anchor.
+    for (p, _) in &pristine {
+        fs::remove_file(p).unwrap();
+    }
+    let o = verify(&env);
+    assert_eq!(o.code, 0, "{o}");
+    assert!(o.stdout.contains("every segment was removed"), "{o}");
+    let o = run(env.holdfast(&["audit", "verify", "--anchor", &head]), b"");
+    assert_eq!(o.code, 6, "every segment removed, with --anchor: {o}");
 }
 
 /// The failure policy (checklist row 34), on a tmpfs mounted over the audit directory in a

@@ -226,7 +226,10 @@ fn verify(g: &Global, dir: &std::path::Path, anchor: Option<&str>) -> CliResult 
 
 fn report(dir: &std::path::Path, v: &Verified) {
     if v.segments == 0 {
-        out(format!("no audit log yet in {}", dir.display()));
+        out(format!(
+            "no audit log in {}: no record was written yet, or every segment was removed (only an --anchor kept elsewhere tells the two apart)",
+            dir.display()
+        ));
         return;
     }
     out(format!(
