@@ -369,6 +369,43 @@ pub fn default_path() -> Option<PathBuf> {
         .map(|d| d.join("config.toml"))
 }
 
+/// The largest config file read: far above any real one, and a bound on what a mistaken path
+/// (a log file, a device) costs.
+const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// The text of the config file at `path` (a symlink to it is followed: dotfile managers link
+/// configs). Opened without blocking; a FIFO or socket is refused (it must not hang the
+/// daemon's start), a device is read up to the limit (`--config /dev/null` is an empty
+/// config), a regular file only if it is at most [`MAX_CONFIG_BYTES`].
+fn read_config_file(path: &Path) -> std::io::Result<String> {
+    use std::io::Read as _;
+    use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+        .open(path)?;
+    let meta = file.metadata()?;
+    let kind = meta.file_type();
+    if kind.is_fifo() || kind.is_socket() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "a FIFO or socket, not a file",
+        ));
+    }
+    if meta.len() > MAX_CONFIG_BYTES {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "{} bytes, larger than the {MAX_CONFIG_BYTES}-byte limit",
+                meta.len()
+            ),
+        ));
+    }
+    let mut text = String::new();
+    file.take(MAX_CONFIG_BYTES + 1).read_to_string(&mut text)?;
+    Ok(text)
+}
+
 /// Load the config: `explicit` must exist; the default path may be absent (defaults apply).
 pub fn load(explicit: Option<&Path>) -> Result<Config, String> {
     let (path, required) = match explicit {
@@ -378,7 +415,7 @@ pub fn load(explicit: Option<&Path>) -> Result<Config, String> {
             None => return Ok(Config::default()),
         },
     };
-    let text = match std::fs::read_to_string(&path) {
+    let text = match read_config_file(&path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => {
             return Ok(Config::default())
@@ -613,6 +650,26 @@ fn check_run_pattern(p: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A FIFO at the config path is refused at once (an independent tester's daemon hung in
+    /// its start reading one); `/dev/null` is an empty config; an oversized file is refused.
+    #[test]
+    fn a_fifo_or_a_huge_file_is_not_a_config() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("config.toml");
+        let st = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let e = load(Some(&fifo)).unwrap_err();
+        assert!(e.contains("FIFO"), "{e}");
+        assert!(load(Some(Path::new("/dev/null"))).is_ok());
+        let big = dir.path().join("big.toml");
+        std::fs::write(&big, vec![b'#'; (MAX_CONFIG_BYTES + 1) as usize]).unwrap();
+        let e = load(Some(&big)).unwrap_err();
+        assert!(e.contains("limit"), "{e}");
+    }
 
     #[test]
     fn streams_section_sets_durability_expiry_and_policy() {
