@@ -654,6 +654,7 @@ mod tests {
     /// A FIFO at the config path is refused at once (an independent tester's daemon hung in
     /// its start reading one); `/dev/null` is an empty config; an oversized file is refused.
     #[test]
+    #[allow(clippy::disallowed_methods)] // a fixture written directly
     fn a_fifo_or_a_huge_file_is_not_a_config() {
         let dir = tempfile::tempdir().unwrap();
         let fifo = dir.path().join("config.toml");
