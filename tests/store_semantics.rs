@@ -605,3 +605,48 @@ fn a_rotation_that_would_overflow_the_archive_is_refused_before_it_starts() {
     assert_eq!(store.get("a").unwrap().key_value("api_key"), Some("v"));
     println!("an archive of {fit} retired keys ({} bytes): the rotation past {MAX_KEY_ARCHIVE_BYTES} bytes refused, nothing changed; pruned {fit}, then rotated", text.len());
 }
+
+/// A store renamed in the config (same directory, same identity) keeps the key it owns under
+/// its old name: the identity is random and names one store, so `<old>.<id>.key` is found
+/// when `<new>.<id>.key` is not. It used to read as a store with no key.
+#[test]
+fn a_renamed_store_keeps_the_key_it_had_under_its_old_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("data/stores/work");
+    let key_dir = dir.path().join("config/holdfast/keys");
+    let as_named = |name: &str| {
+        holdfast::store::StoreConfig::owned(name, base.clone(), key_dir.clone(), Vec::new())
+    };
+    let open = |name: &str| {
+        CredentialStore::open(
+            as_named(name),
+            StoreOptions {
+                mode: OpenMode::Repair,
+                ..StoreOptions::default()
+            },
+        )
+        .unwrap()
+    };
+    init_store(&as_named("work"), &Faults::none()).unwrap();
+    let store = open("work");
+    store.set(api("kept", "v1"), None).unwrap();
+    let key_file = store.key_source().unwrap().to_string();
+    drop(store);
+    let store = open("job");
+    assert_eq!(store.sealed_reason(), None);
+    assert_eq!(store.get("kept").unwrap().key_value("api_key"), Some("v1"));
+    assert_eq!(store.key_source().unwrap().to_string(), key_file);
+    // A rotation under the new name rotates that same file: the old name still opens it.
+    store.rotate_key(|_, _| {}).unwrap();
+    drop(store);
+    let store = open("work");
+    assert_eq!(store.get("kept").unwrap().key_value("api_key"), Some("v1"));
+    let keys: Vec<String> = fs::read_dir(&key_dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".key"))
+        .collect();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    println!("renamed store: opened as \"job\" with {key_file}, rotated, reopened as \"work\"");
+}

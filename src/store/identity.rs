@@ -180,9 +180,32 @@ pub fn create(
     }
 }
 
-/// The key file a store with identity `id` owns: `<key dir>/<name>.<id>.key`.
+/// The key file a store with identity `id` owns: `<key dir>/<name>.<id>.key` — or, if there
+/// is none under that name and exactly one `<other>.<id>.key`, that one: the identity is
+/// random and names one store, so a store renamed in the config keeps the key it had under
+/// its old name (without it, the renamed store read as one with no key).
 pub fn own_key_path(key_dir: &Path, name: &str, id: &StoreId) -> PathBuf {
-    key_dir.join(format!("{name}.{id}.key"))
+    let named = key_dir.join(format!("{name}.{id}.key"));
+    if std::fs::symlink_metadata(&named).is_ok() {
+        return named;
+    }
+    let suffix = format!(".{id}.key");
+    let others: Vec<PathBuf> = std::fs::read_dir(key_dir)
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+                .filter(|n| {
+                    n.strip_suffix(&suffix)
+                        .is_some_and(|old| crate::paths::validate_store_name(old).is_ok())
+                })
+                .map(|n| key_dir.join(n))
+                .collect()
+        })
+        .unwrap_or_default();
+    match <[PathBuf; 1]>::try_from(others) {
+        Ok([only]) => only,
+        Err(_) => named,
+    }
 }
 
 /// The key file the store `name` at `base` owns in `key_dir`, if it has an identity yet.
@@ -224,6 +247,28 @@ pub fn shared_key_path(key_dir: &Path, name: &str) -> PathBuf {
 #[allow(clippy::disallowed_methods)] // tests make their fixtures directly
 mod tests {
     use super::*;
+
+    /// A renamed store finds its key under its old name; only its own id counts, and two
+    /// candidates are not guessed between.
+    #[test]
+    fn own_key_path_follows_the_id_across_a_rename() {
+        let d = tempfile::tempdir().unwrap();
+        let id = StoreId::generate().unwrap();
+        let other = StoreId::generate().unwrap();
+        let named = own_key_path(d.path(), "job", &id);
+        assert_eq!(named, d.path().join(format!("job.{id}.key")));
+        std::fs::write(d.path().join(format!("work.{other}.key")), b"k").unwrap();
+        assert_eq!(own_key_path(d.path(), "job", &id), named);
+        std::fs::write(d.path().join(format!("work.{id}.key")), b"k").unwrap();
+        assert_eq!(
+            own_key_path(d.path(), "job", &id),
+            d.path().join(format!("work.{id}.key"))
+        );
+        std::fs::write(d.path().join(format!("team.{id}.key")), b"k").unwrap();
+        assert_eq!(own_key_path(d.path(), "job", &id), named);
+        std::fs::write(&named, b"k").unwrap();
+        assert_eq!(own_key_path(d.path(), "job", &id), named);
+    }
 
     #[test]
     fn create_read_and_race() {
