@@ -840,6 +840,13 @@ try:
     print("GOT", len(s.recv(100)))
 except OSError as e:
     print("ERR", e)
+# A flood: each refused at once; at most one told a second.
+t0 = time.monotonic()
+for _ in range(300):
+    f = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    f.connect(sys.argv[1])
+    f.close()
+print("FLOOD_S", time.monotonic() - t0)
 "#;
     let o = python(true, script, &[d.socket.to_str().unwrap()]);
     let pid: u64 = o
@@ -850,8 +857,32 @@ except OSError as e:
         .trim()
         .parse()
         .unwrap();
+    let flood_s: f64 = o
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("FLOOD_S "))
+        .unwrap_or_else(|| panic!("{o}"))
+        .trim()
+        .parse()
+        .unwrap();
     std::thread::sleep(Duration::from_millis(100));
     d.stop();
+    // At most one told per second of the flood (plus the first connection's).
+    let told_bound = flood_s.ceil() as usize + 2;
+    let logged = env.all_logs().matches("uid mismatch").count();
+    assert!(
+        (1..=told_bound).contains(&logged),
+        "301 refused connections in {flood_s:.2} s: {logged} log lines"
+    );
+    let recorded = ops(&records(&env))
+        .iter()
+        .filter(|r| s(r, "op") == "connect")
+        .count();
+    assert!(
+        (1..=told_bound).contains(&recorded),
+        "301 refused connections in {flood_s:.2} s: {recorded} records"
+    );
+    println!("refused uid flood: 301 connections in {flood_s:.2} s, {logged} log lines, {recorded} records");
     let recs = ops(&records(&env));
     let r = recs
         .iter()

@@ -379,11 +379,11 @@ pub fn hello_refused(
 /// Per peer uid: when its last refusal was recorded, and how many since were not.
 type RefusedByUid = HashMap<Option<u32>, (Instant, u64)>;
 
-/// A peer of another uid, closed before a byte was read. At most one record per uid a second
-/// (the rest counted in the next one): a process that cannot talk to the daemon must not be
-/// able to push the log's older records out through retention.
-pub fn connection_refused(daemon: &Daemon, uid: Option<u32>, pid: Option<u32>) {
-    let Some(log) = daemon.audit() else { return };
+/// Whether a refused connection of peer `uid` is to be told (logged and recorded): at most one
+/// per uid a second, `Some(n)` with the `n` refused since the last one told, the rest `None`.
+/// A process that cannot talk to the daemon must not be able to flood its log, nor push the
+/// audit log's older records out through retention.
+pub fn refusal_due(uid: Option<u32>) -> Option<u64> {
     static SEEN: OnceLock<Mutex<RefusedByUid>> = OnceLock::new();
     let suppressed = {
         let mut seen = SEEN
@@ -397,12 +397,19 @@ pub fn connection_refused(daemon: &Daemon, uid: Option<u32>, pid: Option<u32>) {
         let e = seen.entry(uid).or_insert((now - Duration::from_secs(2), 0));
         if now.duration_since(e.0) < Duration::from_secs(1) {
             e.1 += 1;
-            return;
+            return None;
         }
         let n = e.1;
         *e = (now, 0);
         n
     };
+    Some(suppressed)
+}
+
+/// A peer of another uid, closed before a byte was read (one [`refusal_due`] said to tell):
+/// recorded with how many were refused since the last record.
+pub fn connection_refused(daemon: &Daemon, uid: Option<u32>, pid: Option<u32>, suppressed: u64) {
+    let Some(log) = daemon.audit() else { return };
     let who = Who {
         via: Via::Daemon,
         pid,

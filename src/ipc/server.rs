@@ -421,9 +421,11 @@ pub async fn run(
                     None => false,
                 };
                 if !ok {
-                    tracing::warn!(peer_uid = ?peer, daemon_uid = me, "uid mismatch: closing the connection before reading from it");
                     drop(stream);
-                    super::audit::connection_refused(&daemon, peer, peer_pid);
+                    if let Some(since) = super::audit::refusal_due(peer) {
+                        tracing::warn!(peer_uid = ?peer, daemon_uid = me, refused_since_last_logged = since, "uid mismatch: closing the connection before reading from it");
+                        super::audit::connection_refused(&daemon, peer, peer_pid, since);
+                    }
                     continue;
                 }
                 let conn = next_conn.fetch_add(1, Ordering::Relaxed);
