@@ -421,9 +421,14 @@ pub async fn run(
                     None => false,
                 };
                 if !ok {
-                    drop(stream);
-                    if let Some(since) = super::audit::refusal_due(peer) {
+                    // Told before the close: a peer that sees its connection end finds the
+                    // reason logged.
+                    let due = super::audit::refusal_due(peer);
+                    if let Some(since) = due {
                         tracing::warn!(peer_uid = ?peer, daemon_uid = me, refused_since_last_logged = since, "uid mismatch: closing the connection before reading from it");
+                    }
+                    drop(stream);
+                    if let Some(since) = due {
                         super::audit::connection_refused(&daemon, peer, peer_pid, since);
                     }
                     continue;
