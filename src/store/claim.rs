@@ -11,8 +11,12 @@
 //! - the owner is recognised by the inode of its directory, not its path: a store moved with
 //!   `mv`, or reached through a bind mount or another path, is still the owner;
 //! - a claim whose directory no longer exists at its recorded path with its recorded inode is
-//!   stale (the owner was moved across file systems, or deleted), and the next store to use
-//!   the key file claims it;
+//!   stale — but stale is not gone: the owner may have been moved (`mv`, same inode, a path the
+//!   claim does not know) with a copy now at its old path or elsewhere. A store whose key
+//!   holdfast keeps takes a key file of its own then, as from a live owner (a copy of the key
+//!   file is harmless; a prune by the wrong store sealed the moved owner: an independent
+//!   tester's `mv d d.old; cp -a d.old d; key rotate; key prune`); a store given the key file
+//!   explicitly claims it (it has no other key file to go to);
 //! - a store that finds the key file owned by another live store is not its owner: a store whose
 //!   key holdfast keeps takes an identity and a key file of its own (a copy: `keyring.rs`); a
 //!   store given the key file explicitly keeps using it, but may not prune its archive.
@@ -46,8 +50,12 @@ struct ClaimDoc {
 pub enum Owner {
     /// This store.
     Us,
-    /// Nobody that still exists (no claim, a damaged one, or its directory is gone).
+    /// Nobody (no claim, a damaged one, or one written for another key file).
     Nobody,
+    /// A store whose directory is no longer at its recorded path with its recorded inode:
+    /// deleted, restored, moved across file systems — or moved with `mv` to a path the claim
+    /// does not know, alive (its own open finds it `Us` again).
+    Stale(PathBuf),
     /// Another store directory, alive at this path.
     Other(PathBuf),
 }
@@ -86,7 +94,7 @@ pub fn owner(key_file: &Path, base: &Path) -> Owner {
     if dev_ino(&claim.path) == Some((claim.dev, claim.ino)) {
         return Owner::Other(claim.path);
     }
-    Owner::Nobody
+    Owner::Stale(claim.path)
 }
 
 /// The store directory that owns `key_file`, if its claim is live.
@@ -134,14 +142,20 @@ mod tests {
         assert_eq!(owner(&key, &a), Owner::Nobody);
         claim(&key, &a, &Faults::none()).unwrap();
         assert_eq!(owner(&key, &a), Owner::Us);
-        assert_eq!(owner(&key, &b), Owner::Other(a.canonicalize().unwrap()));
+        let a_was = a.canonicalize().unwrap();
+        assert_eq!(owner(&key, &b), Owner::Other(a_was.clone()));
         assert_eq!(owner_dir(&key), Some(a.canonicalize().unwrap()));
         // Moved (same inode): still the owner from its new place.
         let moved = d.path().join("moved");
         std::fs::rename(&a, &moved).unwrap();
         assert_eq!(owner(&key, &moved), Owner::Us);
-        // Seen from another store while the claim names a path that is gone: stale.
-        assert_eq!(owner(&key, &b), Owner::Nobody);
+        // Seen from another store while the claim names a path that is gone: stale (the
+        // owner may live on elsewhere, as here).
+        assert_eq!(owner(&key, &b), Owner::Stale(a_was.clone()));
+        // A copy at the old path (another inode) sees it stale too.
+        std::fs::create_dir(&a).unwrap();
+        assert_eq!(owner(&key, &a), Owner::Stale(a_was));
+        std::fs::remove_dir(&a).unwrap();
         claim(&key, &moved, &Faults::none()).unwrap();
         assert_eq!(owner(&key, &b), Owner::Other(moved.canonicalize().unwrap()));
         // A claim copied along with its key file names the other key file: stale.

@@ -176,19 +176,25 @@ impl CredentialStore {
                 ),
             }));
         };
-        // Only the store that owns the key file may prune its archive: another store reading
-        // it (a copy, or one given this key file) proves nothing about the owner's files.
-        if opts.prune {
-            if let super::claim::Owner::Other(owner) =
-                super::claim::owner(&key_file, &self.config().base)
-            {
-                return Err(Error::Unsupported(format!(
-                    "the key file {} belongs to the store at {}, whose files may need the keys a \
-                     prune here would remove: prune it there",
-                    key_file.display(),
-                    owner.display()
-                )));
-            }
+        // Only the store that owns the key file may rotate or prune it: another store reading
+        // it (a copy, or one given this key file) proves nothing about the owner's files — a
+        // prune would remove keys they need, and a rotation would change the primary key the
+        // owner reads (hive, reading no archive, could no longer open its own files).
+        if let super::claim::Owner::Other(owner) =
+            super::claim::owner(&key_file, &self.config().base)
+        {
+            let what = if opts.new_key {
+                "a rotation here would change the key it reads (its files not re-encrypted: hive, \
+                 which reads no archive, could not open them)"
+            } else {
+                "its files may need the keys a prune here would remove"
+            };
+            return Err(Error::Unsupported(format!(
+                "the key file {} belongs to the store at {}: {what}. {} it there.",
+                key_file.display(),
+                owner.display(),
+                if opts.new_key { "Rotate" } else { "Prune" },
+            )));
         }
         let faults = self.faults().clone();
         let mut report = RotateReport::default();

@@ -128,12 +128,13 @@ impl CredentialStore {
         };
         let base = &self.config.base;
         let _guard = lock::lock(&self.lock_path, LockMode::Exclusive, self.opts.lock_timeout)?;
-        let other = match claim::owner(&key_file, base) {
+        let (other, live) = match claim::owner(&key_file, base) {
             claim::Owner::Us | claim::Owner::Nobody => {
                 claim::claim(&key_file, base, self.faults()).map_err(|e| self.io_failed(e))?;
                 return Ok(None);
             }
-            claim::Owner::Other(other) => other,
+            claim::Owner::Other(other) => (other, true),
+            claim::Owner::Stale(was) => (was, false),
         };
         let own = match (&self.config.key_dir, self.identity()) {
             (Some(dir), Some(id))
@@ -141,7 +142,14 @@ impl CredentialStore {
             {
                 dir.clone()
             }
-            _ => return Ok(None),
+            // Given the key file explicitly: it has no other to go to. A stale claim is taken
+            // over; a live owner's is not (and this store may not prune or rotate it).
+            _ => {
+                if !live {
+                    claim::claim(&key_file, base, self.faults()).map_err(|e| self.io_failed(e))?;
+                }
+                return Ok(None);
+            }
         };
         let Some(loaded) = keys::load(&[KeySource::File(key_file.clone())])? else {
             return Ok(None);
@@ -149,14 +157,22 @@ impl CredentialStore {
         let new = self.take_new_identity(&own, &loaded, |id| {
             identity::rewrite(base, &self.config.name, id, self.faults()).map(|()| id.clone())
         })?;
-        tracing::info!(store = %self.config.name, owner = %other.display(), own = %new.display(), "a copy of another store: it now has an identity and a key file of its own");
+        tracing::info!(store = %self.config.name, owner = %other.display(), live, own = %new.display(), "a copy of another store: it now has an identity and a key file of its own");
+        let whose = if live {
+            format!("the store at {}", other.display())
+        } else {
+            format!(
+                "a store that was at {} (moved, restored or deleted since: if it still lives \
+                 elsewhere, it keeps that key file)",
+                other.display()
+            )
+        };
         Ok(Some(format!(
-            "store {:?} at {} uses the key file of the store at {} (a copy of it, or given its \
-             key): it now has an identity and a key file of its own, {} (a copy of {}), so \
-             rotating either store no longer touches the other. Back up the new file.",
+            "store {:?} at {} uses the key file of {whose} (a copy of it, or given its key): it \
+             now has an identity and a key file of its own, {} (a copy of {}), so rotating \
+             either store no longer touches the other. Back up the new file.",
             self.config.name,
             base.display(),
-            other.display(),
             new.display(),
             key_file.display()
         )))
