@@ -24,6 +24,8 @@ pub fn run(g: &Global, _args: &InitArgs) -> CliResult {
              pass --key-file FILE",
         ));
     }
+    let new_dir = !config.base.join("credentials").is_dir();
+    refuse_to_adopt(g, &config, new_dir)?;
     // Recorded like every change to a store (a durable `begun` first: no record, no key).
     let audit = super::audit::Recorder::open(g, &config.name)?;
     let begun = audit.as_ref().map(|a| a.begin("init", None)).transpose()?;
@@ -37,12 +39,12 @@ pub fn run(g: &Global, _args: &InitArgs) -> CliResult {
             .map_or_else(|e| e.kind().as_str(), |_| crate::audit::OK);
         a.done("init", None, begun, result, None);
     }
-    let created = match made {
+    let (created, adopted) = match made {
         Ok(made) => {
             super::permission_note(&made.fixes);
-            true
+            (true, false)
         }
-        Err(crate::store::Error::Key(crate::crypto::KeyError::Exists(_))) => false,
+        Err(crate::store::Error::Key(crate::crypto::KeyError::Exists(_))) => (false, new_dir),
         Err(e) => return Err(e.into()),
     };
     // Open it: proves the key works, and for an existing store checks it is not sealed (a
@@ -93,6 +95,24 @@ pub fn run(g: &Global, _args: &InitArgs) -> CliResult {
         ));
         out(format!("key: {source} (fingerprint {fp})"));
         out("Back up the key file: without it these credentials cannot be decrypted.");
+    } else if adopted {
+        let owner = store
+            .key_source()
+            .and_then(|s| s.writable_file().map(std::path::Path::to_path_buf))
+            .and_then(|f| crate::store::claim::owner_dir(&f))
+            .filter(|o| Some(o) != config.base.canonicalize().ok().as_ref());
+        out(format!(
+            "created store {:?} at {} with the key you gave, which already existed: {source} (fingerprint {fp}).{}",
+            config.name,
+            config.base.display(),
+            match owner {
+                Some(o) => format!(
+                    " It belongs to the store at {}: rotate and prune it there (this store may not).",
+                    o.display()
+                ),
+                None => String::new(),
+            }
+        ));
     } else {
         out(format!(
             "store {:?} at {} was already initialized: {files} credential file(s); key: {source} (fingerprint {fp}). {}",
@@ -106,4 +126,52 @@ pub fn run(g: &Global, _args: &InitArgs) -> CliResult {
         ));
     }
     Ok(())
+}
+
+/// `init` of a store directory with no key named (`--store-dir` without `--key-file` or
+/// `--key-env`: hive's key sources by default) never takes a key that already exists for a
+/// new store, or one another store owns: it did not make that key for this store, and a
+/// rotation here would re-key the other (hive reads no archive). Naming the key explicitly
+/// shares it deliberately. Checked before anything is created.
+fn refuse_to_adopt(g: &Global, config: &crate::store::StoreConfig, new_dir: bool) -> CliResult {
+    if g.store_dir.is_none() || g.hive || g.key_file.is_some() || g.key_env.is_some() {
+        return Ok(());
+    }
+    let Some(existing) = crate::crypto::keys::load(&config.key_sources).map_err(|e| {
+        CliError::with_code(e.to_string(), crate::error::ErrorKind::Sealed.exit_code())
+    })?
+    else {
+        return Ok(());
+    };
+    let owner = existing
+        .source
+        .writable_file()
+        .and_then(crate::store::claim::owner_dir)
+        .filter(|o| Some(o) != config.base.canonicalize().ok().as_ref());
+    if !new_dir && owner.is_none() {
+        return Ok(());
+    }
+    Err(CliError::with_code(
+        format!(
+            "refusing to initialize {} with the key that already exists at {}{}: holdfast did not \
+             make it for this store, and rotating it here would re-key {}. Give the new store a \
+             key of its own with --key-file NEW_FILE (or, to share that key deliberately, name it: \
+             --key-file {}). Nothing was created.",
+            config.base.display(),
+            existing.source,
+            match &owner {
+                Some(o) => format!(" (the key of the store at {})", o.display()),
+                None => " (hive's key, the default for --store-dir)".into(),
+            },
+            match &owner {
+                Some(o) => format!("the store at {}", o.display()),
+                None => "every store that reads it, hive's among them".into(),
+            },
+            existing
+                .source
+                .file()
+                .map_or_else(|| existing.source.to_string(), |f| f.display().to_string()),
+        ),
+        crate::error::ErrorKind::Conflict.exit_code(),
+    ))
 }
