@@ -272,6 +272,11 @@ impl Global {
             ));
         }
         paths::validate_store_name(&self.store).map_err(CliError::usage)?;
+        // A `[stores.NAME]` entry names the store's directory and key for the CLI as for the
+        // daemon: a credential written offline is the one the daemon serves.
+        if let Some(entry) = self.config()?.stores.get(&self.store) {
+            return crate::service::configured_store(&self.store, entry).map_err(CliError::usage);
+        }
         let data = self.data_dir()?;
         Ok(StoreConfig::owned(
             &self.store,

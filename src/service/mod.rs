@@ -210,22 +210,7 @@ impl Daemon {
             }
         }
         for (name, entry) in &config.stores {
-            let given = match (&entry.key_file, &entry.key_env) {
-                (Some(f), _) => Some(vec![KeySource::File(f.clone())]),
-                (None, Some(v)) => Some(vec![KeySource::Env(v.clone())]),
-                (None, None) if entry.hive => Some(crate::paths::hive_key_sources()?),
-                (None, None) => None,
-            };
-            let cfg = match given {
-                Some(key_sources) => StoreConfig {
-                    name: name.clone(),
-                    base: entry.path.clone(),
-                    key_sources,
-                    key_dir: None,
-                },
-                None => own_store_config(name, entry.path.clone())?,
-            };
-            configs.insert(name.clone(), cfg);
+            configs.insert(name.clone(), configured_store(name, entry)?);
         }
         let stores: BTreeMap<String, Arc<StoreSlot>> = configs
             .into_iter()
@@ -423,6 +408,30 @@ impl Daemon {
 
 /// A store of the data dir (or a `[stores.NAME]` entry without a key of its own): holdfast
 /// keeps its key, in its own file (`store::identity`), after systemd's credential if any.
+/// The store a `[stores.NAME]` entry describes: its path, and the key it names (a file, a
+/// variable, hive's) or else the store's own key file. The daemon and the offline CLI both
+/// use this, so one name is one directory with or without a daemon.
+pub fn configured_store(
+    name: &str,
+    entry: &crate::config::StoreEntry,
+) -> Result<StoreConfig, crate::paths::PathError> {
+    let given = match (&entry.key_file, &entry.key_env) {
+        (Some(f), _) => Some(vec![KeySource::File(f.clone())]),
+        (None, Some(v)) => Some(vec![KeySource::Env(v.clone())]),
+        (None, None) if entry.hive => Some(crate::paths::hive_key_sources()?),
+        (None, None) => None,
+    };
+    Ok(match given {
+        Some(key_sources) => StoreConfig {
+            name: name.to_owned(),
+            base: entry.path.clone(),
+            key_sources,
+            key_dir: None,
+        },
+        None => own_store_config(name, entry.path.clone())?,
+    })
+}
+
 fn own_store_config(name: &str, base: PathBuf) -> Result<StoreConfig, crate::paths::PathError> {
     Ok(StoreConfig::owned(
         name,
