@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 
 use common::{run, DaemonEnv, Out, TempHome};
 use holdfast::crypto::{keys, KeySource, Keyring};
+use holdfast::durable::Faults;
 use holdfast::store::identity;
 use serde_json::Value;
 
@@ -776,4 +777,152 @@ fn only_the_store_that_owns_a_key_file_may_prune_it() {
         "v1\n"
     );
     println!("key-file owners: a copy of a moved original took its own key and pruned without harm; another directory with the owner's key file was refused a prune; the owner reached by another path was not");
+}
+
+/// A claim whose directory is not where it says is not proof the owner is gone: moved with
+/// `mv`, it lives on under a path the claim does not know. A copy that finds such a claim
+/// takes a key file of its own, as from a live owner, so its rotation and prune never touch
+/// the moved original's key (an independent tester sealed the original both ways: the copy
+/// beside it, and the copy put back in the original's place).
+#[test]
+fn a_moved_original_keeps_its_key_whatever_a_copy_of_it_does() {
+    let cp_a = |from: &Path, to: &Path| {
+        let st = std::process::Command::new("cp")
+            .arg("-a")
+            .arg(from)
+            .arg(to)
+            .status()
+            .unwrap();
+        assert!(st.success());
+    };
+    for variant in [
+        "copy beside, original moved away",
+        "original moved aside, copy put back",
+    ] {
+        let env = TempHome::new();
+        let orig = env.root.join("orig");
+        ok(in_dir(&env, &orig, &["init"], b""));
+        ok(in_dir(&env, &orig, &["cred", "set", "prod"], b"p\n"));
+        let (moved, copy) = if variant.starts_with("copy beside") {
+            let (copy, moved) = (env.root.join("copy"), env.root.join("moved"));
+            cp_a(&orig, &copy);
+            fs::rename(&orig, &moved).unwrap();
+            (moved, copy)
+        } else {
+            let moved = env.root.join("orig.old");
+            fs::rename(&orig, &moved).unwrap();
+            cp_a(&moved, &orig);
+            (moved, orig.clone())
+        };
+        let o = ok(in_dir(&env, &copy, &["key", "rotate"], b""));
+        assert!(o.stderr.contains("key file of its own"), "{variant}: {o}");
+        ok(in_dir(&env, &copy, &["key", "rotate"], b""));
+        ok(in_dir(&env, &copy, &["key", "prune"], b""));
+        for dir in [&moved, &copy] {
+            let o = ok(in_dir(&env, dir, &["cred", "get", "prod"], b""));
+            assert_eq!(o.stdout, "p\n", "{variant}: {}", dir.display());
+        }
+        assert_ne!(own_key(&env, &moved), own_key(&env, &copy), "{variant}");
+        // The moved original is still its key's owner: its own rotation and prune work.
+        ok(in_dir(&env, &moved, &["key", "rotate"], b""));
+        ok(in_dir(&env, &moved, &["key", "prune"], b""));
+        let o = ok(in_dir(&env, &moved, &["cred", "get", "prod"], b""));
+        assert_eq!(o.stdout, "p\n", "{variant}");
+        println!("{variant}: the copy took its own key, rotated twice and pruned; the moved original reads and rotates its own");
+    }
+}
+
+/// `--store-dir NEW init` with no key named would use hive's key (the default for a store
+/// directory): refused for a new store, nothing created; naming hive's key shares it
+/// deliberately, but only its owner may rotate it — hive reads no archive, so a rotation from
+/// elsewhere left hive unable to open its own credential (an independent tester's find).
+#[test]
+fn a_store_dir_never_takes_or_rotates_hives_key() {
+    let env = TempHome::new();
+    let hive_key = env.home.join(".hive/secrets/credential_key");
+    keys::write_key_file(
+        &hive_key,
+        &holdfast::crypto::generate_key(),
+        &Faults::none(),
+    )
+    .unwrap();
+    let hive_bytes = fs::read(&hive_key).unwrap();
+    let run_cli = |args: &[&str], stdin: &[u8]| {
+        let mut c = env.cmd();
+        c.args(args);
+        run(c, stdin)
+    };
+    ok(run_cli(&["--hive", "init"], b""));
+    ok(run_cli(&["--hive", "cred", "set", "hv"], b"hive-secret\n"));
+    let new = env.root.join("newstore");
+    let o = code(
+        run_cli(&["--store-dir", new.to_str().unwrap(), "init"], b""),
+        4,
+    );
+    assert!(o.stderr.contains("refusing to initialize"), "{o}");
+    assert!(o.stderr.contains("--key-file"), "{o}");
+    assert!(!new.exists(), "{o}");
+    // Named explicitly: shared on purpose, said so; but a rotation there is refused.
+    let given = [
+        "--store-dir",
+        new.to_str().unwrap(),
+        "--key-file",
+        hive_key.to_str().unwrap(),
+    ];
+    let o = ok(run_cli(&[&given[..], &["init"]].concat(), b""));
+    assert!(o.stdout.contains("with the key you gave"), "{o}");
+    assert!(o.stdout.contains("belongs to the store at"), "{o}");
+    ok(run_cli(
+        &[&given[..], &["cred", "set", "n"]].concat(),
+        b"new\n",
+    ));
+    for op in ["rotate", "prune"] {
+        let o = code(run_cli(&[&given[..], &["key", op]].concat(), b""), 10);
+        assert!(o.stderr.contains("belongs to the store at"), "{op}: {o}");
+    }
+    assert_eq!(fs::read(&hive_key).unwrap(), hive_bytes);
+    assert_eq!(
+        ok(run_cli(&["--hive", "cred", "get", "hv"], b"")).stdout,
+        "hive-secret\n"
+    );
+    // A key of its own: fine.
+    let own = env.root.join("own.key");
+    let o = ok(run_cli(
+        &[
+            "--store-dir",
+            env.root.join("third").to_str().unwrap(),
+            "--key-file",
+            own.to_str().unwrap(),
+            "init",
+        ],
+        b"",
+    ));
+    assert!(o.stdout.contains("created store"), "{o}");
+    println!("store dir: init without a key refused (nothing created); hive's key named explicitly is shared but not rotated or pruned there; hive's credential reads");
+}
+
+/// A `[stores.NAME]` entry is the store's directory for the offline CLI as for the daemon: a
+/// credential set offline is the one the daemon serves (the CLI used `stores/NAME` under the
+/// data dir, the daemon the configured path: an acknowledged credential went missing).
+#[test]
+fn a_configured_store_is_one_directory_with_or_without_the_daemon() {
+    let mut env = DaemonEnv::new("[stores.foo]\npath = \"~/ext\"\n");
+    let o = run(env.holdfast(&["--store", "foo", "init"]), b"");
+    assert_eq!(o.code, 0, "{o}");
+    assert!(
+        o.stdout
+            .contains(&env.home.join("ext").display().to_string()),
+        "{o}"
+    );
+    let o = run(
+        env.holdfast(&["--offline", "--store", "foo", "cred", "set", "x"]),
+        b"configured\n",
+    );
+    assert_eq!(o.code, 0, "{o}");
+    assert!(env.home.join("ext/credentials/x.enc").is_file());
+    let daemon = env.start();
+    let o = run(env.holdfast(&["--store", "foo", "cred", "get", "x"]), b"");
+    assert_eq!((o.code, o.stdout.as_str()), (0, "configured\n"), "{o}");
+    drop(daemon);
+    println!("[stores.foo]: init, an offline set and a get through the daemon all at ~/ext");
 }
