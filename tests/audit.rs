@@ -1034,3 +1034,37 @@ fn repairs_made_at_open_are_recorded() {
         r.len()
     );
 }
+
+/// A symlink planted at the audit directory: every use of the log refuses it, saying so (not
+/// "the disk is full"), and nothing — lock, space reserve, segment — is created through it, by
+/// the offline CLI or the daemon (an independent tester found both wrote there).
+#[test]
+fn a_symlink_at_the_audit_directory_is_refused_and_nothing_is_made_through_it() {
+    let mut env = DaemonEnv::new("");
+    let o = run(env.holdfast(&["--offline", "cred", "set", "a"]), b"v\n");
+    assert_eq!(o.code, 0, "{o}");
+    let audit = env.data_dir.join("audit");
+    let outside = env.root.join("outside");
+    fs::create_dir(&outside).unwrap();
+    fs::rename(&audit, env.root.join("audit.real")).unwrap();
+    std::os::unix::fs::symlink(&outside, &audit).unwrap();
+    for args in [
+        &["--offline", "cred", "set", "a"][..],
+        &["--offline", "cred", "get", "a"][..],
+        &["audit"][..],
+        &["audit", "verify"][..],
+    ] {
+        let o = run(env.holdfast(args), b"w\n");
+        assert_eq!(o.code, 7, "{args:?}: {o}");
+        assert!(o.stderr.contains("is a symlink"), "{args:?}: {o}");
+        assert!(!o.stderr.contains("disk is full"), "{args:?}: {o}");
+    }
+    let daemon = env.start();
+    let mut c = Conn::open(&daemon.socket);
+    let e = c.err("cred.get", json!({"id": "a"}));
+    assert_eq!(e["data"]["kind"], "storage", "{e}");
+    daemon.stop();
+    let made: Vec<_> = fs::read_dir(&outside).unwrap().flatten().collect();
+    assert!(made.is_empty(), "created through the link: {made:?}");
+    println!("audit directory a symlink: 4 CLI commands and the daemon refused it, 0 files made through it");
+}

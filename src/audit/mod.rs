@@ -287,7 +287,11 @@ impl AuditLog {
     /// `Always` mode) return only once it is durable. Its sequence number.
     pub fn record(&self, rec: Record, sync: bool) -> Result<u64, AuditError> {
         // A change needs the space reserve in place: once a full disk took it, its room is
-        // kept for the records of reads, and changes wait until it can be made again.
+        // kept for the records of reads, and changes wait until it can be made again. (A
+        // refused directory is said as such, not as a full disk.)
+        if rec.result == BEGUN && self.inner.settings.reserve_bytes > 0 {
+            segments::check_dir(&self.inner.dir).map_err(|e| AuditError::Write(e.to_string()))?;
+        }
         if rec.result == BEGUN
             && self.inner.settings.reserve_bytes > 0
             && self.inner.dir.is_dir()

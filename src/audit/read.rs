@@ -28,6 +28,7 @@ use crate::durable::{lock, LockMode};
 
 /// The segments of `dir` with their lengths now, noted under the lock (shared).
 pub fn snapshot(dir: &Path) -> io::Result<Vec<Segment>> {
+    segments::check_dir(dir)?;
     if !dir.is_dir() {
         return Ok(Vec::new());
     }

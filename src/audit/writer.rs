@@ -94,7 +94,10 @@ impl Writer {
         };
         let lock_file = match self.lock.take() {
             Some(l) if !l.stale() => l,
-            _ => LockFile::open(&cx.dir.join(LOCK_FILE)).map_err(lock_err)?,
+            _ => {
+                segments::check_dir(cx.dir).map_err(|e| AuditError::Write(e.to_string()))?;
+                LockFile::open(&cx.dir.join(LOCK_FILE)).map_err(lock_err)?
+            }
         };
         let result = {
             let taken = if wait {
@@ -553,6 +556,10 @@ fn release_reserve(cx: &Ctx<'_>) -> bool {
 pub(super) fn refill_reserve(cx: &Ctx<'_>) -> bool {
     if cx.settings.reserve_bytes == 0 || cx.dir.join(RESERVE_FILE).is_file() {
         return true;
+    }
+    if let Err(e) = segments::check_dir(cx.dir) {
+        tracing::debug!(error = %e, "no space reserve in an audit directory that is refused");
+        return false;
     }
     match lock::lock(&cx.dir.join(LOCK_FILE), LockMode::Exclusive, LOCK_TIMEOUT) {
         Ok(_guard) => refill_reserve_locked(cx),
