@@ -173,6 +173,19 @@ pub fn first_entry(path: &Path, len: u64) -> io::Result<Option<Result<Entry, Lin
     Ok(memchr::memchr(b'\n', &buf).map(|i| check_line(&buf[..i])))
 }
 
+/// The audit directory `dir` is safe to create files in: absent (it will be made 0700), or a
+/// directory of ours that is not a symlink. A link planted there must not make the log's lock,
+/// reserve or segments land outside the data directory.
+pub fn check_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    match std::fs::symlink_metadata(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+        Ok(_) => crate::durable::perms::is_too_open(dir, true)
+            .map(|_| ())
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::PermissionDenied, e.to_string())),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -218,18 +231,5 @@ mod tests {
         let mut long = b"a\n".to_vec();
         long.extend(std::iter::repeat_n(b'x', MAX_LINE * 2));
         assert_eq!(tail(&long), Tail::Torn { keep: 2 });
-    }
-}
-
-/// The audit directory `dir` is safe to create files in: absent (it will be made 0700), or a
-/// directory of ours that is not a symlink. A link planted there must not make the log's lock,
-/// reserve or segments land outside the data directory.
-pub fn check_dir(dir: &std::path::Path) -> std::io::Result<()> {
-    match std::fs::symlink_metadata(dir) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e),
-        Ok(_) => crate::durable::perms::is_too_open(dir, true)
-            .map(|_| ())
-            .map_err(|e| std::io::Error::new(std::io::ErrorKind::PermissionDenied, e.to_string())),
     }
 }
