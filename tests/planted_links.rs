@@ -600,3 +600,59 @@ fn a_planted_state_that_is_not_a_file_never_ends_an_active_run() {
     daemon.stop();
     println!("planted states: {}", outcomes.join("; "));
 }
+
+/// A FIFO or a directory where a run's file belongs is a refused path on read as on write:
+/// `forbidden` (`unsafe_path`), never `storage` (which tells a client the daemon refuses
+/// stream writes until restarted). Found by an independent tester on `checkpoint.get`,
+/// `stream.get` and `run.get`.
+#[test]
+fn something_else_where_a_run_file_belongs_is_forbidden_on_read() {
+    let mut env = DaemonEnv::new("");
+    if env.on_postgres() {
+        println!("skipped: on the PostgreSQL backend a run's files are rows");
+        return;
+    }
+    let runs = env.data_dir.join("runs");
+    let daemon = env.start();
+    let mut c = Conn::open(&daemon.socket);
+    c.ok(
+        "checkpoint.put",
+        json!({"run_id": "ck", "snapshot": {"partial_text": "p"}}),
+    );
+    let b = c.ok("stream.begin", json!({"run_id": "ended"}));
+    c.ok(
+        "stream.commit",
+        json!({"run_id": "ended", "stream_id": b["stream_id"], "final_message": "fin"}),
+    );
+    c.ok(
+        "run.log_node",
+        json!({"run_id": "logged", "detail": {"node_id": "n1"}}),
+    );
+    let mkfifo = |p: &Path| {
+        let st = std::process::Command::new("mkfifo")
+            .arg(p)
+            .status()
+            .unwrap();
+        assert!(st.success());
+    };
+    fs::remove_file(runs.join("ck/checkpoint")).unwrap();
+    mkfifo(&runs.join("ck/checkpoint"));
+    fs::remove_file(runs.join("ended/state")).unwrap();
+    mkfifo(&runs.join("ended/state"));
+    private_dir(&runs.join("logged/summary.json"));
+    let mut seen = Vec::new();
+    for (method, params) in [
+        ("checkpoint.get", json!({"run_id": "ck"})),
+        ("stream.get", json!({"run_id": "ended"})),
+        ("run.get", json!({"run_id": "logged"})),
+    ] {
+        let e = c.err(method, params);
+        assert_eq!(e["data"]["kind"], "forbidden", "{method}: {e}");
+        assert_eq!(e["data"]["reason"], "unsafe_path", "{method}: {e}");
+        seen.push(format!("{method}: {}", e["message"]));
+    }
+    // Others keep going.
+    c.ok("checkpoint.put", json!({"run_id": "other", "snapshot": {}}));
+    daemon.stop();
+    println!("refused on read: {}", seen.join("; "));
+}

@@ -444,14 +444,23 @@ impl Dir {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(self.step_error(Op::Read, name, "a file", e)),
         };
+        // Something other than a file where holdfast keeps one (a FIFO, a socket, a device, a
+        // directory) is a refused path, like a link: `forbidden`, this request only.
+        match file.metadata() {
+            Ok(meta) if !meta.is_file() => {
+                let t = meta.file_type();
+                let kind = if t.is_dir() {
+                    EntryKind::Dir
+                } else {
+                    EntryKind::Other
+                };
+                return Err(self.refusal(name, kind, "a file"));
+            }
+            Ok(_) => {}
+            Err(e) => return Err(IoError::new(Op::Read, self.path.join(name), e)),
+        }
         let read = |file: File| -> io::Result<Vec<u8>> {
             let meta = file.metadata()?;
-            if !meta.is_file() {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    "not a regular file",
-                ));
-            }
             let mut buf = Vec::with_capacity(meta.len().min(cap).min(1 << 24) as usize);
             file.take(cap.saturating_add(1)).read_to_end(&mut buf)?;
             if buf.len() as u64 > cap {
