@@ -296,6 +296,14 @@ fn values_near_and_above_the_limit_through_the_daemon() {
         "went around the daemon: {o}"
     );
     assert!(!cred_dir.join("big.enc").exists());
+    // Control characters are escaped six-fold in JSON: the request line would pass the
+    // protocol's 1 MiB limit first. The store's message, not the protocol's.
+    let mut c = env.holdfast(&["cred", "set", "ctl"]);
+    c.stdin(std::process::Stdio::piped());
+    let o = run(c, "\u{1}".repeat(300_000).as_bytes());
+    assert_eq!(o.code, 2, "{o}");
+    assert!(o.stderr.contains("too large to store"), "{o}");
+    assert!(!o.stderr.contains("request line"), "{o}");
     let o = set(780_000);
     assert_eq!(o.code, 0, "{o}");
     let get = || run(env.holdfast(&["cred", "get", "big"]), b"");

@@ -102,6 +102,7 @@ impl Backend {
                 store.set(cred, if_generation)
             });
         }
+        too_large(&cred)?;
         let mut params = json!({"credential": cred.expose_json()});
         // `Client::call` zeroizes the params it is given and its own buffers.
         if let Some(g) = if_generation {
@@ -123,6 +124,12 @@ impl Backend {
                 "internal: daemon call on a local store".into(),
             ));
         };
+        too_large(&cred).map_err(|e| crate::client::ClientError::Rpc {
+            code: crate::api::codes::INVALID_PARAMS,
+            kind: crate::error::ErrorKind::InvalidParams,
+            data: json!({"kind": "invalid_params"}),
+            message: e.message,
+        })?;
         let mut params = json!({"credential": cred.expose_json(), "store": store.as_str()});
         if let Some(g) = if_generation {
             params["if_generation"] = g.into();
@@ -310,4 +317,23 @@ fn change<T>(
         Some(a) => a.change(op, id, f),
         None => Ok(f()?),
     }
+}
+
+/// The store's own size check, made before a document is sent to the daemon: one too large to
+/// store gets the store's message ("too large to store … nothing was written"), not the
+/// protocol's about an overlong request line (a value of control characters, escaped six-fold
+/// in JSON, reached that first).
+fn too_large(cred: &Credential) -> CliResult {
+    let limit = crate::limits::MAX_CREDENTIAL_FILE_BYTES;
+    let bytes = crate::crypto::token_len(cred.to_bytes().len()) as u64;
+    if bytes <= limit {
+        return Ok(());
+    }
+    Err(crate::store::Error::ValueTooLarge {
+        id: cred.id().to_owned(),
+        bytes,
+        limit,
+        max_doc: crate::crypto::max_plaintext_for(limit as usize) as u64,
+    }
+    .into())
 }
