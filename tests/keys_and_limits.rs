@@ -557,6 +557,21 @@ fn a_copied_data_dir_takes_its_own_key_before_it_can_touch_the_originals() {
     println!("a copied data dir: its own identity and key on first open; 2 rotations and a prune there left the original's key byte for byte; a moved one kept its key");
 }
 
+/// A run `kept` with one text event, through a daemon started and stopped here: data sealed
+/// with the default store's key.
+fn stream_sealed_with_the_default_key(env: &mut DaemonEnv) {
+    use common::Conn;
+    use serde_json::json;
+    let daemon = env.start();
+    let mut c = Conn::open(&daemon.socket);
+    let b = c.ok("stream.begin", json!({"run_id": "kept"}));
+    c.ok(
+        "stream.append",
+        json!({"run_id": "kept", "stream_id": b["stream_id"], "seq": 1,
+               "events": [{"type": "text", "text": "sealed with the default key"}]}),
+    );
+}
+
 /// The default store's key also seals the daemon's streams. Pruning it offline under another
 /// name (`--store-dir` to the default store, or its key file) removed the key the streams
 /// needed (an independent tester's find): refused, and `holdfast key` says why.
@@ -569,16 +584,7 @@ fn the_default_stores_key_is_never_pruned_around_the_daemons_streams() {
         println!("streams on PostgreSQL are not sealed with the store's key: skipped");
         return;
     }
-    let daemon = env.start();
-    let mut c = Conn::open(&daemon.socket);
-    let b = c.ok("stream.begin", json!({"run_id": "kept"}));
-    c.ok(
-        "stream.append",
-        json!({"run_id": "kept", "stream_id": b["stream_id"], "seq": 1,
-               "events": [{"type": "text", "text": "sealed with the default key"}]}),
-    );
-    drop(c);
-    drop(daemon);
+    stream_sealed_with_the_default_key(&mut env);
     let key = env.key_file();
     let key_bytes = fs::read(&key).unwrap();
     let base = env.store_base();
@@ -632,16 +638,7 @@ fn init_never_mints_a_key_over_streams_the_lost_one_sealed() {
         println!("streams on PostgreSQL are not sealed with the store's key: skipped");
         return;
     }
-    let daemon = env.start();
-    let mut c = Conn::open(&daemon.socket);
-    let b = c.ok("stream.begin", json!({"run_id": "kept"}));
-    c.ok(
-        "stream.append",
-        json!({"run_id": "kept", "stream_id": b["stream_id"], "seq": 1,
-               "events": [{"type": "text", "text": "sealed with the default key"}]}),
-    );
-    drop(c);
-    drop(daemon);
+    stream_sealed_with_the_default_key(&mut env);
     let key = env.key_file();
     let keys = key.parent().unwrap().to_path_buf();
     let ident = identity::identity_path(&env.store_base());
