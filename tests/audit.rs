@@ -1068,3 +1068,47 @@ fn a_symlink_at_the_audit_directory_is_refused_and_nothing_is_made_through_it() 
     assert!(made.is_empty(), "created through the link: {made:?}");
     println!("audit directory a symlink: 4 CLI commands and the daemon refused it, 0 files made through it");
 }
+
+/// A credential call whose params do not read (an unknown field, a wrong type) is refused
+/// before any store is touched, and recorded like a call with a bad id (an independent tester
+/// found `cred.release_lease` with a `lease_id` left no record); a run call's is not (no
+/// credential was asked for).
+#[test]
+fn a_credential_call_whose_params_do_not_read_is_recorded() {
+    let mut env = DaemonEnv::new("");
+    let daemon = env.start();
+    let mut c = Conn::open(&daemon.socket);
+    for (method, params) in [
+        ("cred.release_lease", json!({"id": "q", "lease_id": 1})),
+        ("cred.get", json!({"id": 5})),
+        ("admin.fsck", json!({"repair": "yes"})),
+        ("stream.get", json!({"run": "r"})),
+    ] {
+        let e = c.err(method, params);
+        assert_eq!(e["data"]["kind"], "invalid_params", "{method}: {e}");
+    }
+    daemon.stop();
+    let got: Vec<(String, String, String)> = ops(&records(&env))
+        .iter()
+        .map(|r| {
+            (
+                s(r, "op").to_owned(),
+                r["id"].as_str().unwrap_or("-").to_owned(),
+                s(r, "result").to_owned(),
+            )
+        })
+        .collect();
+    let want: Vec<(String, String, String)> = [
+        ("cred.release_lease", "q", "invalid_params"),
+        ("cred.get", "-", "invalid_params"),
+        ("admin.fsck", "-", "invalid_params"),
+    ]
+    .iter()
+    .map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string()))
+    .collect();
+    assert_eq!(got, want);
+    println!(
+        "unreadable params: {} credential calls recorded, the run call not",
+        got.len()
+    );
+}

@@ -303,6 +303,41 @@ pub fn answer_inline(
     }
 }
 
+/// A credential or admin call whose params do not read (an unknown or missing field, a wrong
+/// type): refused before any store is touched, and recorded like the calls refused for a bad
+/// id, naming the store and id it gave where those are valid. Its answer does not wait.
+pub fn unparsed(
+    daemon: &Daemon,
+    session: &Session,
+    method: &str,
+    params: Option<&serde_json::value::RawValue>,
+    e: &RpcError,
+) {
+    let Some(log) = daemon.audit() else { return };
+    let Some(op) = crate::api::METHODS
+        .iter()
+        .copied()
+        .find(|m| *m == method && (m.starts_with("cred.") || m.starts_with("admin.")))
+    else {
+        return;
+    };
+    let loose: Option<serde_json::Value> = params.and_then(|p| serde_json::from_str(p.get()).ok());
+    let field = |k: &str| {
+        loose
+            .as_ref()
+            .and_then(|v| v.get(k))
+            .and_then(|v| v.as_str())
+    };
+    let store = field("store").unwrap_or(DEFAULT_STORE);
+    log.record_detached(record_of(
+        session,
+        op,
+        Some(store),
+        field("id"),
+        e.kind.as_str(),
+    ));
+}
+
 /// A call refused at admission (`forbidden`: outside the grant): record it, naming what it
 /// asked for when its params read. Its answer does not wait.
 pub fn refused(

@@ -94,7 +94,10 @@ pub fn route<'a>(daemon: &Daemon, session: &Session, line: &'a [u8]) -> Routed<'
     tracing::trace!(conn = session.id, method = %env.method, "request");
     let call = match Call::parse(&env.method, env.params) {
         Ok(c) => c,
-        Err(e) => return answer(&id, Err(e)),
+        Err(e) => {
+            super::audit::unparsed(daemon, session, &env.method, env.params, &e);
+            return answer(&id, Err(e));
+        }
     };
     if let Err(e) = super::run_scope::admit(&grant, &call) {
         super::audit::refused(daemon, session, &env.method, env.params, &e);
