@@ -596,9 +596,23 @@ fn a_planted_state_that_is_not_a_file_never_ends_an_active_run() {
         assert_eq!(r["error"]["data"]["kind"], "forbidden", "{kind}: {r}");
         assert_eq!(g["result"]["status"], "streaming", "{kind}: {g}");
     }
+    // A run not begun yet whose state is already something else: refused at its begin, not
+    // after its text was streamed.
+    private_dir(&runs.join("fresh"));
+    let st = std::process::Command::new("mkfifo")
+        .arg(runs.join("fresh/state"))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let e = c.err("stream.begin", json!({"run_id": "fresh"}));
+    assert_eq!(e["data"]["kind"], "forbidden", "{e}");
+    assert_eq!(e["data"]["reason"], "unsafe_path", "{e}");
     c.ok("admin.status", json!({}));
     daemon.stop();
-    println!("planted states: {}", outcomes.join("; "));
+    println!(
+        "planted states: {}; a fresh run's begin refused",
+        outcomes.join("; ")
+    );
 }
 
 /// A FIFO or a directory where a run's file belongs is a refused path on read as on write:

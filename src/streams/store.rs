@@ -189,6 +189,13 @@ pub trait StreamStore: Send + Sync {
     /// Whether the run has a state file: it ended. Its existence decides, not its content (an
     /// unreadable state must not bring a committed run back).
     fn has_ended(&self, run_id: &str) -> bool;
+    /// Refuse a run whose files this store could not write: something other than a file
+    /// where its state belongs (a FIFO, a directory: its commit would be refused). Asked at
+    /// `stream.begin`, so the producer hears it before it streams, not at the commit.
+    fn check_run(&self, run_id: &str) -> Result<(), StreamError> {
+        let _ = run_id;
+        Ok(())
+    }
     /// The run's state, if it has one: an error if it has one that does not read (never
     /// taken for "no such run").
     fn read_state(&self, run_id: &str) -> Result<Option<Value>, StreamError>;
@@ -499,6 +506,18 @@ impl StreamStore for FileStore {
             .ok()
             .flatten()
             .is_some_and(|d| has_regular(&d, "state"))
+    }
+
+    fn check_run(&self, run_id: &str) -> Result<(), StreamError> {
+        let Some(dir) = self.run_dir(run_id)? else {
+            return Ok(());
+        };
+        match dir.stat("state") {
+            Ok(Some(m)) if m.kind != durable::beneath::EntryKind::File => Err(
+                StreamError::UnsafePath(dir.refusal("state", m.kind, "a file")),
+            ),
+            _ => Ok(()),
+        }
     }
 
     fn end_run(&self, state: &Value, tail: RunTail<'_>) -> Result<(), StreamError> {

@@ -357,6 +357,7 @@ impl Streams {
         takeover: bool,
     ) -> Result<Ticket, StreamError> {
         validate_run_id(run_id)?;
+        self.store.check_run(run_id)?;
         // A shared store is asked first, without the lock (a query must not hold up every
         // append); an end on another host meanwhile makes the begin's write fail (fenced).
         let shared_ended = self.refresh(run_id)?;
