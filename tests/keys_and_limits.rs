@@ -903,7 +903,40 @@ fn a_store_dir_never_takes_or_rotates_hives_key() {
         b"",
     ));
     assert!(o.stdout.contains("created store"), "{o}");
-    println!("store dir: init without a key refused (nothing created); hive's key named explicitly is shared but not rotated or pruned there; hive's credential reads");
+    // hive's key file belongs to hive's store even with no claim beside it (a store hive
+    // made, never written through holdfast): a copy of hive's store may not rotate or prune
+    // it (a fourth independent attack: the copy's first write claimed it, and its rotation
+    // left hive unable to read its own credential).
+    fs::remove_file(holdfast::store::claim::claim_path(&hive_key)).unwrap();
+    let copy = env.root.join("hivecopy");
+    let st = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(env.home.join(".hive/credentials"))
+        .arg(&copy)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let c = ["--store-dir", copy.to_str().unwrap()];
+    assert_eq!(
+        ok(run_cli(&[&c[..], &["cred", "get", "hv"]].concat(), b"")).stdout,
+        "hive-secret\n"
+    );
+    for op in ["rotate", "prune"] {
+        let o = code(run_cli(&[&c[..], &["key", op]].concat(), b""), 10);
+        assert!(o.stderr.contains(".hive/credentials"), "{op}: {o}");
+    }
+    assert_eq!(fs::read(&hive_key).unwrap(), hive_bytes);
+    assert_eq!(
+        ok(run_cli(&["--hive", "cred", "get", "hv"], b"")).stdout,
+        "hive-secret\n"
+    );
+    // hive's own store rotates it (re-encrypting hive's files).
+    ok(run_cli(&["--hive", "key", "rotate"], b""));
+    assert_eq!(
+        ok(run_cli(&["--hive", "cred", "get", "hv"], b"")).stdout,
+        "hive-secret\n"
+    );
+    println!("store dir: init without a key refused (nothing created); hive's key named explicitly, or reached from a copy of hive's store, is not rotated or pruned there; hive's credential reads; hive's store rotates it");
 }
 
 /// A `[stores.NAME]` entry is the store's directory for the offline CLI as for the daemon: a

@@ -21,6 +21,9 @@
 //!   key holdfast keeps takes an identity and a key file of its own (a copy: `keyring.rs`); a
 //!   store given the key file explicitly keeps using it, but may not prune its archive.
 //!
+//! hive's own key file (`$HIVE_HOME/secrets/credential_key`) belongs to hive's store
+//! directory, claimed or not ([`hive_owner`]).
+//!
 //! The claim holds no secret. A claim written by two stores at the same instant (their first
 //! writable opens racing) ends with one of them: the other sees it on its next open.
 
@@ -83,8 +86,40 @@ fn read(key_file: &Path) -> Option<ClaimDoc> {
         .filter(|c| c.format == 1 && c.key == canonical(key_file))
 }
 
+/// hive's store directory, if `key_file` is hive's key file (`$HIVE_HOME/secrets/
+/// credential_key`). That key belongs to hive's store whoever opens it first: hive reads no
+/// archive, so only a rotation of hive's own store (which re-encrypts hive's files) may change
+/// it. A copy of hive's store opened with `--store-dir` (hive's key by default) claimed it on
+/// its first write, rotated it, and hive could no longer read its own credentials (an
+/// independent tester's find).
+pub fn hive_owner(key_file: &Path) -> Option<PathBuf> {
+    let hive_key = crate::paths::hive_home()
+        .ok()?
+        .join("secrets/credential_key");
+    if canonical(key_file) != canonical(&hive_key) {
+        return None;
+    }
+    crate::paths::hive_store_dir().ok().map(|d| canonical(&d))
+}
+
+/// Whether `a` and `b` are one directory: the same inode, or (one of them absent) the same
+/// canonical path.
+fn same_dir(a: &Path, b: &Path) -> bool {
+    match (dev_ino(a), dev_ino(b)) {
+        (Some(x), Some(y)) => x == y,
+        _ => canonical(a) == canonical(b),
+    }
+}
+
 /// Who owns `key_file`, seen from the store at `base`.
 pub fn owner(key_file: &Path, base: &Path) -> Owner {
+    if let Some(hive) = hive_owner(key_file) {
+        return if same_dir(base, &hive) {
+            Owner::Us
+        } else {
+            Owner::Other(hive)
+        };
+    }
     let Some(claim) = read(key_file) else {
         return Owner::Nobody;
     };
@@ -99,6 +134,9 @@ pub fn owner(key_file: &Path, base: &Path) -> Owner {
 
 /// The store directory that owns `key_file`, if its claim is live.
 pub fn owner_dir(key_file: &Path) -> Option<PathBuf> {
+    if let Some(hive) = hive_owner(key_file) {
+        return Some(hive);
+    }
     let claim = read(key_file)?;
     (dev_ino(&claim.path) == Some((claim.dev, claim.ino))).then_some(claim.path)
 }
