@@ -1112,3 +1112,57 @@ fn a_credential_call_whose_params_do_not_read_is_recorded() {
         got.len()
     );
 }
+
+/// The newest records cut from the log while the daemon runs: its next append finds the head
+/// older than what it wrote, records an `audit.break` saying so, and numbers on after its
+/// last number (none used twice); `verify` then fails (an independent tester's cut went
+/// unnoticed and its numbers were reused).
+#[test]
+fn a_cut_of_the_newest_records_under_the_daemon_is_recorded_and_no_number_reused() {
+    let mut env = DaemonEnv::new("");
+    let daemon = env.start();
+    let mut c = Conn::open(&daemon.socket);
+    for i in 0..4 {
+        c.ok("cred.set", json!({"id": format!("c{i}"), "value": "v"}));
+    }
+    let audit = env.data_dir.join("audit");
+    let seg = fs::read_dir(&audit)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            let n = p.file_name().unwrap().to_string_lossy().into_owned();
+            n.starts_with("audit-") && n.ends_with(".jsonl")
+        })
+        .max()
+        .unwrap();
+    let text = fs::read_to_string(&seg).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let written: u64 = serde_json::from_str::<Value>(lines[lines.len() - 1]).unwrap()["seq"]
+        .as_u64()
+        .unwrap();
+    let kept = lines[..lines.len() - 2].join("\n") + "\n";
+    fs::write(&seg, kept).unwrap();
+    c.ok("cred.set", json!({"id": "after", "value": "v"}));
+    daemon.stop();
+    let recs = records(&env);
+    let seqs: Vec<u64> = recs.iter().map(|r| r["seq"].as_u64().unwrap()).collect();
+    // What is left ends at `written - 2`; everything appended since is numbered past `written`.
+    let after: Vec<u64> = seqs.iter().copied().filter(|&q| q > written - 2).collect();
+    assert!(!after.is_empty(), "{seqs:?}");
+    assert!(
+        after.iter().all(|&q| q > written),
+        "a number used twice: {seqs:?}"
+    );
+    let brk = recs
+        .iter()
+        .find(|r| s(r, "op") == "audit.break")
+        .unwrap_or_else(|| panic!("no audit.break: {recs:#?}"));
+    assert!(
+        brk["detail"]["why"].as_str().unwrap().contains("cut"),
+        "{brk}"
+    );
+    let v = verify(&env);
+    assert_eq!(v.code, 6, "{v}");
+    println!("newest 2 records cut under the daemon: recorded ({}), numbering on without reuse, verify exit 6", brk["detail"]["why"]);
+}

@@ -178,14 +178,47 @@ impl Writer {
     /// Make `self.active` the segment to append to, with the chain's head, reading the files
     /// unless this process's view is current (the active file's length is what it left and
     /// it still has a name). Records the log owes about what it found go to `pre`.
+    ///
+    /// A head older than the one this process last wrote means its newest records were cut
+    /// from the log (no writer removes records; retention drops only the oldest): recorded as
+    /// an `audit.break`, and numbering goes on after the last number written, so no number is
+    /// used twice. (`verify` then reports the break; without a writer that saw the cut, only
+    /// an anchor kept elsewhere shows it.)
     fn find_head(&mut self, cx: &Ctx<'_>, pre: &mut Vec<Record>) -> Result<(), AuditError> {
-        if let Some(a) = &self.active {
-            let st = a.file.stat().map_err(io_err)?;
-            if st.nlink > 0 && st.len == a.len {
-                return Ok(());
+        let had = match &self.active {
+            Some(a) => {
+                let st = a.file.stat().map_err(io_err)?;
+                if st.nlink > 0 && st.len == a.len {
+                    return Ok(());
+                }
+                Some(a.head_seq)
+            }
+            None => None,
+        };
+        self.active = None;
+        self.read_head(cx, pre)?;
+        if let (Some(had), Some(a)) = (had, self.active.as_mut()) {
+            if a.head_seq < had {
+                tracing::error!(
+                    found = a.head_seq,
+                    written = had,
+                    "the newest records of the audit log were removed behind the daemon's back: recorded as an audit.break"
+                );
+                pre.push(Record::new("audit.break", OK, audit_who()).detail(json!({
+                    "why": format!(
+                        "records {} to {}, written by this process, are gone from the end of the log: they were cut; numbering goes on after {had}",
+                        a.head_seq + 1,
+                        had
+                    ),
+                })));
+                a.head_seq = had;
             }
         }
-        self.active = None;
+        Ok(())
+    }
+
+    /// [`Self::find_head`]'s reading of the files.
+    fn read_head(&mut self, cx: &Ctx<'_>, pre: &mut Vec<Record>) -> Result<(), AuditError> {
         let mut segs = segments::list(cx.dir).map_err(|e| AuditError::read(cx.dir, &e))?;
         // Each pass settles the newest segment or sets it aside; bounded by their number.
         for _ in 0..=segs.len() + 1 {
