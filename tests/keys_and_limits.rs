@@ -961,6 +961,20 @@ fn a_configured_store_is_one_directory_with_or_without_the_daemon() {
     let daemon = env.start();
     let o = run(env.holdfast(&["--store", "foo", "cred", "get", "x"]), b"");
     assert_eq!((o.code, o.stdout.as_str()), (0, "configured\n"), "{o}");
+    // The config edited under the running daemon: the CLI refuses rather than use a store
+    // the daemon does not serve under that name (a fourth independent attack's find).
+    env.write_config("[stores.foo]\npath = \"~/ext2\"\n");
+    let o = run(
+        env.holdfast(&["--store", "foo", "cred", "set", "y"]),
+        b"v\n",
+    );
+    assert_eq!(o.code, 4, "{o}");
+    assert!(
+        o.stderr
+            .contains("the config changed since the daemon started"),
+        "{o}"
+    );
+    assert!(!env.home.join("ext/credentials/y.enc").exists());
     drop(daemon);
-    println!("[stores.foo]: init, an offline set and a get through the daemon all at ~/ext");
+    println!("[stores.foo]: init, an offline set and a get through the daemon all at ~/ext; the config edited under the daemon is refused");
 }

@@ -373,7 +373,49 @@ impl Global {
             ));
             return Ok(None);
         }
+        let mut client = client;
+        self.same_store_as(&mut client, &socket)?;
         Ok(Some(client))
+    }
+
+    /// A store `[stores.NAME]` names in config.toml must be the directory the daemon serves
+    /// under that name: the config read at the daemon's start may since have been edited, and
+    /// then a credential acknowledged through the daemon would not be where this config (and
+    /// an offline command) looks. Refused with what to do, not worked around.
+    fn same_store_as(
+        &self,
+        client: &mut crate::client::Client,
+        socket: &std::path::Path,
+    ) -> CliResult {
+        let Some(entry) = self.config()?.stores.get(&self.store).cloned() else {
+            return Ok(());
+        };
+        let status = client.call("admin.status", serde_json::json!({}))?;
+        let theirs = status["stores"]
+            .as_array()
+            .and_then(|a| a.iter().find(|s| s["name"] == self.store.as_str()))
+            .and_then(|s| s["path"].as_str())
+            .map(PathBuf::from);
+        let canon = |p: &std::path::Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
+        if theirs.as_deref().map(canon) == Some(canon(&entry.path)) {
+            return Ok(());
+        }
+        Err(CliError::with_code(
+            format!(
+                "config.toml says store {:?} is {}, but the daemon on {} serves {}: the config \
+                 changed since the daemon started. Restart the daemon to apply it (systemctl \
+                 --user restart holdfast), or use --offline to work on {} directly.",
+                self.store,
+                entry.path.display(),
+                socket.display(),
+                theirs.map_or_else(
+                    || "no store of that name".to_string(),
+                    |p| p.display().to_string()
+                ),
+                entry.path.display()
+            ),
+            crate::error::ErrorKind::Conflict.exit_code(),
+        ))
     }
 
     fn open(&self, mode: OpenMode) -> CliResult<CredentialStore> {
