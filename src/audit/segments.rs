@@ -64,7 +64,24 @@ pub fn list(dir: &Path) -> io::Result<Vec<Segment>> {
         };
         let meta = match fs::symlink_metadata(e.path()) {
             Ok(m) if m.is_file() => m,
-            Ok(_) => continue,
+            // Something else under a segment's name (a link, a FIFO, a directory): never
+            // followed, and said as such (a writer would otherwise fail to create the name).
+            Ok(m) => {
+                let what = if m.file_type().is_symlink() {
+                    "a symbolic link"
+                } else if m.is_dir() {
+                    "a directory"
+                } else {
+                    "a special file"
+                };
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "{} is {what} where the audit log keeps a segment; refusing to follow or replace it (fix: remove it)",
+                        e.path().display()
+                    ),
+                ));
+            }
             // Dropped by a writer's retention since the listing.
             Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
             Err(e) => return Err(e),
@@ -189,6 +206,23 @@ pub fn check_dir(dir: &std::path::Path) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A link (or a directory) under a segment's name is refused by name, never skipped: a
+    /// writer skipping it failed to create the name with a bare "File exists".
+    #[test]
+    #[allow(clippy::disallowed_methods)] // fixtures made directly
+    fn something_else_under_a_segments_name_is_refused_by_name() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("target"), b"").unwrap();
+        std::os::unix::fs::symlink(d.path().join("target"), d.path().join(segment_name(1)))
+            .unwrap();
+        let e = list(d.path()).unwrap_err();
+        assert!(e.to_string().contains("is a symbolic link"), "{e}");
+        std::fs::remove_file(d.path().join(segment_name(1))).unwrap();
+        std::fs::create_dir(d.path().join(segment_name(2))).unwrap();
+        let e = list(d.path()).unwrap_err();
+        assert!(e.to_string().contains("is a directory"), "{e}");
+    }
 
     fn tail(bytes: &[u8]) -> Tail {
         tail_of(bytes.len() as u64, |at, buf| {
