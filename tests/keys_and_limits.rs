@@ -978,3 +978,29 @@ fn a_configured_store_is_one_directory_with_or_without_the_daemon() {
     drop(daemon);
     println!("[stores.foo]: init, an offline set and a get through the daemon all at ~/ext; the config edited under the daemon is refused");
 }
+
+/// A FIFO at the key archive is refused (`forbidden`, exit 9) with one clear error, not with an
+/// internal log line beside it ("key files changed…": a sealed store looking again at its
+/// keys said so on every look).
+#[test]
+fn a_fifo_at_the_key_archive_is_one_clear_error() {
+    let env = TempHome::new();
+    let data = env.root.join("d");
+    ok(in_dir(&env, &data, &["init"], b""));
+    ok(in_dir(&env, &data, &["cred", "set", "a"], b"v\n"));
+    let prev = {
+        let mut s = own_key(&env, &data).into_os_string();
+        s.push(".prev");
+        PathBuf::from(s)
+    };
+    let st = std::process::Command::new("mkfifo")
+        .arg(&prev)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let o = code(in_dir(&env, &data, &["cred", "get", "a"], b""), 9);
+    assert!(o.stderr.contains("is not a file"), "{o}");
+    assert!(!o.stderr.contains("ERROR"), "{o}");
+    assert_eq!(o.stderr.matches("is not a file").count(), 1, "{o}");
+    println!("a FIFO at the key archive: exit 9, one error line");
+}

@@ -329,7 +329,13 @@ impl CredentialStore {
             state: KeyState::Sealed(SealedReason::BadKey(e.to_string())),
             stamps: self.key_file_stamps(),
         });
+        let was_sealed = matches!(self.keys_now().state, KeyState::Sealed(_));
         match &snapshot.state {
+            // Said once, when the store goes from open to sealed; a sealed store that looks
+            // again and is still sealed says nothing more (its callers answer `sealed`).
+            KeyState::Sealed(reason) if was_sealed => {
+                tracing::debug!(store = %self.config.name, %reason, "still sealed")
+            }
             KeyState::Sealed(reason) => {
                 tracing::error!(store = %self.config.name, %reason, "key files changed and no longer open the store")
             }
