@@ -1004,3 +1004,35 @@ fn a_fifo_at_the_key_archive_is_one_clear_error() {
     assert_eq!(o.stderr.matches("is not a file").count(), 1, "{o}");
     println!("a FIFO at the key archive: exit 9, one error line");
 }
+
+/// `[stores.default]` in config.toml moves the daemon's default store — whose key seals the
+/// streams — elsewhere: an offline rotation or prune of it must be refused like the stock
+/// one's (an independent tester's fifth round: it went through, and after a restart the run
+/// answered not_found and its checkpoint integrity).
+#[test]
+fn a_configured_default_stores_key_is_never_rotated_around_the_streams() {
+    use common::Conn;
+    use serde_json::json;
+    let mut env = DaemonEnv::new("[stores.default]\npath = \"~/ext\"\n");
+    if env.on_postgres() {
+        println!("streams on PostgreSQL are not sealed with the store's key: skipped");
+        return;
+    }
+    assert!(
+        env.home.join("ext/credentials").is_dir(),
+        "init used the configured path"
+    );
+    stream_sealed_with_the_default_key(&mut env);
+    for args in [&["key", "rotate"][..], &["key", "prune"][..]] {
+        let o = run(env.holdfast(args), b"");
+        assert_eq!(o.code, 10, "{args:?}: {o}");
+        assert!(o.stderr.contains("also seals the daemon's streams"), "{o}");
+    }
+    let daemon = env.start();
+    let mut c = Conn::open(&daemon.socket);
+    let g = c.ok("stream.get", json!({"run_id": "kept"}));
+    assert_eq!(g["text_chars"], 27, "{g}");
+    drop(c);
+    drop(daemon);
+    println!("[stores.default] elsewhere: offline rotate and prune refused, the stream reads");
+}

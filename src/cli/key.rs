@@ -88,30 +88,39 @@ pub fn run(g: &Global, args: &KeyArgs) -> CliResult {
 pub(super) fn seals_streams_of(g: &Global) -> CliResult<Option<std::path::PathBuf>> {
     use std::path::{Path, PathBuf};
     let data = g.data_dir()?;
-    let default_base = data.join("stores").join(crate::service::STREAMS_KEY_STORE);
+    let name = crate::service::STREAMS_KEY_STORE;
+    let keys_dir = crate::paths::keys_dir().map_err(CliError::usage)?;
+    // The daemon's default store: `[stores.default]` if config.toml has one (its path and
+    // key), else `stores/default` under the data dir with its own key.
+    let default_cfg = match g.config()?.stores.get(name) {
+        Some(e) => crate::service::configured_store(name, e).map_err(CliError::usage)?,
+        None => crate::store::StoreConfig::owned(
+            name,
+            data.join("stores").join(name),
+            keys_dir.clone(),
+            Vec::new(),
+        ),
+    };
+    let default_base = default_cfg.base.clone();
     let config = g.store_config()?;
     let canon = |p: &Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
     if canon(&config.base) == canon(&default_base) {
         return Ok(Some(data));
     }
-    let keys_dir = crate::paths::keys_dir().map_err(CliError::usage)?;
-    let default_keys: Vec<PathBuf> = [
-        crate::store::identity::own_key_file(
-            &keys_dir,
-            crate::service::STREAMS_KEY_STORE,
-            &default_base,
+    let default_keys: Vec<PathBuf> = default_cfg
+        .key_sources
+        .iter()
+        .filter_map(|s| s.file().map(Path::to_path_buf))
+        .chain(
+            crate::store::identity::own_key_file(&keys_dir, name, &default_base)
+                .ok()
+                .flatten(),
         )
-        .ok()
-        .flatten(),
-        Some(crate::store::identity::shared_key_path(
-            &keys_dir,
-            crate::service::STREAMS_KEY_STORE,
-        )),
-    ]
-    .into_iter()
-    .flatten()
-    .map(|p| canon(&p))
-    .collect();
+        .chain(Some(crate::store::identity::shared_key_path(
+            &keys_dir, name,
+        )))
+        .map(|p| canon(&p))
+        .collect();
     let files: Vec<PathBuf> = config
         .key_sources
         .iter()
