@@ -92,14 +92,41 @@ fn read(key_file: &Path) -> Option<ClaimDoc> {
 /// it. A copy of hive's store opened with `--store-dir` (hive's key by default) claimed it on
 /// its first write, rotated it, and hive could no longer read its own credentials (an
 /// independent tester's find).
+///
+/// Recognised by its place in hive's layout, `<hive home>/secrets/credential_key` beside
+/// `<hive home>/credentials`, not by this process's `HIVE_HOME`: hive run with another
+/// `HIVE_HOME` than holdfast's keeps its key just as much.
+/// The path as given is looked at first, then the file it resolves to (a key file linked from
+/// elsewhere into hive's layout, or the other way round).
 pub fn hive_owner(key_file: &Path) -> Option<PathBuf> {
-    let hive_key = crate::paths::hive_home()
-        .ok()?
-        .join("secrets/credential_key");
-    if canonical(key_file) != canonical(&hive_key) {
-        return None;
-    }
-    crate::paths::hive_store_dir().ok().map(|d| canonical(&d))
+    let in_layout = |key: &Path| -> Option<PathBuf> {
+        if key.file_name()? != "credential_key" {
+            return None;
+        }
+        let secrets = key.parent()?;
+        if secrets.file_name()? != "secrets" {
+            return None;
+        }
+        Some(canonical(&secrets.parent()?.join("credentials")))
+    };
+    in_layout(key_file).or_else(|| in_layout(&canonical(key_file)))
+}
+
+/// Whether `key_file` is the key file older holdfast versions shared between every data dir's
+/// store of one name (`<holdfast keys dir>/<store>.key`, no store id in the name). Stores that
+/// still read it take their own copy on their first write; nothing may rotate or prune it, as
+/// any data dir not yet opened since still needs it as it is.
+pub fn is_old_shared_key(key_file: &Path) -> bool {
+    let Ok(keys) = crate::paths::keys_dir() else {
+        return false;
+    };
+    let key = canonical(key_file);
+    key.parent() == Some(canonical(&keys).as_path())
+        && key
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_suffix(".key"))
+            .is_some_and(|stem| crate::paths::validate_store_name(stem).is_ok())
 }
 
 /// Whether `a` and `b` are one directory: the same inode, or (one of them absent) the same

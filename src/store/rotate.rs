@@ -180,9 +180,28 @@ impl CredentialStore {
         // it (a copy, or one given this key file) proves nothing about the owner's files — a
         // prune would remove keys they need, and a rotation would change the primary key the
         // owner reads (hive, reading no archive, could no longer open its own files).
-        if let super::claim::Owner::Other(owner) =
-            super::claim::owner(&key_file, &self.config().base)
-        {
+        let verb = if opts.new_key { "rotate" } else { "prune" };
+        if super::claim::is_old_shared_key(&key_file) {
+            return Err(Error::Unsupported(format!(
+                "the key file {} is the one older holdfast versions shared between every data \
+                 dir's store of this name: data dirs not opened since still need it as it is, so \
+                 no store may {verb} it. A store of holdfast's own takes a copy on its next write; \
+                 a store given this file with --key-file or key_file should get a key of its own.",
+                key_file.display()
+            )));
+        }
+        let owner = super::claim::owner(&key_file, &self.config().base);
+        if let super::claim::Owner::Stale(was) = &owner {
+            return Err(Error::Unsupported(format!(
+                "the key file {} belongs to the store that was at {} (moved, restored or deleted \
+                 since): if it lives on elsewhere, its files need this key as it is, so this store \
+                 may not {verb} it. If that store is gone for good, remove {} and {verb} again.",
+                key_file.display(),
+                was.display(),
+                super::claim::claim_path(&key_file).display()
+            )));
+        }
+        if let super::claim::Owner::Other(owner) = owner {
             let what = if opts.new_key {
                 "a rotation here would change the key it reads (its files not re-encrypted: hive, \
                  which reads no archive, could not open them)"

@@ -142,14 +142,10 @@ impl CredentialStore {
             {
                 dir.clone()
             }
-            // Given the key file explicitly: it has no other to go to. A stale claim is taken
-            // over; a live owner's is not (and this store may not prune or rotate it).
-            _ => {
-                if !live {
-                    claim::claim(&key_file, base, self.faults()).map_err(|e| self.io_failed(e))?;
-                }
-                return Ok(None);
-            }
+            // Given the key file explicitly: it has no other to go to, and takes over no claim
+            // (a stale one may name an owner moved elsewhere, alive): it may read and write
+            // with the key, not rotate or prune it (`rotate.rs` says what to do).
+            _ => return Ok(None),
         };
         let Some(loaded) = keys::load(&[KeySource::File(key_file.clone())])? else {
             return Ok(None);
