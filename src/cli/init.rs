@@ -13,7 +13,14 @@ pub struct InitArgs {}
 /// Create the store and key, or report that both already exist.
 pub fn run(g: &Global, _args: &InitArgs) -> CliResult {
     let config = g.store_config()?;
+    // A key that exists already (a variable given with --key-env) is used as it is; only a
+    // key to make needs a file.
+    let key_exists = crate::crypto::keys::load(&config.key_sources)
+        .ok()
+        .flatten()
+        .is_some();
     if config.key_dir.is_none()
+        && !key_exists
         && !config
             .key_sources
             .iter()
@@ -156,7 +163,7 @@ fn refuse_to_adopt(g: &Global, config: &crate::store::StoreConfig, new_dir: bool
             "refusing to initialize {} with the key that already exists at {}{}: holdfast did not \
              make it for this store, and rotating it here would re-key {}. Give the new store a \
              key of its own with --key-file NEW_FILE (or, to share that key deliberately, name it: \
-             --key-file {}). Nothing was created.",
+             {}). Nothing was created.",
             config.base.display(),
             existing.source,
             match &owner {
@@ -167,10 +174,13 @@ fn refuse_to_adopt(g: &Global, config: &crate::store::StoreConfig, new_dir: bool
                 Some(o) => format!("the store at {}", o.display()),
                 None => "every store that reads it, hive's among them".into(),
             },
-            existing
-                .source
-                .file()
-                .map_or_else(|| existing.source.to_string(), |f| f.display().to_string()),
+            match &existing.source {
+                crate::crypto::KeySource::Env(v) => format!("--key-env {v}"),
+                other => other.file().map_or_else(
+                    || other.to_string(),
+                    |f| format!("--key-file {}", f.display()),
+                ),
+            },
         ),
         crate::error::ErrorKind::Conflict.exit_code(),
     ))
