@@ -1036,3 +1036,124 @@ fn a_configured_default_stores_key_is_never_rotated_around_the_streams() {
     drop(daemon);
     println!("[stores.default] elsewhere: offline rotate and prune refused, the stream reads");
 }
+
+/// Key files given explicitly (`--key-file`, `--key-env`) after the fifth independent attack:
+/// a stale claim is never taken over (the copy of a moved original rotated and pruned the
+/// original's key), the key file older versions shared is never rotated (data dirs not opened
+/// since sealed), a key file in hive's layout belongs to hive's store whatever `HIVE_HOME`
+/// says, and `init` names an existing key in a variable the way it can be given.
+#[test]
+fn explicit_key_files_never_rotate_around_their_owners() {
+    let env = TempHome::new();
+    let cli = |args: &[&str], stdin: &[u8]| {
+        let mut c = env.cmd();
+        c.args(args);
+        run(c, stdin)
+    };
+    let cp_a = |from: &Path, to: &Path| {
+        let st = std::process::Command::new("cp")
+            .arg("-a")
+            .arg(from)
+            .arg(to)
+            .status()
+            .unwrap();
+        assert!(st.success());
+    };
+    let p = |p: &Path| p.to_str().unwrap().to_owned();
+    // A moved owner of an explicit key file, and a copy of it.
+    let k = env.root.join("k.key");
+    keys::write_key_file(&k, &holdfast::crypto::generate_key(), &Faults::none()).unwrap();
+    let (a, b, a2) = (env.root.join("a"), env.root.join("b"), env.root.join("a2"));
+    let with = |dir: &Path, rest: &[&str]| -> Vec<String> {
+        let mut v = vec![
+            "--store-dir".to_string(),
+            p(dir),
+            "--key-file".into(),
+            p(&k),
+        ];
+        v.extend(rest.iter().map(|s| s.to_string()));
+        v
+    };
+    fn args(v: &[String]) -> Vec<&str> {
+        v.iter().map(String::as_str).collect()
+    }
+    ok(cli(&args(&with(&a, &["init"])), b""));
+    ok(cli(&args(&with(&a, &["cred", "set", "x"])), b"xv\n"));
+    cp_a(&a, &b);
+    fs::rename(&a, &a2).unwrap();
+    for op in ["rotate", "prune"] {
+        let o = code(cli(&args(&with(&b, &["key", op])), b""), 10);
+        assert!(o.stderr.contains("moved, restored or deleted"), "{op}: {o}");
+    }
+    assert_eq!(
+        ok(cli(&args(&with(&b, &["cred", "get", "x"])), b"")).stdout,
+        "xv\n"
+    );
+    ok(cli(&args(&with(&a2, &["key", "rotate"])), b""));
+    assert_eq!(
+        ok(cli(&args(&with(&a2, &["cred", "get", "x"])), b"")).stdout,
+        "xv\n"
+    );
+    // The key file older versions shared.
+    let shared = env.home.join("config/holdfast/keys/default.key");
+    keys::write_key_file(&shared, &holdfast::crypto::generate_key(), &Faults::none()).unwrap();
+    let shared_bytes = fs::read(&shared).unwrap();
+    let y = env.root.join("y");
+    let ys = ["--store-dir", &p(&y), "--key-file", &p(&shared)].map(str::to_owned);
+    let with_y = |rest: &[&str]| {
+        let mut v = ys.to_vec();
+        v.extend(rest.iter().map(|s| s.to_string()));
+        v
+    };
+    ok(cli(&args(&with_y(&["init"])), b""));
+    for op in ["rotate", "prune"] {
+        let o = code(cli(&args(&with_y(&["key", op])), b""), 10);
+        assert!(
+            o.stderr.contains("older holdfast versions shared"),
+            "{op}: {o}"
+        );
+    }
+    assert_eq!(fs::read(&shared).unwrap(), shared_bytes);
+    // hive's layout under another HIVE_HOME than holdfast's.
+    let hh = env.root.join("hh");
+    let hkey = hh.join("secrets/credential_key");
+    keys::write_key_file(&hkey, &holdfast::crypto::generate_key(), &Faults::none()).unwrap();
+    let hive_bytes = fs::read(&hkey).unwrap();
+    let hs = |dir: &Path, rest: &[&str]| {
+        let mut v = vec![
+            "--store-dir".to_string(),
+            p(dir),
+            "--key-file".into(),
+            p(&hkey),
+        ];
+        v.extend(rest.iter().map(|s| s.to_string()));
+        v
+    };
+    let creds = hh.join("credentials");
+    ok(cli(&args(&hs(&creds, &["init"])), b""));
+    ok(cli(&args(&hs(&creds, &["cred", "set", "h"])), b"hv\n"));
+    let copy = env.root.join("hcopy");
+    cp_a(&creds, &copy);
+    let o = code(cli(&args(&hs(&copy, &["key", "rotate"])), b""), 10);
+    assert!(o.stderr.contains("hh/credentials"), "{o}");
+    assert_eq!(fs::read(&hkey).unwrap(), hive_bytes);
+    // A key in a variable: init names it as --key-env, and takes it when so named.
+    let var_key = String::from_utf8(hive_bytes.clone()).unwrap();
+    let n = env.root.join("n");
+    let mut c = env.cmd();
+    c.env("HIVE_CREDENTIAL_KEY", var_key.trim())
+        .args(["--store-dir", &p(&n), "init"]);
+    let o = code(run(c, b""), 4);
+    assert!(o.stderr.contains("--key-env HIVE_CREDENTIAL_KEY"), "{o}");
+    let mut c = env.cmd();
+    c.env("HIVE_CREDENTIAL_KEY", var_key.trim()).args([
+        "--store-dir",
+        &p(&n),
+        "--key-env",
+        "HIVE_CREDENTIAL_KEY",
+        "init",
+    ]);
+    let o = ok(run(c, b""));
+    assert!(o.stdout.contains("with the key you gave"), "{o}");
+    println!("explicit keys: a moved owner's copy, the old shared key and hive's key under another HIVE_HOME are refused rotate/prune; init takes a key in a variable named with --key-env");
+}
