@@ -1166,3 +1166,50 @@ fn a_cut_of_the_newest_records_under_the_daemon_is_recorded_and_no_number_reused
     assert_eq!(v.code, 6, "{v}");
     println!("newest 2 records cut under the daemon: recorded ({}), numbering on without reuse, verify exit 6", brk["detail"]["why"]);
 }
+
+/// The same cut, refilled by another writer before the daemon's next append (offline CLIs
+/// numbering on from what was left): the numbers look whole, but the daemon's last record is
+/// not where it wrote it — caught by its hash (a fifth independent attack's refill went
+/// unnoticed when only numbers were compared).
+#[test]
+fn a_cut_refilled_by_another_writer_is_caught_by_the_daemons_last_hash() {
+    let mut env = DaemonEnv::new("");
+    let daemon = env.start();
+    let mut c = Conn::open(&daemon.socket);
+    for i in 0..4 {
+        c.ok("cred.set", json!({"id": format!("c{i}"), "value": "v"}));
+    }
+    let seg = fs::read_dir(env.data_dir.join("audit"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            let n = p.file_name().unwrap().to_string_lossy().into_owned();
+            n.starts_with("audit-") && n.ends_with(".jsonl")
+        })
+        .max()
+        .unwrap();
+    let text = fs::read_to_string(&seg).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    fs::write(&seg, lines[..lines.len() - 2].join("\n") + "\n").unwrap();
+    for id in ["r1", "r2"] {
+        let o = run(env.holdfast(&["--offline", "cred", "set", id]), b"v\n");
+        assert_eq!(o.code, 0, "{o}");
+    }
+    c.ok("cred.set", json!({"id": "after", "value": "v"}));
+    daemon.stop();
+    let recs = records(&env);
+    let brk = recs
+        .iter()
+        .find(|r| s(r, "op") == "audit.break")
+        .unwrap_or_else(|| panic!("no audit.break: {recs:#?}"));
+    assert!(
+        brk["detail"]["why"].as_str().unwrap().contains("is gone"),
+        "{brk}"
+    );
+    assert_eq!(verify(&env).code, 6);
+    println!(
+        "a cut refilled by offline CLIs: caught ({})",
+        brk["detail"]["why"]
+    );
+}

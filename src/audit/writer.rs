@@ -185,34 +185,46 @@ impl Writer {
     /// used twice. (`verify` then reports the break; without a writer that saw the cut, only
     /// an anchor kept elsewhere shows it.)
     fn find_head(&mut self, cx: &Ctx<'_>, pre: &mut Vec<Record>) -> Result<(), AuditError> {
+        // What this process last wrote: where its last record ended, its number and hash.
         let had = match &self.active {
             Some(a) => {
                 let st = a.file.stat().map_err(io_err)?;
                 if st.nlink > 0 && st.len == a.len {
                     return Ok(());
                 }
-                Some(a.head_seq)
+                Some((a.name.clone(), a.len, a.head_seq, a.head_hash))
             }
             None => None,
         };
         self.active = None;
         self.read_head(cx, pre)?;
-        if let (Some(had), Some(a)) = (had, self.active.as_mut()) {
-            if a.head_seq < had {
-                tracing::error!(
-                    found = a.head_seq,
-                    written = had,
-                    "the newest records of the audit log were removed behind the daemon's back: recorded as an audit.break"
-                );
-                pre.push(Record::new("audit.break", OK, audit_who()).detail(json!({
-                    "why": format!(
-                        "records {} to {}, written by this process, are gone from the end of the log: they were cut; numbering goes on after {had}",
-                        a.head_seq + 1,
-                        had
-                    ),
-                })));
-                a.head_seq = had;
-            }
+        let (Some((name, end, seq, hash)), Some(a)) = (had, self.active.as_mut()) else {
+            return Ok(());
+        };
+        // Its last record must still be there: numbered below the head, and, in the same
+        // segment, still ending where it did with its hash (others only append after it). A
+        // cut refilled by other writers to the same numbers is caught by the hash.
+        let gone = a.head_seq < seq
+            || (a.name == name
+                && (a.len < end
+                    || !matches!(
+                        segments::tail_of(end, |at, buf| a.file.read_at(at, buf).map_err(|e| e.source)),
+                        Ok(Tail::Line { line, .. })
+                            if check_line(&line).is_ok_and(|e| e.seq == seq && e.hash_bytes() == hash)
+                    )));
+        if gone {
+            tracing::error!(
+                found = a.head_seq,
+                written = seq,
+                "the newest records of the audit log were removed or replaced behind the daemon's back: recorded as an audit.break"
+            );
+            pre.push(Record::new("audit.break", OK, audit_who()).detail(json!({
+                "why": format!(
+                    "record {seq}, the last this process wrote, is gone from the end of the log (cut, or replaced by other records); numbering goes on after {}",
+                    a.head_seq.max(seq)
+                ),
+            })));
+            a.head_seq = a.head_seq.max(seq);
         }
         Ok(())
     }
