@@ -1213,3 +1213,29 @@ fn a_cut_refilled_by_another_writer_is_caught_by_the_daemons_last_hash() {
         brk["detail"]["why"]
     );
 }
+
+/// A `cred set` too large to store, refused by the CLI before it reaches the daemon, is
+/// recorded as the store records it when it refuses itself offline (`cred.set`,
+/// `invalid_params`): a fifth independent attack found only the CLI's preceding read recorded.
+#[test]
+fn a_set_the_cli_refuses_before_the_daemon_is_recorded() {
+    let mut env = DaemonEnv::new("");
+    let daemon = env.start();
+    let mut value = "w".repeat(900_000);
+    value.push('\n');
+    let o = run(env.holdfast(&["cred", "set", "big"]), value.as_bytes());
+    assert_eq!(o.code, 2, "{o}");
+    assert!(!o.stderr.contains("(offline)"), "{o}");
+    daemon.stop();
+    let recs = ops(&records(&env));
+    let r = recs
+        .iter()
+        .find(|r| s(r, "op") == "cred.set")
+        .unwrap_or_else(|| panic!("no cred.set record: {recs:#?}"));
+    assert_eq!(
+        (s(r, "id"), s(r, "result"), s(r, "via")),
+        ("big", "invalid_params", "cli"),
+        "{r}"
+    );
+    println!("a set refused by the CLI before the daemon: recorded {r}");
+}

@@ -341,6 +341,17 @@ impl Recorder {
         }
     }
 
+    /// Record a call refused before any store was touched (a failure to record it is said on
+    /// stderr: nothing was done either way).
+    pub(super) fn refused(&self, op: &'static str, id: Option<&str>, result: &'static str) {
+        if let Err(e) = self.log.record(self.record(op, id, result), true) {
+            let _ = writeln!(
+                std::io::stderr(),
+                "holdfast: warning: a refused call could not be recorded in the audit log: {e}"
+            );
+        }
+    }
+
     /// Record that a change begins (durably): an error means it must not be made.
     pub(super) fn begin(&self, op: &'static str, id: Option<&str>) -> CliResult<u64> {
         self.log

@@ -21,6 +21,8 @@ pub enum Backend {
         client: Box<Client>,
         /// Store name.
         store: String,
+        /// What the CLI refuses itself before a call reaches the daemon is recorded here.
+        audit: Option<super::audit::Recorder>,
     },
     /// Directly, each operation recorded in the audit log (unless it is turned off).
     Local {
@@ -49,6 +51,7 @@ impl Backend {
             Some(client) => Ok(Backend::Daemon {
                 client: Box::new(client),
                 store: g.store.clone(),
+                audit: super::audit::Recorder::open(g, &g.store)?,
             }),
             None => {
                 let config = g.store_config()?;
@@ -67,7 +70,7 @@ impl Backend {
 
     fn call(&mut self, method: &str, mut params: Value) -> CliResult<Value> {
         match self {
-            Backend::Daemon { client, store } => {
+            Backend::Daemon { client, store, .. } => {
                 params["store"] = store.as_str().into();
                 Ok(client.call(method, params)?)
             }
@@ -102,7 +105,9 @@ impl Backend {
                 store.set(cred, if_generation)
             });
         }
-        too_large(&cred)?;
+        if let Backend::Daemon { audit, .. } = self {
+            too_large(&cred, audit.as_ref())?;
+        }
         let mut params = json!({"credential": cred.expose_json()});
         // `Client::call` zeroizes the params it is given and its own buffers.
         if let Some(g) = if_generation {
@@ -119,12 +124,17 @@ impl Backend {
         cred: Credential,
         if_generation: Option<u64>,
     ) -> Result<u64, crate::client::ClientError> {
-        let Backend::Daemon { client, store } = self else {
+        let Backend::Daemon {
+            client,
+            store,
+            audit,
+        } = self
+        else {
             return Err(crate::client::ClientError::Protocol(
                 "internal: daemon call on a local store".into(),
             ));
         };
-        too_large(&cred).map_err(|e| crate::client::ClientError::Rpc {
+        too_large(&cred, audit.as_ref()).map_err(|e| crate::client::ClientError::Rpc {
             code: crate::api::codes::INVALID_PARAMS,
             kind: crate::error::ErrorKind::InvalidParams,
             data: json!({"kind": "invalid_params"}),
@@ -323,11 +333,19 @@ fn change<T>(
 /// store gets the store's message ("too large to store … nothing was written"), not the
 /// protocol's about an overlong request line (a value of control characters, escaped six-fold
 /// in JSON, reached that first).
-fn too_large(cred: &Credential) -> CliResult {
+/// The refusal is recorded in the audit log, as the store records it when it refuses itself.
+fn too_large(cred: &Credential, audit: Option<&super::audit::Recorder>) -> CliResult {
     let limit = crate::limits::MAX_CREDENTIAL_FILE_BYTES;
     let bytes = crate::crypto::token_len(cred.to_bytes().len()) as u64;
     if bytes <= limit {
         return Ok(());
+    }
+    if let Some(a) = audit {
+        a.refused(
+            "cred.set",
+            Some(cred.id()),
+            crate::error::ErrorKind::InvalidParams.as_str(),
+        );
     }
     Err(crate::store::Error::ValueTooLarge {
         id: cred.id().to_owned(),
