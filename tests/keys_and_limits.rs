@@ -1157,3 +1157,22 @@ fn explicit_key_files_never_rotate_around_their_owners() {
     assert!(o.stdout.contains("with the key you gave"), "{o}");
     println!("explicit keys: a moved owner's copy, the old shared key and hive's key under another HIVE_HOME are refused rotate/prune; init takes a key in a variable named with --key-env");
 }
+
+/// `--data-dir` naming the daemon's data dir through a symlink is the daemon's data dir: the
+/// CLI goes through the daemon, not around it (it went around, and its open reported the
+/// daemon's pending work as problems).
+#[test]
+fn a_data_dir_named_through_a_link_goes_through_the_daemon() {
+    let mut env = DaemonEnv::new("");
+    let link = env.root.join("data-link");
+    std::os::unix::fs::symlink(&env.data_dir, &link).unwrap();
+    let daemon = env.start();
+    let set = run(
+        env.holdfast(&["--data-dir", link.to_str().unwrap(), "cred", "set", "l"]),
+        b"v\n",
+    );
+    assert_eq!(set.code, 0, "{set}");
+    assert!(!set.stderr.contains("(offline)"), "{set}");
+    drop(daemon);
+    println!("a data dir named through a link: served by the daemon");
+}

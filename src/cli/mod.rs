@@ -364,7 +364,9 @@ impl Global {
             .hello
             .get("data_dir")
             .and_then(serde_json::Value::as_str);
-        if theirs.map(std::path::Path::new) != Some(ours.as_path()) {
+        // One directory however it is named (a symlink to the daemon's data dir is its).
+        let canon = |p: &std::path::Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
+        if theirs.map(|t| canon(std::path::Path::new(t))) != Some(canon(&ours)) {
             offline_note(&format!(
                 "the daemon on {} serves data dir {}, not {}",
                 socket.display(),
