@@ -93,6 +93,15 @@ pub enum IdentityError {
         #[source]
         source: std::io::Error,
     },
+    /// Something other than a file is where the identity belongs (a symlink, a FIFO, a
+    /// directory): never followed or read.
+    #[error("store identity {}: {what} where holdfast keeps a file; it never follows a link or reads a special file under its data directory (fix: put the identity file back)", path.display())]
+    NotAFile {
+        /// The path.
+        path: PathBuf,
+        /// What is there.
+        what: &'static str,
+    },
     /// It exists but does not hold an identity.
     #[error("store identity {} is damaged (expected {{\"format\": 1, \"id\": <16 hex digits>}}); restore it from a backup: it names this store's key file", path.display())]
     Damaged {
@@ -118,6 +127,21 @@ pub fn read(base: &Path) -> Result<Option<StoreId>, IdentityError> {
 /// [`read`], with where the identity says the store was.
 pub fn read_full(base: &Path) -> Result<Option<Identity>, IdentityError> {
     let path = identity_path(base);
+    if let Ok(m) = std::fs::symlink_metadata(&path) {
+        let t = m.file_type();
+        let what = if t.is_symlink() {
+            Some("a symbolic link")
+        } else if t.is_dir() {
+            Some("a directory")
+        } else if !t.is_file() {
+            Some("a special file")
+        } else {
+            None
+        };
+        if let Some(what) = what {
+            return Err(IdentityError::NotAFile { path, what });
+        }
+    }
     let bytes = match durable::read_capped(&path, MAX_IDENTITY_BYTES) {
         Ok(Some(b)) => b,
         Ok(None) => return Ok(None),
@@ -309,6 +333,11 @@ mod tests {
         }
         std::fs::remove_file(identity_path(d.path())).unwrap();
         std::os::unix::fs::symlink("/etc/hostname", identity_path(d.path())).unwrap();
-        assert!(matches!(read(d.path()), Err(IdentityError::Read { .. })));
+        let e = read(d.path()).unwrap_err();
+        assert!(e.to_string().contains("a symbolic link"), "{e}");
+        std::fs::remove_file(identity_path(d.path())).unwrap();
+        std::fs::create_dir(identity_path(d.path())).unwrap();
+        let e = read(d.path()).unwrap_err();
+        assert!(e.to_string().contains("a directory"), "{e}");
     }
 }

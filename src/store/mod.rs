@@ -291,6 +291,7 @@ impl Error {
             Error::Key(KeyError::Malformed { .. }) => ErrorKind::Sealed,
             Error::Key(_) => ErrorKind::Storage,
             Error::Identity(identity::IdentityError::Damaged { .. }) => ErrorKind::Integrity,
+            Error::Identity(identity::IdentityError::NotAFile { .. }) => ErrorKind::Forbidden,
             Error::Identity(identity::IdentityError::Read { source, .. })
                 if source.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) =>
             {
