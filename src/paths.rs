@@ -84,12 +84,26 @@ pub fn default_socket() -> PathBuf {
     }
 }
 
-/// hive's home: `$HIVE_HOME`, else `~/.hive`.
+/// hive's home: `$HIVE_HOME`, else `~/.hive` — read as hive reads it
+/// (`Path(os.environ["HIVE_HOME"]).expanduser()`): a leading `~` is the home directory, and a
+/// relative path is relative to the working directory (holdfast makes it absolute). An
+/// independent tester's `HIVE_HOME='~/hh'` made holdfast open `~/.hive` while hive used
+/// `~/hh`.
 pub fn hive_home() -> Result<PathBuf, PathError> {
-    match env_path("HIVE_HOME") {
-        Some(p) => Ok(p),
-        None => Ok(home()?.join(".hive")),
+    let Some(raw) = std::env::var_os("HIVE_HOME").filter(|v| !v.is_empty()) else {
+        return Ok(home()?.join(".hive"));
+    };
+    let raw = PathBuf::from(raw);
+    let expanded = match raw.strip_prefix("~") {
+        Ok(rest) => home()?.join(rest),
+        Err(_) => raw,
+    };
+    if expanded.is_absolute() {
+        return Ok(expanded);
     }
+    std::env::current_dir()
+        .map(|d| d.join(&expanded))
+        .map_err(|_| PathError::NoHome)
 }
 
 /// hive's credential store: `$HIVE_HOME/credentials` (`~/.hive/credentials`).

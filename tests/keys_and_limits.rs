@@ -1176,3 +1176,17 @@ fn a_data_dir_named_through_a_link_goes_through_the_daemon() {
     drop(daemon);
     println!("a data dir named through a link: served by the daemon");
 }
+
+/// `HIVE_HOME` is read as hive reads it (`Path(HIVE_HOME).expanduser()`): `~/hh` is the home
+/// directory's `hh` for holdfast too (it opened `~/.hive` while hive used `~/hh`).
+#[test]
+fn hive_home_is_expanded_as_hive_expands_it() {
+    let env = TempHome::new();
+    let mut c = env.cmd();
+    c.env("HIVE_HOME", "~/hh").args(["--hive", "init"]);
+    let o = ok(run(c, b""));
+    assert!(env.home.join("hh/credentials").is_dir(), "{o}");
+    assert!(env.home.join("hh/secrets/credential_key").is_file(), "{o}");
+    assert!(!env.home.join(".hive").exists(), "{o}");
+    println!("HIVE_HOME=~/hh: hive's store and key under ~/hh");
+}
