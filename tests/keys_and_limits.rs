@@ -1137,6 +1137,42 @@ fn explicit_key_files_never_rotate_around_their_owners() {
     let o = code(cli(&args(&hs(&copy, &["key", "rotate"])), b""), 10);
     assert!(o.stderr.contains("hh/credentials"), "{o}");
     assert_eq!(fs::read(&hkey).unwrap(), hive_bytes);
+    // Not false refusals (a sixth attack): a key `init` made in holdfast's keys directory
+    // under a store-like name is that store's to rotate and prune; a key in hive's layout with
+    // no hive store beside it (hive's store kept elsewhere) is its user's.
+    let own = env.home.join("config/holdfast/keys/proj.key");
+    let proj = env.root.join("proj");
+    let pj = ["--store-dir", &p(&proj), "--key-file", &p(&own)].map(str::to_owned);
+    let with_pj = |rest: &[&str]| {
+        let mut v = pj.to_vec();
+        v.extend(rest.iter().map(|s| s.to_string()));
+        v
+    };
+    let o = ok(cli(&args(&with_pj(&["init"])), b""));
+    assert!(o.stdout.contains("created store"), "{o}");
+    ok(cli(&args(&with_pj(&["cred", "set", "a"])), b"av\n"));
+    ok(cli(&args(&with_pj(&["key", "rotate"])), b""));
+    ok(cli(&args(&with_pj(&["key", "prune"])), b""));
+    assert_eq!(
+        ok(cli(&args(&with_pj(&["cred", "get", "a"])), b"")).stdout,
+        "av\n"
+    );
+    let lone = env.root.join("lonehive/secrets/credential_key");
+    keys::write_key_file(&lone, &holdfast::crypto::generate_key(), &Faults::none()).unwrap();
+    let elsewhere = env.root.join("agentcreds");
+    let le = ["--store-dir", &p(&elsewhere), "--key-file", &p(&lone)].map(str::to_owned);
+    let with_le = |rest: &[&str]| {
+        let mut v = le.to_vec();
+        v.extend(rest.iter().map(|s| s.to_string()));
+        v
+    };
+    ok(cli(&args(&with_le(&["init"])), b""));
+    ok(cli(&args(&with_le(&["cred", "set", "a1"])), b"v1\n"));
+    ok(cli(&args(&with_le(&["key", "rotate"])), b""));
+    assert_eq!(
+        ok(cli(&args(&with_le(&["cred", "get", "a1"])), b"")).stdout,
+        "v1\n"
+    );
     // A key in a variable: init names it as --key-env, and takes it when so named.
     let var_key = String::from_utf8(hive_bytes.clone()).unwrap();
     let n = env.root.join("n");

@@ -99,6 +99,8 @@ fn read(key_file: &Path) -> Option<ClaimDoc> {
 /// The path as given is looked at first, then the file it resolves to (a key file linked from
 /// elsewhere into hive's layout, or the other way round).
 pub fn hive_owner(key_file: &Path) -> Option<PathBuf> {
+    // Only where hive's store is there beside it: hive's store kept elsewhere (`import
+    // --from-hive DIR`) is known by the claim its first writer made, like any key file.
     let in_layout = |key: &Path| -> Option<PathBuf> {
         if key.file_name()? != "credential_key" {
             return None;
@@ -107,15 +109,17 @@ pub fn hive_owner(key_file: &Path) -> Option<PathBuf> {
         if secrets.file_name()? != "secrets" {
             return None;
         }
-        Some(canonical(&secrets.parent()?.join("credentials")))
+        let store = secrets.parent()?.join("credentials");
+        store.is_dir().then(|| canonical(&store))
     };
     in_layout(key_file).or_else(|| in_layout(&canonical(key_file)))
 }
 
-/// Whether `key_file` is the key file older holdfast versions shared between every data dir's
-/// store of one name (`<holdfast keys dir>/<store>.key`, no store id in the name). Stores that
-/// still read it take their own copy on their first write; nothing may rotate or prune it, as
-/// any data dir not yet opened since still needs it as it is.
+/// Whether `key_file` is named like the key file older holdfast versions shared between every
+/// data dir's store of one name (`<holdfast keys dir>/<store>.key`, no store id in the name).
+/// Stores that still read one take their own copy on their first write, and no write claims
+/// one (`keyring.rs`): only a store `init` made it for holds its claim, and only that store
+/// may rotate or prune it — any data dir not opened since still needs an old one as it is.
 pub fn is_old_shared_key(key_file: &Path) -> bool {
     let Ok(keys) = crate::paths::keys_dir() else {
         return false;

@@ -181,7 +181,8 @@ impl CredentialStore {
         // prune would remove keys they need, and a rotation would change the primary key the
         // owner reads (hive, reading no archive, could no longer open its own files).
         let verb = if opts.new_key { "rotate" } else { "prune" };
-        if super::claim::is_old_shared_key(&key_file) {
+        let owner = super::claim::owner(&key_file, &self.config().base);
+        if super::claim::is_old_shared_key(&key_file) && owner != super::claim::Owner::Us {
             return Err(Error::Unsupported(format!(
                 "the key file {} is the one older holdfast versions shared between every data \
                  dir's store of this name: data dirs not opened since still need it as it is, so \
@@ -190,7 +191,6 @@ impl CredentialStore {
                 key_file.display()
             )));
         }
-        let owner = super::claim::owner(&key_file, &self.config().base);
         if let super::claim::Owner::Stale(was) = &owner {
             return Err(Error::Unsupported(format!(
                 "the key file {} belongs to the store that was at {} (moved, restored or deleted \

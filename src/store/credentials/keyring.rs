@@ -129,7 +129,15 @@ impl CredentialStore {
         let base = &self.config.base;
         let _guard = lock::lock(&self.lock_path, LockMode::Exclusive, self.opts.lock_timeout)?;
         let (other, live) = match claim::owner(&key_file, base) {
-            claim::Owner::Us | claim::Owner::Nobody => {
+            // The owner, maybe moved: the claim records where it is now.
+            claim::Owner::Us => {
+                claim::claim(&key_file, base, self.faults()).map_err(|e| self.io_failed(e))?;
+                return Ok(None);
+            }
+            // A file named like the key older versions shared is claimed only by the `init`
+            // that made it: using it proves nothing about who else needs it.
+            claim::Owner::Nobody if claim::is_old_shared_key(&key_file) => return Ok(None),
+            claim::Owner::Nobody => {
                 claim::claim(&key_file, base, self.faults()).map_err(|e| self.io_failed(e))?;
                 return Ok(None);
             }
