@@ -1226,3 +1226,57 @@ fn hive_home_is_expanded_as_hive_expands_it() {
     assert!(!env.home.join(".hive").exists(), "{o}");
     println!("HIVE_HOME=~/hh: hive's store and key under ~/hh");
 }
+
+/// Two data dirs sharing one default store (`[stores.default]` in their one config): a prune
+/// from one keeps the archive while the other's streams, sealed with that key, hold data — a
+/// sixth independent attack's prune in data dir A left B's checkpoint undecryptable and B's
+/// run gone. A rotation is fine (the old key stays archived).
+#[test]
+fn a_default_store_shared_by_two_data_dirs_is_never_pruned_around_the_others_streams() {
+    use common::{Conn, DaemonOpts};
+    use serde_json::json;
+    let mut env = DaemonEnv::new("[stores.default]\npath = \"~/shared\"\n");
+    if env.on_postgres() {
+        println!("streams on PostgreSQL are not sealed with the store's key: skipped");
+        return;
+    }
+    let b = env.root.join("data-b");
+    let in_b = DaemonOpts {
+        args: vec!["--data-dir".into(), b.to_str().unwrap().into()],
+        ..DaemonOpts::default()
+    };
+    let d = env.start_with(&in_b);
+    let mut c = Conn::open(&d.socket);
+    let begun = c.ok("stream.begin", json!({"run_id": "rb"}));
+    c.ok(
+        "stream.append",
+        json!({"run_id": "rb", "stream_id": begun["stream_id"], "seq": 1,
+               "events": [{"type": "text", "text": "B-text"}]}),
+    );
+    c.ok(
+        "checkpoint.put",
+        json!({"run_id": "rb", "snapshot": {"partial_text": "B-text"}}),
+    );
+    drop(c);
+    d.stop();
+    let d = env.start();
+    let mut c = Conn::open(&d.socket);
+    c.ok("admin.rotate_key", json!({}));
+    let e = c.err("admin.prune_keys", json!({}));
+    assert_eq!(e["data"]["kind"], "unsupported", "{e}");
+    assert!(e["message"].as_str().unwrap().contains("data-b"), "{e}");
+    drop(c);
+    d.stop();
+    let o = run(env.holdfast(&["key", "prune"]), b"");
+    assert_eq!(o.code, 10, "{o}");
+    assert!(o.stderr.contains("data-b"), "{o}");
+    let d = env.start_with(&in_b);
+    let mut c = Conn::open(&d.socket);
+    let ck = c.ok("checkpoint.get", json!({"run_id": "rb"}));
+    assert_eq!(ck["partial_text"], "B-text", "{ck}");
+    let g = c.ok("stream.get", json!({"run_id": "rb"}));
+    assert_eq!(g["text_chars"], 6, "{g}");
+    drop(c);
+    d.stop();
+    println!("a default store shared by two data dirs: A rotated, its prunes (daemon and offline) refused naming B; B's run and checkpoint read");
+}

@@ -58,6 +58,23 @@ pub fn run(g: &Global, args: &KeyArgs) -> CliResult {
             prune: true,
         },
     };
+    if opts.prune {
+        let others =
+            crate::streams::other_sealed_data_dirs(&g.store_config()?.base, &g.data_dir()?);
+        if !others.is_empty() {
+            return Err(CliError::with_code(
+                format!(
+                    "the archived keys are kept: this store's key also seals the streams of {} (a data dir sharing this default store), which may need them; only a daemon there can re-seal them. Prune when those streams are gone, or give each data dir a default store of its own",
+                    others
+                        .iter()
+                        .map(|d| d.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                crate::error::ErrorKind::Unsupported.exit_code(),
+            ));
+        }
+    }
     let mut store = Backend::open(g, OpenMode::Repair)?;
     let tty = std::io::stderr().is_terminal() && !g.json;
     let streams_dir = seals_streams_of(g)?;

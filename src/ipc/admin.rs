@@ -61,6 +61,9 @@ async fn rotate_key(
     // The default store's key also seals the streams: re-seal them under the new key
     // before the old one is forgotten.
     let seals_streams = name == crate::service::STREAMS_KEY_STORE;
+    if opts.prune && seals_streams {
+        refuse_prune_for_others(&store.config().base, daemon.data_dir())?;
+    }
     let d = Arc::clone(daemon);
     let report = blocking(move || {
         store.rotate_key_with(
@@ -83,6 +86,29 @@ async fn rotate_key(
     let mut v = serde_json::to_value(&report).unwrap_or_default();
     v["store"] = name.into();
     Ok(v)
+}
+
+/// A prune of the default store's key while another data dir sharing that store holds streams
+/// sealed with it: refused (the keys stay), since only that data dir's daemon can re-seal them.
+pub fn refuse_prune_for_others(
+    store_base: &std::path::Path,
+    data_dir: &std::path::Path,
+) -> Result<(), RpcError> {
+    let others = crate::streams::other_sealed_data_dirs(store_base, data_dir);
+    if others.is_empty() {
+        return Ok(());
+    }
+    Err(RpcError::new(
+        crate::error::ErrorKind::Unsupported,
+        format!(
+            "the archived keys are kept: this store's key also seals the streams of {} (a data dir sharing this default store), which may need them; only a daemon there can re-seal them. Prune when those streams are gone, or give each data dir a default store of its own",
+            others
+                .iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    ))
 }
 
 /// `admin.status`: only the stores `grant` covers.

@@ -69,6 +69,11 @@ impl Daemon {
             return Err(StreamError::KeySealed(Box::new(reason)));
         }
         let (streams_dir, runs_dir) = crate::streams::dirs(&self.data_dir);
+        // Which data dirs this store's key seals: several can share one default store.
+        if let Err(e) = crate::streams::register_sealed_data_dir(&slot.config.base, &self.data_dir)
+        {
+            tracing::warn!(error = %e, "cannot record this data dir's streams beside the default store (a prune from another data dir sharing that store would not know of them)");
+        }
         let streams = Streams::open(
             &streams_dir,
             &runs_dir,

@@ -751,6 +751,66 @@ pub fn has_data(data_dir: &Path) -> bool {
     nonempty(&streams, &|n| n.starts_with("journal-")) || nonempty(&runs, &|_| true)
 }
 
+/// The file in a store's `metadata/` naming, one per line, the data directories whose streams
+/// that store's key seals (each daemon adds its own when it opens its streams). Several data
+/// dirs can share one default store (`[stores.default]` in one config): a prune in one proves
+/// nothing about the others' streams.
+pub const SEALED_DATA_DIRS: &str = "holdfast-stream-data-dirs";
+
+fn canonical(p: &Path) -> PathBuf {
+    p.canonicalize().unwrap_or_else(|_| p.to_path_buf())
+}
+
+fn sealed_data_dirs(store_base: &Path) -> Vec<PathBuf> {
+    crate::durable::read_capped(&store_base.join("metadata").join(SEALED_DATA_DIRS), 1 << 20)
+        .ok()
+        .flatten()
+        .map(|b| {
+            String::from_utf8_lossy(&b)
+                .lines()
+                .filter(|l| !l.is_empty())
+                .map(PathBuf::from)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Record that `data_dir`'s streams are sealed with the key of the store at `store_base`
+/// (atomically; nothing if it is recorded already).
+pub fn register_sealed_data_dir(
+    store_base: &Path,
+    data_dir: &Path,
+) -> Result<(), crate::durable::IoError> {
+    let mut dirs = sealed_data_dirs(store_base);
+    let ours = canonical(data_dir);
+    if dirs.iter().any(|d| canonical(d) == ours) {
+        return Ok(());
+    }
+    dirs.push(ours);
+    let mut text = String::new();
+    for d in &dirs {
+        text.push_str(&d.to_string_lossy());
+        text.push('\n');
+    }
+    crate::durable::atomic_write(
+        &store_base.join("metadata"),
+        SEALED_DATA_DIRS,
+        text.as_bytes(),
+        &crate::durable::Faults::none(),
+    )
+    .map(|_| ())
+}
+
+/// The data directories other than `ours` whose streams the key of the store at `store_base`
+/// seals and that hold streams data: a prune of that key must keep its archive for them.
+pub fn other_sealed_data_dirs(store_base: &Path, ours: &Path) -> Vec<PathBuf> {
+    let ours = canonical(ours);
+    sealed_data_dirs(store_base)
+        .into_iter()
+        .filter(|d| canonical(d) != ours && has_data(d))
+        .collect()
+}
+
 /// Where a data directory keeps streams: (`streams/`, `runs/`).
 pub fn dirs(data_dir: &Path) -> (PathBuf, PathBuf) {
     (data_dir.join("streams"), data_dir.join("runs"))
