@@ -1239,3 +1239,66 @@ fn a_set_the_cli_refuses_before_the_daemon_is_recorded() {
     );
     println!("a set refused by the CLI before the daemon: recorded {r}");
 }
+
+/// Calls the CLI refuses itself before reaching a store or the daemon (a malformed id, input
+/// over the limit, a document that does not parse or names another id) are recorded as the
+/// daemon records the same refusals (`invalid_params`; a malformed id is not written into the
+/// log); a refusal the daemon made is not recorded twice (a sixth independent attack found the
+/// CLI's own refusals unrecorded).
+#[test]
+fn the_clis_own_refusals_are_recorded_once() {
+    let mut env = DaemonEnv::new("");
+    let big = vec![b'a'; 1_048_577];
+    let cases: [(&[&str], &[u8], &str); 4] = [
+        (&["cred", "get", "../x"], b"", "cred.get"),
+        (&["cred", "set", "big2"], &big, "cred.set"),
+        (
+            &["cred", "set", "--document", "c2"],
+            b"{\"id\":\"c3\"}",
+            "cred.set",
+        ),
+        (
+            &["cred", "set", "--document", "c4"],
+            b"not json",
+            "cred.set",
+        ),
+    ];
+    let daemon = env.start();
+    for offline in [true, false] {
+        for (args, stdin, _) in &cases {
+            let mut full = Vec::new();
+            if offline {
+                full.push("--offline");
+            }
+            full.extend_from_slice(args);
+            let o = run(env.holdfast(&full), stdin);
+            assert_eq!(o.code, 2, "{full:?}: {o}");
+        }
+    }
+    // Refused by the daemon (a time hive cannot read): recorded there, not by the CLI too.
+    let o = run(
+        env.holdfast(&["cred", "set", "--document", "t"]),
+        br#"{"id":"t","keys":{},"created_at":"yesterday"}"#,
+    );
+    assert_eq!(o.code, 2, "{o}");
+    daemon.stop();
+    let recs = ops(&records(&env));
+    let cli: Vec<(String, String)> = recs
+        .iter()
+        .filter(|r| s(r, "via") == "cli")
+        .map(|r| (s(r, "op").to_owned(), s(r, "result").to_owned()))
+        .collect();
+    let want: Vec<(String, String)> = cases
+        .iter()
+        .chain(cases.iter())
+        .map(|(_, _, op)| (op.to_string(), "invalid_params".to_string()))
+        .collect();
+    assert_eq!(cli, want);
+    assert!(
+        recs.iter().all(|r| r["id"].as_str() != Some("../x")),
+        "a malformed id was written into the log"
+    );
+    let t: Vec<&Value> = recs.iter().filter(|r| r["id"] == "t").collect();
+    assert!(t.iter().all(|r| s(r, "via") == "daemon"), "{t:?}");
+    println!("the CLI's own refusals: {} recorded (4 offline, 4 beside the daemon), the daemon's refusal once", cli.len());
+}

@@ -33,6 +33,11 @@ pub enum Backend {
     },
 }
 
+/// Whether this process has gone to a store or the daemon yet: a refusal before that is the
+/// CLI's own (recorded by `cred.rs`), one after it was recorded by the store or the daemon.
+pub(super) static REACHED: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
 fn from_json<T: serde::de::DeserializeOwned>(v: Value) -> CliResult<T> {
     serde_json::from_value(v)
         .map_err(|e| CliError::with_code(format!("unexpected answer from the daemon: {e}"), 1))
@@ -47,6 +52,7 @@ impl Backend {
     /// [`Backend::open`]; with `fix_permissions` false a store opened directly is only looked
     /// at: too-open permissions are reported, not tightened (`store fsck` without `--repair`).
     pub fn open_with(g: &Global, mode: OpenMode, fix_permissions: bool) -> CliResult<Self> {
+        REACHED.store(true, std::sync::atomic::Ordering::SeqCst);
         match g.daemon()? {
             Some(client) => Ok(Backend::Daemon {
                 client: Box::new(client),

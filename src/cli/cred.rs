@@ -67,8 +67,38 @@ pub enum CredCommand {
     },
 }
 
-/// Run a cred subcommand.
+/// Run a cred subcommand. A call the CLI refuses itself before it reaches a store or the
+/// daemon (a malformed id, input over the limit, a document that does not parse) is recorded
+/// in the audit log as the daemon records the same refusal (`invalid_params`).
 pub fn run(g: &Global, cmd: &CredCommand) -> CliResult {
+    let r = run_command(g, cmd);
+    if let Err(e) = &r {
+        let reached = super::backend::REACHED.load(std::sync::atomic::Ordering::SeqCst);
+        if e.code == ErrorKind::InvalidParams.exit_code() && !reached {
+            record_refusal(g, cmd);
+        }
+    }
+    r
+}
+
+fn record_refusal(g: &Global, cmd: &CredCommand) {
+    let (op, id) = match cmd {
+        CredCommand::Set { id, .. } => ("cred.set", Some(id)),
+        CredCommand::Get { id, .. } => ("cred.get", Some(id)),
+        CredCommand::Delete { id } => ("cred.delete", Some(id)),
+        CredCommand::Exists { id } => ("cred.exists", Some(id)),
+        CredCommand::List => ("cred.list", None),
+    };
+    let Ok(config) = g.store_config() else {
+        return;
+    };
+    if let Ok(Some(a)) = super::audit::Recorder::open(g, &config.name) {
+        let id = id.and_then(|i| i.to_str());
+        a.refused(op, id, ErrorKind::InvalidParams.as_str());
+    }
+}
+
+fn run_command(g: &Global, cmd: &CredCommand) -> CliResult {
     match cmd {
         CredCommand::Set {
             id,
@@ -87,8 +117,9 @@ pub fn run(g: &Global, cmd: &CredCommand) -> CliResult {
                     )));
                 }
             }
-            let mut store = Backend::open(g, OpenMode::Repair)?;
-            let generation = if *document {
+            // The input is read and checked before the store or the daemon is reached: a
+            // refusal here is the CLI's own (recorded as such, see `run`).
+            let whole = if *document {
                 let text = read_secret_input(None)?;
                 let value: Value = serde_json::from_str(text.expose())
                     .map_err(|e| CliError::usage(format!("stdin is not JSON: {e}")))?;
@@ -97,10 +128,16 @@ pub fn run(g: &Global, cmd: &CredCommand) -> CliResult {
                 if cred.id() != id {
                     return Err(CliError::usage("the document's \"id\" differs from ID"));
                 }
-                store.set(cred, *if_generation)?
+                Ok(cred)
             } else {
-                let secret = read_secret_input(Some(&format!("secret for {id} (key {key}): ")))?;
-                store.update(id, *if_generation, |existing| {
+                Err(read_secret_input(Some(&format!(
+                    "secret for {id} (key {key}): "
+                )))?)
+            };
+            let mut store = Backend::open(g, OpenMode::Repair)?;
+            let generation = match whole {
+                Ok(cred) => store.set(cred, *if_generation)?,
+                Err(secret) => store.update(id, *if_generation, |existing| {
                     let mut c = existing.unwrap_or_else(|| {
                         Credential::new(id, credential_type.as_deref().unwrap_or("api_key"))
                     });
@@ -113,7 +150,7 @@ pub fn run(g: &Global, cmd: &CredCommand) -> CliResult {
                     // A fresh copy per attempt: through the daemon, a lost race retries.
                     c.set_key(key, Secret::new(secret.expose().to_owned()));
                     c
-                })?
+                })?,
             };
             if g.json {
                 out_json(&json!({"id": id, "generation": generation}));
