@@ -1066,7 +1066,21 @@ fn a_symlink_at_the_audit_directory_is_refused_and_nothing_is_made_through_it() 
     daemon.stop();
     let made: Vec<_> = fs::read_dir(&outside).unwrap().flatten().collect();
     assert!(made.is_empty(), "created through the link: {made:?}");
-    println!("audit directory a symlink: 4 CLI commands and the daemon refused it, 0 files made through it");
+    // A directory where the space reserve belongs is said as such, not as a full disk.
+    fs::remove_file(&audit).unwrap();
+    fs::rename(env.root.join("audit.real"), &audit).unwrap();
+    let reserve = audit.join("reserve");
+    let _ = fs::remove_file(&reserve);
+    fs::create_dir(&reserve).unwrap();
+    let o = run(env.holdfast(&["--offline", "cred", "set", "a"]), b"w\n");
+    assert_eq!(o.code, 7, "{o}");
+    assert!(
+        o.stderr
+            .contains("is not a file where the audit log keeps its space reserve"),
+        "{o}"
+    );
+    assert!(!o.stderr.contains("disk is full"), "{o}");
+    println!("audit directory a symlink: 4 CLI commands and the daemon refused it, 0 files made through it; a directory at the reserve named as such");
 }
 
 /// A credential call whose params do not read (an unknown field, a wrong type) is refused

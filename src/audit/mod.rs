@@ -291,6 +291,14 @@ impl AuditLog {
         // refused directory is said as such, not as a full disk.)
         if rec.result == BEGUN && self.inner.settings.reserve_bytes > 0 {
             segments::check_dir(&self.inner.dir).map_err(|e| AuditError::Write(e.to_string()))?;
+            // Something other than a file at the reserve's name is not a full disk.
+            let reserve = self.inner.dir.join(segments::RESERVE_FILE);
+            if std::fs::symlink_metadata(&reserve).is_ok_and(|m| !m.is_file()) {
+                return Err(AuditError::Write(format!(
+                    "{} is not a file where the audit log keeps its space reserve; refusing to use it (fix: remove it; the log makes the reserve again)",
+                    reserve.display()
+                )));
+            }
         }
         if rec.result == BEGUN
             && self.inner.settings.reserve_bytes > 0
