@@ -179,7 +179,13 @@ impl CredentialStore {
                 // take the name: a crash before this leaves no marker naming content the file
                 // never had.
                 durable::WriteStep::BeforeRename => {
-                    markers::set_marker(&self.cred_dir, None, &new, self.faults())?;
+                    match old.as_deref().filter(|o| *o != new) {
+                        // Another name for the old marker's inode: no inode made or freed.
+                        Some(old) => {
+                            markers::link_marker(&self.cred_dir, old, &new, self.faults())?
+                        }
+                        None => markers::set_marker(&self.cred_dir, None, &new, self.faults())?,
+                    }
                     marked = true;
                     Ok(())
                 }
