@@ -1270,7 +1270,18 @@ fn a_default_store_shared_by_two_data_dirs_is_never_pruned_around_the_others_str
     let o = run(env.holdfast(&["key", "prune"]), b"");
     assert_eq!(o.code, 10, "{o}");
     assert!(o.stderr.contains("data-b"), "{o}");
-    let d = env.start_with(&in_b);
+    // B moved: still B's streams (a seventh attack's prune went through once B's recorded path
+    // was empty, and sealed the moved B).
+    let moved = env.root.join("data-b-moved");
+    fs::rename(&b, &moved).unwrap();
+    let o = run(env.holdfast(&["key", "prune"]), b"");
+    assert_eq!(o.code, 10, "{o}");
+    assert!(o.stderr.contains("remove its line"), "{o}");
+    let in_moved = DaemonOpts {
+        args: vec!["--data-dir".into(), moved.to_str().unwrap().into()],
+        ..DaemonOpts::default()
+    };
+    let d = env.start_with(&in_moved);
     let mut c = Conn::open(&d.socket);
     let ck = c.ok("checkpoint.get", json!({"run_id": "rb"}));
     assert_eq!(ck["partial_text"], "B-text", "{ck}");
@@ -1278,5 +1289,69 @@ fn a_default_store_shared_by_two_data_dirs_is_never_pruned_around_the_others_str
     assert_eq!(g["text_chars"], 6, "{g}");
     drop(c);
     d.stop();
-    println!("a default store shared by two data dirs: A rotated, its prunes (daemon and offline) refused naming B; B's run and checkpoint read");
+    println!("a default store shared by two data dirs: A rotated, its prunes (daemon and offline) refused naming B, also once B moved; B's run and checkpoint read");
+}
+
+/// A backup of the credentials directory copied back over it (`cp -a backup/. credentials/`)
+/// brings an older content's generation marker back beside the newer one. The generation
+/// must not go back to the old marker's: the restored content is a new state, above every
+/// marker, and a compare-and-swap against the old number is refused (a seventh independent
+/// attack saw 3 → 1 and a stale `if_generation 1` accepted).
+#[test]
+fn a_restored_old_marker_never_takes_a_generation_back() {
+    let env = TempHome::new();
+    let data = env.root.join("d");
+    ok(in_dir(&env, &data, &["init"], b""));
+    ok(in_dir(&env, &data, &["cred", "set", "c1"], b"one\n"));
+    let creds = store_base(&data).join("credentials");
+    let bak = env.root.join("bak");
+    let cp = |from: &Path, to: &Path| {
+        let st = std::process::Command::new("cp")
+            .arg("-a")
+            .arg(from)
+            .arg(to)
+            .status()
+            .unwrap();
+        assert!(st.success());
+    };
+    cp(&creds, &bak);
+    ok(in_dir(&env, &data, &["cred", "set", "c1"], b"two\n"));
+    ok(in_dir(&env, &data, &["cred", "set", "c1"], b"three\n"));
+    let gen = |o: &Out| json(o)["generation"].as_u64().unwrap();
+    let before = gen(&ok(in_dir(
+        &env,
+        &data,
+        &["--json", "cred", "get", "c1"],
+        b"",
+    )));
+    assert_eq!(before, 3);
+    // What `cp -a bak/. credentials/` does: the old file and its old marker back, the newer
+    // marker left in place.
+    let mut dot = bak.clone().into_os_string();
+    dot.push("/.");
+    cp(Path::new(&dot), &creds);
+    let o = ok(in_dir(&env, &data, &["--json", "cred", "get", "c1"], b""));
+    let restored = gen(&o);
+    assert!(
+        restored > before,
+        "the generation went back: {before} -> {restored}: {o}"
+    );
+    let o = code(
+        in_dir(
+            &env,
+            &data,
+            &["cred", "set", "c1", "--if-generation", "1"],
+            b"stale\n",
+        ),
+        4,
+    );
+    assert!(o.stderr.contains("generation"), "{o}");
+    let o = ok(in_dir(
+        &env,
+        &data,
+        &["--json", "cred", "set", "c1"],
+        b"four\n",
+    ));
+    assert!(gen(&o) > restored, "{o}");
+    println!("an old marker restored beside a newer one: generation {before} -> {restored}, a stale CAS refused");
 }

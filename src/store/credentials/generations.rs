@@ -228,8 +228,13 @@ impl CredentialStore {
             }
         }
         // Another holdfast process wrote it: a write names its marker after the document's
-        // generation.
-        if markers::marker_exists(&self.cred_dir, &marker_name(name, doc_gen, &hash)) {
+        // generation. Not below a higher marker of the same file, though: a marker of older
+        // content brought back beside the newer one (a backup copied over the directory, or
+        // planted) must not take the generation back — that content is then an unrecorded
+        // state, recorded above every marker (an independent tester's `cp -a backup/. dir/`
+        // answered generation 1 after 3 and accepted a stale compare-and-swap).
+        let higher = m.by_file.get(name).is_some_and(|mk| mk.gen > doc_gen);
+        if !higher && markers::marker_exists(&self.cred_dir, &marker_name(name, doc_gen, &hash)) {
             let marker = Marker {
                 gen: doc_gen,
                 hash,
