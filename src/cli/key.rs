@@ -64,12 +64,13 @@ pub fn run(g: &Global, args: &KeyArgs) -> CliResult {
         if !others.is_empty() {
             return Err(CliError::with_code(
                 format!(
-                    "the archived keys are kept: this store's key also seals the streams of {} (a data dir sharing this default store), which may need them; only a daemon there can re-seal them. Prune when those streams are gone, or give each data dir a default store of its own",
+                    "the archived keys are kept: this store's key also seals the streams of {} (a data dir sharing this default store), which may need them; only a daemon there can re-seal them. Prune when those streams are gone, or give each data dir a default store of its own (a data dir that no longer exists anywhere: remove its line from {})",
                     others
                         .iter()
                         .map(|d| d.display().to_string())
                         .collect::<Vec<_>>()
-                        .join(", ")
+                        .join(", "),
+                    crate::streams::sealed_data_dirs_file(&g.store_config()?.base).display()
                 ),
                 crate::error::ErrorKind::Unsupported.exit_code(),
             ));

@@ -802,13 +802,20 @@ pub fn register_sealed_data_dir(
 }
 
 /// The data directories other than `ours` whose streams the key of the store at `store_base`
-/// seals and that hold streams data: a prune of that key must keep its archive for them.
+/// seals and that hold streams data — or are no longer at their recorded path: moved (or
+/// restored elsewhere), they still need the key as much (an independent tester moved one and
+/// a prune from the other sealed it). A prune of that key must keep its archive for them.
 pub fn other_sealed_data_dirs(store_base: &Path, ours: &Path) -> Vec<PathBuf> {
     let ours = canonical(ours);
     sealed_data_dirs(store_base)
         .into_iter()
-        .filter(|d| canonical(d) != ours && has_data(d))
+        .filter(|d| canonical(d) != ours && (!d.exists() || has_data(d)))
         .collect()
+}
+
+/// Where [`register_sealed_data_dir`] records the data dirs of the store at `store_base`.
+pub fn sealed_data_dirs_file(store_base: &Path) -> PathBuf {
+    store_base.join("metadata").join(SEALED_DATA_DIRS)
 }
 
 /// Where a data directory keeps streams: (`streams/`, `runs/`).
