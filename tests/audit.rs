@@ -42,6 +42,20 @@ fn ops(recs: &[Value]) -> Vec<Value> {
         .collect()
 }
 
+/// The audit log's newest segment file of `env`'s data dir.
+fn newest_segment(env: &DaemonEnv) -> PathBuf {
+    fs::read_dir(env.data_dir.join("audit"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            let n = p.file_name().unwrap().to_string_lossy().into_owned();
+            n.starts_with("audit-") && n.ends_with(".jsonl")
+        })
+        .max()
+        .unwrap()
+}
+
 fn verify(env: &DaemonEnv) -> Out {
     run(env.holdfast(&["audit", "verify"]), b"")
 }
@@ -1139,17 +1153,7 @@ fn a_cut_of_the_newest_records_under_the_daemon_is_recorded_and_no_number_reused
     for i in 0..4 {
         c.ok("cred.set", json!({"id": format!("c{i}"), "value": "v"}));
     }
-    let audit = env.data_dir.join("audit");
-    let seg = fs::read_dir(&audit)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| {
-            let n = p.file_name().unwrap().to_string_lossy().into_owned();
-            n.starts_with("audit-") && n.ends_with(".jsonl")
-        })
-        .max()
-        .unwrap();
+    let seg = newest_segment(&env);
     let text = fs::read_to_string(&seg).unwrap();
     let lines: Vec<&str> = text.lines().collect();
     let written: u64 = serde_json::from_str::<Value>(lines[lines.len() - 1]).unwrap()["seq"]
@@ -1193,16 +1197,7 @@ fn a_cut_refilled_by_another_writer_is_caught_by_the_daemons_last_hash() {
     for i in 0..4 {
         c.ok("cred.set", json!({"id": format!("c{i}"), "value": "v"}));
     }
-    let seg = fs::read_dir(env.data_dir.join("audit"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| {
-            let n = p.file_name().unwrap().to_string_lossy().into_owned();
-            n.starts_with("audit-") && n.ends_with(".jsonl")
-        })
-        .max()
-        .unwrap();
+    let seg = newest_segment(&env);
     let text = fs::read_to_string(&seg).unwrap();
     let lines: Vec<&str> = text.lines().collect();
     fs::write(&seg, lines[..lines.len() - 2].join("\n") + "\n").unwrap();

@@ -67,6 +67,17 @@ fn names(dir: &Path) -> Vec<String> {
     v
 }
 
+/// `cp -a FROM TO`, which must succeed.
+fn cp_a(from: &Path, to: &Path) {
+    let st = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .status()
+        .unwrap();
+    assert!(st.success(), "cp -a {} {}", from.display(), to.display());
+}
+
 /// The keyring of the key file `key` (and its archive).
 fn ring_of(key: &Path) -> Keyring {
     let loaded = keys::load(&[KeySource::File(key.to_path_buf())])
@@ -791,15 +802,6 @@ fn only_the_store_that_owns_a_key_file_may_prune_it() {
 /// beside it, and the copy put back in the original's place).
 #[test]
 fn a_moved_original_keeps_its_key_whatever_a_copy_of_it_does() {
-    let cp_a = |from: &Path, to: &Path| {
-        let st = std::process::Command::new("cp")
-            .arg("-a")
-            .arg(from)
-            .arg(to)
-            .status()
-            .unwrap();
-        assert!(st.success());
-    };
     for variant in [
         "copy beside, original moved away",
         "original moved aside, copy put back",
@@ -1050,15 +1052,6 @@ fn explicit_key_files_never_rotate_around_their_owners() {
         c.args(args);
         run(c, stdin)
     };
-    let cp_a = |from: &Path, to: &Path| {
-        let st = std::process::Command::new("cp")
-            .arg("-a")
-            .arg(from)
-            .arg(to)
-            .status()
-            .unwrap();
-        assert!(st.success());
-    };
     let p = |p: &Path| p.to_str().unwrap().to_owned();
     // A moved owner of an explicit key file, and a copy of it.
     let k = env.root.join("k.key");
@@ -1305,16 +1298,7 @@ fn a_restored_old_marker_never_takes_a_generation_back() {
     ok(in_dir(&env, &data, &["cred", "set", "c1"], b"one\n"));
     let creds = store_base(&data).join("credentials");
     let bak = env.root.join("bak");
-    let cp = |from: &Path, to: &Path| {
-        let st = std::process::Command::new("cp")
-            .arg("-a")
-            .arg(from)
-            .arg(to)
-            .status()
-            .unwrap();
-        assert!(st.success());
-    };
-    cp(&creds, &bak);
+    cp_a(&creds, &bak);
     ok(in_dir(&env, &data, &["cred", "set", "c1"], b"two\n"));
     ok(in_dir(&env, &data, &["cred", "set", "c1"], b"three\n"));
     let gen = |o: &Out| json(o)["generation"].as_u64().unwrap();
@@ -1329,7 +1313,7 @@ fn a_restored_old_marker_never_takes_a_generation_back() {
     // marker left in place.
     let mut dot = bak.clone().into_os_string();
     dot.push("/.");
-    cp(Path::new(&dot), &creds);
+    cp_a(Path::new(&dot), &creds);
     let o = ok(in_dir(&env, &data, &["--json", "cred", "get", "c1"], b""));
     let restored = gen(&o);
     assert!(

@@ -59,19 +59,10 @@ pub fn run(g: &Global, args: &KeyArgs) -> CliResult {
         },
     };
     if opts.prune {
-        let others =
-            crate::streams::other_sealed_data_dirs(&g.store_config()?.base, &g.data_dir()?);
-        if !others.is_empty() {
+        if let Some(why) = crate::streams::prune_held_back(&g.store_config()?.base, &g.data_dir()?)
+        {
             return Err(CliError::with_code(
-                format!(
-                    "the archived keys are kept: this store's key also seals the streams of {} (a data dir sharing this default store), which may need them; only a daemon there can re-seal them. Prune when those streams are gone, or give each data dir a default store of its own (a data dir that no longer exists anywhere: remove its line from {})",
-                    others
-                        .iter()
-                        .map(|d| d.display().to_string())
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                    crate::streams::sealed_data_dirs_file(&g.store_config()?.base).display()
-                ),
+                why,
                 crate::error::ErrorKind::Unsupported.exit_code(),
             ));
         }

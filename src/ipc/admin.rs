@@ -94,22 +94,10 @@ pub fn refuse_prune_for_others(
     store_base: &std::path::Path,
     data_dir: &std::path::Path,
 ) -> Result<(), RpcError> {
-    let others = crate::streams::other_sealed_data_dirs(store_base, data_dir);
-    if others.is_empty() {
-        return Ok(());
+    match crate::streams::prune_held_back(store_base, data_dir) {
+        None => Ok(()),
+        Some(why) => Err(RpcError::new(crate::error::ErrorKind::Unsupported, why)),
     }
-    Err(RpcError::new(
-        crate::error::ErrorKind::Unsupported,
-        format!(
-            "the archived keys are kept: this store's key also seals the streams of {} (a data dir sharing this default store), which may need them; only a daemon there can re-seal them. Prune when those streams are gone, or give each data dir a default store of its own (a data dir that no longer exists anywhere: remove its line from {})",
-            others
-                .iter()
-                .map(|d| d.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", "),
-            crate::streams::sealed_data_dirs_file(store_base).display()
-        ),
-    ))
 }
 
 /// `admin.status`: only the stores `grant` covers.

@@ -30,8 +30,9 @@ pub use pg::PgStore;
 pub use run::{EventJson, Status};
 pub use service::{Answer, Export, ReplayedRun, Streams, StreamsConfig, Ticket};
 pub use store::{
-    dirs, has_data, other_sealed_data_dirs, register_sealed_data_dir, sealed_data_dirs_file,
-    FileStore, Head, KeyringSealer, Loaded, RunTail, SealError, Sealer, SharedStore, StreamStore,
+    dirs, has_data, other_sealed_data_dirs, prune_held_back, register_sealed_data_dir,
+    sealed_data_dirs_file, FileStore, Head, KeyringSealer, Loaded, RunTail, SealError, Sealer,
+    SharedStore, StreamStore,
 };
 pub use tool_log::ToolLog;
 

@@ -813,6 +813,25 @@ pub fn other_sealed_data_dirs(store_base: &Path, ours: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
+/// Why a prune of the key of the store at `store_base`, asked from data dir `ours`, must keep
+/// the archive: another data dir sharing that store may need it ([`other_sealed_data_dirs`]).
+/// `None` when nothing holds it back. (The daemon and the offline CLI say the same.)
+pub fn prune_held_back(store_base: &Path, ours: &Path) -> Option<String> {
+    let others = other_sealed_data_dirs(store_base, ours);
+    if others.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "the archived keys are kept: this store's key also seals the streams of {} (a data dir sharing this default store), which may need them; only a daemon there can re-seal them. Prune when those streams are gone, or give each data dir a default store of its own (a data dir that no longer exists anywhere: remove its line from {})",
+        others
+            .iter()
+            .map(|d| d.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+        sealed_data_dirs_file(store_base).display()
+    ))
+}
+
 /// Where [`register_sealed_data_dir`] records the data dirs of the store at `store_base`.
 pub fn sealed_data_dirs_file(store_base: &Path) -> PathBuf {
     store_base.join("metadata").join(SEALED_DATA_DIRS)
