@@ -232,8 +232,24 @@ impl CredentialStore {
         // content brought back beside the newer one (a backup copied over the directory, or
         // planted) must not take the generation back — that content is then an unrecorded
         // state, recorded above every marker (an independent tester's `cp -a backup/. dir/`
-        // answered generation 1 after 3 and accepted a stale compare-and-swap).
-        let higher = m.by_file.get(name).is_some_and(|mk| mk.gen > doc_gen);
+        // answered generation 1 after 3 and accepted a stale compare-and-swap). Told apart
+        // from a write that made its marker and died before its rename (the higher marker then
+        // names content that never reached the file) by inode change times, which nothing can
+        // set back: that marker changed after the file did; a restored file changed after
+        // every marker of what it replaced.
+        let higher = m.by_file.get(name).is_some_and(|mk| {
+            mk.gen > doc_gen && {
+                let changed = |p: &std::path::Path| {
+                    fs::symlink_metadata(p)
+                        .ok()
+                        .map(|meta| crate::durable::ctime_ns(&meta))
+                };
+                let marker = changed(&self.cred_dir.join(marker_name(name, mk.gen, &mk.hash)));
+                let file = changed(&self.cred_dir.join(name));
+                // No higher marker left, or one newer than the file: it never landed.
+                matches!((marker, file), (Some(mk_t), Some(f_t)) if mk_t <= f_t)
+            }
+        });
         if !higher && markers::marker_exists(&self.cred_dir, &marker_name(name, doc_gen, &hash)) {
             let marker = Marker {
                 gen: doc_gen,
