@@ -67,6 +67,18 @@ fn names(dir: &Path) -> Vec<String> {
     v
 }
 
+/// A daemon environment with `config`, if its streams are sealed with the default store's key
+/// (the files backend); on PostgreSQL, `None`, said as skipped.
+#[allow(clippy::print_stdout)] // a skipped test says so
+fn streams_env(config: &str) -> Option<DaemonEnv> {
+    let env = DaemonEnv::new(config);
+    if env.on_postgres() {
+        println!("streams on PostgreSQL are not sealed with the store's key: skipped");
+        return None;
+    }
+    Some(env)
+}
+
 /// `cp -a FROM TO`, which must succeed.
 fn cp_a(from: &Path, to: &Path) {
     let st = std::process::Command::new("cp")
@@ -590,11 +602,9 @@ fn stream_sealed_with_the_default_key(env: &mut DaemonEnv) {
 fn the_default_stores_key_is_never_pruned_around_the_daemons_streams() {
     use common::Conn;
     use serde_json::json;
-    let mut env = DaemonEnv::new("");
-    if env.on_postgres() {
-        println!("streams on PostgreSQL are not sealed with the store's key: skipped");
+    let Some(mut env) = streams_env("") else {
         return;
-    }
+    };
     stream_sealed_with_the_default_key(&mut env);
     let key = env.key_file();
     let key_bytes = fs::read(&key).unwrap();
@@ -644,11 +654,9 @@ fn the_default_stores_key_is_never_pruned_around_the_daemons_streams() {
 fn init_never_mints_a_key_over_streams_the_lost_one_sealed() {
     use common::Conn;
     use serde_json::json;
-    let mut env = DaemonEnv::new("");
-    if env.on_postgres() {
-        println!("streams on PostgreSQL are not sealed with the store's key: skipped");
+    let Some(mut env) = streams_env("") else {
         return;
-    }
+    };
     stream_sealed_with_the_default_key(&mut env);
     let key = env.key_file();
     let keys = key.parent().unwrap().to_path_buf();
@@ -1015,11 +1023,9 @@ fn a_fifo_at_the_key_archive_is_one_clear_error() {
 fn a_configured_default_stores_key_is_never_rotated_around_the_streams() {
     use common::Conn;
     use serde_json::json;
-    let mut env = DaemonEnv::new("[stores.default]\npath = \"~/ext\"\n");
-    if env.on_postgres() {
-        println!("streams on PostgreSQL are not sealed with the store's key: skipped");
+    let Some(mut env) = streams_env("[stores.default]\npath = \"~/ext\"\n") else {
         return;
-    }
+    };
     assert!(
         env.home.join("ext/credentials").is_dir(),
         "init used the configured path"
@@ -1228,11 +1234,9 @@ fn hive_home_is_expanded_as_hive_expands_it() {
 fn a_default_store_shared_by_two_data_dirs_is_never_pruned_around_the_others_streams() {
     use common::{Conn, DaemonOpts};
     use serde_json::json;
-    let mut env = DaemonEnv::new("[stores.default]\npath = \"~/shared\"\n");
-    if env.on_postgres() {
-        println!("streams on PostgreSQL are not sealed with the store's key: skipped");
+    let Some(mut env) = streams_env("[stores.default]\npath = \"~/shared\"\n") else {
         return;
-    }
+    };
     let b = env.root.join("data-b");
     let in_b = DaemonOpts {
         args: vec!["--data-dir".into(), b.to_str().unwrap().into()],
@@ -1310,7 +1314,9 @@ fn a_restored_old_marker_never_takes_a_generation_back() {
     )));
     assert_eq!(before, 3);
     // What `cp -a bak/. credentials/` does: the old file and its old marker back, the newer
-    // marker left in place.
+    // marker left in place. (Later than the last write by more than a tick of the file
+    // system's clock, which is coarse: a restore is never within milliseconds of a write.)
+    std::thread::sleep(std::time::Duration::from_millis(50));
     let mut dot = bak.clone().into_os_string();
     dot.push("/.");
     cp_a(Path::new(&dot), &creds);

@@ -246,8 +246,10 @@ impl CredentialStore {
                 };
                 let marker = changed(&self.cred_dir.join(marker_name(name, mk.gen, &mk.hash)));
                 let file = changed(&self.cred_dir.join(name));
-                // No higher marker left, or one newer than the file: it never landed.
-                matches!((marker, file), (Some(mk_t), Some(f_t)) if mk_t <= f_t)
+                // No higher marker left, or one not older than the file: it never landed.
+                // (Strictly older: file times tick coarsely, and a write that died right
+                // after another one must keep its acknowledged generation.)
+                matches!((marker, file), (Some(mk_t), Some(f_t)) if mk_t < f_t)
             }
         });
         if !higher && markers::marker_exists(&self.cred_dir, &marker_name(name, doc_gen, &hash)) {
