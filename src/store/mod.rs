@@ -74,6 +74,18 @@ pub enum SealedReason {
 
 impl std::error::Error for SealedReason {}
 
+/// `paths` for a message: joined with commas, or "none".
+fn path_list(paths: &[PathBuf]) -> String {
+    if paths.is_empty() {
+        return "none".to_string();
+    }
+    paths
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 impl std::fmt::Display for SealedReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -98,15 +110,7 @@ impl std::fmt::Display for SealedReason {
                  (metadata/holdfast-store.json), which names its key file: restore that file from \
                  a backup; key files for stores of this name: {}. holdfast never creates a new key \
                  for a store that has data",
-                if candidates.is_empty() {
-                    "none".to_string()
-                } else {
-                    candidates
-                        .iter()
-                        .map(|p| p.display().to_string())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                }
+                path_list(candidates)
             ),
             SealedReason::SealsStreams {
                 data_dir,
@@ -118,15 +122,7 @@ impl std::fmt::Display for SealedReason {
                  metadata/holdfast-store.json which names it (key files for stores of this name: \
                  {}); or, to give up that data, move {}/streams and {}/runs aside first",
                 data_dir.display(),
-                if candidates.is_empty() {
-                    "none".to_string()
-                } else {
-                    candidates
-                        .iter()
-                        .map(|p| p.display().to_string())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                },
+                path_list(candidates),
                 data_dir.display(),
                 data_dir.display(),
             ),
