@@ -24,6 +24,7 @@
 //! durability = "always"        # "batch" (+ batch_interval_ms) or "none"; see docs/operations.md
 //! stale_after_secs = 3600      # resume: older checkpoints are stale (R4, or fail)
 //! expire_after_secs = 604800   # runs with no event for this long end as "expired"
+//! orphan_timeout_s = 300       # a run no producer holds this long ends as "abandoned"
 //! memory_events = 1024         # an active run's latest events kept in memory (files)
 //! [streams.retry]              # the planner's policy (docs/recovery.md)
 //! transient_budget = 2
@@ -188,6 +189,10 @@ pub struct StreamsSection {
     /// A run with no event for this long is ended as `expired` (default 7 days): failed and
     /// abandoned runs are kept for inspection until then.
     pub expire_after_secs: Option<u64>,
+    /// A run whose producer's connection closed without a commit or abort (or that no
+    /// producer spoke for since the daemon started) ends as `abandoned` after this many
+    /// seconds, unless a producer resumes it (default 300).
+    pub orphan_timeout_s: Option<u64>,
     /// How many of an active run's latest published events memory keeps (default 1024);
     /// older ones are derived from the journal when a subscriber asks for them.
     pub memory_events: Option<usize>,
@@ -481,6 +486,9 @@ impl Config {
         if let Some(s) = st.expire_after_secs {
             c.expire_after = Duration::from_secs(s);
         }
+        if let Some(s) = st.orphan_timeout_s {
+            c.orphan_timeout = Duration::from_secs(s);
+        }
         if let Some(p) = &st.retry {
             c.policy = p.clone();
         }
@@ -539,6 +547,7 @@ impl Config {
         srange("batch_interval_ms", st.batch_interval_ms, 1, 60_000)?;
         srange("stale_after_secs", st.stale_after_secs, 1, 365 * 86_400)?;
         srange("expire_after_secs", st.expire_after_secs, 60, 3650 * 86_400)?;
+        srange("orphan_timeout_s", st.orphan_timeout_s, 1, 30 * 86_400)?;
         srange(
             "memory_events",
             st.memory_events.map(|n| n as u64),

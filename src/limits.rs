@@ -119,6 +119,10 @@ pub const INDEX_QUIET: Duration = Duration::from_millis(250);
 /// within 5.25 s under a sustained stream of writes.
 pub const INDEX_MAX_LAG: Duration = Duration::from_secs(5);
 
+/// `[streams] orphan_timeout_s`: how long a run may have no producer before it ends as
+/// `abandoned`.
+pub const STREAM_ORPHAN_TIMEOUT: Duration = Duration::from_secs(300);
+
 /// How often the daemon re-arms its inotify watches and rescans every store in full, as a
 /// safety net under the watcher: a store directory that was replaced (restored from a backup,
 /// moved) silently loses its watch. A rescan is a stat per file: at 10,000 credentials ~20 ms

@@ -5,6 +5,8 @@
 //! - **rescan** (`RESCAN_INTERVAL`): the safety net under the watcher — every store directory is
 //!   watched again (a replaced directory lost its inotify watch) and rescanned in full;
 //! - **stream expiry** (`RESCAN_INTERVAL`): runs idle past `expire_after` end as `expired`;
+//! - **orphaned runs** (a tenth of `[streams] orphan_timeout_s`, 1-10 s): runs no producer has
+//!   held for the timeout end as `abandoned`;
 //! - **run-log retention** (`RUN_PRUNE_INTERVAL`, the first a minute after start): runs idle past
 //!   `[runs] retention_days` are deleted.
 //!
@@ -52,6 +54,15 @@ impl Jobs {
         tasks.spawn(job("rescan", RESCAN_INTERVAL, RESCAN_INTERVAL, |d| {
             d.rewatch();
             store_watch::sync_stores(d, None);
+        }));
+        // Orphaned runs: a tenth of the timeout apart (1-10 s), so a run ends at most that
+        // late.
+        let orphans = (daemon.config().streams_config().orphan_timeout / 10)
+            .clamp(Duration::from_secs(1), Duration::from_secs(10));
+        tasks.spawn(job("orphaned runs", orphans, orphans, |d| {
+            if let Some(s) = d.streams_if_open() {
+                s.end_orphans();
+            }
         }));
         tasks.spawn(job(
             "stream expiry",
@@ -137,7 +148,7 @@ mod tests {
             .unwrap(),
         );
         let jobs = Jobs::start(&daemon);
-        assert_eq!(jobs.len(), 4);
+        assert_eq!(jobs.len(), 5);
         // Let the first flush tick pass, so a job is seen mid-life, not only before its start.
         tokio::time::sleep(INDEX_FLUSH_INTERVAL * 2).await;
         let stopped = tokio::time::timeout(Duration::from_secs(30), jobs.stop(JOB_GRACE)).await;

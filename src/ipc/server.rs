@@ -238,6 +238,10 @@ pub struct Session {
     peer: (Option<u32>, Option<u32>),
     /// Who the audit log says asked: the peer, with the names `hello` gave.
     who: std::sync::OnceLock<crate::audit::Who>,
+    /// The runs this connection's producer holds, as (run id, stream id): attached to the run
+    /// when first spoken for, detached when the connection closes (the producer is then lost:
+    /// `Streams::detach`). Ended runs leave with their commit or abort.
+    held: Mutex<Vec<(String, String)>>,
 }
 
 impl Session {
@@ -338,7 +342,39 @@ impl Session {
             sock,
             peer: (None, None),
             who: Default::default(),
+            held: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Whether this connection already spoke for `stream_id` of `run_id` (an append's check:
+    /// one short list, usually of one run).
+    pub fn holds(&self, run_id: &str, stream_id: &str) -> bool {
+        self.held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .any(|(r, s)| r == run_id && s == stream_id)
+    }
+
+    /// This connection speaks for `stream_id` of `run_id` (it replaces an older holder id of
+    /// the same run).
+    pub fn hold(&self, run_id: &str, stream_id: &str) {
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        held.retain(|(r, _)| r != run_id);
+        held.push((run_id.to_owned(), stream_id.to_owned()));
+    }
+
+    /// The run ended (committed or aborted through this connection).
+    pub fn release_run(&self, run_id: &str) {
+        self.held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|(r, _)| r != run_id);
+    }
+
+    /// What the connection held when it closed.
+    fn take_held(&self) -> Vec<(String, String)> {
+        std::mem::take(&mut *self.held.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
     /// Whether the connection has ended.
@@ -550,6 +586,7 @@ async fn connection(
         sock: Arc::clone(&stream),
         peer,
         who: Default::default(),
+        held: Mutex::new(Vec::new()),
     });
     let writer_session = Arc::clone(&session);
     let writer = tokio::spawn(async move {
@@ -570,6 +607,7 @@ async fn connection(
     // `changed()` made per request was linked into its waiter list and unlinked again, under
     // the list's lock, on every request (the shutdown channel's list is every connection's).
     // Polled first, so a client that never stops sending still sees them.
+    let shutting_down = shutdown.clone();
     let stop = shutdown.changed();
     tokio::pin!(stop);
     let ended = closed.notified();
@@ -694,6 +732,14 @@ async fn connection(
     )
     .await;
     daemon.release_connection(conn);
+    // A producer whose connection closed without a commit or abort is lost; at shutdown its
+    // runs wait for it (a restart is no loss until `[streams] orphan_timeout_s`).
+    let held = session.take_held();
+    if !held.is_empty() && !*shutting_down.borrow() {
+        if let Some(s) = daemon.streams_if_open() {
+            let _ = tokio::task::spawn_blocking(move || s.detach(&held, conn)).await;
+        }
+    }
     session.end();
     session.outbox.finish();
     drop(session);

@@ -66,25 +66,33 @@ pub async fn dispatch(
     match call {
         // A state-file check (or, on a shared store, a query): blocking pool.
         StreamCall::Begin(p) => {
-            taking_over(&s, move |s| {
+            let run_id = p.run_id.clone();
+            let answer = taking_over(&s, move |s| {
                 s.begin(&p.run_id, p.thread_id.clone(), p.model.clone(), p.takeover)
             })
-            .await
+            .await?;
+            held_by(&s, session, &run_id, &answer["stream_id"]);
+            Ok(answer)
         }
         // The one path of an append, answered from the journal's commit (`route` sends every
         // append to `append` below; here the answer is awaited).
         StreamCall::Append(a) => {
-            let t = queue_append(&s, a)?;
+            let t = queue_append(&s, session, a)?;
             s.settle(t).await.map_err(rpc)
         }
         // The plan's R2 annotation reads the run log and, once the plan is durable, the plan
         // goes into the run log's timeline: file work, on the blocking pool.
         StreamCall::Interrupt(p) => {
-            let run_id = p.run_id.clone();
+            let (run_id, stream_id) = (p.run_id.clone(), p.stream_id.clone());
             let s2 = Arc::clone(&s);
-            let t = blocking(move || s2.interrupt(&p.run_id, &p.stream_id, &p.cause).map_err(rpc))
-                .await?;
+            let continuation = p.continuation.unwrap_or_default();
+            let t = blocking(move || {
+                s2.interrupt_as(&p.run_id, &p.stream_id, &p.cause, continuation)
+                    .map_err(rpc)
+            })
+            .await?;
             let plan = s.settle(t).await.map_err(rpc)?;
+            held_by(&s, session, &run_id, &Value::String(stream_id));
             let (s2, logged) = (Arc::clone(&s), plan.clone());
             blocking(move || {
                 s2.log_plan(&run_id, "interrupt", &logged);
@@ -96,14 +104,16 @@ pub async fn dispatch(
         StreamCall::Resume(p) => {
             let run_id = p.run_id.clone();
             let answer = taking_over(&s, move |s| {
-                s.resume(
+                s.resume_as(
                     &p.run_id,
                     p.model.clone(),
                     p.thread_id.clone(),
                     p.fail_on_stale,
+                    p.continuation.unwrap_or_default(),
                 )
             })
             .await?;
+            held_by(&s, session, &run_id, &answer["stream_id"]);
             let (s2, logged) = (Arc::clone(&s), answer["plan"].clone());
             blocking(move || {
                 s2.log_plan(&run_id, "resume", &logged);
@@ -117,7 +127,8 @@ pub async fn dispatch(
             if p.final_message.is_null() {
                 return Err(RpcError::invalid_params("final_message is required"));
             }
-            blocking(move || {
+            let run_id = p.run_id.clone();
+            let ended = blocking(move || {
                 s.commit(
                     &p.run_id,
                     &p.stream_id,
@@ -125,11 +136,19 @@ pub async fn dispatch(
                     p.content_from_stream,
                 )
             })
-            .await
+            .await;
+            if ended.is_ok() {
+                session.release_run(&run_id);
+            }
+            ended
         }
         StreamCall::Abort(p) => {
-            let detail = json!({"reason": p.reason});
-            blocking(move || s.end(&p.run_id, &p.stream_id, "aborted", detail)).await
+            let (run_id, detail) = (p.run_id.clone(), json!({"reason": p.reason}));
+            let ended = blocking(move || s.end(&p.run_id, &p.stream_id, "aborted", detail)).await;
+            if ended.is_ok() {
+                session.release_run(&run_id);
+            }
+            ended
         }
         StreamCall::Subscribe(p) => subscribe(&s, session, p.run_id, p.after_seq).await,
         StreamCall::Get(p) => {
@@ -164,6 +183,17 @@ pub async fn dispatch(
         }
     }
 }
+/// The connection `session` speaks for `stream_id` of `run_id` (a begin, resume, interrupt or
+/// append answered or queued): attached to the run, so its close without a commit or abort is
+/// the producer's loss. Remembered by the session only once the run took it.
+fn held_by(s: &Streams, session: &Session, run_id: &str, stream_id: &Value) {
+    if let Some(sid) = stream_id.as_str() {
+        if s.attach(run_id, sid, session.id) {
+            session.hold(run_id, sid);
+        }
+    }
+}
+
 /// The one path of `stream.append`, without a task when the streams are open: validated and
 /// queued on the connection's task, answered from the journal's commit (the response line is
 /// sent by the committing thread — a runtime worker about to park, or the journal's committer
@@ -179,7 +209,7 @@ pub fn append(
 ) {
     if let Some(s) = daemon.streams_if_open() {
         if !s.is_shared() || s.is_active(&a.run_id) {
-            let ticket = queue_append(&s, a);
+            let ticket = queue_append(&s, session, a);
             answer_on_commit(&s, session, id, ticket, permit);
             return;
         }
@@ -197,7 +227,7 @@ pub fn append(
                         return;
                     }
                 }
-                let ticket = queue_append(&s, a);
+                let ticket = queue_append(&s, &session, a);
                 answer_on_commit(&s, &session, id, ticket, permit);
             }
             Err(e) => {
@@ -207,7 +237,13 @@ pub fn append(
     });
 }
 
-fn queue_append(s: &Streams, a: Append<'_>) -> Result<Ticket, RpcError> {
+fn queue_append(s: &Streams, session: &Session, a: Append<'_>) -> Result<Ticket, RpcError> {
+    // The producer's connection, known to its run from its first append (after a restart,
+    // or when another connection began it).
+    if !session.holds(&a.run_id, &a.stream_id) && s.attach(&a.run_id, &a.stream_id, session.id)
+    {
+        session.hold(&a.run_id, &a.stream_id);
+    }
     let events = match a.events {
         Events::Checked(events) => events,
         Events::Unchecked(values) => s.parse_events(&values).map_err(rpc)?,

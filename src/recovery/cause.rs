@@ -10,8 +10,10 @@ use super::CauseError;
 pub enum Cause {
     /// The connection dropped (reset, EOF mid-stream).
     ConnectionReset,
-    /// No bytes within the idle window.
+    /// No bytes within the idle window (the HTTP client's own read timeout).
     IdleStall,
+    /// No chunk within the producer's `stall_timeout` (the wrappers' own stall detector).
+    Stalled,
     /// HTTP/2 GOAWAY or "connection: close".
     Goaway,
     /// A 500/502 (or other 5xx) from the provider.
@@ -72,6 +74,7 @@ pub fn names() -> Vec<&'static str> {
 pub const ALL: &[Cause] = &[
     Cause::ConnectionReset,
     Cause::IdleStall,
+    Cause::Stalled,
     Cause::Goaway,
     Cause::Provider5xx,
     Cause::Timeout,
@@ -91,6 +94,7 @@ impl Cause {
         match self {
             Cause::ConnectionReset
             | Cause::IdleStall
+            | Cause::Stalled
             | Cause::Goaway
             | Cause::Provider5xx
             | Cause::Timeout
@@ -110,6 +114,7 @@ impl Cause {
         match self {
             Cause::ConnectionReset => "connection_reset",
             Cause::IdleStall => "idle_stall",
+            Cause::Stalled => "stalled",
             Cause::Goaway => "goaway",
             Cause::Provider5xx => "provider_5xx",
             Cause::Timeout => "timeout",

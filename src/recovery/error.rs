@@ -72,4 +72,5 @@ pub const KNOWN_FIELDS: &[&str] = &[
     "policy",
     "jitter",
     "now_ms",
+    "continuation",
 ];

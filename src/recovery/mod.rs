@@ -131,6 +131,45 @@ pub struct Stale {
     pub fail: bool,
 }
 
+/// How a resumed stream continues the text so far (docs/recovery.md, "Continuation"). The
+/// producer declares it; it is never guessed from the text.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Continuation {
+    /// The provider continues the given prefix exactly (an assistant prefill): every character
+    /// of the continuation is the model's new text, and nothing is removed. The default: a
+    /// wrong `exact` shows a restatement the user can see, a wrong `restated` deletes text
+    /// nobody can see was lost.
+    #[default]
+    Exact,
+    /// The model may begin by restating the end of the prefix (a "continue" turn): the longest
+    /// restatement the continuation's start can be is removed.
+    Restated,
+}
+
+impl Continuation {
+    /// `exact` or `restated`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Continuation::Exact => "exact",
+            Continuation::Restated => "restated",
+        }
+    }
+
+    /// Parse a declared continuation (`null` or absent: the default, `exact`).
+    pub fn from_json(v: Option<&Value>) -> Result<Continuation, InputError> {
+        match v {
+            None | Some(Value::Null) => Ok(Continuation::Exact),
+            Some(Value::String(s)) if s == "exact" => Ok(Continuation::Exact),
+            Some(Value::String(s)) if s == "restated" => Ok(Continuation::Restated),
+            Some(_) => Err(InputError::Invalid {
+                field: "continuation",
+                expected: "\"exact\" or \"restated\"",
+            }),
+        }
+    }
+}
+
 /// Everything the planner looks at.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Input {
@@ -155,6 +194,8 @@ pub struct Input {
     pub jitter: Option<f64>,
     /// The policy.
     pub policy: Policy,
+    /// How the continuation of an R1/R3 plan will continue the text (the producer's word).
+    pub continuation: Continuation,
 }
 
 /// The plans, first match wins (see the module docs).
@@ -246,6 +287,9 @@ pub struct Plan {
     pub stall_streak: u32,
     /// The unfinished tool name of this interruption (for the stall history).
     pub stalled_tool: Option<String>,
+    /// How the next attempt continues the text: R1 and R3 only (`null` for the others, which
+    /// continue nothing).
+    pub continuation: Option<Continuation>,
 }
 
 impl Plan {
@@ -380,6 +424,7 @@ pub fn input_from_json(v: &Value, now_unix_ms: u64) -> Result<Input, InputError>
         ),
         Some(_) => return Err(invalid("jitter", "a number in [0, 1) or false")),
     };
+    let continuation = Continuation::from_json(m.get("continuation"))?;
     Ok(Input {
         cause,
         status,
@@ -391,6 +436,7 @@ pub fn input_from_json(v: &Value, now_unix_ms: u64) -> Result<Input, InputError>
         stale,
         jitter,
         policy,
+        continuation,
     })
 }
 
@@ -464,6 +510,7 @@ pub fn plan(input: &Input) -> Plan {
         attempts: input.attempts,
         stall_streak,
         stalled_tool,
+        continuation: None,
     };
     // Every unfinished call is cancelled, whatever the plan: no partial delta may linger.
     let cancel_events: Vec<Value> = plan
@@ -516,6 +563,9 @@ pub fn plan(input: &Input) -> Plan {
         PlanKind::R4
     };
     plan.plan = kind;
+    if matches!(kind, PlanKind::R1 | PlanKind::R3) {
+        plan.continuation = Some(input.continuation);
+    }
     if !plan.cancelled.is_empty() && matches!(kind, PlanKind::R2 | PlanKind::R3) {
         let calls: Vec<Value> = plan
             .cancelled
@@ -573,7 +623,7 @@ pub fn plan(input: &Input) -> Plan {
 /// stall, and never less than a Retry-After hint (itself capped).
 fn wait_for(input: &Input, class: CauseClass, attempt: u32) -> (u64, u64) {
     let p = &input.policy;
-    let backoff = if input.cause == Cause::IdleStall {
+    let backoff = if matches!(input.cause, Cause::IdleStall | Cause::Stalled) {
         p.idle_stall_ms
     } else {
         let base = if class == CauseClass::Overloaded {

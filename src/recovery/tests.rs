@@ -350,6 +350,7 @@ fn raw_provider_errors_are_classified() {
         vec![
             "connection_reset",
             "idle_stall",
+            "stalled",
             "goaway",
             "provider_5xx",
             "timeout",

@@ -11,7 +11,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{json, Value};
 
 use super::run::EventJson;
-use crate::recovery::{Plan, PlanKind, ToolCall};
+use crate::recovery::{Continuation, Plan, PlanKind, ToolCall};
 
 /// Shortest repeat of the prefix's tail that is trimmed (shorter coincidences are left alone).
 pub const MIN_OVERLAP_CHARS: usize = 3;
@@ -575,8 +575,9 @@ impl Accumulator {
             .collect()
     }
 
-    /// Apply a recovery plan: R4 discards the turn; R2/R3 drop the cancelled calls; R1/R3 arm
-    /// the overlap trimmer with the prefix's tail.
+    /// Apply a recovery plan: R4 discards the turn; R2/R3 drop the cancelled calls; an R1/R3
+    /// plan whose continuation is `restated` arms the overlap trimmer with the prefix's tail
+    /// (an `exact` one continues the text as it comes: nothing is held, nothing removed).
     pub fn apply_plan(&mut self, plan: &Plan) {
         match plan.plan {
             PlanKind::R4 => {
@@ -589,7 +590,12 @@ impl Accumulator {
             }
             PlanKind::R1 | PlanKind::Fail => {}
         }
-        if matches!(plan.plan, PlanKind::R1 | PlanKind::R3) && !self.text.is_empty() {
+        // A plan replaces whatever an earlier one armed (its held text was decided before).
+        self.trim = None;
+        if matches!(plan.plan, PlanKind::R1 | PlanKind::R3)
+            && plan.continuation == Some(Continuation::Restated)
+            && !self.text.is_empty()
+        {
             let start = self
                 .text
                 .char_indices()
@@ -752,6 +758,7 @@ mod tests {
             stale: None,
             jitter: None,
             policy: Default::default(),
+            continuation: Continuation::Restated,
         };
         let plan = crate::recovery::plan(&input);
         acc.apply_plan(&plan);

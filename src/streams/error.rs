@@ -100,6 +100,12 @@ pub enum StreamError {
         /// The holder's epoch.
         epoch: u64,
     },
+    /// The holder's connection closed without a commit or abort: its stream id was retired.
+    #[error(
+        "this run's producer was lost (its connection closed without stream.commit or \
+         stream.abort): stream.resume the run to go on"
+    )]
+    ProducerLost,
     /// The run's state file is being written.
     #[error("the run is being committed or aborted right now")]
     Ending,
@@ -214,7 +220,7 @@ impl StreamError {
             | SnapshotRunId
             | FinalMessageShape => ErrorKind::InvalidParams,
             NotActive | NotResumable | NoSuchRun | NoCheckpoint => ErrorKind::NotFound,
-            NotHolder { .. } | Ending | Failed | Streaming { .. } | Ended { .. } => {
+            NotHolder { .. } | ProducerLost | Ending | Failed | Streaming { .. } | Ended { .. } => {
                 ErrorKind::Conflict
             }
             TooManyRuns { .. } => ErrorKind::Busy,

@@ -28,7 +28,7 @@ pub use error::StreamError;
 pub use feed::{Feed, Next};
 pub use pg::PgStore;
 pub use run::{EventJson, Status};
-pub use service::{Answer, Export, ReplayedRun, Streams, StreamsConfig, Ticket};
+pub use service::{Answer, Export, ReplayedRun, Streams, StreamsConfig, Ticket, ABANDONED};
 pub use store::{
     dirs, has_data, other_sealed_data_dirs, prune_held_back, register_sealed_data_dir,
     sealed_data_dirs_file, FileStore, Head, KeyringSealer, Loaded, RunTail, SealError, Sealer,

@@ -522,6 +522,21 @@ impl SharedStore for PgStore {
         })
     }
 
+    fn interrupted(&self, before_ms: u64) -> Result<Vec<String>, StreamError> {
+        self.query(move |c| {
+            Box::pin(async move {
+                let rows = c
+                    .query(
+                        "SELECT run_id FROM hf_stream_runs WHERE NOT ended \
+                         AND status = 'interrupted' AND updated_ms < $1",
+                        &[&(before_ms as i64)],
+                    )
+                    .await?;
+                Ok(rows.iter().map(|r| r.get(0)).collect())
+            })
+        })
+    }
+
     fn idle(&self, before_ms: u64) -> Result<Vec<String>, StreamError> {
         self.query(move |c| {
             Box::pin(async move {

@@ -32,6 +32,10 @@ pub enum Record {
     /// A recovery plan applied to the run (`stream.interrupt`, `stream.resume`).
     #[serde(rename = "plan")]
     Plan(PlanRecord),
+    /// The producer's connection closed without a commit or abort (`interrupted`, cause
+    /// `producer_lost`, at the run's next seq; the stream id retired).
+    #[serde(rename = "lost")]
+    Lost(Lost),
     /// Everything the run is; replaces every earlier record of the run (key rotation).
     #[serde(rename = "snap")]
     Snapshot(Box<Snapshot>),
@@ -139,6 +143,10 @@ struct RecordedPlan {
     attempts: Attempts,
     stall_streak: u32,
     stalled_tool: Option<String>,
+    /// Absent from plans written before the producer declared it: those trimmed every R1/R3
+    /// continuation (`restated`), and replay must rebuild what they published.
+    #[serde(default)]
+    continuation: Option<recovery::Continuation>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -176,8 +184,25 @@ impl PlanRecord {
             attempts: p.attempts,
             stall_streak: p.stall_streak,
             stalled_tool: p.stalled_tool,
+            continuation: p.continuation.or_else(|| {
+                matches!(p.plan, PlanKind::R1 | PlanKind::R3)
+                    .then_some(recovery::Continuation::Restated)
+            }),
         })
     }
+}
+
+/// `lost`: the producer's connection closed without a commit or abort.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Lost {
+    /// The run.
+    pub run: String,
+    /// The lost holder's epoch.
+    pub epoch: u64,
+    /// The seq of the `interrupted` event it published.
+    pub seq: u64,
+    /// When (Unix ms).
+    pub at: u64,
 }
 
 /// `snap`: the whole run.
@@ -248,6 +273,7 @@ impl Record {
             "begin" => Record::Begin(serde_json::from_slice(json)?),
             "ev" => Record::Events(serde_json::from_slice(json)?),
             "plan" => Record::Plan(serde_json::from_slice(json)?),
+            "lost" => Record::Lost(serde_json::from_slice(json)?),
             "snap" => Record::Snapshot(Box::new(serde_json::from_slice(json)?)),
             "end" => Record::End(serde_json::from_slice(json)?),
             "reseal" => Record::Reseal(serde_json::from_slice(json)?),
@@ -271,6 +297,7 @@ impl Record {
             Record::Begin(r) => &r.run,
             Record::Events(r) => &r.run,
             Record::Plan(r) => &r.run,
+            Record::Lost(r) => &r.run,
             Record::Snapshot(r) => &r.run,
             Record::End(r) => &r.run,
             Record::Reseal(r) => &r.run,

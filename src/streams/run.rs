@@ -30,6 +30,10 @@ fn next_copy() -> u64 {
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
+/// The cause an `interrupted` event names when the daemon saw the producer's connection close
+/// without a commit or abort (not a planner cause: no plan is made until a producer resumes).
+pub const LOST_CAUSE: &str = "producer_lost";
+
 /// Where a run is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -115,6 +119,14 @@ pub(super) struct Run {
     /// The oldest journal segment holding one of its records.
     pub(super) first_segment: u64,
     pub(super) subscribers: Vec<Subscriber>,
+    /// The connections (ids) through which the holder has spoken for its stream: when the last
+    /// closes without a commit or abort, the producer is lost (`Streams::detach`). Memory
+    /// only: after a restart no connection holds anything.
+    pub(super) attached: Vec<u64>,
+    /// Since when no connection holds the run (its producer was lost, or the daemon started
+    /// without it): past `[streams] orphan_timeout_s` it ends as `abandoned`. `None` while a
+    /// producer holds it, or for a run no connection ever held here (a shared store's copy).
+    pub(super) unattached_since: Option<u64>,
 }
 
 impl Run {
@@ -145,6 +157,8 @@ impl Run {
             updated_at_ms: at,
             first_segment: mark,
             subscribers: Vec::new(),
+            attached: Vec::new(),
+            unattached_since: None,
         }
     }
 
@@ -162,6 +176,9 @@ impl Run {
         self.epoch = epoch;
         self.stream_id = stream_id.to_owned();
         self.status = Status::Streaming;
+        // A new holder: the connection that made it attaches next (`Streams::attach`).
+        self.attached.clear();
+        self.unattached_since = None;
         if thread_id.is_some() {
             self.thread_id = thread_id;
         }
@@ -175,6 +192,10 @@ impl Run {
     /// Fencing: only the current holder (`stream_id`) may change the run, and nobody while it
     /// is ending (its state file being written).
     pub(super) fn check_holder(&self, stream_id: &str) -> Result<(), StreamError> {
+        if self.stream_id.is_empty() {
+            // A lost producer's stream id was retired (`apply_lost`): nobody holds the run.
+            return Err(StreamError::ProducerLost);
+        }
         if self.stream_id != stream_id {
             return Err(StreamError::NotHolder { epoch: self.epoch });
         }
@@ -182,6 +203,26 @@ impl Run {
             return Err(StreamError::Ending);
         }
         Ok(())
+    }
+
+    /// The producer was lost (live and on replay of a `lost` record): what the trimmer holds is
+    /// decided, `interrupted` (cause `producer_lost`) is published, and the stream id is
+    /// retired, so the lost producer's later appends are refused instead of read as replays
+    /// of seqs the event took; a `stream.resume` takes the run on. Returns the event.
+    pub(super) fn apply_lost(&mut self, at: u64) -> (u64, Value) {
+        let held = self.acc.flush_trim();
+        self.push_events(held);
+        let seq = self.next_seq;
+        let ev = json!({"type": "interrupted", "cause": LOST_CAUSE, "plan": null,
+                        "wait_ms": null, "hint": null});
+        self.next_seq += 1;
+        self.events.push((seq, event_json(&ev)));
+        self.stream_id.clear();
+        self.attached.clear();
+        self.status = Status::Interrupted;
+        self.updated_at_ms = at;
+        self.unattached_since = Some(at);
+        (seq, ev)
     }
 
     /// Apply a plan to the run (live and on replay): its events numbered, the accumulator,
@@ -312,6 +353,8 @@ impl Run {
             updated_at_ms: r.updated,
             first_segment: segment,
             subscribers: Vec::new(),
+            attached: Vec::new(),
+            unattached_since: None,
         }
     }
 

@@ -136,6 +136,9 @@ pub trait SharedStore: Send + Sync {
     fn list(&self) -> Result<Vec<Value>, StreamError>;
     /// Active runs with no activity since `before_ms` (blocking).
     fn idle(&self, before_ms: u64) -> Result<Vec<String>, StreamError>;
+    /// Active runs interrupted with no activity since `before_ms` (blocking): the candidates
+    /// for an orphaned run (a `lost` record is an interruption).
+    fn interrupted(&self, before_ms: u64) -> Result<Vec<String>, StreamError>;
     /// Every event the run published, in order (blocking).
     fn events(&self, run_id: &str) -> Result<Vec<(u64, EventJson)>, StreamError>;
     /// Delete what ended runs no longer need: their records, and their events once they ended

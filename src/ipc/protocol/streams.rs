@@ -103,6 +103,9 @@ pub struct Interrupt {
     pub stream_id: String,
     /// What broke (the recovery planner's input).
     pub cause: Value,
+    /// How the producer continues the text after an R1/R3 plan (default `exact`).
+    #[serde(default)]
+    pub continuation: Option<crate::recovery::Continuation>,
 }
 
 /// `stream.resume`.
@@ -120,6 +123,9 @@ pub struct Resume {
     /// Refuse (rather than plan) when the run's recovery state is stale.
     #[serde(default)]
     pub fail_on_stale: bool,
+    /// How the new producer continues the text after an R1/R3 plan (default `exact`).
+    #[serde(default)]
+    pub continuation: Option<crate::recovery::Continuation>,
 }
 
 /// `stream.commit`.

@@ -21,6 +21,20 @@ impl Streams {
                 Ok(n) => tracing::debug!(rows = n, "swept what ended runs no longer need"),
                 Err(e) => tracing::warn!(error = %e, "could not sweep ended runs' rows"),
             }
+            // Runs interrupted longer than the orphan timeout, loaded: those whose producer was
+            // lost (a `lost` record, perhaps another host's) end at the next orphan sweep.
+            let orphaned =
+                now_ms().saturating_sub(self.config.orphan_timeout.as_millis() as u64);
+            match shared.interrupted(orphaned) {
+                Ok(ids) => {
+                    for id in ids {
+                        if let Err(e) = self.load_if_missing(&id) {
+                            tracing::warn!(run = %id, error = %e, "could not load an interrupted run");
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "could not list interrupted runs"),
+            }
             // Every host's idle runs (whoever expires one first ends it; the others are fenced).
             match shared.idle(cutoff) {
                 Ok(ids) => {
@@ -46,7 +60,7 @@ impl Streams {
         for (run_id, sid, status) in idle {
             let detail = json!({"reason": format!("no event for {} s", self.config.expire_after.as_secs()),
                                 "was": status});
-            match self.end(&run_id, &sid, "expired", detail) {
+            match self.end_with(&run_id, Holder::Daemon(&sid), "expired", detail, false) {
                 Ok(_) => n += 1,
                 Err(e) => tracing::warn!(run = %run_id, error = %e, "could not expire an idle run"),
             }
@@ -75,7 +89,7 @@ impl Streams {
         }
         self.end_with(
             run_id,
-            stream_id,
+            Holder::Stream(stream_id),
             "committed",
             json!({"final_message": final_message}),
             content_from_stream,
@@ -91,13 +105,13 @@ impl Streams {
         status: &str,
         detail: Value,
     ) -> Result<Value, StreamError> {
-        self.end_with(run_id, stream_id, status, detail, false)
+        self.end_with(run_id, Holder::Stream(stream_id), status, detail, false)
     }
 
     pub(super) fn end_with(
         &self,
         run_id: &str,
-        stream_id: &str,
+        who: Holder<'_>,
         status: &str,
         mut detail: Value,
         content_from_stream: bool,
@@ -106,7 +120,17 @@ impl Streams {
         let finish = event_json(&json!({"type": "finish", "status": status}));
         let (finish_seq, events_total, ending) = {
             let mut st = self.lock(run_id);
-            let run = Self::run_mut(&mut st, run_id, stream_id)?;
+            let run = match who {
+                Holder::Stream(stream_id) => Self::run_mut(&mut st, run_id, stream_id)?,
+                Holder::Daemon(stream_id) => {
+                    let run = st.runs.get_mut(run_id).ok_or(StreamError::NotActive)?;
+                    // The run as the daemon saw it when it decided (not since taken over).
+                    if run.stream_id != stream_id || run.ending {
+                        return Err(StreamError::NotHolder { epoch: run.epoch });
+                    }
+                    run
+                }
+            };
             // From here until the state file is written (or not), nothing else touches the run.
             run.ending = true;
             if content_from_stream {
@@ -176,6 +200,16 @@ impl Streams {
                   "events": events_total}),
         )
     }
+}
+
+/// Who ends a run: its holder (by stream id), or the daemon itself (expiry, an orphaned run),
+/// for the holder it saw when it decided (whose stream id may be retired: empty).
+#[derive(Clone, Copy)]
+pub(super) enum Holder<'a> {
+    /// A producer's `stream.commit` / `stream.abort`.
+    Stream(&'a str),
+    /// The daemon, for the run as it was held by this stream id.
+    Daemon(&'a str),
 }
 
 /// What the commit point writes beside the state: the run's head and its last events, owned

@@ -6,6 +6,7 @@
 
 mod checkpoint;
 mod ending;
+mod orphans;
 mod plans;
 mod replay;
 mod shards;
@@ -13,6 +14,7 @@ mod shared;
 mod transfer;
 mod window;
 
+pub use orphans::ABANDONED;
 pub use replay::ReplayedRun;
 pub use transfer::Export;
 
@@ -56,6 +58,9 @@ pub struct StreamsConfig {
     /// How many of a run's latest published events memory keeps (files; older ones are
     /// derived from the journal when a subscriber asks).
     pub memory_events: usize,
+    /// A run no producer holds (its connection closed, or the daemon restarted without it)
+    /// for this long ends as `abandoned`.
+    pub orphan_timeout: Duration,
 }
 
 impl Default for StreamsConfig {
@@ -68,6 +73,7 @@ impl Default for StreamsConfig {
             max_active_runs: limits::MAX_ACTIVE_RUNS,
             expire_after: limits::STREAM_EXPIRE_AFTER,
             memory_events: limits::STREAM_MEMORY_EVENTS,
+            orphan_timeout: limits::STREAM_ORPHAN_TIMEOUT,
         }
     }
 }
@@ -187,9 +193,13 @@ impl Streams {
             }
             let active: Vec<&str> = st.runs.keys().map(String::as_str).collect();
             streams.store.after_replay(&active);
+            // No connection holds anything yet: each run's producer has the orphan timeout to
+            // come back (a restart is not a loss until then).
+            let now = now_ms();
             for run in st.runs.values_mut() {
                 run.published = run.end_pos();
                 run.queued = run.end_pos();
+                run.unattached_since.get_or_insert(now);
                 streams.trim(run);
             }
             for (id, run) in st.runs {
@@ -637,8 +647,10 @@ impl Streams {
         }
         let mut state = self.read_state(run_id)?.ok_or(StreamError::NoSuchRun)?;
         if !reveal {
-            if let Some(m) = state.get_mut("final_message") {
-                *m = json!({"hidden": "pass reveal: true"});
+            for key in ["final_message", "partial_message"] {
+                if let Some(m) = state.get_mut(key) {
+                    *m = json!({"hidden": "pass reveal: true"});
+                }
             }
         }
         Ok(state)

@@ -3,17 +3,30 @@
 //! annotate R2 plans from the run log.
 
 use super::*;
+use crate::recovery::Continuation;
 
 impl Streams {
-    /// `stream.interrupt`: plan the recovery, publish its events.
+    /// `stream.interrupt` with the default continuation (`exact`).
     pub fn interrupt(
         &self,
         run_id: &str,
         stream_id: &str,
         cause: &Value,
     ) -> Result<Ticket, StreamError> {
+        self.interrupt_as(run_id, stream_id, cause, Continuation::Exact)
+    }
+
+    /// `stream.interrupt`: plan the recovery, publish its events. `continuation` is how the
+    /// producer will continue the text (an R1/R3 plan records it; replay trims alike).
+    pub fn interrupt_as(
+        &self,
+        run_id: &str,
+        stream_id: &str,
+        cause: &Value,
+        continuation: Continuation,
+    ) -> Result<Ticket, StreamError> {
         self.load_if_missing(run_id)?;
-        let mut t = self.interrupt_locked(run_id, stream_id, cause)?;
+        let mut t = self.interrupt_locked(run_id, stream_id, cause, continuation)?;
         if let Answer::Value(plan) = &mut t.answer {
             self.annotate(run_id, plan);
         }
@@ -44,6 +57,7 @@ impl Streams {
         run_id: &str,
         stream_id: &str,
         cause: &Value,
+        continuation: Continuation,
     ) -> Result<Ticket, StreamError> {
         let mut st = self.lock(run_id);
         let run = Self::run_mut(&mut st, run_id, stream_id)?;
@@ -66,7 +80,8 @@ impl Streams {
             }
             _ => return Err(StreamError::CauseShape),
         };
-        let input = self.planner_input(run, &snapshot, None)?;
+        let mut input = self.planner_input(run, &snapshot, None)?;
+        input.continuation = continuation;
         self.plan_and_record(run, input, "interrupt")
     }
 
@@ -129,7 +144,7 @@ impl Streams {
         self.submit(run, &rec, answer)
     }
 
-    /// `stream.resume`: a new process takes the run over, gets its checkpoint and a plan.
+    /// `stream.resume` with the default continuation (`exact`).
     pub fn resume(
         &self,
         run_id: &str,
@@ -137,9 +152,22 @@ impl Streams {
         thread_id: Option<String>,
         fail_on_stale: bool,
     ) -> Result<Ticket, StreamError> {
+        self.resume_as(run_id, model, thread_id, fail_on_stale, Continuation::Exact)
+    }
+
+    /// `stream.resume`: a new process takes the run over, gets its checkpoint and a plan
+    /// (its continuation as declared, see [`Streams::interrupt_as`]).
+    pub fn resume_as(
+        &self,
+        run_id: &str,
+        model: Option<String>,
+        thread_id: Option<String>,
+        fail_on_stale: bool,
+        continuation: Continuation,
+    ) -> Result<Ticket, StreamError> {
         validate_run_id(run_id)?;
         self.refresh(run_id)?;
-        let mut t = self.resume_locked(run_id, model, thread_id, fail_on_stale)?;
+        let mut t = self.resume_locked(run_id, model, thread_id, fail_on_stale, continuation)?;
         if let Some(plan) = match &mut t.answer {
             Answer::Value(v) => v.get_mut("plan"),
             Answer::Acked { .. } => None,
@@ -155,6 +183,7 @@ impl Streams {
         model: Option<String>,
         thread_id: Option<String>,
         fail_on_stale: bool,
+        continuation: Continuation,
     ) -> Result<Ticket, StreamError> {
         validate_run_id(run_id)?;
         let mut st = self.lock(run_id);
@@ -199,7 +228,9 @@ impl Streams {
         run.held_here = true;
         // Not awaited on its own: the plan record queued after it settles both.
         drop(self.queue_for(run, prepared));
-        let input = self.planner_input(run, &json!({"cause": "resumed_from_checkpoint"}), stale)?;
+        let mut input =
+            self.planner_input(run, &json!({"cause": "resumed_from_checkpoint"}), stale)?;
+        input.continuation = continuation;
         let mut t = self.plan_and_record(run, input, "resume")?;
         let plan = std::mem::replace(&mut t.answer, Answer::Value(Value::Null)).into_value();
         t.answer = Answer::Value(json!({

@@ -83,6 +83,16 @@ impl Streams {
                         "stream journal: a plan that does not read was skipped"),
                 }
             }
+            Record::Lost(l) => {
+                let Some(run) = st.runs.get_mut(&l.run) else {
+                    return;
+                };
+                if l.seq != run.next_seq || l.epoch != run.epoch {
+                    tracing::warn!(run = %l.run, "stream journal: a lost record out of sequence was skipped");
+                    return;
+                }
+                run.apply_lost(l.at);
+            }
             Record::Snapshot(snap) => {
                 let run_id = snap.run.clone();
                 st.runs.insert(run_id, Run::from_snapshot(*snap, segment));

@@ -1,0 +1,151 @@
+//! Runs whose producer is gone. The connections through which a run's holder speaks are
+//! attached to the run; when the last one closes without a commit or abort, the producer is
+//! lost: `interrupted` (cause `producer_lost`) is published at once and the holder's stream id
+//! retired. A producer that resumes within `[streams] orphan_timeout_s` goes on as after any
+//! interruption; past it, the run ends as `abandoned`, its text kept for `stream.get`, so every
+//! viewer gets `finish`. A daemon restart is no loss: its runs are unattached from the start
+//! (no event), and end only if no producer speaks for them within the timeout.
+
+use super::*;
+use crate::streams::run::LOST_CAUSE;
+
+use ending::Holder;
+
+impl Streams {
+    /// Connection `conn` spoke for `stream_id`, the holder of `run_id` (a begin, resume,
+    /// interrupt or append answered): the run's producer is there. Whether the run took it
+    /// (it is in memory, held by that stream id).
+    pub fn attach(&self, run_id: &str, stream_id: &str, conn: u64) -> bool {
+        let mut st = self.lock(run_id);
+        match st.runs.get_mut(run_id) {
+            Some(run) if !stream_id.is_empty() && run.stream_id == stream_id => {
+                if !run.attached.contains(&conn) {
+                    run.attached.push(conn);
+                }
+                run.unattached_since = None;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Connection `conn` closed (not at shutdown: a restart is no loss) having spoken for
+    /// `held` (run id, stream id): each run it was the last connection of loses its producer.
+    /// Returns how many did.
+    pub fn detach(self: &Arc<Self>, held: &[(String, String)], conn: u64) -> usize {
+        let mut lost = 0;
+        for (run_id, sid) in held {
+            let ticket = {
+                let mut st = self.lock(run_id);
+                let Some(run) = st.runs.get_mut(run_id.as_str()) else {
+                    continue;
+                };
+                if run.stream_id != *sid {
+                    continue; // taken over since: not this connection's run any more
+                }
+                run.attached.retain(|c| *c != conn);
+                if !run.attached.is_empty() || run.ending {
+                    continue;
+                }
+                if run.status == Status::Failed {
+                    // Nothing to resume: no event, only the clock that ends it.
+                    run.unattached_since.get_or_insert(now_ms());
+                    continue;
+                }
+                match self.record_lost(run) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        tracing::warn!(run = %run_id, error = %e,
+                            "could not record that a run's producer was lost");
+                        run.unattached_since.get_or_insert(now_ms());
+                        continue;
+                    }
+                }
+            };
+            tracing::info!(run = %run_id, conn,
+                "stream producer lost: its connection closed without commit or abort");
+            lost += 1;
+            // Published once durable, like any record's events; nobody waits for an answer.
+            self.settle_then(ticket, |res| {
+                if let Err(e) = res {
+                    tracing::warn!(error = %e, "the producer_lost record was not kept");
+                }
+            });
+        }
+        lost
+    }
+
+    /// Journal a `lost` record for `run` and apply it.
+    fn record_lost(&self, run: &mut Run) -> Result<Ticket, StreamError> {
+        let at = now_ms();
+        let rec = Record::Lost(record::Lost {
+            run: run.run_id.to_string(),
+            epoch: run.epoch,
+            seq: run.next_seq,
+            at,
+        });
+        // Sealed before the run changes: a refusal changes nothing.
+        let prepared = self.store.prepare(Out::Record(&rec))?;
+        // The trimmer's held text is decided first (it may be published under the flush's
+        // seqs, which precede the event's): the record's seq is the one after them.
+        let (seq, _) = run.apply_lost(at);
+        debug_assert_eq!(seq + 1, run.next_seq);
+        let durable = self.queue_for(run, prepared);
+        Ok(Ticket {
+            run_id: Arc::clone(&run.run_id),
+            upto: run.end_pos(),
+            version: run.version,
+            durable,
+            answer: Answer::Value(json!({"cause": LOST_CAUSE})),
+        })
+    }
+
+    /// End the runs no producer has held for `[streams] orphan_timeout_s` as `abandoned`
+    /// (their text kept in the state file, shown by `stream.get` with `reveal`). Returns how
+    /// many ended.
+    pub fn end_orphans(&self) -> usize {
+        let timeout = self.config.orphan_timeout;
+        let cutoff = now_ms().saturating_sub(timeout.as_millis() as u64);
+        let mut due: Vec<(String, String, Value)> = Vec::new();
+        self.runs.each(|st| {
+            for r in st.runs.values() {
+                if r.unattached_since.is_some_and(|t| t <= cutoff) && !r.ending {
+                    let mut partial = json!({"role": "assistant",
+                                             "content": r.acc.text_when_flushed()});
+                    let calls: Vec<Value> = r
+                        .acc
+                        .tool_calls()
+                        .iter()
+                        .map(|c| json!({"id": c.id, "name": c.name, "arguments": c.arguments}))
+                        .collect();
+                    if !calls.is_empty() {
+                        partial["tool_calls"] = Value::Array(calls);
+                    }
+                    due.push((r.run_id.to_string(), r.stream_id.clone(), partial));
+                }
+            }
+        });
+        let mut n = 0;
+        for (run_id, sid, partial) in due {
+            let detail = json!({
+                "reason": format!("producer_lost: no producer resumed the run within {} s",
+                                  timeout.as_secs()),
+                "partial_message": partial,
+            });
+            match self.end_with(&run_id, Holder::Daemon(&sid), ABANDONED, detail, false) {
+                Ok(_) => {
+                    n += 1;
+                    tracing::info!(run = %run_id, "ended a run whose producer was lost as abandoned");
+                }
+                // Resumed or ended meanwhile (or another host ended it first): not ours to end.
+                Err(StreamError::NotHolder { .. }) | Err(StreamError::NotActive) => {}
+                Err(e) => tracing::warn!(run = %run_id, error = %e,
+                    "could not end a run whose producer was lost"),
+            }
+        }
+        n
+    }
+}
+
+/// The status of a run ended because no producer came back.
+pub const ABANDONED: &str = "abandoned";
