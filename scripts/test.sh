@@ -26,7 +26,7 @@ cargo test --lib --bins --tests --quiet -- --show-output
 # The PostgreSQL backend: a throwaway server for this run (scripts/pg-cluster.sh: initdb in
 # target/, a Unix socket there only, stopped on exit), then the streams, run-log and run-grant suites again on it, with
 # two daemons on one database where the tests have two hosts.
-echo "== streams, run-log and run-grant suites on PostgreSQL (HOLDFAST_TEST_BACKEND=postgres)"
+echo "== streams, orphaned-run, run-log and run-grant suites on PostgreSQL (HOLDFAST_TEST_BACKEND=postgres)"
 pgdir="$PWD/target/pg-test"
 # A new cluster each run (the suites create a database per daemon environment).
 scripts/pg-cluster.sh stop "$pgdir" >/dev/null 2>&1 || true
@@ -35,7 +35,7 @@ if pg_err=$(scripts/pg-cluster.sh start "$pgdir" 2>&1 >/dev/null); then
   trap 'scripts/pg-cluster.sh stop "$pgdir" >/dev/null 2>&1 || true' EXIT
   pg_user=$( [ "$(id -u)" = 0 ] && echo postgres || id -un )
   HOLDFAST_TEST_BACKEND=postgres HOLDFAST_TEST_PG="host=$pgdir user=$pg_user" \
-    cargo test --quiet --test streams --test runlog --test run_grants -- --show-output
+    cargo test --quiet --test streams --test orphans --test runlog --test run_grants -- --show-output
 else
   echo "SKIPPED: the streams and run-log suites on PostgreSQL: no server could be started here: $pg_err"
 fi

@@ -14,6 +14,8 @@
 //! with the last seq it saw gets every later event once, in order.
 
 mod accum;
+#[cfg(test)]
+mod continuation_props;
 mod error;
 mod feed;
 mod pg;

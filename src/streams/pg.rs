@@ -522,6 +522,21 @@ impl SharedStore for PgStore {
         })
     }
 
+    fn written_here(&self) -> Result<Vec<String>, StreamError> {
+        let host = self.db.settings().host_name.clone();
+        self.query(move |c| {
+            Box::pin(async move {
+                let rows = c
+                    .query(
+                        "SELECT run_id FROM hf_stream_runs WHERE NOT ended AND host = $1",
+                        &[&host],
+                    )
+                    .await?;
+                Ok(rows.iter().map(|r| r.get(0)).collect())
+            })
+        })
+    }
+
     fn interrupted(&self, before_ms: u64) -> Result<Vec<String>, StreamError> {
         self.query(move |c| {
             Box::pin(async move {

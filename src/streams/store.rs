@@ -139,6 +139,9 @@ pub trait SharedStore: Send + Sync {
     /// Active runs interrupted with no activity since `before_ms` (blocking): the candidates
     /// for an orphaned run (a `lost` record is an interruption).
     fn interrupted(&self, before_ms: u64) -> Result<Vec<String>, StreamError>;
+    /// Active runs this host wrote last (blocking): after a restart, the runs whose producers
+    /// spoke through this daemon, which have the orphan timeout to come back.
+    fn written_here(&self) -> Result<Vec<String>, StreamError>;
     /// Every event the run published, in order (blocking).
     fn events(&self, run_id: &str) -> Result<Vec<(u64, EventJson)>, StreamError>;
     /// Delete what ended runs no longer need: their records, and their events once they ended

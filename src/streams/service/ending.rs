@@ -21,20 +21,6 @@ impl Streams {
                 Ok(n) => tracing::debug!(rows = n, "swept what ended runs no longer need"),
                 Err(e) => tracing::warn!(error = %e, "could not sweep ended runs' rows"),
             }
-            // Runs interrupted longer than the orphan timeout, loaded: those whose producer was
-            // lost (a `lost` record, perhaps another host's) end at the next orphan sweep.
-            let orphaned =
-                now_ms().saturating_sub(self.config.orphan_timeout.as_millis() as u64);
-            match shared.interrupted(orphaned) {
-                Ok(ids) => {
-                    for id in ids {
-                        if let Err(e) = self.load_if_missing(&id) {
-                            tracing::warn!(run = %id, error = %e, "could not load an interrupted run");
-                        }
-                    }
-                }
-                Err(e) => tracing::warn!(error = %e, "could not list interrupted runs"),
-            }
             // Every host's idle runs (whoever expires one first ends it; the others are fenced).
             match shared.idle(cutoff) {
                 Ok(ids) => {

@@ -91,6 +91,9 @@ pub struct Streams {
     config: StreamsConfig,
     /// The run logs, for the R2 plans' `execution` of each completed tool call.
     tool_log: std::sync::OnceLock<Arc<dyn ToolLog>>,
+    /// A shared store's runs this host held before it started are loaded (and their orphan
+    /// clocks started) by the first orphan sweep.
+    adopted: std::sync::atomic::AtomicBool,
 }
 
 /// An accepted change waiting for the journal.
@@ -171,6 +174,7 @@ impl Streams {
             runs: shards::Runs::new(),
             config,
             tool_log: std::sync::OnceLock::new(),
+            adopted: std::sync::atomic::AtomicBool::new(true),
         };
         {
             // Replayed into one map, then moved into the shards.

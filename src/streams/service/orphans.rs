@@ -7,6 +7,7 @@
 //! (no event), and end only if no producer speaks for them within the timeout.
 
 use super::*;
+use crate::streams::store::SharedStore;
 use crate::streams::run::LOST_CAUSE;
 
 use ending::Holder;
@@ -75,6 +76,45 @@ impl Streams {
         lost
     }
 
+    /// A shared store: load the runs another sweep (perhaps another host's) must see. Once,
+    /// the runs this host wrote last before it started (no connection holds them: their
+    /// clocks start now, as a file journal's runs do at open); every time, the runs
+    /// interrupted for longer than the timeout (a `lost` record is an interruption: replayed,
+    /// it sets the clock to when the producer was lost).
+    fn load_orphans(&self, shared: &dyn SharedStore, cutoff: u64) {
+        use std::sync::atomic::Ordering;
+        let mut ids = Vec::new();
+        let first = !self.adopted.swap(true, Ordering::AcqRel);
+        if first {
+            match shared.written_here() {
+                Ok(v) => ids.extend(v.into_iter().map(|id| (id, true))),
+                Err(e) => {
+                    self.adopted.store(false, Ordering::Release);
+                    tracing::warn!(error = %e, "could not list the runs this host held");
+                }
+            }
+        }
+        match shared.interrupted(cutoff) {
+            Ok(v) => ids.extend(v.into_iter().map(|id| (id, false))),
+            Err(e) => tracing::warn!(error = %e, "could not list interrupted runs"),
+        }
+        let now = now_ms();
+        for (id, held_before) in ids {
+            if let Err(e) = self.load_if_missing(&id) {
+                tracing::debug!(run = %id, error = %e, "an orphan candidate did not load");
+                continue;
+            }
+            if held_before {
+                let mut st = self.lock(&id);
+                if let Some(run) = st.runs.get_mut(&id) {
+                    if run.attached.is_empty() {
+                        run.unattached_since.get_or_insert(now);
+                    }
+                }
+            }
+        }
+    }
+
     /// Journal a `lost` record for `run` and apply it.
     fn record_lost(&self, run: &mut Run) -> Result<Ticket, StreamError> {
         let at = now_ms();
@@ -106,6 +146,9 @@ impl Streams {
     pub fn end_orphans(&self) -> usize {
         let timeout = self.config.orphan_timeout;
         let cutoff = now_ms().saturating_sub(timeout.as_millis() as u64);
+        if let Some(shared) = self.shared() {
+            self.load_orphans(shared, cutoff);
+        }
         let mut due: Vec<(String, String, Value)> = Vec::new();
         self.runs.each(|st| {
             for r in st.runs.values() {

@@ -17,6 +17,7 @@ impl Streams {
             runs: shards::Runs::new(),
             config,
             tool_log: std::sync::OnceLock::new(),
+            adopted: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
