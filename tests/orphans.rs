@@ -59,10 +59,16 @@ fn a_lost_producer_is_announced_at_once_and_its_run_ends_abandoned_with_its_text
     text(&mut producer, "lost-1", &sid, 1, "Hello, ");
     text(&mut producer, "lost-1", &sid, 2, "wor");
     let mut viewer = Conn::open(&d.socket);
-    viewer.ok("stream.subscribe", json!({"run_id": "lost-1", "after_seq": 2}));
+    viewer.ok(
+        "stream.subscribe",
+        json!({"run_id": "lost-1", "after_seq": 2}),
+    );
     drop(producer); // the connection closes: no commit, no abort
     let got = events_until_finish(&mut viewer, Duration::from_secs(30));
-    let types: Vec<&str> = got.iter().map(|(_, e)| e["type"].as_str().unwrap()).collect();
+    let types: Vec<&str> = got
+        .iter()
+        .map(|(_, e)| e["type"].as_str().unwrap())
+        .collect();
     assert_eq!(types, ["interrupted", "finish"], "{got:?}");
     let (lost_at, lost) = &got[0];
     assert_eq!(lost["cause"], "producer_lost", "{lost}");
@@ -72,7 +78,10 @@ fn a_lost_producer_is_announced_at_once_and_its_run_ends_abandoned_with_its_text
     );
     let (end_at, finish) = &got[1];
     assert_eq!(finish["status"], "abandoned", "{finish}");
-    assert!(*end_at >= Duration::from_secs(2), "ended before the timeout: {end_at:?}");
+    assert!(
+        *end_at >= Duration::from_secs(2),
+        "ended before the timeout: {end_at:?}"
+    );
     // Its text is kept, shown with reveal.
     let mut c = Conn::open(&d.socket);
     let hidden = c.ok("stream.get", json!({"run_id": "lost-1"}));
@@ -80,7 +89,10 @@ fn a_lost_producer_is_announced_at_once_and_its_run_ends_abandoned_with_its_text
     assert!(hidden["partial_message"]["hidden"].is_string(), "{hidden}");
     let state = c.ok("stream.get", json!({"run_id": "lost-1", "reveal": true}));
     assert_eq!(state["partial_message"]["content"], "Hello, wor", "{state}");
-    assert!(state["reason"].as_str().unwrap().contains("producer_lost"), "{state}");
+    assert!(
+        state["reason"].as_str().unwrap().contains("producer_lost"),
+        "{state}"
+    );
     // A late subscriber sees the whole run and its end; a begin is refused (it ended).
     let mut late = Conn::open(&d.socket);
     late.ok("stream.subscribe", json!({"run_id": "lost-1"}));
@@ -88,9 +100,7 @@ fn a_lost_producer_is_announced_at_once_and_its_run_ends_abandoned_with_its_text
     assert_eq!(all.last().unwrap().1["status"], "abandoned", "{all:?}");
     let e = c.err("stream.begin", json!({"run_id": "lost-1"}));
     assert!(e["message"].as_str().unwrap().contains("abandoned"), "{e}");
-    println!(
-        "lost producer: interrupted after {lost_at:?}, finish (abandoned) after {end_at:?}"
-    );
+    println!("lost producer: interrupted after {lost_at:?}, finish (abandoned) after {end_at:?}");
     d.stop();
 }
 
@@ -158,7 +168,8 @@ fn a_daemon_restart_is_no_loss_until_the_timeout() {
     std::thread::sleep(Duration::from_millis(300));
     d.signal(Signal::TERM);
     let mut d = d;
-    d.wait_exit(Duration::from_secs(20)).expect("the daemon stops");
+    d.wait_exit(Duration::from_secs(20))
+        .expect("the daemon stops");
     let d = env.start();
     // A run lost before the restart is resumed after it and goes on; the other ends.
     let mut p = Conn::open(&d.socket);
@@ -192,7 +203,8 @@ fn a_producer_reconnecting_after_a_restart_keeps_its_stream_id() {
     text(&mut producer, "again", &sid, 1, "before ");
     d.signal(Signal::TERM);
     let mut d = d;
-    d.wait_exit(Duration::from_secs(20)).expect("the daemon stops");
+    d.wait_exit(Duration::from_secs(20))
+        .expect("the daemon stops");
     drop(producer);
     let d = env.start();
     // Reconnected within the timeout, with the same stream id and the next seq: no loss.
@@ -202,13 +214,22 @@ fn a_producer_reconnecting_after_a_restart_keeps_its_stream_id() {
     let mut c = Conn::open(&d.socket);
     let state = c.ok("stream.get", json!({"run_id": "again", "reveal": true}));
     assert_eq!(state["status"], "streaming", "{state}");
-    assert_eq!(state["checkpoint"]["partial_text"], "before after", "{state}");
+    assert_eq!(
+        state["checkpoint"]["partial_text"], "before after",
+        "{state}"
+    );
     // Its connection closing now is a loss like any other.
     drop(p);
     let mut viewer = Conn::open(&d.socket);
-    viewer.ok("stream.subscribe", json!({"run_id": "again", "after_seq": 2}));
+    viewer.ok(
+        "stream.subscribe",
+        json!({"run_id": "again", "after_seq": 2}),
+    );
     let got = events_until_finish(&mut viewer, Duration::from_secs(30));
-    let types: Vec<&str> = got.iter().map(|(_, e)| e["type"].as_str().unwrap()).collect();
+    let types: Vec<&str> = got
+        .iter()
+        .map(|(_, e)| e["type"].as_str().unwrap())
+        .collect();
     assert_eq!(types, ["interrupted", "finish"], "{got:?}");
     d.stop();
 }

@@ -240,8 +240,7 @@ pub fn append(
 fn queue_append(s: &Streams, session: &Session, a: Append<'_>) -> Result<Ticket, RpcError> {
     // The producer's connection, known to its run from its first append (after a restart,
     // or when another connection began it).
-    if !session.holds(&a.run_id, &a.stream_id) && s.attach(&a.run_id, &a.stream_id, session.id)
-    {
+    if !session.holds(&a.run_id, &a.stream_id) && s.attach(&a.run_id, &a.stream_id, session.id) {
         session.hold(&a.run_id, &a.stream_id);
     }
     let events = match a.events {

@@ -32,7 +32,10 @@ fn texts() -> impl Strategy<Value = String> {
         2..24,
     )
     .prop_map(|v| v.concat());
-    let rule = (prop::sample::select(vec!["-", "=", " ", "0", "ab"]), 4usize..320)
+    let rule = (
+        prop::sample::select(vec!["-", "=", " ", "0", "ab"]),
+        4usize..320,
+    )
         .prop_map(|(c, n)| c.repeat(n));
     let ha = (1usize..220).prop_map(|n| "ha ".repeat(n));
     let digits = prop_oneof![
@@ -56,7 +59,9 @@ fn chunks(s: &str, seed: &mut u64) -> Vec<String> {
     let mut out = Vec::new();
     let mut i = 0;
     while i < chars.len() {
-        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         let n = 1 + ((*seed >> 33) % 8) as usize;
         let end = (i + n).min(chars.len());
         out.push(chars[i..end].iter().collect());
@@ -81,7 +86,10 @@ fn run(prefix: &[String], mode: Continuation, cont: &[String]) -> (String, Strin
     let mut seen = String::new();
     let mut seq = 1;
     for c in prefix {
-        shown(acc.apply(seq, &Event::Text(c.clone())).expect("text"), &mut seen);
+        shown(
+            acc.apply(seq, &Event::Text(c.clone())).expect("text"),
+            &mut seen,
+        );
         seq += 1;
     }
     let input = recovery::Input {
@@ -103,7 +111,10 @@ fn run(prefix: &[String], mode: Continuation, cont: &[String]) -> (String, Strin
     acc.apply_plan(&plan);
     seq += 1;
     for c in cont {
-        shown(acc.apply(seq, &Event::Text(c.clone())).expect("text"), &mut seen);
+        shown(
+            acc.apply(seq, &Event::Text(c.clone())).expect("text"),
+            &mut seen,
+        );
         seq += 1;
     }
     let stored = acc.text_when_flushed();
@@ -147,7 +158,11 @@ fn check(text: &str, seed: u64, totals: &mut Totals) -> Result<(), TestCaseError
 
         // restated: the model restates the last n characters (none, three, to the start of
         // its line or word, or a long stretch), then continues.
-        let line = chars[..k].iter().rev().position(|c| *c == '\n').unwrap_or(k);
+        let line = chars[..k]
+            .iter()
+            .rev()
+            .position(|c| *c == '\n')
+            .unwrap_or(k);
         let word = chars[..k].iter().rev().position(|c| *c == ' ').unwrap_or(k);
         let mut ns = vec![0, 3, line, word, 20, 200];
         ns.retain(|&n| n == 0 || (n >= MIN_OVERLAP_CHARS && n <= k.min(WINDOW)));
@@ -156,11 +171,19 @@ fn check(text: &str, seed: u64, totals: &mut Totals) -> Result<(), TestCaseError
         for n in ns {
             let cont: Vec<char> = chars[k - n..].to_vec();
             let cont_s: String = cont.iter().collect();
-            let (seen, stored) =
-                run(&pre_chunks, Continuation::Restated, &chunks(&cont_s, &mut seed));
+            let (seen, stored) = run(
+                &pre_chunks,
+                Continuation::Restated,
+                &chunks(&cont_s, &mut seed),
+            );
             prop_assert_eq!(&seen, &stored, "restated {} at {}: shown vs stored", n, k);
             // Shown = prefix + cont[r..]: r characters removed, each a possible restatement.
-            prop_assert!(seen.starts_with(&prefix), "restated {} at {}: prefix changed", n, k);
+            prop_assert!(
+                seen.starts_with(&prefix),
+                "restated {} at {}: prefix changed",
+                n,
+                k
+            );
             let after: Vec<char> = seen[prefix.len()..].chars().collect();
             prop_assert!(after.len() <= cont.len() && cont.ends_with(&after));
             let r = cont.len() - after.len();
@@ -173,9 +196,19 @@ fn check(text: &str, seed: u64, totals: &mut Totals) -> Result<(), TestCaseError
                 r,
                 possible
             );
-            let unique = if n == 0 { possible.is_empty() } else { possible == [n] };
+            let unique = if n == 0 {
+                possible.is_empty()
+            } else {
+                possible == [n]
+            };
             if unique {
-                prop_assert_eq!(&seen, text, "restated {} at {}: one reading, not exact", n, k);
+                prop_assert_eq!(
+                    &seen,
+                    text,
+                    "restated {} at {}: one reading, not exact",
+                    n,
+                    k
+                );
                 totals.restated_unique += 1;
             } else {
                 totals.restated_ambiguous += 1;
@@ -219,5 +252,8 @@ fn shown_equals_stored_equals_the_models_text_at_every_break_point() {
     if let Err(e) = result {
         panic!("{e}");
     }
-    assert!(t.restated_unique > 0 && t.restated_ambiguous > 0, "both readings explored");
+    assert!(
+        t.restated_unique > 0 && t.restated_ambiguous > 0,
+        "both readings explored"
+    );
 }

@@ -252,7 +252,10 @@ fn subscribers_get_every_event_once_across_reconnects_and_the_overlap_is_trimmed
         &s,
         s.append("run-s", &sid, 1, &[text("Hello, "), text("wor")]),
     );
-    let plan = ok(&s, s.interrupt_as("run-s", &sid, &json!("connection_reset"), Restated));
+    let plan = ok(
+        &s,
+        s.interrupt_as("run-s", &sid, &json!("connection_reset"), Restated),
+    );
     assert_eq!(plan["plan"], "R1");
     let next = plan["next_seq"].as_u64().unwrap();
     // The continuation repeats "wor": only "ld!" is published.
@@ -577,7 +580,10 @@ fn reseal_survives_the_old_key_being_forgotten() {
             &[text("Hello, wor"), delta("c1", Some("t"), "{\"a\":")],
         ),
     );
-    let plan = ok(&s, s.interrupt_as("active", &sid, &json!("idle_stall"), Restated));
+    let plan = ok(
+        &s,
+        s.interrupt_as("active", &sid, &json!("idle_stall"), Restated),
+    );
     assert_eq!(plan["plan"], "R3");
     let next = plan["next_seq"].as_u64().unwrap();
     ok(&s, s.append("active", &sid, next, &[text("world")]));
@@ -643,7 +649,10 @@ fn held_text_reaches_live_subscribers_and_replay_keeps_times() {
     let s = env.open();
     let sid = begin(&s, "run-h");
     ok(&s, s.append("run-h", &sid, 1, &[text("Hello, wor")]));
-    let plan = ok(&s, s.interrupt_as("run-h", &sid, &json!("connection_reset"), Restated));
+    let plan = ok(
+        &s,
+        s.interrupt_as("run-h", &sid, &json!("connection_reset"), Restated),
+    );
     let next = plan["next_seq"].as_u64().unwrap();
     let mut rx = s.subscribe("run-h", next - 1).unwrap();
     // "l" could still be a repeat of the tail ("Hello"): held while its record becomes durable.
@@ -725,7 +734,10 @@ fn commit_with_content_from_stream_stores_exactly_what_subscribers_saw() {
         let run = format!("run-c{i}");
         let sid = begin(&s, &run);
         ok(&s, s.append(&run, &sid, 1, &[text("Hello, wor")]));
-        let plan = ok(&s, s.interrupt_as(&run, &sid, &json!("connection_reset"), Restated));
+        let plan = ok(
+            &s,
+            s.interrupt_as(&run, &sid, &json!("connection_reset"), Restated),
+        );
         let next = plan["next_seq"].as_u64().unwrap();
         let mut rx = s.subscribe(&run, 0).unwrap();
         ok(&s, s.append(&run, &sid, next, &[text(cont)]));
@@ -829,7 +841,10 @@ fn a_window_of_events_in_memory_serves_every_subscriber_exactly() {
             ok(s, s.append("long", &sid, seq, &batch));
             seq += 2;
         }
-        let plan = ok(s, s.interrupt_as("long", &sid, &json!("connection_reset"), Restated));
+        let plan = ok(
+            s,
+            s.interrupt_as("long", &sid, &json!("connection_reset"), Restated),
+        );
         let next = plan["next_seq"].as_u64().unwrap();
         // The continuation repeats the tail: the overlap trimmer drops it.
         ok(

@@ -70,6 +70,7 @@ class Subscription:
         self._params = dict(params)
         self._q = SubQueue(kind, max_queued, int(params.get("after_seq") or 0))
         self._cv = threading.Condition(threading.Lock())
+        self._listener: Optional[Callable[[], None]] = None
         self.id: Any = None
         self._start()
 
@@ -90,6 +91,14 @@ class Subscription:
         with self._cv:
             self._q.push(params)
             self._cv.notify_all()
+        listener = self._listener
+        if listener is not None:
+            listener()  # outside the queue's lock: it may take its own
+
+    def _listen(self, listener: Optional[Callable[[], None]]) -> None:
+        """Call ``listener`` (from the reader thread) after each event is queued: a waiter on
+        several sources at once (``RecoveringStream``) wakes for this one too."""
+        self._listener = listener
 
     def next(self, timeout: Optional[float] = None) -> Optional[Event]:
         """The next event's ``params`` (for a stream: ``{"subscription", "run_id", "seq",
@@ -525,10 +534,15 @@ class Client:
             "stream.append", run_id=run_id, stream_id=stream_id, seq=seq, events=events
         )["acked_seq"]
 
-    def stream_interrupt(self, run_id: str, stream_id: str, cause: Any) -> Dict[str, Any]:
+    def stream_interrupt(self, run_id: str, stream_id: str, cause: Any,
+                         continuation: Optional[str] = None) -> Dict[str, Any]:
         """``stream.interrupt`` -> the recovery plan (``plan``, ``wait_ms``, ``next_seq``, …).
-        ``cause``: a cause name, or ``{"status", "message", "retry_after"}``."""
-        return self.call("stream.interrupt", run_id=run_id, stream_id=stream_id, cause=cause)
+        ``cause``: a cause name, or ``{"status", "message", "retry_after"}``. ``continuation``:
+        how you will continue the text after an R1/R3 plan, ``"exact"`` (the daemon's default:
+        the provider continues the prefix, nothing is trimmed) or ``"restated"`` (the model may
+        restate the prefix's end; the restatement is removed)."""
+        return self.call("stream.interrupt", run_id=run_id, stream_id=stream_id, cause=cause,
+                         continuation=continuation)
 
     def stream_resume(
         self,
@@ -536,11 +550,13 @@ class Client:
         model: Optional[str] = None,
         thread_id: Optional[str] = None,
         fail_on_stale: bool = False,
+        continuation: Optional[str] = None,
     ) -> Dict[str, Any]:
-        """``stream.resume`` -> ``{stream_id, epoch, next_seq, checkpoint, plan}``."""
+        """``stream.resume`` -> ``{stream_id, epoch, next_seq, checkpoint, plan}``
+        (``continuation`` as for ``stream_interrupt``)."""
         return self.call(
             "stream.resume", run_id=run_id, model=model, thread_id=thread_id,
-            fail_on_stale=fail_on_stale or None,
+            fail_on_stale=fail_on_stale or None, continuation=continuation,
         )
 
     def stream_commit(

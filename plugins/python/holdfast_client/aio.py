@@ -423,15 +423,16 @@ class AsyncClient:
         return (await self.call("stream.append", run_id=run_id, stream_id=stream_id, seq=seq,
                                 events=events))["acked_seq"]
 
-    async def stream_interrupt(self, run_id: str, stream_id: str, cause: Any) -> Dict[str, Any]:
+    async def stream_interrupt(self, run_id: str, stream_id: str, cause: Any,
+                               continuation: Optional[str] = None) -> Dict[str, Any]:
         return await self.call("stream.interrupt", run_id=run_id, stream_id=stream_id,
-                               cause=cause)
+                               cause=cause, continuation=continuation)
 
     async def stream_resume(self, run_id: str, model: Optional[str] = None,
-                            thread_id: Optional[str] = None, fail_on_stale: bool = False
-                            ) -> Dict[str, Any]:
+                            thread_id: Optional[str] = None, fail_on_stale: bool = False,
+                            continuation: Optional[str] = None) -> Dict[str, Any]:
         return await self.call("stream.resume", run_id=run_id, model=model, thread_id=thread_id,
-                               fail_on_stale=fail_on_stale or None)
+                               fail_on_stale=fail_on_stale or None, continuation=continuation)
 
     async def stream_commit(self, run_id: str, stream_id: str, final_message: Any,
                             content_from_stream: bool = False) -> Dict[str, Any]:

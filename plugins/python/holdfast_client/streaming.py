@@ -295,19 +295,22 @@ class StreamProducer:
 
     ``StreamProducer(hf, run_id, resume=True)`` takes a run over from a process that died:
     ``.checkpoint`` is what was streamed, ``.plan`` what to do. After a takeover by someone
-    else, every call raises ``Conflict``: stop producing.
+    else, every call raises ``Conflict``: stop producing. ``continuation``: how this producer
+    continues the text after R1/R3 (``"exact"`` or ``"restated"``, see ``RecoveringStream``).
     """
 
     def __init__(self, client: Any, run_id: str, *, thread_id: Optional[str] = None,
                  model: Optional[str] = None, takeover: bool = False, resume: bool = False,
-                 fail_on_stale: bool = False) -> None:
+                 fail_on_stale: bool = False, continuation: str = "exact") -> None:
         self.client = client
         self.run_id = run_id
+        self.continuation = _continuation(continuation)
         self.checkpoint: Optional[Dict[str, Any]] = None
         self.plan: Optional[Dict[str, Any]] = None
         if resume:
             r = client.stream_resume(run_id, model=model, thread_id=thread_id,
-                                     fail_on_stale=fail_on_stale)
+                                     fail_on_stale=fail_on_stale,
+                                     continuation=self.continuation)
             self.checkpoint = r["checkpoint"]
             self.plan = r["plan"]
         else:
@@ -349,9 +352,11 @@ class StreamProducer:
         return self.append([{"type": "tool_call_end", "id": id}])
 
     def interrupt(self, cause: Cause) -> Dict[str, Any]:
-        """Report the break; returns the plan and moves ``next_seq`` past its events."""
+        """Report the break; returns the plan and moves ``next_seq`` past its events. An R1/R3
+        plan's continuation is this producer's ``continuation``."""
         self._appender.flush()
-        self.plan = self.client.stream_interrupt(self.run_id, self.stream_id, cause)
+        self.plan = self.client.stream_interrupt(self.run_id, self.stream_id, cause,
+                                                 continuation=self.continuation)
         self._appender.reset(self.plan["next_seq"])
         return self.plan
 
@@ -635,6 +640,82 @@ class _Core:
 # ---------------------------------------------------------------------------------------------
 # RecoveringStream
 
+#: How a reopened stream continues the text so far (docs/recovery.md, "Continuation").
+CONTINUATIONS = ("exact", "restated")
+
+
+def _continuation(value: Any) -> str:
+    if value not in CONTINUATIONS:
+        raise ValueError("continuation must be 'exact' or 'restated', not %r" % (value,))
+    return str(value)
+
+
+class StreamStalled(TimeoutError):
+    """No chunk came from the provider for ``stall_timeout`` seconds: reported as the
+    interruption (cause ``stalled``) and planned like any other; the ``__cause__`` of a
+    ``StreamFailed`` or ``SplitToolCall`` that followed it."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__("no chunk from the provider for %g s" % seconds)
+        self.seconds = seconds
+
+
+def _close_quietly(source: Any) -> None:
+    """Close an abandoned provider stream if it can be (an httpx / OpenAI stream, a generator
+    not running): its connection is freed; whatever it still yields is dropped."""
+    close = getattr(source, "close", None)
+    if callable(close):
+        try:
+            close()
+        except Exception:  # noqa: BLE001 - abandoned: nothing to report
+            pass
+
+
+class _Pump:
+    """One provider response read on a thread of its own, into ``mux``: ``("chunk", c)``…,
+    then ``("end", None)`` or ``("error", exc)``. The reader waits on the subscription and the
+    pump together, with a deadline for the next chunk; an abandoned pump (stalled) drops
+    whatever its provider still sends."""
+
+    def __init__(self, open_source: Callable[[], Any], mux: Any) -> None:
+        import collections
+        import threading
+
+        self._mux = mux
+        self.items: Any = collections.deque()
+        self.abandoned = False
+        self._source: Any = None
+        self._open = open_source
+        threading.Thread(target=self._run, daemon=True, name="holdfast-provider").start()
+
+    def _put(self, item: Tuple[str, Any]) -> bool:
+        with self._mux:
+            if self.abandoned:
+                return False
+            self.items.append(item)
+            self._mux.notify_all()
+            return True
+
+    def _run(self) -> None:
+        try:
+            self._source = self._open()
+            for chunk in self._source:
+                if not self._put(("chunk", chunk)):
+                    return
+            self._put(("end", None))
+        except BaseException as e:  # noqa: BLE001 - handed to the reader
+            self._put(("error", e))
+
+    def abandon(self) -> None:
+        import threading
+
+        with self._mux:
+            self.abandoned = True
+            self.items.clear()
+        if self._source is not None:
+            # Closing may block (or fail on a generator still running): not on the reader.
+            threading.Thread(target=_close_quietly, args=(self._source,), daemon=True).start()
+
 
 class RecoveringStream:
     """A provider stream made recoverable through holdfast (see the module docs).
@@ -645,6 +726,19 @@ class RecoveringStream:
     response continuing after ``prefix`` (R1/R3: the assistant text so far, to send as an
     assistant prefill or a "continue" turn) or from scratch (R4: ``None``); may return an
     iterable, an async iterable, or (async) a coroutine giving one.
+
+    ``continuation``: how ``reopen(prefix)`` continues the text — ``"exact"`` (the default:
+    the provider continues the prefix, e.g. an assistant prefill; every character it sends is
+    new text and nothing is removed) or ``"restated"`` (a "continue" turn: the model may begin
+    by restating the end of the prefix, and the daemon removes the longest restatement its
+    start can be; docs/recovery.md says exactly what). ``stall_timeout``: seconds without a
+    chunk (from the request on) after which the provider stream counts as broken, cause
+    ``stalled``: abandoned (closed if it can be) and planned like any other interruption — a
+    stalled tool call is cancelled (R3) or the turn ends with the completed ones (R2), and the
+    same call stalling again and again raises ``SplitToolCall``. ``None``: wait forever.
+
+    Each event is yielded as soon as the daemon has it durable and published — not when the
+    provider's next chunk comes.
 
     ``resume=True`` takes over a run whose producer died (another process): the plan for the
     checkpoint is followed with ``reopen``. ``after_seq``: the last seq this UI already
@@ -671,7 +765,16 @@ class RecoveringStream:
         after_seq: int = 0,
         classify: Optional[Callable[[BaseException, bool], Optional[Cause]]] = None,
         sleep: Optional[Callable[[float], Any]] = None,
+        continuation: str = "exact",
+        stall_timeout: Optional[float] = None,
     ) -> None:
+        self._continuation = _continuation(continuation)
+        if stall_timeout is not None and not (
+            isinstance(stall_timeout, (int, float)) and not isinstance(stall_timeout, bool)
+            and stall_timeout > 0
+        ):
+            raise ValueError("stall_timeout must be a positive number of seconds (or None)")
+        self._stall = None if stall_timeout is None else float(stall_timeout)
         if stream is None and not resume:
             raise TypeError("RecoveringStream needs the provider stream (or resume=True)")
         if not callable(reopen):
@@ -733,10 +836,13 @@ class RecoveringStream:
         return self._run()
 
     def _run(self) -> Iterator[StreamEvent]:
+        import threading
+
         c, run = self.client, self.run_id
         sleep = self._sleep or time.sleep
         if self._resume:
-            r = c.stream_resume(run, model=self._model, thread_id=self._thread_id)
+            r = c.stream_resume(run, model=self._model, thread_id=self._thread_id,
+                                continuation=self._continuation)
             plan: Optional[Dict[str, Any]] = r["plan"]
         else:
             r = c.stream_begin(run, thread_id=self._thread_id, model=self._model,
@@ -745,6 +851,16 @@ class RecoveringStream:
         self.stream_id = r["stream_id"]
         app = self._appender = _Appender(c, run, self.stream_id, r["next_seq"])
         sub = c.subscribe_stream(run, self._after_seq)
+        # One condition for both sources: the provider's pump and the run's subscription (its
+        # reader thread notifies it after queueing an event).
+        mux = threading.Condition(threading.Lock())
+
+        def wake() -> None:
+            with mux:
+                mux.notify_all()
+
+        sub._listen(wake)
+        pump: Optional[_Pump] = None
         try:
             pending: Tuple[bool, Any] = (True, None)  # (first response?, prefix)
             cause_exc: Optional[BaseException] = None
@@ -759,32 +875,74 @@ class RecoveringStream:
                         yield from self._finish_sync(what, arg, sub, cause_exc)
                         return
                 adapter = ChunkAdapter(self._core.attempt)
+                first, prefix = pending
+                pump = _Pump(lambda: self._source(prefix, first), mux)
                 mid = False
-                try:
-                    for chunk in self._source(pending[1], pending[0]):
+                last_chunk = time.monotonic()
+                broke: Optional[BaseException] = None
+                while True:
+                    ev: Optional[Dict[str, Any]] = None
+                    item: Optional[Tuple[str, Any]] = None
+                    with mux:
+                        while True:
+                            ev = sub.next(0)
+                            if ev is not None:
+                                break
+                            if pump.items:
+                                item = pump.items.popleft()
+                                break
+                            wait = None
+                            if self._stall is not None:
+                                wait = self._stall - (time.monotonic() - last_chunk)
+                                if wait <= 0:
+                                    item = ("stall", None)
+                                    break
+                            mux.wait(wait)
+                    if ev is not None:
+                        yield self._core.seen(ev)  # rendered as soon as it is durable
+                        continue
+                    assert item is not None
+                    kind, val = item
+                    if kind == "chunk":
                         mid = True
-                        evs = adapter.events(chunk)
+                        last_chunk = time.monotonic()
+                        evs = adapter.events(val)
                         if evs:
                             app.put(evs)
-                        yield from self._drain_sync(sub)
-                    evs = adapter.finish()
-                    if evs:
-                        app.put(evs)
-                    acked = app.flush()
-                except Exception as exc:  # noqa: BLE001 - classified, else re-raised
-                    cause = self._cause(exc, mid)
+                        continue
+                    if kind == "end":
+                        evs = adapter.finish()
+                        if evs:
+                            app.put(evs)
+                        break
+                    if kind == "stall":
+                        pump.abandon()
+                        broke = StreamStalled(self._stall or 0)
+                    else:
+                        broke = val
+                    break
+                if broke is not None:
+                    cause: Optional[Cause] = (
+                        "stalled" if isinstance(broke, StreamStalled)
+                        else self._cause(broke, mid) if isinstance(broke, Exception) else None
+                    )
                     if cause is None:
-                        raise
+                        raise broke
                     app.flush()  # what the model sent before the break is kept
-                    plan = c.stream_interrupt(run, self.stream_id, cause)
+                    plan = c.stream_interrupt(run, self.stream_id, cause,
+                                              continuation=self._continuation)
                     app.reset(plan["next_seq"])
-                    cause_exc = exc
+                    cause_exc = broke
                     continue
+                acked = app.flush()
                 # The turn's tool calls are read from what the subscription showed: all of it.
                 yield from self._catch_up_sync(sub, acked)
                 yield from self._finish_sync("done", self._core.completed_calls(), sub, None)
                 return
         finally:
+            if pump is not None:
+                pump.abandon()
+            sub._listen(None)
             app.close()
             sub.close()
 
@@ -826,7 +984,8 @@ class RecoveringStream:
     async def _arun(self) -> AsyncIterator[StreamEvent]:
         c, run = self.client, self.run_id
         if self._resume:
-            r = await c.stream_resume(run, model=self._model, thread_id=self._thread_id)
+            r = await c.stream_resume(run, model=self._model, thread_id=self._thread_id,
+                                      continuation=self._continuation)
             plan: Optional[Dict[str, Any]] = r["plan"]
         else:
             r = await c.stream_begin(run, thread_id=self._thread_id, model=self._model,
@@ -835,6 +994,10 @@ class RecoveringStream:
         self.stream_id = r["stream_id"]
         app = self._appender = _AsyncAppender(c, run, self.stream_id, r["next_seq"])
         sub = await c.subscribe_stream(run, self._after_seq)
+        # The subscription's next event and the provider's next chunk, awaited together.
+        sub_next: Optional["asyncio.Task[Any]"] = None
+        chunk_next: Optional["asyncio.Task[Any]"] = None
+        source: Any = None
         try:
             pending: Tuple[bool, Any] = (True, None)
             cause_exc: Optional[BaseException] = None
@@ -846,40 +1009,86 @@ class RecoveringStream:
                         await self._asleep(self._wait(self._core.plans[-1]))
                         pending = (False, arg)
                     else:
+                        if sub_next is not None:
+                            sub_next.cancel()
+                            sub_next = None
                         async for ev in self._finish_async(what, arg, sub, cause_exc):
                             yield ev
                         return
                 adapter = ChunkAdapter(self._core.attempt)
                 mid = False
-                try:
-                    source = self._source(pending[1], pending[0])
-                    if inspect.isawaitable(source):
-                        source = await source
-                    async for chunk in _aiter(source):
-                        mid = True
-                        evs = adapter.events(chunk)
+                loop = asyncio.get_running_loop()
+                last_chunk = loop.time()
+                broke: Optional[BaseException] = None
+                first, prefix = pending
+                chunk_next = asyncio.ensure_future(self._open_async(prefix, first))
+                opened = False
+                it: Any = None
+                while True:
+                    if sub_next is None:
+                        sub_next = asyncio.ensure_future(sub.next())
+                    wait = None
+                    if self._stall is not None:
+                        wait = max(0.0, self._stall - (loop.time() - last_chunk))
+                    done, _ = await asyncio.wait({sub_next, chunk_next}, timeout=wait,
+                                                 return_when=asyncio.FIRST_COMPLETED)
+                    if sub_next in done:
+                        got = sub_next.result()
+                        sub_next = None
+                        if got is not None:
+                            yield self._core.seen(got)  # rendered as soon as it is durable
+                        continue
+                    if chunk_next not in done:
+                        chunk_next.cancel()
+                        broke = StreamStalled(self._stall or 0)
+                        break
+                    try:
+                        value = chunk_next.result()
+                    except Exception as exc:  # noqa: BLE001 - classified below
+                        broke = exc
+                        break
+                    if not opened:
+                        opened, source = True, value
+                        it = _async_chunks(source)
+                        last_chunk = loop.time()
+                        chunk_next = asyncio.ensure_future(it.__anext__())
+                        continue
+                    if value is _END:
+                        evs = adapter.finish()
                         if evs:
                             app.put(evs)
-                        while True:
-                            got = await sub.next(0)
-                            if got is None:
-                                break
-                            yield self._core.seen(got)
-                    evs = adapter.finish()
+                        chunk_next = None
+                        break
+                    mid = True
+                    last_chunk = loop.time()
+                    evs = adapter.events(value)
                     if evs:
                         app.put(evs)
-                    acked = await app.flush()
-                except Exception as exc:  # noqa: BLE001 - classified, else re-raised
-                    cause = self._cause(exc, mid)
+                    chunk_next = asyncio.ensure_future(it.__anext__())
+                if broke is not None:
+                    chunk_next = None
+                    if source is not None:
+                        await _aclose_quietly(source)
+                    source = None
+                    cause: Optional[Cause] = (
+                        "stalled" if isinstance(broke, StreamStalled)
+                        else self._cause(broke, mid)
+                    )
                     if cause is None:
-                        raise
+                        raise broke
                     await app.flush()  # what the model sent before the break is kept
-                    plan = await c.stream_interrupt(run, self.stream_id, cause)
+                    plan = await c.stream_interrupt(run, self.stream_id, cause,
+                                                    continuation=self._continuation)
                     app.reset(plan["next_seq"])
-                    cause_exc = exc
+                    cause_exc = broke
                     continue
+                acked = await app.flush()
                 while self._core.last_seq < acked:
-                    got = await sub.next(CATCH_UP_TIMEOUT)
+                    if sub_next is None:
+                        sub_next = asyncio.ensure_future(sub.next())
+                    done, _ = await asyncio.wait({sub_next}, timeout=CATCH_UP_TIMEOUT)
+                    got = sub_next.result() if done else None
+                    sub_next = None
                     if got is None:
                         raise TimeoutError("the run's subscription did not deliver seq %d "
                                            "within %d s" % (acked, CATCH_UP_TIMEOUT))
@@ -889,8 +1098,19 @@ class RecoveringStream:
                     yield ev
                 return
         finally:
+            for t in (sub_next, chunk_next):
+                if t is not None and not t.done():
+                    t.cancel()
+            if source is not None:
+                await _aclose_quietly(source)
             await app.close()
             await sub.close()
+
+    async def _open_async(self, prefix: Any, first: bool) -> Any:
+        source = self._source(prefix, first)
+        if inspect.isawaitable(source):
+            source = await source
+        return source
 
     async def _finish_async(self, what: str, arg: Any, sub: Any,
                             exc: Optional[BaseException]) -> AsyncIterator[StreamEvent]:
@@ -944,22 +1164,50 @@ class RecoveringStream:
         return StreamFailed(plan)
 
 
-async def _aiter(source: Any) -> AsyncIterator[Any]:
-    """Iterate a sync or async iterable from async code."""
+#: What ``_async_chunks`` yields last (a provider's end, not a chunk).
+_END = object()
+
+
+async def _async_chunks(source: Any) -> AsyncIterator[Any]:
+    """A sync or async iterable's items from async code, then ``_END``. A sync iterable is
+    advanced on a worker thread: the event loop (the run's subscription, the stall timer)
+    keeps going while the provider blocks."""
     if hasattr(source, "__aiter__"):
         async for x in source:
             yield x
     else:
-        for x in source:
+        it = iter(source)
+        loop = asyncio.get_running_loop()
+        while True:
+            x = await loop.run_in_executor(None, next, it, _END)
+            if x is _END:
+                break
             yield x
+    yield _END
+
+
+async def _aclose_quietly(source: Any) -> None:
+    """Close an abandoned provider stream (async or sync) if it can be."""
+    for name in ("aclose", "close"):
+        close = getattr(source, name, None)
+        if callable(close):
+            try:
+                r = close()
+                if inspect.isawaitable(r):
+                    await asyncio.wait_for(r, 1.0)
+            except Exception:  # noqa: BLE001 - abandoned: nothing to report
+                pass
+            return
 
 
 __all__ = [
+    "CONTINUATIONS",
     "ChunkAdapter",
     "RecoveringStream",
     "SplitToolCall",
     "StreamEvent",
     "StreamFailed",
     "StreamProducer",
+    "StreamStalled",
     "classify_error",
 ]

@@ -7,8 +7,8 @@
 //! (no event), and end only if no producer speaks for them within the timeout.
 
 use super::*;
-use crate::streams::store::SharedStore;
 use crate::streams::run::LOST_CAUSE;
+use crate::streams::store::SharedStore;
 
 use ending::Holder;
 
