@@ -555,13 +555,15 @@ export class Client {
     return this.call('stream.append', { run_id: runId, stream_id: streamId, seq, events });
   }
 
-  async streamInterrupt(runId, streamId, cause) {
-    return this.call('stream.interrupt', { run_id: runId, stream_id: streamId, cause });
+  /** `continuation`: how the text goes on after an R1/R3 plan, `'exact'` (the daemon's
+   * default: nothing trimmed) or `'restated'` (the model may restate the prefix's end). */
+  async streamInterrupt(runId, streamId, cause, { continuation } = {}) {
+    return this.call('stream.interrupt', { run_id: runId, stream_id: streamId, cause, continuation });
   }
 
-  async streamResume(runId, { model, threadId, failOnStale } = {}) {
+  async streamResume(runId, { model, threadId, failOnStale, continuation } = {}) {
     return this.call('stream.resume', {
-      run_id: runId, model, thread_id: threadId, fail_on_stale: failOnStale,
+      run_id: runId, model, thread_id: threadId, fail_on_stale: failOnStale, continuation,
     });
   }
 

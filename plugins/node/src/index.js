@@ -5,5 +5,6 @@ export {
   StorageError, Busy, Unsupported, ConnectionClosed, CallTimeout, errorFromResponse,
 } from './errors.js';
 export { defaultSocketPath } from './paths.js';
-export { StreamProducer, MAX_BATCH_EVENTS } from './producer.js';
+export { StreamProducer, MAX_BATCH_EVENTS, CONTINUATIONS } from './producer.js';
+export { RecoveringStream, StreamStalled, StreamFailed, SplitToolCall, classifyError } from './recovering.js';
 export { sseHandler, sseMessage, lastEventId, SSE_HEADERS, ENDED } from './sse.js';

@@ -5,11 +5,17 @@ import { whileReconnecting } from './client.js';
 import { Conflict, ConnectionClosed, NotFound } from './errors.js';
 
 
+/** How a producer continues the text after an R1/R3 plan (docs/recovery.md, "Continuation"):
+ * `exact` (the default; the provider continues the prefix, nothing is trimmed) or `restated`
+ * (the model may begin by restating the prefix's end; the restatement is removed). */
+export const CONTINUATIONS = Object.freeze(['exact', 'restated']);
+
 /** The most events one `stream.append` carries (the daemon's cap is 1,024). */
 export const MAX_BATCH_EVENTS = 1024;
 
 /**
- * Produce one run. `await StreamProducer.begin(client, runId, {threadId, model})` for a new run,
+ * Produce one run. `await StreamProducer.begin(client, runId, {threadId, model, continuation})`
+ * for a new run,
  * `await StreamProducer.resume(client, runId, {model})` to take over one whose producer died
  * (`producer.plan` then says how to go on: R1/R3 continue after `plan.assistant_prefix`, R2
  * ends the turn with `plan.completed`, R4 restarts, `fail` ends it).
@@ -21,7 +27,11 @@ export const MAX_BATCH_EVENTS = 1024;
  * bounds how long it keeps trying.
  */
 export class StreamProducer {
-  constructor(client, runId, streamId, nextSeq, { retryTimeoutMs = 30_000 } = {}) {
+  constructor(client, runId, streamId, nextSeq, { retryTimeoutMs = 30_000, continuation = 'exact' } = {}) {
+    if (!CONTINUATIONS.includes(continuation)) {
+      throw new TypeError(`continuation must be 'exact' or 'restated', not ${JSON.stringify(continuation)}`);
+    }
+    this.continuation = continuation;
     this.client = client;
     this.runId = runId;
     this.streamId = streamId;
@@ -44,7 +54,11 @@ export class StreamProducer {
   }
 
   static async resume(client, runId, { model, threadId, failOnStale, ...options } = {}) {
-    const r = await client.streamResume(runId, { model, threadId, failOnStale });
+    const continuation = options.continuation ?? 'exact';
+    if (!CONTINUATIONS.includes(continuation)) {
+      throw new TypeError(`continuation must be 'exact' or 'restated', not ${JSON.stringify(continuation)}`);
+    }
+    const r = await client.streamResume(runId, { model, threadId, failOnStale, continuation });
     const p = new StreamProducer(client, runId, r.stream_id, r.next_seq, options);
     p.plan = r.plan;
     p.checkpoint = r.checkpoint;
@@ -108,7 +122,8 @@ export class StreamProducer {
    * `next_seq`. `cause`: a cause name or `{status, message, retry_after}`. */
   async interrupt(cause) {
     await this.flush();
-    const plan = await this.client.streamInterrupt(this.runId, this.streamId, cause);
+    const plan = await this.client.streamInterrupt(this.runId, this.streamId, cause,
+      { continuation: this.continuation });
     this.plan = plan;
     this.nextSeq = plan.next_seq;
     this.ackedSeq = plan.next_seq - 1;

@@ -2,7 +2,7 @@
 import { InvalidParams, NotFound } from './errors.js';
 
 /** Statuses of a run that has ended (stream.get). */
-export const ENDED = new Set(['committed', 'aborted', 'expired']);
+export const ENDED = new Set(['committed', 'aborted', 'expired', 'abandoned']);
 
 export const SSE_HEADERS = Object.freeze({
   'content-type': 'text/event-stream; charset=utf-8',

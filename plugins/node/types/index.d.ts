@@ -93,8 +93,10 @@ export type RunEvent =
   | ProducerEvent
   | { type: 'tool_call_cancel'; id: string; name?: string; reason?: string }
   | { type: 'stream_reset'; reason?: string }
-  | { type: 'interrupted'; cause: string; plan: Plan['plan']; wait_ms: number; hint: unknown }
-  | { type: 'finish'; status: 'committed' | 'aborted' | 'expired' };
+  /** `plan` and `wait_ms` are null for cause `producer_lost` (the producer's connection
+   * closed without a commit or abort: no plan until one resumes). */
+  | { type: 'interrupted'; cause: string; plan: Plan['plan'] | null; wait_ms: number | null; hint: unknown }
+  | { type: 'finish'; status: 'committed' | 'aborted' | 'expired' | 'abandoned' };
 export interface StreamEvent {
   subscription: number;
   run_id: string;
@@ -122,6 +124,8 @@ export interface Plan {
   cancelled: Array<{ id: string; name: string; partial_arguments: string }>;
   wait_ms: number;
   next_seq: number;
+  /** R1/R3: how the next attempt continues the text (null for the other plans). */
+  continuation?: Continuation | null;
   [field: string]: unknown;
 }
 
@@ -181,8 +185,8 @@ export class Client {
 
   streamBegin(runId: string, options?: { threadId?: string; model?: string; takeover?: boolean }): Promise<Begun>;
   streamAppend(runId: string, streamId: string, seq: number, events: ProducerEvent[]): Promise<{ acked_seq: number; duplicate?: true }>;
-  streamInterrupt(runId: string, streamId: string, cause: string | { status?: number; message?: string; retry_after?: string | number }): Promise<Plan>;
-  streamResume(runId: string, options?: { model?: string; threadId?: string; failOnStale?: boolean }): Promise<Resumed>;
+  streamInterrupt(runId: string, streamId: string, cause: string | { status?: number; message?: string; retry_after?: string | number }, options?: { continuation?: Continuation }): Promise<Plan>;
+  streamResume(runId: string, options?: { model?: string; threadId?: string; failOnStale?: boolean; continuation?: Continuation }): Promise<Resumed>;
   streamCommit(runId: string, streamId: string, finalMessage: unknown, options?: { contentFromStream?: boolean }): Promise<Ended>;
   streamAbort(runId: string, streamId: string, reason?: string): Promise<Ended>;
   streamGet(runId: string, options?: { reveal?: boolean }): Promise<StreamState>;
@@ -202,9 +206,15 @@ export class Client {
   runPrune(olderThanDays: number, options?: { dryRun?: boolean }): Promise<{ pruned: Array<{ run_id: string; last_activity_ms: number }>; dry_run: boolean }>;
 }
 
+/** How a producer continues the text after an R1/R3 plan: `exact` (nothing trimmed) or
+ * `restated` (the model may restate the prefix's end; the restatement is removed). */
+export type Continuation = 'exact' | 'restated';
+export const CONTINUATIONS: readonly Continuation[];
+
 export class StreamProducer {
-  static begin(client: Client, runId: string, options?: { threadId?: string; model?: string; takeover?: boolean; retryTimeoutMs?: number }): Promise<StreamProducer>;
-  static resume(client: Client, runId: string, options?: { model?: string; threadId?: string; failOnStale?: boolean; retryTimeoutMs?: number }): Promise<StreamProducer>;
+  static begin(client: Client, runId: string, options?: { threadId?: string; model?: string; takeover?: boolean; retryTimeoutMs?: number; continuation?: Continuation }): Promise<StreamProducer>;
+  static resume(client: Client, runId: string, options?: { model?: string; threadId?: string; failOnStale?: boolean; retryTimeoutMs?: number; continuation?: Continuation }): Promise<StreamProducer>;
+  readonly continuation: Continuation;
   readonly runId: string;
   readonly streamId: string;
   readonly nextSeq: number;
@@ -221,6 +231,51 @@ export class StreamProducer {
   commit(finalMessage: unknown, options?: { contentFromStream?: boolean }): Promise<Ended>;
   abort(reason?: string): Promise<Ended>;
 }
+
+/** One event of a run as its subscribers see it. */
+export interface RenderedEvent {
+  seq: number;
+  type: string;
+  data: Json;
+  /** The text of a `text` event ('' otherwise). */
+  text: string;
+}
+
+export interface RecoveringStreamOptions {
+  reopen: (prefix: string | null) => unknown;
+  model?: string;
+  threadId?: string;
+  resume?: boolean;
+  takeover?: boolean;
+  afterSeq?: number;
+  continuation?: Continuation;
+  stallTimeoutMs?: number | null;
+  classify?: (err: unknown, midStream: boolean) => string | Json | null | undefined;
+  sleep?: (ms: number) => Promise<unknown>;
+}
+
+export class RecoveringStream implements AsyncIterable<RenderedEvent> {
+  constructor(client: Client, runId: string, stream: unknown, options: RecoveringStreamOptions);
+  [Symbol.asyncIterator](): AsyncIterator<RenderedEvent>;
+  readonly text: string;
+  readonly finalMessage: Json | null;
+  readonly plans: Plan[];
+  readonly toolCalls: Json[];
+  readonly stopReason: string | null;
+  readonly streamId: string | null;
+}
+export class StreamStalled extends Error {
+  readonly stallTimeoutMs: number;
+}
+export class StreamFailed extends Error {
+  readonly plan: Plan;
+}
+export class SplitToolCall extends Error {
+  readonly hint: Json;
+  readonly plan: Plan;
+  readonly tool: string | null;
+}
+export function classifyError(err: unknown, midStream: boolean): string | Json | null;
 
 export interface SseOptions {
   heartbeatMs?: number;

@@ -136,7 +136,7 @@ async function load() {
     if (m.status === 'committed') {
       view.body.textContent = m.text;
       view.status('done');
-    } else if (m.status === 'aborted' || m.status === 'expired') {
+    } else if (m.status === 'aborted' || m.status === 'expired' || m.status === 'abandoned') {
       view.status('aborted', m.status);
     } else {
       follow(m.run_id, view); // streaming, interrupted, or not begun yet

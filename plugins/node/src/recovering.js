@@ -1,0 +1,312 @@
+// A model's stream made recoverable through holdfast, for Node: the counterpart of Python's
+// `RecoveringStream`. It appends the provider's chunks (durable before they are shown), renders
+// the run's own published events as soon as each is durable, treats a provider that goes silent
+// for `stallTimeoutMs` as broken (cause `stalled`), follows the daemon's recovery plans, and
+// ends the run with one commit.
+import { Conflict, HoldfastError } from './errors.js';
+import { CONTINUATIONS, StreamProducer } from './producer.js';
+
+/** Event types a provider stream may hand over already in holdfast's form. */
+const PRODUCER_EVENTS = new Set(['text', 'tool_call_delta', 'tool_call_end']);
+const MAX_CAUSE_MESSAGE = 1000;
+const CATCH_UP_TIMEOUT_MS = 30_000;
+const OPENED = Symbol('opened');
+
+/** No chunk came for `stallTimeoutMs`: the interruption's cause was `stalled`. */
+export class StreamStalled extends Error {
+  constructor(ms) {
+    super(`no chunk from the provider for ${ms} ms`);
+    this.name = 'StreamStalled';
+    this.stallTimeoutMs = ms;
+  }
+}
+
+/** The planner gave up (a permanent cause, a spent budget): the run was aborted. */
+export class StreamFailed extends Error {
+  constructor(plan, options) {
+    super(`stream failed: ${plan?.cause} (${plan?.reason})`, options);
+    this.name = 'StreamFailed';
+    this.plan = plan;
+  }
+}
+
+/** The same tool call stalled again and again while its arguments were being written: the run
+ * was aborted; tell the model `message` (split the output into smaller calls of `tool`). */
+export class SplitToolCall extends Error {
+  constructor(hint, plan, options) {
+    super(hint?.message ?? 'split the tool call into smaller calls', options);
+    this.name = 'SplitToolCall';
+    this.hint = hint;
+    this.plan = plan;
+    this.tool = hint?.tool ?? null;
+  }
+}
+
+function headerOf(headers, name) {
+  if (!headers) return undefined;
+  if (typeof headers.get === 'function') return headers.get(name) ?? undefined;
+  return headers[name] ?? headers[name.toLowerCase()];
+}
+
+/**
+ * The interruption cause of a provider error, or null when it is not a stream failure to
+ * recover from (a bug in the caller's code): an HTTP status (`status`, `statusCode`,
+ * `response.status`) becomes `{status, message, retry_after}` for the planner; a dropped
+ * connection (`ECONNRESET`, `EPIPE`, `UND_ERR_SOCKET`, a premature close) is
+ * `connection_reset`; a timeout is `idle_stall` once chunks were flowing, else `timeout`.
+ */
+export function classifyError(err, midStream) {
+  const status = [err?.status, err?.statusCode, err?.response?.status]
+    .find((s) => Number.isInteger(s) && s >= 100 && s <= 599);
+  if (status !== undefined) {
+    const cause = { status, message: String(err?.message ?? '').slice(0, MAX_CAUSE_MESSAGE) };
+    const ra = err?.retryAfter ?? headerOf(err?.headers, 'retry-after')
+      ?? headerOf(err?.responseHeaders, 'retry-after') ?? headerOf(err?.response?.headers, 'retry-after');
+    if (typeof ra === 'string' || typeof ra === 'number') cause.retry_after = ra;
+    return cause;
+  }
+  const code = err?.code ?? err?.cause?.code;
+  if (['ETIMEDOUT', 'UND_ERR_HEADERS_TIMEOUT', 'UND_ERR_BODY_TIMEOUT'].includes(code)
+    || err?.name === 'TimeoutError') {
+    return midStream ? 'idle_stall' : 'timeout';
+  }
+  if (['ECONNRESET', 'EPIPE', 'ECONNREFUSED', 'UND_ERR_SOCKET', 'ERR_STREAM_PREMATURE_CLOSE'].includes(code)) {
+    return 'connection_reset';
+  }
+  return null;
+}
+
+/**
+ * A provider stream made recoverable (`for await (const ev of rs)`; each `ev` is `{seq, type,
+ * data, text}` as the run's subscribers see it).
+ *
+ * `stream`: the first response — an async or sync iterable of chunks (a string is text; an
+ * object `{type: 'text' | 'tool_call_delta' | 'tool_call_end', …}` is a holdfast event), or a
+ * function returning one; not needed with `resume`. `reopen(prefix)`: a new response that
+ * continues after `prefix` (R1/R3: the text so far) or starts over (R4: null).
+ * `continuation`: how `reopen` continues the text, `'exact'` (default: the provider continues
+ * the prefix, nothing is removed) or `'restated'` (the model may restate the prefix's end; the
+ * daemon removes the restatement). `stallTimeoutMs`: no chunk for that long (from the request
+ * on) is an interruption with cause `stalled`, planned like any other (a stalled tool call is
+ * cancelled: R3, or R2 with the completed ones; stalling again and again: `SplitToolCall`).
+ * `resume`: take over a run whose producer died. `classify(err, midStream)`: your own cause.
+ * `sleep(ms)`: how to wait a plan's `wait_ms` (tests pass a fake).
+ *
+ * After iterating: `text` (what was rendered), `finalMessage` (as stored), `plans`,
+ * `toolCalls`, `stopReason`, `streamId`.
+ */
+export class RecoveringStream {
+  constructor(client, runId, stream, {
+    reopen, model, threadId, resume = false, takeover = false, afterSeq = 0,
+    continuation = 'exact', stallTimeoutMs = null, classify, sleep,
+  } = {}) {
+    if (stream == null && !resume) throw new TypeError('RecoveringStream needs the provider stream (or resume: true)');
+    if (typeof reopen !== 'function') throw new TypeError('reopen must be a function of the assistant prefix');
+    if (!CONTINUATIONS.includes(continuation)) {
+      throw new TypeError(`continuation must be 'exact' or 'restated', not ${JSON.stringify(continuation)}`);
+    }
+    if (stallTimeoutMs !== null && !(Number.isFinite(stallTimeoutMs) && stallTimeoutMs > 0)) {
+      throw new TypeError('stallTimeoutMs must be a positive number of milliseconds (or null)');
+    }
+    Object.assign(this, { client, runId });
+    this._o = { stream, reopen, model, threadId, resume, takeover, afterSeq, continuation, stallTimeoutMs, classify };
+    this._sleep = sleep ?? ((ms) => new Promise((r) => setTimeout(r, ms)));
+    this.text = '';
+    this.calls = new Map();
+    this.plans = [];
+    this.attempt = 0;
+    this.lastSeq = afterSeq;
+    this.finalMessage = null;
+    this.toolCalls = [];
+    this.stopReason = null;
+    this.streamId = null;
+  }
+
+  _seen(params) {
+    const data = params.event ?? {};
+    const ev = { seq: params.seq, type: data.type, data, text: data.type === 'text' ? data.text : '' };
+    this.lastSeq = Math.max(this.lastSeq, params.seq ?? 0);
+    if (data.type === 'text') this.text += data.text;
+    else if (data.type === 'stream_reset') { this.text = ''; this.calls.clear(); }
+    else if (data.type === 'tool_call_delta') {
+      const c = this.calls.get(data.id) ?? { id: data.id, name: '', arguments: '' };
+      if (data.name && !c.name) c.name = data.name;
+      c.arguments += data.arguments_delta ?? '';
+      this.calls.set(data.id, c);
+    } else if (data.type === 'tool_call_cancel') this.calls.delete(data.id);
+    return ev;
+  }
+
+  _completed() {
+    const out = [];
+    for (const c of this.calls.values()) {
+      let args;
+      try { args = JSON.parse(c.arguments); } catch { continue; }
+      if (c.name && args !== null) out.push({ id: c.id, name: c.name, arguments: args });
+    }
+    return out;
+  }
+
+  _decide(plan) {
+    this.plans.push(plan);
+    if (plan.plan === 'fail') return ['fail', null];
+    if (plan.plan === 'R2') return ['tools', (plan.completed ?? []).map((c) => ({ id: c.id, name: c.name, arguments: c.arguments }))];
+    const split = (plan.hints ?? []).find((h) => h.kind === 'split_tool_call');
+    if (split) return ['split', split];
+    this.attempt += 1;
+    return ['reopen', ['R1', 'R3'].includes(plan.plan) ? plan.assistant_prefix : null];
+  }
+
+  _cause(err, mid) {
+    if (err instanceof StreamStalled) return 'stalled';
+    if (err instanceof HoldfastError) return null; // the daemon's answer, not the provider's
+    return this._o.classify?.(err, mid) ?? classifyError(err, mid);
+  }
+
+  async* [Symbol.asyncIterator]() {
+    const o = this._o;
+    const { client, runId } = this;
+    let plan = null;
+    let p;
+    if (o.resume) {
+      p = await StreamProducer.resume(client, runId, { model: o.model, threadId: o.threadId, continuation: o.continuation });
+      plan = p.plan;
+    } else {
+      p = await StreamProducer.begin(client, runId, {
+        threadId: o.threadId, model: o.model, takeover: o.takeover, continuation: o.continuation,
+      });
+    }
+    this.streamId = p.streamId;
+    const sub = await client.subscribeStream(runId, o.afterSeq);
+    let subNext = null; // the subscription's pending next(): kept across waits, never dropped
+    const nextEvent = () => { subNext ??= sub.next(); return subNext; };
+    let abandon = null;
+    try {
+      let pending = { first: true, prefix: null };
+      let causeErr = null;
+      for (;;) {
+        if (plan) {
+          const [what, arg] = this._decide(plan);
+          plan = null;
+          if (what !== 'reopen') {
+            yield* this._finish(p, what, arg, nextEvent, () => { subNext = null; }, causeErr);
+            return;
+          }
+          await this._sleep(Math.max(0, Number(this.plans.at(-1).wait_ms) || 0));
+          pending = { first: false, prefix: arg };
+        }
+        const open = [];
+        let mid = false;
+        let broke = null;
+        let it = null;
+        let source = null;
+        const attempt = pending;
+        let chunkNext = (async () => {
+          const s = attempt.first ? (typeof o.stream === 'function' ? o.stream() : o.stream) : o.reopen(attempt.prefix);
+          source = await s;
+          it = source?.[Symbol.asyncIterator]?.() ?? source?.[Symbol.iterator]?.();
+          if (!it) throw new TypeError('a provider stream must be an (async) iterable');
+          return OPENED;
+        })();
+        abandon = () => {
+          Promise.resolve().then(() => it?.return?.()).catch(() => {});
+          try { source?.cancel?.(); } catch { /* abandoned */ }
+        };
+        let last = Date.now();
+        for (;;) {
+          let timer = null;
+          const racers = [
+            nextEvent().then((r) => ({ kind: 'sub', r })),
+            chunkNext.then((v) => ({ kind: 'chunk', v }), (e) => ({ kind: 'error', e })),
+          ];
+          if (o.stallTimeoutMs !== null) {
+            racers.push(new Promise((r) => {
+              timer = setTimeout(() => r({ kind: 'stall' }), Math.max(0, o.stallTimeoutMs - (Date.now() - last)));
+            }));
+          }
+          const got = await Promise.race(racers);
+          if (timer) clearTimeout(timer);
+          if (got.kind === 'sub') {
+            subNext = null;
+            if (got.r.done) throw new Conflict('the run ended while it was being produced');
+            yield this._seen(got.r.value); // rendered as soon as it is durable
+            continue;
+          }
+          if (got.kind === 'stall') { broke = new StreamStalled(o.stallTimeoutMs); abandon(); break; }
+          if (got.kind === 'error') { broke = got.e; break; }
+          if (got.v === OPENED) { last = Date.now(); chunkNext = Promise.resolve(it.next()); continue; }
+          if (got.v.done) {
+            const ends = open.splice(0).map((id) => ({ type: 'tool_call_end', id }));
+            if (ends.length) p.append(ends).catch(() => {});
+            break;
+          }
+          mid = true;
+          last = Date.now();
+          const evs = this._events(got.v.value, open);
+          if (evs.length) p.append(evs).catch(() => {}); // a failure is raised by flush()
+          chunkNext = Promise.resolve(it.next());
+        }
+        abandon = null;
+        if (broke) {
+          const cause = this._cause(broke, mid);
+          if (cause === null) throw broke;
+          await p.flush(); // what the model sent before the break is kept
+          plan = await p.interrupt(cause);
+          causeErr = broke;
+          continue;
+        }
+        await p.flush();
+        const acked = p.ackedSeq;
+        while (this.lastSeq < acked) {
+          let timer;
+          const r = await Promise.race([nextEvent(), new Promise((res) => { timer = setTimeout(() => res(null), CATCH_UP_TIMEOUT_MS); })]);
+          clearTimeout(timer);
+          if (r === null || r.done) throw new Error(`the run's subscription did not deliver seq ${acked}`);
+          subNext = null;
+          yield this._seen(r.value);
+        }
+        yield* this._finish(p, 'done', this._completed(), nextEvent, () => { subNext = null; }, null);
+        return;
+      }
+    } finally {
+      abandon?.();
+      await sub.close().catch(() => {});
+    }
+  }
+
+  _events(chunk, open) {
+    if (typeof chunk === 'string') return chunk ? [{ type: 'text', text: chunk }] : [];
+    if (chunk && typeof chunk === 'object' && PRODUCER_EVENTS.has(chunk.type)) {
+      if (chunk.type === 'tool_call_delta' && !open.includes(chunk.id)) open.push(chunk.id);
+      if (chunk.type === 'tool_call_end') open.splice(open.indexOf(chunk.id) >>> 0, open.includes(chunk.id) ? 1 : 0);
+      return [{ ...chunk }];
+    }
+    throw new TypeError(`a provider chunk must be a string or a holdfast event; got ${typeof chunk}`);
+  }
+
+  async* _finish(p, what, arg, nextEvent, taken, causeErr) {
+    if (what === 'done' || what === 'tools') {
+      await p.commit({ role: 'assistant', ...(arg?.length ? { tool_calls: arg } : {}) }, { contentFromStream: true });
+    } else {
+      const last = this.plans.at(-1) ?? {};
+      await p.abort(what === 'split' ? `split_tool_call: ${arg?.tool ?? '?'}` : `recovery failed: ${last.cause} (${last.reason})`);
+    }
+    for (;;) {
+      const r = await nextEvent();
+      taken();
+      if (r.done) break;
+      yield this._seen(r.value);
+    }
+    if (what === 'done' || what === 'tools') {
+      this.toolCalls = what === 'tools' ? (this.plans.at(-1).completed ?? []) : arg;
+      this.stopReason = this.toolCalls.length ? 'tool_use' : 'end_turn';
+      this.finalMessage = (await this.client.streamGet(this.runId, { reveal: true })).final_message ?? null;
+      return;
+    }
+    this.stopReason = what;
+    const planNow = this.plans.at(-1);
+    throw what === 'split'
+      ? new SplitToolCall(arg, planNow, { cause: causeErr ?? undefined })
+      : new StreamFailed(planNow, { cause: causeErr ?? undefined });
+  }
+}

@@ -1,0 +1,153 @@
+// Issue 35 for Node through the real daemon: RecoveringStream renders each event as soon as it
+// is durable, catches a provider gone silent (`stallTimeoutMs`, cause `stalled`) mid-text and
+// mid tool-call, declares its continuation (exact: the model's text at every break point), and
+// a producer process killed with SIGKILL leaves no viewer waiting (interrupted, then finish).
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { test } from 'node:test';
+
+import { InvalidParams, RecoveringStream, SplitToolCall, StreamStalled } from '../src/index.js';
+import { REPO, withDaemon } from './harness.js';
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+const noWait = async () => {};
+
+async function* items(list, then = 'end', gate = null) {
+  for (const x of list) yield x;
+  if (then === 'forever') await new Promise(() => {}); // silent, never resolves
+  if (then === 'late') { await sleep(1500); yield 'second'; }
+  if (then === 'gate') await gate;
+}
+
+function chunks(s, n = 3) {
+  const out = [];
+  for (let i = 0; i < s.length; i += n) out.push(s.slice(i, i + n));
+  return out;
+}
+
+async function render(rs) {
+  const seqs = [];
+  let text = '';
+  for await (const ev of rs) {
+    seqs.push(ev.seq);
+    if (ev.type === 'stream_reset') text = '';
+    else if (ev.type === 'text') text += ev.text;
+  }
+  assert.deepEqual(seqs, [...new Set(seqs)].sort((a, b) => a - b), 'each event once, in order');
+  return text;
+}
+
+test('each chunk is rendered while the provider is silent', async (t) => {
+  const d = await withDaemon(t);
+  const c = await d.client();
+  t.after(() => c.close());
+  const t0 = Date.now();
+  const at = {};
+  for await (const ev of new RecoveringStream(c, 'latency', items(['first '], 'late'), { reopen: () => items([]) })) {
+    if (ev.type === 'text') at[ev.text] = Date.now() - t0;
+  }
+  assert.ok(at['first '] < 500, JSON.stringify(at));
+  assert.ok(at.second >= 1400, JSON.stringify(at));
+  console.log(`node render latency: first chunk at ${at['first ']} ms while the provider was silent 1.5 s`);
+});
+
+test('a silent provider mid-text is a stalled interruption, continued exactly', async (t) => {
+  const d = await withDaemon(t);
+  const c = await d.client();
+  t.after(() => c.close());
+  const rs = new RecoveringStream(c, 'stall-text', items(['Hello, ', 'wor'], 'forever'), {
+    reopen: (prefix) => { assert.equal(prefix, 'Hello, wor'); return items(['ld!']); },
+    stallTimeoutMs: 400, sleep: noWait,
+  });
+  assert.equal(await render(rs), 'Hello, world!');
+  assert.equal(rs.finalMessage.content, 'Hello, world!');
+  assert.deepEqual(rs.plans.map((p) => [p.cause, p.plan, p.continuation]), [['stalled', 'R1', 'exact']]);
+});
+
+test('a tool call that stalls again and again raises SplitToolCall, never a text reply', async (t) => {
+  const d = await withDaemon(t);
+  const c = await d.client();
+  t.after(() => c.close());
+  const call = (id) => ({ type: 'tool_call_delta', id, name: 'write_file', arguments_delta: '{"content": "lorem' });
+  let n = 0;
+  const shown = [];
+  const rs = new RecoveringStream(c, 'stall-tool', items([{ type: 'text', text: 'On it. ' }, call('w0')], 'forever'), {
+    reopen: (prefix) => { assert.equal(prefix, 'On it. '); n += 1; return items([call(`w${n}`)], 'forever'); },
+    stallTimeoutMs: 300, sleep: noWait,
+  });
+  await assert.rejects(async () => { for await (const ev of rs) shown.push(ev); }, (e) => {
+    assert.ok(e instanceof SplitToolCall, String(e));
+    assert.ok(e.cause instanceof StreamStalled);
+    assert.equal(e.tool, 'write_file');
+    return true;
+  });
+  assert.deepEqual(rs.plans.map((p) => [p.cause, p.plan]), [['stalled', 'R3'], ['stalled', 'R3']]);
+  assert.equal(shown.filter((e) => e.type === 'text').map((e) => e.text).join(''), 'On it. ');
+  assert.deepEqual(shown.filter((e) => e.type === 'tool_call_cancel').map((e) => e.data.id), ['w0', 'w1']);
+  assert.equal((await c.streamGet('stall-tool')).status, 'aborted');
+});
+
+test('an exact continuation is the model\'s text at every break point; restated removes the restatement', async (t) => {
+  const d = await withDaemon(t);
+  const c = await d.client();
+  t.after(() => c.close());
+  const text = 'def f(x):\n    if x:\n        return 3\n    return 0\n'.repeat(2);
+  let points = 0;
+  for (let k = 1; k < text.length; k += 1) {
+    async function* breaking() {
+      for (const ch of chunks(text.slice(0, k))) yield ch;
+      const e = new Error('reset');
+      e.code = 'ECONNRESET';
+      throw e;
+    }
+    const rs = new RecoveringStream(c, `exact-${k}`, breaking(), {
+      reopen: (prefix) => items(chunks(text.slice(prefix.length))), sleep: noWait,
+    });
+    assert.equal(await render(rs), text, `break at ${k}`);
+    assert.equal(rs.finalMessage.content, text);
+    points += 1;
+  }
+  const prose = 'The quick brown fox jumps over the lazy dog.';
+  const k = prose.indexOf('over') + 2;
+  async function* breakingProse() {
+    yield prose.slice(0, k);
+    throw Object.assign(new Error('reset'), { code: 'ECONNRESET' });
+  }
+  const rs = new RecoveringStream(c, 'restated', breakingProse(), {
+    reopen: (prefix) => items([prefix.slice(prefix.indexOf('jumps')) + prose.slice(prefix.length)]),
+    continuation: 'restated', sleep: noWait,
+  });
+  assert.equal(await render(rs), prose);
+  assert.equal(rs.plans[0].continuation, 'restated');
+  assert.throws(() => new RecoveringStream(c, 'x', items([]), { reopen: () => items([]), continuation: 'maybe' }), TypeError);
+  const b = await c.streamBegin('bad');
+  await c.streamAppend('bad', b.stream_id, 1, [{ type: 'text', text: 'x' }]);
+  await assert.rejects(c.streamInterrupt('bad', b.stream_id, 'connection_reset', { continuation: 'maybe' }), InvalidParams);
+  console.log(`node exact continuation: ${points} break points, shown == stored == the model's text`);
+});
+
+test('a producer killed with SIGKILL: viewers see interrupted (producer_lost), then finish', async (t) => {
+  const d = await withDaemon(t, { config: '[streams]\norphan_timeout_s = 2\n' });
+  const code = `
+    import { Client, StreamProducer } from ${JSON.stringify(`${REPO}/plugins/node/src/index.js`)};
+    const c = await Client.connect({ socketPath: process.argv[1] });
+    const p = await StreamProducer.begin(c, 'doomed');
+    await p.text('partial answer');
+    console.log('ready');
+    setInterval(() => {}, 1000);`;
+  const child = spawn(process.execPath, ['--input-type=module', '-e', code, d.socket], { stdio: ['ignore', 'pipe', 'inherit'] });
+  t.after(() => child.kill('SIGKILL'));
+  await new Promise((res) => child.stdout.on('data', (b) => { if (String(b).includes('ready')) res(); }));
+  const c = await d.client();
+  t.after(() => c.close());
+  const sub = await c.subscribeStream('doomed', 1);
+  const t0 = Date.now();
+  child.kill('SIGKILL');
+  const got = [];
+  for await (const ev of sub) got.push([Date.now() - t0, ev.event]);
+  assert.deepEqual(got.map(([, e]) => [e.type, e.cause ?? e.status]), [['interrupted', 'producer_lost'], ['finish', 'abandoned']]);
+  assert.ok(got[0][0] < 2000 && got[1][0] >= 2000, JSON.stringify(got));
+  const state = await c.streamGet('doomed', { reveal: true });
+  assert.equal(state.partial_message.content, 'partial answer');
+  console.log(`node SIGKILLed producer: interrupted after ${got[0][0]} ms, finish (abandoned) after ${got[1][0]} ms`);
+});
