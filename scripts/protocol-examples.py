@@ -26,7 +26,8 @@ def main():
     with open(os.path.join(cfg, "config.toml"), "w") as f:
         f.write('[plugins.reader]\nstores = ["default"]\nmethods = ["cred.get", "cred.list"]\n'
                 '[plugins.agent-a]\nstores = []\nmethods = ["stream.*", "checkpoint.*", "run.*"]\n'
-                'runs = ["agent-a-*"]\n')
+                'runs = ["agent-a-*"]\n'
+                '[streams]\norphan_timeout_s = 1\n')
     subprocess.run([BIN, "init"], env=env, check=True, capture_output=True)
     daemon = subprocess.Popen([BIN, "daemon"], env=env, stderr=subprocess.DEVNULL)
     sock_path = os.path.join(run, "holdfast", "holdfast.sock")
@@ -174,6 +175,29 @@ def streams_examples(sock_path):
     z.call("stream.get", {"run_id": "run-42", "reveal": True})
     r = z.call("stream.begin", {"run_id": "run-43"})
     z.call("stream.abort", {"run_id": "run-43", "stream_id": r["result"]["stream_id"], "reason": "user closed the tab"})
+    # A continuation declared restated: the model restates the end of the prefix.
+    r = z.call("stream.begin", {"run_id": "run-46"})
+    sid6 = r["result"]["stream_id"]
+    z.call("stream.append", {"run_id": "run-46", "stream_id": sid6, "seq": 1, "events": [
+        {"type": "text", "text": "The fox jumps over the la"}]})
+    z.call("stream.interrupt", {"run_id": "run-46", "stream_id": sid6, "cause": "stalled",
+                                "continuation": "restated"})
+    z.call("stream.append", {"run_id": "run-46", "stream_id": sid6, "seq": 3, "events": [
+        {"type": "text", "text": "over the lazy dog."}]})
+    z.call("stream.commit", {"run_id": "run-46", "stream_id": sid6, "content_from_stream": True,
+                             "final_message": {"role": "assistant"}})
+    z.call("stream.get", {"run_id": "run-46", "reveal": True})
+    # A producer whose connection closes without a commit or abort.
+    d = Conn(sock_path, "doomed")
+    d.call("hello", {"client": "agent"}, quiet=True)
+    r = d.call("stream.begin", {"run_id": "run-45"})
+    sid5 = r["result"]["stream_id"]
+    d.call("stream.append", {"run_id": "run-45", "stream_id": sid5, "seq": 1, "events": [
+        {"type": "text", "text": "Half an ans"}]})
+    w.call("stream.subscribe", {"run_id": "run-45", "after_seq": 1})
+    d.close()
+    w.event(); w.event()
+    z.call("stream.get", {"run_id": "run-45", "reveal": True})
     z.call("checkpoint.put", {"run_id": "run-44", "snapshot": {"thread_id": "t-9", "upstream_model": "claude-x",
                                                                "partial_text": "Half an ans", "completed_tool_calls": [],
                                                                "in_flight_tool": None}})
@@ -206,6 +230,11 @@ class Conn:
             if not quiet:
                 print(f"[{self.tag}] <- {resp.decode().strip()}")
             return msg
+
+    def close(self):
+        print(f"[{self.tag}] (closes its connection)")
+        self.f.close()
+        self.s.close()
 
     def raw(self, line):
         print(f"[{self.tag}] -> {line.decode()}")
