@@ -127,7 +127,7 @@ pub async fn dispatch(
             if p.final_message.is_null() {
                 return Err(RpcError::invalid_params("final_message is required"));
             }
-            let run_id = p.run_id.clone();
+            let (run_id, s2) = (p.run_id.clone(), Arc::clone(&s));
             let ended = blocking(move || {
                 s.commit(
                     &p.run_id,
@@ -139,14 +139,17 @@ pub async fn dispatch(
             .await;
             if ended.is_ok() {
                 session.release_run(&run_id);
+                s2.release(&run_id);
             }
             ended
         }
         StreamCall::Abort(p) => {
             let (run_id, detail) = (p.run_id.clone(), json!({"reason": p.reason}));
+            let s2 = Arc::clone(&s);
             let ended = blocking(move || s.end(&p.run_id, &p.stream_id, "aborted", detail)).await;
             if ended.is_ok() {
                 session.release_run(&run_id);
+                s2.release(&run_id);
             }
             ended
         }

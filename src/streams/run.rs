@@ -119,10 +119,6 @@ pub(super) struct Run {
     /// The oldest journal segment holding one of its records.
     pub(super) first_segment: u64,
     pub(super) subscribers: Vec<Subscriber>,
-    /// The connections (ids) through which the holder has spoken for its stream: when the last
-    /// closes without a commit or abort, the producer is lost (`Streams::detach`). Memory
-    /// only: after a restart no connection holds anything.
-    pub(super) attached: Vec<u64>,
     /// Since when no connection holds the run (its producer was lost, or the daemon started
     /// without it): past `[streams] orphan_timeout_s` it ends as `abandoned`. `None` while a
     /// producer holds it, or for a run no connection ever held here (a shared store's copy).
@@ -157,7 +153,6 @@ impl Run {
             updated_at_ms: at,
             first_segment: mark,
             subscribers: Vec::new(),
-            attached: Vec::new(),
             unattached_since: None,
         }
     }
@@ -177,7 +172,6 @@ impl Run {
         self.stream_id = stream_id.to_owned();
         self.status = Status::Streaming;
         // A new holder: the connection that made it attaches next (`Streams::attach`).
-        self.attached.clear();
         self.unattached_since = None;
         if thread_id.is_some() {
             self.thread_id = thread_id;
@@ -218,7 +212,6 @@ impl Run {
         self.next_seq += 1;
         self.events.push((seq, event_json(&ev)));
         self.stream_id.clear();
-        self.attached.clear();
         self.status = Status::Interrupted;
         self.updated_at_ms = at;
         self.unattached_since = Some(at);
@@ -353,7 +346,6 @@ impl Run {
             updated_at_ms: r.updated,
             first_segment: segment,
             subscribers: Vec::new(),
-            attached: Vec::new(),
             unattached_since: None,
         }
     }

@@ -94,6 +94,10 @@ pub struct Streams {
     /// A shared store's runs this host held before it started are loaded (and their orphan
     /// clocks started) by the first orphan sweep.
     adopted: std::sync::atomic::AtomicBool,
+    /// The connections through which each run's holder speaks (`orphans.rs`), beside the runs
+    /// rather than in them: a shared store's copy of a run may be dropped and loaded again,
+    /// its holder's connections are the same. Taken after a run's lock, never before.
+    holders: std::sync::Mutex<HashMap<String, orphans::Holders>>,
 }
 
 /// An accepted change waiting for the journal.
@@ -175,6 +179,7 @@ impl Streams {
             config,
             tool_log: std::sync::OnceLock::new(),
             adopted: std::sync::atomic::AtomicBool::new(true),
+            holders: Default::default(),
         };
         {
             // Replayed into one map, then moved into the shards.

@@ -12,7 +12,28 @@ use crate::streams::store::SharedStore;
 
 use ending::Holder;
 
+/// The connections through which one run's holder (`sid`) speaks.
+#[derive(Debug)]
+pub(super) struct Holders {
+    sid: String,
+    conns: Vec<u64>,
+}
+
 impl Streams {
+    fn holders(&self) -> std::sync::MutexGuard<'_, HashMap<String, Holders>> {
+        self.holders
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether a connection speaks for `run_id`'s holder `sid` (called with the run's lock
+    /// held: the holders' lock is taken after it).
+    fn held(&self, run_id: &str, sid: &str) -> bool {
+        self.holders()
+            .get(run_id)
+            .is_some_and(|h| h.sid == sid && !h.conns.is_empty())
+    }
+
     /// Connection `conn` spoke for `stream_id`, the holder of `run_id` (a begin, resume,
     /// interrupt or append answered): the run's producer is there. Whether the run took it
     /// (it is in memory, held by that stream id).
@@ -20,8 +41,20 @@ impl Streams {
         let mut st = self.lock(run_id);
         match st.runs.get_mut(run_id) {
             Some(run) if !stream_id.is_empty() && run.stream_id == stream_id => {
-                if !run.attached.contains(&conn) {
-                    run.attached.push(conn);
+                let mut holders = self.holders();
+                let h = holders.entry(run_id.to_owned()).or_insert_with(|| Holders {
+                    sid: stream_id.to_owned(),
+                    conns: Vec::new(),
+                });
+                if h.sid != stream_id {
+                    // A new holder: the old one's connections hold nothing any more.
+                    *h = Holders {
+                        sid: stream_id.to_owned(),
+                        conns: Vec::new(),
+                    };
+                }
+                if !h.conns.contains(&conn) {
+                    h.conns.push(conn);
                 }
                 run.unattached_since = None;
                 true
@@ -30,22 +63,42 @@ impl Streams {
         }
     }
 
+    /// The run ended through `conn` (commit or abort): nothing of it is held any more.
+    pub fn release(&self, run_id: &str) {
+        self.holders().remove(run_id);
+    }
+
     /// Connection `conn` closed (not at shutdown: a restart is no loss) having spoken for
     /// `held` (run id, stream id): each run it was the last connection of loses its producer.
     /// Returns how many did.
     pub fn detach(self: &Arc<Self>, held: &[(String, String)], conn: u64) -> usize {
         let mut lost = 0;
         for (run_id, sid) in held {
+            {
+                let mut holders = self.holders();
+                let Some(h) = holders.get_mut(run_id.as_str()) else {
+                    continue;
+                };
+                if h.sid != *sid {
+                    continue; // taken over since: not this connection's run any more
+                }
+                h.conns.retain(|c| *c != conn);
+                if !h.conns.is_empty() {
+                    continue;
+                }
+                holders.remove(run_id.as_str());
+            }
             let ticket = {
                 let mut st = self.lock(run_id);
+                // Another connection may have spoken for it since (checked again under the
+                // run's lock, which every attach takes first).
+                if self.held(run_id, sid) {
+                    continue;
+                }
                 let Some(run) = st.runs.get_mut(run_id.as_str()) else {
                     continue;
                 };
-                if run.stream_id != *sid {
-                    continue; // taken over since: not this connection's run any more
-                }
-                run.attached.retain(|c| *c != conn);
-                if !run.attached.is_empty() || run.ending {
+                if run.stream_id != *sid || run.ending {
                     continue;
                 }
                 if run.status == Status::Failed {
@@ -107,7 +160,7 @@ impl Streams {
             if held_before {
                 let mut st = self.lock(&id);
                 if let Some(run) = st.runs.get_mut(&id) {
-                    if run.attached.is_empty() {
+                    if !self.held(&id, &run.stream_id) {
                         run.unattached_since.get_or_insert(now);
                     }
                 }

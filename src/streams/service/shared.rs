@@ -18,6 +18,7 @@ impl Streams {
             config,
             tool_log: std::sync::OnceLock::new(),
             adopted: std::sync::atomic::AtomicBool::new(false),
+            holders: Default::default(),
         }
     }
 
