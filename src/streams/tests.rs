@@ -984,3 +984,71 @@ fn a_link_at_a_run_is_refused_alone_and_a_failed_directory_fsync_poisons() {
         "{e}"
     );
 }
+
+/// A lost producer through the service: its `lost` record replays to the same run (the event,
+/// the retired stream id, the trimmer's held text decided), the lost stream id is refused, a
+/// resume goes on; a second connection of the producer keeps the run held, and a run taken
+/// over since is not the closing connection's to lose.
+#[test]
+fn a_lost_producer_replays_alike_and_only_the_last_holder_connection_loses_it() {
+    let env = Env::new();
+    let s = Arc::new(env.open());
+    let sid = begin(&s, "lost");
+    ok(&s, s.append("lost", &sid, 1, &[text("Hello, wor")]));
+    // Held text of a restated continuation is decided by the loss, before its event.
+    ok(
+        &s,
+        s.interrupt_as("lost", &sid, &json!("connection_reset"), Restated),
+    );
+    ok(&s, s.append("lost", &sid, 3, &[text("wor")]));
+    assert!(s.attach("lost", &sid, 1));
+    assert!(s.attach("lost", &sid, 2));
+    assert_eq!(s.detach(&[("lost".into(), sid.clone())], 1), 0, "conn 2 still holds it");
+    assert_eq!(s.detach(&[("lost".into(), sid.clone())], 2), 1);
+    let mut rx = s.subscribe("lost", 0).unwrap();
+    // Published once durable (settle_then): wait for it.
+    let mut events = Vec::new();
+    for _ in 0..500 {
+        events.extend(drain(&mut rx));
+        if events.iter().any(|(_, e)| e["cause"] == "producer_lost") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let last = events.last().unwrap().1.clone();
+    assert_eq!(last["cause"], "producer_lost", "{events:?}");
+    let text_of = |evs: &[(u64, Value)]| -> String {
+        evs.iter()
+            .filter(|(_, e)| e["type"] == "text")
+            .map(|(_, e)| e["text"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(text_of(&events), "Hello, wor", "the restatement was removed");
+    let e = s.append("lost", &sid, 4, &[text("late")]).err().unwrap();
+    assert!(matches!(e, StreamError::ProducerLost), "{e}");
+    let before = events.clone();
+    drop(rx);
+    drop(s);
+    // Replay: the same events, the same refusal.
+    let s = Arc::new(env.open());
+    let mut rx = s.subscribe("lost", 0).unwrap();
+    let replayed = drain(&mut rx);
+    assert_eq!(replayed, before, "replay rebuilds what was published");
+    assert!(matches!(
+        s.append("lost", &sid, 4, &[text("late")]).err().unwrap(),
+        StreamError::ProducerLost
+    ));
+    let r = ok(&s, s.resume("lost", None, None, false));
+    let sid2 = r["stream_id"].as_str().unwrap().to_owned();
+    assert!(s.attach("lost", &sid2, 3));
+    // The old holder's connection closing now is nothing to the resumed run.
+    assert_eq!(s.detach(&[("lost".into(), sid.clone())], 2), 0);
+    let next = r["next_seq"].as_u64().unwrap();
+    ok(&s, s.append("lost", &sid2, next, &[text("ld")]));
+    let c = s
+        .commit("lost", &sid2, json!({"role": "assistant"}), true)
+        .unwrap();
+    assert_eq!(c["status"], "committed");
+    let state = s.get("lost", true).unwrap();
+    assert_eq!(state["final_message"]["content"], "Hello, world");
+}
