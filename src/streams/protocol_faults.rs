@@ -132,6 +132,26 @@ fn protocols() -> Vec<Protocol> {
             journal: true,
         },
         Protocol {
+            name: "a producer lost (its connection closed)",
+            setup: run_with_text,
+            op: |s, sid| s.settle_blocking(s.producer_lost("r", sid)?).map(drop),
+            seen: |s| match run_text(s)? {
+                (t, _) if t != "a" => Err(format!("text {t:?}")),
+                (_, st) if st == "streaming" => Ok(Seen::Old),
+                (_, st) if st == "interrupted" => {
+                    // The lost holder's stream id is retired in the reopened store too.
+                    let mut feed = s.subscribe("r", 0).map_err(|e| e.to_string())?;
+                    let last = drain(&mut feed).pop().map(|(_, e)| e);
+                    match last {
+                        Some(e) if e["cause"] == "producer_lost" => Ok(Seen::New),
+                        e => Err(format!("interrupted, last event {e:?}")),
+                    }
+                }
+                (_, st) => Err(format!("status {st}")),
+            },
+            journal: true,
+        },
+        Protocol {
             name: "stream.begin with takeover",
             setup: run_with_text,
             op: |s, _| s.settle_blocking(s.begin("r", None, None, true)?).map(drop),

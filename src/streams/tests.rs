@@ -1003,7 +1003,11 @@ fn a_lost_producer_replays_alike_and_only_the_last_holder_connection_loses_it() 
     ok(&s, s.append("lost", &sid, 3, &[text("wor")]));
     assert!(s.attach("lost", &sid, 1));
     assert!(s.attach("lost", &sid, 2));
-    assert_eq!(s.detach(&[("lost".into(), sid.clone())], 1), 0, "conn 2 still holds it");
+    assert_eq!(
+        s.detach(&[("lost".into(), sid.clone())], 1),
+        0,
+        "conn 2 still holds it"
+    );
     assert_eq!(s.detach(&[("lost".into(), sid.clone())], 2), 1);
     let mut rx = s.subscribe("lost", 0).unwrap();
     // Published once durable (settle_then): wait for it.
@@ -1023,7 +1027,11 @@ fn a_lost_producer_replays_alike_and_only_the_last_holder_connection_loses_it() 
             .map(|(_, e)| e["text"].as_str().unwrap().to_owned())
             .collect()
     };
-    assert_eq!(text_of(&events), "Hello, wor", "the restatement was removed");
+    assert_eq!(
+        text_of(&events),
+        "Hello, wor",
+        "the restatement was removed"
+    );
     let e = s.append("lost", &sid, 4, &[text("late")]).err().unwrap();
     assert!(matches!(e, StreamError::ProducerLost), "{e}");
     let before = events.clone();

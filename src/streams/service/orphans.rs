@@ -168,6 +168,18 @@ impl Streams {
         }
     }
 
+    /// The producer of `run_id`, held by `sid`, is lost: its `lost` record queued (the ticket
+    /// settles once it is durable, then the event is published). What `detach` does for the
+    /// last holder connection; a run taken over since, ending, or failed is refused.
+    pub fn producer_lost(&self, run_id: &str, sid: &str) -> Result<Ticket, StreamError> {
+        let mut st = self.lock(run_id);
+        let run = Self::run_mut(&mut st, run_id, sid)?;
+        if run.status == Status::Failed {
+            return Err(StreamError::Failed);
+        }
+        self.record_lost(run)
+    }
+
     /// Journal a `lost` record for `run` and apply it.
     fn record_lost(&self, run: &mut Run) -> Result<Ticket, StreamError> {
         let at = now_ms();
