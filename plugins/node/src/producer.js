@@ -36,6 +36,7 @@ export class StreamProducer {
     this.runId = runId;
     this.streamId = streamId;
     this.nextSeq = nextSeq; // the seq of the next event to send
+    this.handedSeq = nextSeq; // the seq the next event handed to append() gets
     this.ackedSeq = nextSeq - 1;
     this.retryTimeoutMs = retryTimeoutMs;
     this.plan = null;
@@ -71,6 +72,7 @@ export class StreamProducer {
   append(events) {
     const list = Array.isArray(events) ? events : [events];
     if (this._failed) return Promise.reject(this._failed);
+    this.handedSeq += list.length;
     const done = Promise.all(list.map((event) => new Promise((resolve, reject) => {
       this._queue.push({ event, resolve, reject });
     })));
@@ -126,6 +128,7 @@ export class StreamProducer {
       { continuation: this.continuation });
     this.plan = plan;
     this.nextSeq = plan.next_seq;
+    this.handedSeq = plan.next_seq;
     this.ackedSeq = plan.next_seq - 1;
     return plan;
   }

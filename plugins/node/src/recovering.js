@@ -120,6 +120,7 @@ export class RecoveringStream {
     this.toolCalls = [];
     this.stopReason = null;
     this.streamId = null;
+    this._lastCallSeq = 0;
   }
 
   _seen(params) {
@@ -237,13 +238,13 @@ export class RecoveringStream {
           if (got.v === OPENED) { last = Date.now(); chunkNext = Promise.resolve(it.next()); continue; }
           if (got.v.done) {
             const ends = open.splice(0).map((id) => ({ type: 'tool_call_end', id }));
-            if (ends.length) p.append(ends).catch(() => {});
+            if (ends.length) this._append(p, ends);
             break;
           }
           mid = true;
           last = Date.now();
           const evs = this._events(got.v.value, open);
-          if (evs.length) p.append(evs).catch(() => {}); // a failure is raised by flush()
+          if (evs.length) this._append(p, evs);
           chunkNext = Promise.resolve(it.next());
         }
         abandon = null;
@@ -256,7 +257,9 @@ export class RecoveringStream {
           continue;
         }
         await p.flush();
-        const acked = p.ackedSeq;
+        // The turn's calls are read from the subscription up to the last tool-call event (text
+        // after it may be held by the daemon until the commit decides on it).
+        const acked = this._lastCallSeq;
         while (this.lastSeq < acked) {
           let timer;
           const r = await Promise.race([nextEvent(), new Promise((res) => { timer = setTimeout(() => res(null), CATCH_UP_TIMEOUT_MS); })]);
@@ -272,6 +275,14 @@ export class RecoveringStream {
       abandon?.();
       await sub.close().catch(() => {});
     }
+  }
+
+  /** Hand events to the producer (a failure is raised by its flush()), remembering the seq of
+   * the last tool-call event: tool-call events are never held, a restated text may be. */
+  _append(p, evs) {
+    const base = p.handedSeq;
+    evs.forEach((ev, i) => { if (ev.type !== 'text') this._lastCallSeq = base + i; });
+    p.append(evs).catch(() => {});
   }
 
   _events(chunk, open) {

@@ -151,3 +151,21 @@ test('a producer killed with SIGKILL: viewers see interrupted (producer_lost), t
   assert.equal(state.partial_message.content, 'partial answer');
   console.log(`node SIGKILLed producer: interrupted after ${got[0][0]} ms, finish (abandoned) after ${got[1][0]} ms`);
 });
+
+test('a restated continuation that only restates is committed, not waited for', async (t) => {
+  // Regression (attack round, issue 35): the daemon holds that text until the commit decides.
+  const d = await withDaemon(t);
+  const c = await d.client();
+  t.after(() => c.close());
+  async function* first() {
+    yield 'The answer is 42.';
+    throw Object.assign(new Error('reset'), { code: 'ECONNRESET' });
+  }
+  const t0 = Date.now();
+  const rs = new RecoveringStream(c, 'only-restates', first(), {
+    reopen: () => items(['is 42.']), continuation: 'restated', sleep: noWait,
+  });
+  assert.equal(await render(rs), 'The answer is 42.');
+  assert.equal(rs.finalMessage.content, 'The answer is 42.');
+  assert.ok(Date.now() - t0 < 10_000);
+});

@@ -218,6 +218,8 @@ export class StreamProducer {
   readonly runId: string;
   readonly streamId: string;
   readonly nextSeq: number;
+  /** The seq the next event handed to `append` gets (events in flight and queued counted). */
+  readonly handedSeq: number;
   readonly ackedSeq: number;
   /** The plan of the last interrupt or of the resume. */
   readonly plan: Plan | null;

@@ -236,6 +236,11 @@ class _AsyncAppender:
         self.appends = 0
         self.events = 0
 
+    @property
+    def next_seq(self) -> int:
+        """The seq the next event handed over gets."""
+        return self._next + len(self._queue)
+
     def put(self, events: List[Dict[str, Any]]) -> None:
         if self._error is not None:
             e, self._error = self._error, None
@@ -797,6 +802,7 @@ class RecoveringStream:
         self.tool_calls: List[Dict[str, Any]] = []
         self.stop_reason: Optional[str] = None
         self._appender: Any = None
+        self._last_call_seq = 0
 
     @property
     def appends(self) -> int:
@@ -821,6 +827,17 @@ class RecoveringStream:
             if c is not None:
                 return c
         return classify_error(exc, mid_stream)
+
+    def _put(self, app: Any, evs: List[Dict[str, Any]]) -> None:
+        """Hand events to the appender, remembering the seq of the last tool-call event: the
+        turn's calls are read from the subscription once it has shown that far. (Not every
+        acknowledged seq: text of a ``restated`` continuation may be held by the daemon until
+        the commit decides on it, and tool-call events are never held.)"""
+        base = app.next_seq
+        for i, ev in enumerate(evs):
+            if ev.get("type") != "text":
+                self._last_call_seq = base + i
+        app.put(evs)
 
     def _source(self, prefix: Any, first: bool) -> Any:
         if first:
@@ -908,12 +925,12 @@ class RecoveringStream:
                         last_chunk = time.monotonic()
                         evs = adapter.events(val)
                         if evs:
-                            app.put(evs)
+                            self._put(app, evs)
                         continue
                     if kind == "end":
                         evs = adapter.finish()
                         if evs:
-                            app.put(evs)
+                            self._put(app, evs)
                         break
                     if kind == "stall":
                         pump.abandon()
@@ -934,9 +951,10 @@ class RecoveringStream:
                     app.reset(plan["next_seq"])
                     cause_exc = broke
                     continue
-                acked = app.flush()
-                # The turn's tool calls are read from what the subscription showed: all of it.
-                yield from self._catch_up_sync(sub, acked)
+                app.flush()
+                # The turn's tool calls are read from what the subscription showed: up to the
+                # last of them (text after it may be held until the commit decides on it).
+                yield from self._catch_up_sync(sub, self._last_call_seq)
                 yield from self._finish_sync("done", self._core.completed_calls(), sub, None)
                 return
         finally:
@@ -1056,14 +1074,14 @@ class RecoveringStream:
                     if value is _END:
                         evs = adapter.finish()
                         if evs:
-                            app.put(evs)
+                            self._put(app, evs)
                         chunk_next = None
                         break
                     mid = True
                     last_chunk = loop.time()
                     evs = adapter.events(value)
                     if evs:
-                        app.put(evs)
+                        self._put(app, evs)
                     chunk_next = asyncio.ensure_future(it.__anext__())
                 if broke is not None:
                     chunk_next = None
@@ -1082,7 +1100,9 @@ class RecoveringStream:
                     app.reset(plan["next_seq"])
                     cause_exc = broke
                     continue
-                acked = await app.flush()
+                await app.flush()
+                # Up to the last tool-call event (text after it may be held until the commit).
+                acked = self._last_call_seq
                 while self._core.last_seq < acked:
                     if sub_next is None:
                         sub_next = asyncio.ensure_future(sub.next())

@@ -283,3 +283,39 @@ def test_a_sigkilled_producer_is_interrupted_then_finished(make_daemon):
     assert state["partial_message"]["content"] == "partial answer"
     print("SIGKILLed producer: interrupted after %.2f s, finish (abandoned) after %.2f s"
           % (events[0][0], events[1][0]))
+
+
+def test_a_restated_continuation_that_only_restates_commits_sync_and_async(daemon):
+    """Regression (attack round, issue 35): the daemon holds a restated continuation's text
+    while it may still be a restatement; the wrapper commits without waiting for it to be shown
+    (it is decided by the commit) instead of timing out."""
+    from holdfast_client.aio import AsyncClient
+
+    def first():
+        yield "The answer is 42."
+        raise Reset()
+
+    with daemon.client("agent") as hf:
+        t0 = time.monotonic()
+        rs = RecoveringStream(hf, "only-restates", first(), reopen=lambda p: iter(["is 42."]),
+                              continuation="restated", sleep=lambda s: None)
+        assert render(rs) == "The answer is 42." == rs.final_message["content"]
+        assert time.monotonic() - t0 < 10
+
+    async def main():
+        async with AsyncClient(daemon.socket, client="agent") as hf:
+            async def afirst():
+                yield "The answer is 42."
+                raise Reset()
+
+            rs = RecoveringStream(hf, "only-restates-a", afirst(),
+                                  reopen=lambda p: iter(["is 42."]), continuation="restated",
+                                  sleep=lambda s: None)
+            shown = ""
+            async for ev in rs:
+                shown += ev.text
+            return shown, rs.final_message["content"]
+
+    t0 = time.monotonic()
+    assert asyncio.run(main()) == ("The answer is 42.", "The answer is 42.")
+    assert time.monotonic() - t0 < 10
