@@ -11,6 +11,8 @@ const PRODUCER_EVENTS = new Set(['text', 'tool_call_delta', 'tool_call_end']);
 const MAX_CAUSE_MESSAGE = 1000;
 const CATCH_UP_TIMEOUT_MS = 30_000;
 const OPENED = Symbol('opened');
+/** The longest `stallTimeoutMs`: 24 days (a longer timer fires at once in Node). */
+export const MAX_STALL_TIMEOUT_MS = 24 * 86_400_000;
 
 /** No chunk came for `stallTimeoutMs`: the interruption's cause was `stalled`. */
 export class StreamStalled extends Error {
@@ -105,8 +107,9 @@ export class RecoveringStream {
     if (!CONTINUATIONS.includes(continuation)) {
       throw new TypeError(`continuation must be 'exact' or 'restated', not ${JSON.stringify(continuation)}`);
     }
-    if (stallTimeoutMs !== null && !(Number.isFinite(stallTimeoutMs) && stallTimeoutMs > 0)) {
-      throw new TypeError('stallTimeoutMs must be a positive number of milliseconds (or null)');
+    if (stallTimeoutMs !== null && !(Number.isFinite(stallTimeoutMs) && stallTimeoutMs > 0
+      && stallTimeoutMs <= MAX_STALL_TIMEOUT_MS)) {
+      throw new TypeError(`stallTimeoutMs must be a number of milliseconds in (0, ${MAX_STALL_TIMEOUT_MS}] (or null: wait forever)`);
     }
     Object.assign(this, { client, runId });
     this._o = { stream, reopen, model, threadId, resume, takeover, afterSeq, continuation, stallTimeoutMs, classify };

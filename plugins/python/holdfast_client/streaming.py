@@ -645,6 +645,10 @@ class _Core:
 # ---------------------------------------------------------------------------------------------
 # RecoveringStream
 
+#: The longest ``stall_timeout`` (24 days, what every platform's timers take; ``None`` waits
+#: forever).
+MAX_STALL_TIMEOUT = 24 * 86400
+
 #: How a reopened stream continues the text so far (docs/recovery.md, "Continuation").
 CONTINUATIONS = ("exact", "restated")
 
@@ -776,9 +780,10 @@ class RecoveringStream:
         self._continuation = _continuation(continuation)
         if stall_timeout is not None and not (
             isinstance(stall_timeout, (int, float)) and not isinstance(stall_timeout, bool)
-            and stall_timeout > 0
+            and 0 < stall_timeout <= MAX_STALL_TIMEOUT
         ):
-            raise ValueError("stall_timeout must be a positive number of seconds (or None)")
+            raise ValueError("stall_timeout must be a number of seconds in (0, %d] (or None: "
+                             "wait forever)" % MAX_STALL_TIMEOUT)
         self._stall = None if stall_timeout is None else float(stall_timeout)
         if stream is None and not resume:
             raise TypeError("RecoveringStream needs the provider stream (or resume=True)")
@@ -1027,9 +1032,10 @@ class RecoveringStream:
                         await self._asleep(self._wait(self._core.plans[-1]))
                         pending = (False, arg)
                     else:
-                        if sub_next is not None:
-                            sub_next.cancel()
-                            sub_next = None
+                        got = await _take_pending(sub_next)
+                        sub_next = None
+                        if got is not None:
+                            yield self._core.seen(got)
                         async for ev in self._finish_async(what, arg, sub, cause_exc):
                             yield ev
                         return
@@ -1113,6 +1119,12 @@ class RecoveringStream:
                         raise TimeoutError("the run's subscription did not deliver seq %d "
                                            "within %d s" % (acked, CATCH_UP_TIMEOUT))
                     yield self._core.seen(got)
+                # The subscription is read by the finish from here: an event the pending read
+                # took is rendered first, never dropped.
+                got = await _take_pending(sub_next)
+                sub_next = None
+                if got is not None:
+                    yield self._core.seen(got)
                 async for ev in self._finish_async("done", self._core.completed_calls(), sub,
                                                    None):
                     yield ev
@@ -1127,7 +1139,15 @@ class RecoveringStream:
             await sub.close()
 
     async def _open_async(self, prefix: Any, first: bool) -> Any:
-        source = self._source(prefix, first)
+        fn = self._stream if first else self._reopen
+        if first and not callable(fn):
+            source = fn
+        elif inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+            source = self._source(prefix, first)
+        else:
+            # A plain function may block making its request: on a thread, so the stall timer
+            # and the subscription go on meanwhile.
+            source = await _on_thread(lambda: self._source(prefix, first))
         if inspect.isawaitable(source):
             source = await source
         return source
@@ -1188,22 +1208,94 @@ class RecoveringStream:
 _END = object()
 
 
+async def _take_pending(task: Any) -> Any:
+    """Stop a pending ``sub.next()`` task and return the event it took, if it took one."""
+    if task is None:
+        return None
+    if not task.done():
+        task.cancel()
+        try:
+            return await task
+        except asyncio.CancelledError:
+            return None
+    return task.result()
+
+
+def _to_loop(loop: Any, fn: Callable[..., Any], *args: Any) -> bool:
+    """``fn(*args)`` on ``loop`` from another thread; False once the loop is closed."""
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+        return True
+    except RuntimeError:
+        return False
+
+
 async def _async_chunks(source: Any) -> AsyncIterator[Any]:
-    """A sync or async iterable's items from async code, then ``_END``. A sync iterable is
-    advanced on a worker thread: the event loop (the run's subscription, the stall timer)
-    keeps going while the provider blocks."""
+    """A sync or async iterable's items from async code, then ``_END``. A sync iterable is read
+    on a thread of its own (not the loop's shared executor: a provider that hangs ties up only
+    its own thread), so the event loop — the run's subscription, the stall timer — keeps going
+    while the provider blocks; once this generator is closed (abandoned) the thread stops
+    handing items over."""
     if hasattr(source, "__aiter__"):
         async for x in source:
             yield x
-    else:
-        it = iter(source)
-        loop = asyncio.get_running_loop()
+        yield _END
+        return
+    import threading
+
+    loop = asyncio.get_running_loop()
+    q: "asyncio.Queue[Tuple[str, Any]]" = asyncio.Queue()
+    stop = threading.Event()
+
+    def pump() -> None:
+        try:
+            for x in source:
+                if stop.is_set() or not _to_loop(loop, q.put_nowait, ("item", x)):
+                    return
+            _to_loop(loop, q.put_nowait, ("end", None))
+        except BaseException as e:  # noqa: BLE001 - handed to the reader
+            if not stop.is_set():
+                _to_loop(loop, q.put_nowait, ("error", e))
+
+    threading.Thread(target=pump, daemon=True, name="holdfast-provider").start()
+    try:
         while True:
-            x = await loop.run_in_executor(None, next, it, _END)
-            if x is _END:
+            kind, x = await q.get()
+            if kind == "end":
                 break
+            if kind == "error":
+                raise x
             yield x
+    finally:
+        stop.set()
     yield _END
+
+
+async def _on_thread(fn: Callable[[], Any]) -> Any:
+    """``fn()`` on a thread of its own, awaited: a blocking call (a sync ``reopen`` making
+    its request) does not stop the event loop, and a hung one ties up only its thread."""
+    import threading
+
+    loop = asyncio.get_running_loop()
+    fut: "asyncio.Future[Any]" = loop.create_future()
+
+    def settle(ok: bool, value: Any) -> None:
+        if not fut.done():
+            if ok:
+                fut.set_result(value)
+            else:
+                fut.set_exception(value)
+
+    def run() -> None:
+        try:
+            r = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the awaiting task
+            _to_loop(loop, settle, False, e)
+        else:
+            _to_loop(loop, settle, True, r)
+
+    threading.Thread(target=run, daemon=True, name="holdfast-reopen").start()
+    return await fut
 
 
 async def _aclose_quietly(source: Any) -> None:

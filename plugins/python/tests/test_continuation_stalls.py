@@ -319,3 +319,67 @@ def test_a_restated_continuation_that_only_restates_commits_sync_and_async(daemo
     t0 = time.monotonic()
     assert asyncio.run(main()) == ("The answer is 42.", "The answer is 42.")
     assert time.monotonic() - t0 < 10
+
+
+def test_async_stalls_of_sync_providers_and_blocking_reopens(daemon):
+    """Regression (attack round, issue 35): under AsyncClient, each stalled sync provider used
+    to hold one of the loop's few shared executor threads, until healthy runs starved and
+    stalled; and a sync reopen that blocked was not covered by stall_timeout."""
+    from holdfast_client.aio import AsyncClient
+    forever = threading.Event()
+
+    def hanging(text):
+        yield text
+        forever.wait()
+        yield "LATE"
+
+    def healthy(text):
+        for w in text.split(" "):
+            yield w + " "
+
+    async def main():
+        async with AsyncClient(daemon.socket, client="agent") as hf:
+            # More hung providers than the default executor has threads (cpu + 4).
+            for i in range((os.cpu_count() or 1) + 6):
+                n = [0]
+
+                def reopen(prefix, n=n):
+                    n[0] += 1
+                    return hanging("again ") if n[0] < 2 else healthy("good")
+
+                rs = RecoveringStream(hf, "hung-%d" % i, hanging("hello "), reopen=reopen,
+                                      stall_timeout=0.3, sleep=lambda s: None)
+                shown = ""
+                async for ev in rs:
+                    shown += ev.text
+                assert "LATE" not in shown
+                assert [p["cause"] for p in rs.plans] == ["stalled", "stalled"], rs.plans
+            rs = RecoveringStream(hf, "healthy", healthy("a b c"), reopen=lambda p: healthy("x"),
+                                  stall_timeout=0.3)
+            shown = ""
+            async for ev in rs:
+                shown += ev.text
+            assert shown == "a b c " and rs.plans == []
+            # A sync reopen that blocks 2 s is a stall at 0.3 s; its late stream is dropped.
+            def slow_reopen(prefix):
+                if slow_reopen.calls == 0:
+                    slow_reopen.calls += 1
+                    time.sleep(2)
+                    return iter(["LATE-SYNC"])
+                return iter(["d!"])
+            slow_reopen.calls = 0
+
+            def broken():
+                yield "Hello wor"
+                raise Reset()
+
+            rs = RecoveringStream(hf, "slow-reopen", broken(), reopen=slow_reopen,
+                                  stall_timeout=0.3, sleep=lambda s: None)
+            shown = ""
+            async for ev in rs:
+                shown += ev.text
+            assert shown == "Hello word!", shown
+            assert [p["cause"] for p in rs.plans] == ["connection_reset", "stalled"]
+        forever.set()
+
+    asyncio.run(main())

@@ -104,7 +104,7 @@ pub struct Interrupt {
     /// What broke (the recovery planner's input).
     pub cause: Value,
     /// How the producer continues the text after an R1/R3 plan (default `exact`).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "continuation")]
     pub continuation: Option<crate::recovery::Continuation>,
 }
 
@@ -124,8 +124,19 @@ pub struct Resume {
     #[serde(default)]
     pub fail_on_stale: bool,
     /// How the new producer continues the text after an R1/R3 plan (default `exact`).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "continuation")]
     pub continuation: Option<crate::recovery::Continuation>,
+}
+
+/// `continuation`: `"exact"`, `"restated"` or null, with a message that names the field and its
+/// values for anything else.
+fn continuation<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<crate::recovery::Continuation>, D::Error> {
+    let v = Value::deserialize(d)?;
+    crate::recovery::Continuation::from_json(Some(&v))
+        .map(|c| (!v.is_null()).then_some(c))
+        .map_err(serde::de::Error::custom)
 }
 
 /// `stream.commit`.

@@ -247,6 +247,9 @@ impl Streams {
                 }
                 // Resumed or ended meanwhile (or another host ended it first): not ours to end.
                 Err(StreamError::NotHolder { .. }) | Err(StreamError::NotActive) => {}
+                Err(StreamError::Journal(crate::durable::journal::JournalError::Fenced)) => {
+                    tracing::debug!(run = %run_id, "another host moved the orphaned run on first");
+                }
                 Err(e) => tracing::warn!(run = %run_id, error = %e,
                     "could not end a run whose producer was lost"),
             }

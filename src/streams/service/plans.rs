@@ -210,6 +210,10 @@ impl Streams {
         if run.ending {
             return Err(StreamError::Ending);
         }
+        // What the trimmer holds is decided first (the plan below decides it anyway): the
+        // checkpoint must be the text the plan continues from.
+        let held = run.acc.flush_trim();
+        run.push_events(held);
         let checkpoint = run.checkpoint();
         let (epoch, sid, at) = (run.epoch + 1, new_stream_id(), now_ms());
         let begin = Record::Begin(record::Begin {
