@@ -262,3 +262,31 @@ fn a_second_connection_of_the_producer_keeps_the_run_held() {
     assert_eq!(state["status"], "committed", "{state}");
     d.stop();
 }
+
+#[test]
+fn a_continuation_of_the_wrong_kind_is_named_in_the_error() {
+    let mut env = DaemonEnv::new(CONFIG);
+    let d = env.start();
+    let mut c = Conn::open(&d.socket);
+    let sid = begin(&mut c, "cont");
+    text(&mut c, "cont", &sid, 1, "x");
+    for bad in [json!(1), json!(true), json!(["exact"]), json!("maybe")] {
+        let e = c.err(
+            "stream.interrupt",
+            json!({"run_id": "cont", "stream_id": sid, "cause": "stalled", "continuation": bad}),
+        );
+        assert_eq!(e["data"]["kind"], "invalid_params", "{e}");
+        let m = e["message"].as_str().unwrap();
+        assert!(m.contains("continuation") && m.contains("restated"), "{bad}: {m}");
+    }
+    let e = c.err("stream.resume", json!({"run_id": "cont", "continuation": 7}));
+    assert!(e["message"].as_str().unwrap().contains("continuation"), "{e}");
+    // Nothing changed: the run still streams under its holder.
+    text(&mut c, "cont", &sid, 2, "y");
+    let r = c.ok(
+        "stream.interrupt",
+        json!({"run_id": "cont", "stream_id": sid, "cause": "stalled", "continuation": null}),
+    );
+    assert_eq!(r["continuation"], "exact", "{r}");
+    d.stop();
+}

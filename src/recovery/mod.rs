@@ -164,7 +164,7 @@ impl Continuation {
             Some(Value::String(s)) if s == "restated" => Ok(Continuation::Restated),
             Some(_) => Err(InputError::Invalid {
                 field: "continuation",
-                expected: "\"exact\" or \"restated\"",
+                expected: "exact or restated (a string; null: exact)",
             }),
         }
     }

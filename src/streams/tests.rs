@@ -1060,3 +1060,22 @@ fn a_lost_producer_replays_alike_and_only_the_last_holder_connection_loses_it() 
     let state = s.get("lost", true).unwrap();
     assert_eq!(state["final_message"]["content"], "Hello, world");
 }
+
+/// Regression (attack round, issue 35): a resume while the trimmer holds text answers a
+/// checkpoint whose text is the plan's prefix — the held text decided first.
+#[test]
+fn a_resume_while_text_is_held_checkpoints_what_the_plan_continues() {
+    let env = Env::new();
+    let s = env.open();
+    let sid = begin(&s, "held");
+    ok(&s, s.append("held", &sid, 1, &[text("Hello, world")]));
+    ok(
+        &s,
+        s.interrupt_as("held", &sid, &json!("connection_reset"), Restated),
+    );
+    // "llo" occurs in the tail: held, not yet decided.
+    ok(&s, s.append("held", &sid, 3, &[text("llo")]));
+    let r = ok(&s, s.resume("held", None, None, false));
+    assert_eq!(r["checkpoint"]["partial_text"], "Hello, worldllo", "{r}");
+    assert_eq!(r["plan"]["assistant_prefix"], "Hello, worldllo", "{r}");
+}
