@@ -277,10 +277,19 @@ fn a_continuation_of_the_wrong_kind_is_named_in_the_error() {
         );
         assert_eq!(e["data"]["kind"], "invalid_params", "{e}");
         let m = e["message"].as_str().unwrap();
-        assert!(m.contains("continuation") && m.contains("restated"), "{bad}: {m}");
+        assert!(
+            m.contains("continuation") && m.contains("restated"),
+            "{bad}: {m}"
+        );
     }
-    let e = c.err("stream.resume", json!({"run_id": "cont", "continuation": 7}));
-    assert!(e["message"].as_str().unwrap().contains("continuation"), "{e}");
+    let e = c.err(
+        "stream.resume",
+        json!({"run_id": "cont", "continuation": 7}),
+    );
+    assert!(
+        e["message"].as_str().unwrap().contains("continuation"),
+        "{e}"
+    );
     // Nothing changed: the run still streams under its holder.
     text(&mut c, "cont", &sid, 2, "y");
     let r = c.ok(

@@ -639,3 +639,158 @@ fn migrate_to_postgres_and_back_keeps_everything() {
     d.stop();
     println!("migrate: files -> postgres (1 active run, 1 ended, 1 checkpoint, 2 run logs, verified; served and continued there) -> files in a new data dir (verified; the run committed there); non-empty targets refused");
 }
+
+/// A daemon environment on `backend`, named `name` in the database (two daemons on one
+/// machine are two hosts only by their names), whose runs end 2 s after their producer is lost.
+fn host_orphans(backend: &str, name: &str) -> DaemonEnv {
+    let env = DaemonEnv::new("");
+    env.write_config(&format!(
+        "[streams]\norphan_timeout_s = 2\n{}\nhost_name = \"{name}\"\n",
+        backend.trim_end()
+    ));
+    env
+}
+
+fn sid_of(r: &Value) -> String {
+    r["stream_id"].as_str().unwrap().to_owned()
+}
+
+fn append_text(c: &mut Conn, run: &str, sid: &str, seq: u64, t: &str) -> Value {
+    c.call(
+        "stream.append",
+        json!({"run_id": run, "stream_id": sid, "seq": seq,
+               "events": [{"type": "text", "text": t}]}),
+    )
+}
+
+/// Regression (issue 35 attack round): a producer whose stream id speaks through two hosts is
+/// not lost when the first host's connection closes while the other host's wrote since; a
+/// host whose copy of the run is behind takes the next seq after loading it again (not a
+/// "gap"); the loss comes when the last connection closes, and the run ends abandoned.
+#[test]
+fn a_producer_on_two_hosts_is_lost_only_by_its_last_writer_and_stale_copies_reload() {
+    let test = "a_producer_on_two_hosts_is_lost_only_by_its_last_writer_and_stale_copies_reload";
+    let Some(server) = Server::start(test) else {
+        return;
+    };
+    let backend = server.backend();
+    let (mut a, mut b) = (
+        host_orphans(&backend, "host-a"),
+        host_orphans(&backend, "host-b"),
+    );
+    let (da, db) = (a.start(), b.start());
+    let mut pa = Conn::open(&da.socket);
+    let sid = sid_of(&pa.ok("stream.begin", json!({"run_id": "two"})));
+    assert_eq!(
+        append_text(&mut pa, "two", &sid, 1, "a1 ")["result"]["acked_seq"],
+        1
+    );
+    let mut pb = Conn::open(&db.socket);
+    for seq in 2..=3 {
+        let r = append_text(&mut pb, "two", &sid, seq, "b ");
+        assert_eq!(r["result"]["acked_seq"], seq, "{r}");
+    }
+    // Host A's copy is behind (it has seq 1): the next seq loads it again, no gap.
+    let r = append_text(&mut pa, "two", &sid, 4, "a4 ");
+    assert_eq!(r["result"]["acked_seq"], 4, "a stale copy answered: {r}");
+    let r = append_text(&mut pb, "two", &sid, 5, "b5 ");
+    assert_eq!(r["result"]["acked_seq"], 5, "{r}");
+    // A's connection closes; B wrote last: not lost.
+    drop(pa);
+    thread::sleep(Duration::from_secs(3));
+    let r = append_text(&mut pb, "two", &sid, 6, "b6");
+    assert_eq!(r["result"]["acked_seq"], 6, "lost while B still spoke: {r}");
+    let mut viewer = Conn::open(&da.socket);
+    viewer.ok("stream.subscribe", json!({"run_id": "two", "after_seq": 6}));
+    drop(pb);
+    let mut got = Vec::new();
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(40) {
+        if let Some(ev) = viewer.next_event(Duration::from_millis(200)) {
+            let done = ev["event"]["type"] == "finish";
+            got.push(ev["event"].clone());
+            if done {
+                break;
+            }
+        }
+    }
+    let kinds: Vec<String> = got
+        .iter()
+        .map(|e| {
+            format!(
+                "{}:{}",
+                e["type"],
+                e.get("cause").or(e.get("status")).unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            r#""interrupted":"producer_lost""#,
+            r#""finish":"abandoned""#
+        ],
+        "{got:?}"
+    );
+    let mut c = Conn::open(&da.socket);
+    let st = c.ok("stream.get", json!({"run_id": "two", "reveal": true}));
+    assert_eq!(st["partial_message"]["content"], "a1 b b a4 b5 b6", "{st}");
+    println!("two hosts: not lost while the other host's connection wrote last; lost and abandoned after it closed; a stale copy reloaded for seq 4");
+    da.stop();
+    db.stop();
+}
+
+/// Regression (issue 35 attack round): a producer whose connection closes while PostgreSQL is
+/// down is lost once it is back — `interrupted` published, the stream id refused, the run
+/// abandoned after the timeout — instead of being forgotten.
+#[test]
+fn a_producer_lost_while_postgres_is_down_is_recorded_once_it_is_back() {
+    let test = "a_producer_lost_while_postgres_is_down_is_recorded_once_it_is_back";
+    let Some(server) = Server::start(test) else {
+        return;
+    };
+    let backend = server.backend();
+    let mut a = host_orphans(&backend, "host-a");
+    let d = a.start();
+    let mut p = Conn::open(&d.socket);
+    let sid = sid_of(&p.ok("stream.begin", json!({"run_id": "down"})));
+    assert_eq!(
+        append_text(&mut p, "down", &sid, 1, "kept")["result"]["acked_seq"],
+        1
+    );
+    server.crash();
+    drop(p); // lost while the database is unreachable
+    thread::sleep(Duration::from_secs(2));
+    server.restart();
+    let mut c = Conn::open(&d.socket);
+    let t0 = Instant::now();
+    let mut status = String::new();
+    while t0.elapsed() < Duration::from_secs(60) {
+        if let Some(r) = c
+            .call("stream.get", json!({"run_id": "down"}))
+            .get("result")
+        {
+            status = r["status"].as_str().unwrap_or_default().to_owned();
+            if status == "abandoned" {
+                break;
+            }
+        }
+        thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(
+        status,
+        "abandoned",
+        "the loss was forgotten:\n{}",
+        d.log_text()
+    );
+    let st = c.ok("stream.get", json!({"run_id": "down", "reveal": true}));
+    assert_eq!(st["partial_message"]["content"], "kept", "{st}");
+    let mut late = Conn::open(&d.socket);
+    let r = append_text(&mut late, "down", &sid, 2, "late");
+    assert!(r.get("error").is_some(), "the lost stream id appended: {r}");
+    println!(
+        "postgres down when the producer closed: recorded when it was back, abandoned after {:?}",
+        t0.elapsed()
+    );
+    d.stop();
+}

@@ -77,7 +77,7 @@ pub async fn dispatch(
         // The one path of an append, answered from the journal's commit (`route` sends every
         // append to `append` below; here the answer is awaited).
         StreamCall::Append(a) => {
-            let t = queue_append(&s, session, a)?;
+            let t = queue_append(&s, session, a).map_err(rpc)?;
             s.settle(t).await.map_err(rpc)
         }
         // The plan's R2 annotation reads the run log and, once the plan is durable, the plan
@@ -211,9 +211,30 @@ pub fn append(
     permit: tokio::sync::OwnedSemaphorePermit,
 ) {
     if let Some(s) = daemon.streams_if_open() {
-        if !s.is_shared() || s.is_active(&a.run_id) {
-            let ticket = queue_append(&s, session, a);
+        if !s.is_shared() {
+            let ticket = queue_append(&s, session, a).map_err(rpc);
             answer_on_commit(&s, session, id, ticket, permit);
+            return;
+        }
+        if s.is_active(&a.run_id) {
+            // A shared store's copy may be behind the store (another host wrote since): a seq
+            // past its end is then no gap. Loaded again and tried once more before answering.
+            let again = a.clone().into_owned();
+            match queue_append(&s, session, a) {
+                Err(StreamError::Gap { .. }) => {
+                    let session = Arc::clone(session);
+                    tokio::spawn(async move {
+                        let (s2, run) = (Arc::clone(&s), again.run_id.to_string());
+                        if let Err(e) = blocking(move || s2.refresh(&run).map_err(rpc)).await {
+                            session.outbox.send(protocol::response_err(&id, &e));
+                            return;
+                        }
+                        let ticket = queue_append(&s, &session, again).map_err(rpc);
+                        answer_on_commit(&s, &session, id, ticket, permit);
+                    });
+                }
+                ticket => answer_on_commit(&s, session, id, ticket.map_err(rpc), permit),
+            }
             return;
         }
     }
@@ -230,7 +251,7 @@ pub fn append(
                         return;
                     }
                 }
-                let ticket = queue_append(&s, &session, a);
+                let ticket = queue_append(&s, &session, a).map_err(rpc);
                 answer_on_commit(&s, &session, id, ticket, permit);
             }
             Err(e) => {
@@ -240,7 +261,7 @@ pub fn append(
     });
 }
 
-fn queue_append(s: &Streams, session: &Session, a: Append<'_>) -> Result<Ticket, RpcError> {
+fn queue_append(s: &Streams, session: &Session, a: Append<'_>) -> Result<Ticket, StreamError> {
     // The producer's connection, known to its run from its first append (after a restart,
     // or when another connection began it).
     if !session.holds(&a.run_id, &a.stream_id) && s.attach(&a.run_id, &a.stream_id, session.id) {
@@ -248,10 +269,9 @@ fn queue_append(s: &Streams, session: &Session, a: Append<'_>) -> Result<Ticket,
     }
     let events = match a.events {
         Events::Checked(events) => events,
-        Events::Unchecked(values) => s.parse_events(&values).map_err(rpc)?,
+        Events::Unchecked(values) => s.parse_events(&values)?,
     };
     s.append_events(&a.run_id, &a.stream_id, a.seq, events)
-        .map_err(rpc)
 }
 
 /// Room for an append's answer line on the committing thread's stack: the envelope, an id of

@@ -401,7 +401,7 @@ impl SharedStore for PgStore {
             Box::pin(async move {
                 let row = c
                     .query_opt(
-                        "SELECT sid, version, ended FROM hf_stream_runs WHERE run_id = $1",
+                        "SELECT sid, version, ended, host FROM hf_stream_runs WHERE run_id = $1",
                         &[&run],
                     )
                     .await?;
@@ -409,6 +409,7 @@ impl SharedStore for PgStore {
                     sid: r.get(0),
                     version: r.get::<_, i64>(1) as u64,
                     ended: r.get(2),
+                    host: r.get(3),
                 }))
             })
         })
@@ -520,6 +521,10 @@ impl SharedStore for PgStore {
                 Ok(a + b)
             })
         })
+    }
+
+    fn host(&self) -> String {
+        self.db.settings().host_name.clone()
     }
 
     fn written_here(&self) -> Result<Vec<String>, StreamError> {

@@ -117,6 +117,8 @@ pub struct Head {
     pub version: u64,
     /// Whether it ended.
     pub ended: bool,
+    /// The host whose daemon wrote it last.
+    pub host: String,
 }
 
 /// A store several daemons share (PostgreSQL): memory is each daemon's cache of the runs it
@@ -142,6 +144,8 @@ pub trait SharedStore: Send + Sync {
     /// Active runs this host wrote last (blocking): after a restart, the runs whose producers
     /// spoke through this daemon, which have the orphan timeout to come back.
     fn written_here(&self) -> Result<Vec<String>, StreamError>;
+    /// This daemon's host name, as it writes it beside the runs.
+    fn host(&self) -> String;
     /// Every event the run published, in order (blocking).
     fn events(&self, run_id: &str) -> Result<Vec<(u64, EventJson)>, StreamError>;
     /// Delete what ended runs no longer need: their records, and their events once they ended

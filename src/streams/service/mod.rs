@@ -98,6 +98,9 @@ pub struct Streams {
     /// rather than in them: a shared store's copy of a run may be dropped and loaded again,
     /// its holder's connections are the same. Taken after a run's lock, never before.
     holders: std::sync::Mutex<HashMap<String, orphans::Holders>>,
+    /// Losses that could not be recorded (the store refused or was unreachable): run id ->
+    /// the lost stream id, tried again by every orphan sweep until recorded or moot.
+    pending_lost: std::sync::Mutex<HashMap<String, String>>,
 }
 
 /// An accepted change waiting for the journal.
@@ -180,6 +183,7 @@ impl Streams {
             tool_log: std::sync::OnceLock::new(),
             adopted: std::sync::atomic::AtomicBool::new(true),
             holders: Default::default(),
+            pending_lost: Default::default(),
         };
         {
             // Replayed into one map, then moved into the shards.

@@ -12,6 +12,16 @@ use crate::streams::store::SharedStore;
 
 use ending::Holder;
 
+/// What became of a loss.
+enum Lose {
+    /// Recorded (queued: published once durable).
+    Lost,
+    /// Nothing to record: resumed, taken over, ended, held again, or another host's.
+    Moot,
+    /// The store could not take it now: tried again by the next sweep.
+    Later(String),
+}
+
 /// The connections through which one run's holder (`sid`) speaks.
 #[derive(Debug)]
 pub(super) struct Holders {
@@ -88,45 +98,97 @@ impl Streams {
                 }
                 holders.remove(run_id.as_str());
             }
-            let ticket = {
-                let mut st = self.lock(run_id);
-                // Another connection may have spoken for it since (checked again under the
-                // run's lock, which every attach takes first).
-                if self.held(run_id, sid) {
-                    continue;
+            match self.lose(run_id, sid) {
+                Lose::Lost => {
+                    tracing::info!(run = %run_id, conn,
+                        "stream producer lost: its connection closed without commit or abort");
+                    lost += 1;
                 }
-                let Some(run) = st.runs.get_mut(run_id.as_str()) else {
-                    continue;
-                };
-                if run.stream_id != *sid || run.ending {
-                    continue;
+                Lose::Moot => {}
+                Lose::Later(why) => {
+                    tracing::warn!(run = %run_id, error = %why,
+                        "could not record that a run's producer was lost; trying again");
+                    self.pending().insert(run_id.clone(), sid.clone());
                 }
-                if run.status == Status::Failed {
-                    // Nothing to resume: no event, only the clock that ends it.
-                    run.unattached_since.get_or_insert(now_ms());
-                    continue;
-                }
-                match self.record_lost(run) {
-                    Ok(t) => t,
-                    Err(e) => {
-                        tracing::warn!(run = %run_id, error = %e,
-                            "could not record that a run's producer was lost");
-                        run.unattached_since.get_or_insert(now_ms());
-                        continue;
-                    }
-                }
-            };
-            tracing::info!(run = %run_id, conn,
-                "stream producer lost: its connection closed without commit or abort");
-            lost += 1;
-            // Published once durable, like any record's events; nobody waits for an answer.
-            self.settle_then(ticket, |res| {
-                if let Err(e) = res {
-                    tracing::warn!(error = %e, "the producer_lost record was not kept");
-                }
-            });
+            }
         }
         lost
+    }
+
+    fn pending(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
+        self.pending_lost
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Record that `run_id`'s producer (`sid`) is lost, if it still is: held by that stream id
+    /// with no connection speaking for it here, and — on a shared store — written last by this
+    /// host (another host's connection that spoke since holds it: that host decides when it
+    /// closes). A record the store does not keep is tried again by the next sweep.
+    fn lose(self: &Arc<Self>, run_id: &str, sid: &str) -> Lose {
+        if let Some(shared) = self.shared() {
+            match shared.head(run_id) {
+                Err(e) => return Lose::Later(e.to_string()),
+                Ok(None) => return Lose::Moot,
+                Ok(Some(h)) if h.ended || h.sid != sid || h.host != shared.host() => {
+                    return Lose::Moot
+                }
+                Ok(Some(_)) => {}
+            }
+            if let Err(e) = self.load_if_missing(run_id) {
+                return Lose::Later(e.to_string());
+            }
+        }
+        let ticket = {
+            let mut st = self.lock(run_id);
+            // A connection may have spoken for it since (checked under the run's lock, which
+            // every attach takes first).
+            if self.held(run_id, sid) {
+                return Lose::Moot;
+            }
+            let Some(run) = st.runs.get_mut(run_id) else {
+                return Lose::Moot;
+            };
+            if run.stream_id != sid || run.ending {
+                return Lose::Moot;
+            }
+            if run.status == Status::Failed {
+                // Nothing to resume: no event, only the clock that ends it.
+                run.unattached_since.get_or_insert(now_ms());
+                return Lose::Moot;
+            }
+            match self.record_lost(run) {
+                Ok(t) => t,
+                Err(e) => return Lose::Later(e.to_string()),
+            }
+        };
+        // Published once durable, like any record's events; a record not kept is tried again.
+        let (me, run, sid) = (Arc::clone(self), run_id.to_owned(), sid.to_owned());
+        self.settle_then(ticket, move |res| {
+            if let Err(e) = res {
+                tracing::warn!(run = %run, error = %e,
+                    "the producer_lost record was not kept; trying again");
+                me.pending().insert(run, sid);
+            }
+        });
+        Lose::Lost
+    }
+
+    /// Try again the losses not yet recorded.
+    fn retry_losses(self: &Arc<Self>) {
+        let pending: Vec<(String, String)> = self.pending().drain().collect();
+        for (run_id, sid) in pending {
+            match self.lose(&run_id, &sid) {
+                Lose::Lost => {
+                    tracing::info!(run = %run_id, "stream producer lost (recorded late)")
+                }
+                Lose::Moot => {}
+                Lose::Later(why) => {
+                    tracing::debug!(run = %run_id, error = %why, "a producer's loss waits still");
+                    self.pending().insert(run_id, sid);
+                }
+            }
+        }
     }
 
     /// A shared store: load the runs another sweep (perhaps another host's) must see. Once,
@@ -208,7 +270,8 @@ impl Streams {
     /// End the runs no producer has held for `[streams] orphan_timeout_s` as `abandoned`
     /// (their text kept in the state file, shown by `stream.get` with `reveal`). Returns how
     /// many ended.
-    pub fn end_orphans(&self) -> usize {
+    pub fn end_orphans(self: &Arc<Self>) -> usize {
+        self.retry_losses();
         let timeout = self.config.orphan_timeout;
         let cutoff = now_ms().saturating_sub(timeout.as_millis() as u64);
         if let Some(shared) = self.shared() {

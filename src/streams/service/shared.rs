@@ -19,6 +19,7 @@ impl Streams {
             tool_log: std::sync::OnceLock::new(),
             adopted: std::sync::atomic::AtomicBool::new(false),
             holders: Default::default(),
+            pending_lost: Default::default(),
         }
     }
 
