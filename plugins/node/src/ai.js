@@ -181,6 +181,8 @@ export async function uiMessageChunks(client, runId, { sse = false, messageId = 
   }, { highWaterMark: 0 });
 }
 
+const STALLED = Symbol('stalled');
+
 /** Splits SSE text into the JSON chunks of its `data:` lines (`[DONE]` ends it). */
 class SseChunkReader {
   constructor() {
@@ -218,8 +220,14 @@ class SseChunkReader {
  *
  * Resolves to `{status, runId, events, appends, skipped}`. A stream that ends without
  * `finish` (the model's request failed mid-way) aborts the run with reason `incomplete`.
+ * `stallTimeoutMs`: a stream that sends nothing for that long is let go — the run is
+ * interrupted with cause `stalled`, then aborted (`stalled: no chunk for N ms`), so every viewer
+ * and `useChat` ends instead of waiting on it (the UI stream cannot be reopened from here).
  */
-export async function persistUIMessageStream(client, runId, stream, { threadId, model, producer } = {}) {
+export async function persistUIMessageStream(client, runId, stream, { threadId, model, producer, stallTimeoutMs = null } = {}) {
+  if (stallTimeoutMs !== null && !(Number.isFinite(stallTimeoutMs) && stallTimeoutMs > 0 && stallTimeoutMs <= 24 * 86_400_000)) {
+    throw new TypeError('stallTimeoutMs must be a number of milliseconds in (0, 24 days] (or null: wait forever)');
+  }
   const p = producer ?? await StreamProducer.begin(client, runId, { threadId, model });
   const reader = new SseChunkReader();
   const skipped = {};
@@ -275,17 +283,42 @@ export async function persistUIMessageStream(client, runId, stream, { threadId, 
     }
   };
 
+  let stalled = false;
+  const it = stream[Symbol.asyncIterator]?.() ?? stream[Symbol.iterator]();
   try {
-    for await (const item of stream) {
+    for (;;) {
+      let timer = null;
+      const next = Promise.resolve(it.next());
+      const r = stallTimeoutMs === null ? await next : await Promise.race([next, new Promise((res) => {
+        timer = setTimeout(() => res(STALLED), stallTimeoutMs);
+      })]);
+      if (timer) clearTimeout(timer);
+      if (r === STALLED) {
+        // The UI stream cannot be reopened from here: the run says it stalled and ends, so
+        // every viewer (and useChat) stops waiting; the source is let go.
+        stalled = true;
+        next.catch(() => {});
+        Promise.resolve().then(() => it.return?.()).catch(() => {});
+        break;
+      }
+      if (r.done) break;
+      const item = r.value;
       if (typeof item === 'string') for (const chunk of reader.feed(item)) handle(chunk);
       else if (item instanceof Uint8Array) for (const chunk of reader.feed(Buffer.from(item).toString('utf8'))) handle(chunk);
       else handle(item);
-      if (status) break;
+      if (status) {
+        Promise.resolve().then(() => it.return?.()).catch(() => {});
+        break;
+      }
     }
   } catch {
     status = null; // the source failed: abort below
   }
   await Promise.all(pending);
+  if (stalled && !status) {
+    reason = `stalled: no chunk for ${stallTimeoutMs} ms`;
+    await p.interrupt('stalled').catch(() => {});
+  }
   let end;
   if (status === 'committed') {
     const toolCalls = [...tools.entries()].filter(([, t]) => 'input' in t)

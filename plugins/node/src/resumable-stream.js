@@ -14,12 +14,13 @@ import { ENDED } from './sse.js';
  * `options.client`: a holdfast `Client` (required). `options.waitUntil`: as in
  * resumable-stream (`after` from Next.js, or null on a server that runs on); the background
  * work of each new stream is passed to it. `onError(error, streamId)`: a stream that could not
- * be kept (default: one line on stderr, never a secret). The stream ids are the run ids
+ * be kept (default: one line on stderr, never a secret). `stallTimeoutMs`: a UI stream silent
+ * that long ends its run (`persistUIMessageStream`). The stream ids are the run ids
  * (1-128 of `A-Za-z0-9-_.:`). The streams carry the AI SDK's UI message stream (SSE text), as resumable-stream's
  * do when used with `consumeSseStream`.
  */
 export function createResumableStreamContext({
-  client, waitUntil = null, threadId, model,
+  client, waitUntil = null, threadId, model, stallTimeoutMs = null,
   onError = (e, streamId) => console.error(`holdfast: stream ${streamId} could not be kept: ${e.message}`),
 } = {}) {
   if (!client) throw new TypeError('createResumableStreamContext needs { client }: a holdfast Client');
@@ -43,7 +44,7 @@ export function createResumableStreamContext({
     try {
       // Begin first: a second producer of the same id is refused, never interleaved.
       const producer = await StreamProducer.begin(client, streamId, { threadId, model });
-      work = persistUIMessageStream(client, streamId, makeStream(), { producer });
+      work = persistUIMessageStream(client, streamId, makeStream(), { producer, stallTimeoutMs });
     } catch (e) {
       if (e instanceof Conflict) return (await hasExistingStream(streamId)) === 'DONE' ? null : resumeExistingStream(streamId, skipCharacters);
       throw e;

@@ -6,7 +6,7 @@ import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { test } from 'node:test';
 
-import { InvalidParams, RecoveringStream, SplitToolCall, StreamStalled } from '../src/index.js';
+import { InvalidParams, RecoveringStream, SplitToolCall, StreamProducer, StreamStalled } from '../src/index.js';
 import { REPO, withDaemon } from './harness.js';
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
@@ -168,4 +168,28 @@ test('a restated continuation that only restates is committed, not waited for', 
   assert.equal(await render(rs), 'The answer is 42.');
   assert.equal(rs.finalMessage.content, 'The answer is 42.');
   assert.ok(Date.now() - t0 < 10_000);
+});
+
+test('persistUIMessageStream with stallTimeoutMs: a silent UI stream ends its run for every viewer', async (t) => {
+  const { persistUIMessageStream } = await import('../src/ai.js');
+  const d = await withDaemon(t);
+  const c = await d.client();
+  t.after(() => c.close());
+  async function* ui() {
+    yield { type: 'start', messageId: 'm' };
+    yield { type: 'text-delta', id: 't', delta: 'Half ' };
+    await new Promise(() => {}); // the model's stream went silent
+  }
+  const producer = await StreamProducer.begin(c, 'ui-stall');
+  const sub = await c.subscribeStream('ui-stall', 0);
+  const work = persistUIMessageStream(c, 'ui-stall', ui(), { producer, stallTimeoutMs: 300 });
+  const seen = [];
+  for await (const ev of sub) seen.push(ev.event);
+  const r = await work;
+  assert.equal(r.status, 'aborted');
+  assert.deepEqual(seen.map((e) => [e.type, e.cause ?? e.status ?? e.text]),
+    [['text', 'Half '], ['interrupted', 'stalled'], ['finish', 'aborted']]);
+  const state = await c.streamGet('ui-stall');
+  assert.match(state.reason, /stalled/);
+  await assert.rejects(persistUIMessageStream(c, 'x', [], { stallTimeoutMs: Infinity }), TypeError);
 });

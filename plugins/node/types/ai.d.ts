@@ -18,7 +18,7 @@ export function persistUIMessageStream(
   client: Client,
   runId: string,
   stream: AsyncIterable<UIChunk | string | Uint8Array> | Iterable<UIChunk | string | Uint8Array>,
-  options?: { threadId?: string; model?: string; producer?: StreamProducer },
+  options?: { threadId?: string; model?: string; producer?: StreamProducer; stallTimeoutMs?: number | null },
 ): Promise<{ status: 'committed' | 'aborted'; runId: string; events: number; appends: number; skipped: Record<string, number> }>;
 
 export interface HoldfastUIMessage {

@@ -5,6 +5,8 @@ export interface CreateResumableStreamContextOptions {
   waitUntil?: ((promise: Promise<unknown>) => void) | null;
   threadId?: string;
   model?: string;
+  /** A UI stream silent this long ends its run (interrupted `stalled`, then aborted). */
+  stallTimeoutMs?: number | null;
   onError?: (error: Error, streamId: string) => void;
 }
 
