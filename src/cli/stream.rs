@@ -87,7 +87,15 @@ pub fn run(g: &Global, c: &StreamCommand) -> CliResult {
                     attempts,
                     r["text_chars"],
                     super::age(r["updated_at_ms"].as_u64()),
-                    r["last_plan"]["plan"].as_str().unwrap_or("-"),
+                    match r["no_producer_since_ms"].as_u64() {
+                        // Ends as abandoned at [streams] orphan_timeout_s unless resumed.
+                        Some(t) => format!(
+                            "{} (no producer for {})",
+                            r["last_plan"]["plan"].as_str().unwrap_or("-"),
+                            super::age(Some(t))
+                        ),
+                        None => r["last_plan"]["plan"].as_str().unwrap_or("-").to_owned(),
+                    },
                 ));
             }
             Ok(())

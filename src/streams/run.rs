@@ -271,6 +271,9 @@ impl Run {
             "updated_at_ms": self.updated_at_ms,
             "last_plan": self.last_plan.as_ref().map(|p| json!({
                 "plan": p["plan"], "cause": p["cause"], "wait_ms": p["wait_ms"]})),
+            // Since when no connection holds it (its producer was lost, or the daemon started
+            // without it): it ends as `abandoned` `[streams] orphan_timeout_s` after this.
+            "no_producer_since_ms": self.unattached_since,
         })
     }
 
