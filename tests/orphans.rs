@@ -299,3 +299,33 @@ fn a_continuation_of_the_wrong_kind_is_named_in_the_error() {
     assert_eq!(r["continuation"], "exact", "{r}");
     d.stop();
 }
+
+/// Regression (second attack round): a connection whose append was refused (a gap) holds
+/// nothing: the producer's close is still its loss.
+#[test]
+fn a_refused_append_does_not_hold_the_run() {
+    let mut env = DaemonEnv::new(CONFIG);
+    let d = env.start();
+    let mut producer = Conn::open(&d.socket);
+    let sid = begin(&mut producer, "refused");
+    text(&mut producer, "refused", &sid, 1, "x");
+    let mut other = Conn::open(&d.socket);
+    let e = other.err(
+        "stream.append",
+        json!({"run_id": "refused", "stream_id": sid, "seq": 9,
+               "events": [{"type": "text", "text": "gap"}]}),
+    );
+    assert_eq!(e["data"]["kind"], "invalid_params", "{e}");
+    let mut viewer = Conn::open(&d.socket);
+    viewer.ok(
+        "stream.subscribe",
+        json!({"run_id": "refused", "after_seq": 1}),
+    );
+    drop(producer);
+    let ev = viewer
+        .next_event(Duration::from_secs(10))
+        .expect("an event");
+    assert_eq!(ev["event"]["cause"], "producer_lost", "{ev}");
+    drop(other);
+    d.stop();
+}

@@ -262,16 +262,17 @@ pub fn append(
 }
 
 fn queue_append(s: &Streams, session: &Session, a: Append<'_>) -> Result<Ticket, StreamError> {
-    // The producer's connection, known to its run from its first append (after a restart,
-    // or when another connection began it).
-    if !session.holds(&a.run_id, &a.stream_id) && s.attach(&a.run_id, &a.stream_id, session.id) {
-        session.hold(&a.run_id, &a.stream_id);
-    }
     let events = match a.events {
         Events::Checked(events) => events,
         Events::Unchecked(values) => s.parse_events(&values)?,
     };
-    s.append_events(&a.run_id, &a.stream_id, a.seq, events)
+    let ticket = s.append_events(&a.run_id, &a.stream_id, a.seq, events)?;
+    // The producer's connection, known to its run from its first accepted append (after a
+    // restart, or when another connection began it); a refused one holds nothing.
+    if !session.holds(&a.run_id, &a.stream_id) && s.attach(&a.run_id, &a.stream_id, session.id) {
+        session.hold(&a.run_id, &a.stream_id);
+    }
+    Ok(ticket)
 }
 
 /// Room for an append's answer line on the committing thread's stack: the envelope, an id of

@@ -172,28 +172,68 @@ export class RecoveringStream {
     const { client, runId } = this;
     let plan = null;
     let p;
+    let sub;
     if (o.resume) {
-      p = await StreamProducer.resume(client, runId, { model: o.model, threadId: o.threadId, continuation: o.continuation });
+      // Subscribed first: a subscription refused (the connection's cap) takes nothing over.
+      sub = await client.subscribeStream(runId, o.afterSeq);
+      try {
+        p = await StreamProducer.resume(client, runId, { model: o.model, threadId: o.threadId, continuation: o.continuation });
+      } catch (e) {
+        await sub.close().catch(() => {});
+        throw e;
+      }
       plan = p.plan;
     } else {
       p = await StreamProducer.begin(client, runId, {
         threadId: o.threadId, model: o.model, takeover: o.takeover, continuation: o.continuation,
       });
+      try {
+        sub = await client.subscribeStream(runId, o.afterSeq);
+      } catch (e) {
+        // Nothing was streamed: the run just begun is ended, not left held.
+        await p.abort(`could not subscribe to the run (${e.name}): nothing was streamed`).catch(() => {});
+        throw e;
+      }
     }
     this.streamId = p.streamId;
-    const sub = await client.subscribeStream(runId, o.afterSeq);
+    // What the loop waits for, each settled value parked in its slot and the loop woken: one
+    // reaction per pending promise, however many times the loop waits (a race per wait would
+    // add one to a long-pending promise every time).
+    let wake = null;
+    const signal = () => { const w = wake; wake = null; w?.(); };
     let subNext = null; // the subscription's pending next(): kept across waits, never dropped
+    let subGot = null;
+    let subWatched = false;
     const nextEvent = () => { subNext ??= sub.next(); return subNext; };
+    const watchSub = () => {
+      if (subWatched) return;
+      subWatched = true;
+      nextEvent().then((r) => { subGot = { kind: 'sub', r }; signal(); }, (e) => { subGot = { kind: 'suberror', e }; signal(); });
+    };
+    const taken = () => { subNext = null; subGot = null; subWatched = false; };
+    const catchUp = async function* catchUp(self, seq) {
+      while (self.lastSeq < seq) {
+        let timer;
+        const r = await Promise.race([nextEvent(), new Promise((res) => { timer = setTimeout(() => res(null), CATCH_UP_TIMEOUT_MS); })]);
+        clearTimeout(timer);
+        if (r === null || r.done) throw new Error(`the run's subscription did not deliver seq ${seq}`);
+        taken();
+        yield self._seen(r.value);
+      }
+    };
     let abandon = null;
     try {
       let pending = { first: true, prefix: null };
       let causeErr = null;
       for (;;) {
         if (plan) {
+          // The plan's events (its `interrupted` says how long the wait is) are shown before
+          // the wait, not after it.
+          yield* catchUp(this, Math.max(0, ...(plan.events_published ?? []).filter(Number.isInteger)));
           const [what, arg] = this._decide(plan);
           plan = null;
           if (what !== 'reopen') {
-            yield* this._finish(p, what, arg, nextEvent, () => { subNext = null; }, causeErr);
+            yield* this._finish(p, what, arg, nextEvent, taken, causeErr);
             return;
           }
           await this._sleep(Math.max(0, Number(this.plans.at(-1).wait_ms) || 0));
@@ -204,41 +244,70 @@ export class RecoveringStream {
         let broke = null;
         let it = null;
         let source = null;
+        let abandoned = false;
+        const letGo = (src, iter) => {
+          // return() ends an iterator (a web ReadableStream's cancels the stream); cancel()
+          // only an unlocked stream — both may reject, and nobody waits for either.
+          Promise.resolve().then(() => iter?.return?.()).catch(() => {});
+          if (src && typeof src.cancel === 'function' && src.locked === false) {
+            Promise.resolve().then(() => src.cancel()).catch(() => {});
+          }
+        };
         const attempt = pending;
         let chunkNext = (async () => {
           const s = attempt.first ? (typeof o.stream === 'function' ? o.stream() : o.stream) : o.reopen(attempt.prefix);
-          source = await s;
-          it = source?.[Symbol.asyncIterator]?.() ?? source?.[Symbol.iterator]?.();
-          if (!it) throw new TypeError('a provider stream must be an (async) iterable');
+          const opened = await s;
+          const iter = opened?.[Symbol.asyncIterator]?.() ?? opened?.[Symbol.iterator]?.();
+          if (!iter) throw new TypeError('a provider stream must be an (async) iterable');
+          if (abandoned) {
+            letGo(opened, iter); // opened after the stall was declared: nobody reads it
+            return OPENED;
+          }
+          source = opened;
+          it = iter;
           return OPENED;
         })();
-        abandon = () => {
-          Promise.resolve().then(() => it?.return?.()).catch(() => {});
-          try { source?.cancel?.(); } catch { /* abandoned */ }
+        let chunkGot = null;
+        const watchChunk = (pr) => {
+          pr.then((v) => { if (pr === chunkNext) { chunkGot = { kind: 'chunk', v }; signal(); } },
+            (e) => { if (pr === chunkNext) { chunkGot = { kind: 'error', e }; signal(); } });
         };
+        watchChunk(chunkNext);
+        // A sync iterator's next() may throw: as a rejection, classified like an async one's.
+        const pull = () => {
+          chunkGot = null;
+          chunkNext = Promise.resolve().then(() => it.next());
+          watchChunk(chunkNext);
+        };
+        abandon = () => { abandoned = true; letGo(source, it); };
+        // The stall clock runs from the request on (opening the stream included).
         let last = Date.now();
         for (;;) {
-          let timer = null;
-          const racers = [
-            nextEvent().then((r) => ({ kind: 'sub', r })),
-            chunkNext.then((v) => ({ kind: 'chunk', v }), (e) => ({ kind: 'error', e })),
-          ];
-          if (o.stallTimeoutMs !== null) {
-            racers.push(new Promise((r) => {
-              timer = setTimeout(() => r({ kind: 'stall' }), Math.max(0, o.stallTimeoutMs - (Date.now() - last)));
-            }));
+          watchSub();
+          let got = subGot ?? chunkGot;
+          if (!got) {
+            let timer = null;
+            let stalled = false;
+            await new Promise((res) => {
+              wake = res;
+              if (o.stallTimeoutMs !== null) {
+                timer = setTimeout(() => { stalled = true; signal(); }, Math.max(0, o.stallTimeoutMs - (Date.now() - last)));
+              }
+            });
+            if (timer) clearTimeout(timer);
+            got = subGot ?? chunkGot ?? (stalled ? { kind: 'stall' } : null);
+            if (!got) continue;
           }
-          const got = await Promise.race(racers);
-          if (timer) clearTimeout(timer);
+          if (got.kind === 'suberror') throw got.e;
           if (got.kind === 'sub') {
-            subNext = null;
+            taken();
             if (got.r.done) throw new Conflict('the run ended while it was being produced');
             yield this._seen(got.r.value); // rendered as soon as it is durable
             continue;
           }
           if (got.kind === 'stall') { broke = new StreamStalled(o.stallTimeoutMs); abandon(); break; }
-          if (got.kind === 'error') { broke = got.e; break; }
-          if (got.v === OPENED) { last = Date.now(); chunkNext = Promise.resolve(it.next()); continue; }
+          if (got.kind === 'error') { chunkGot = null; broke = got.e; break; }
+          if (got.v === OPENED) { pull(); continue; }
           if (got.v.done) {
             const ends = open.splice(0).map((id) => ({ type: 'tool_call_end', id }));
             if (ends.length) this._append(p, ends);
@@ -248,7 +317,7 @@ export class RecoveringStream {
           last = Date.now();
           const evs = this._events(got.v.value, open);
           if (evs.length) this._append(p, evs);
-          chunkNext = Promise.resolve(it.next());
+          pull();
         }
         abandon = null;
         if (broke) {
@@ -262,16 +331,8 @@ export class RecoveringStream {
         await p.flush();
         // The turn's calls are read from the subscription up to the last tool-call event (text
         // after it may be held by the daemon until the commit decides on it).
-        const acked = this._lastCallSeq;
-        while (this.lastSeq < acked) {
-          let timer;
-          const r = await Promise.race([nextEvent(), new Promise((res) => { timer = setTimeout(() => res(null), CATCH_UP_TIMEOUT_MS); })]);
-          clearTimeout(timer);
-          if (r === null || r.done) throw new Error(`the run's subscription did not deliver seq ${acked}`);
-          subNext = null;
-          yield this._seen(r.value);
-        }
-        yield* this._finish(p, 'done', this._completed(), nextEvent, () => { subNext = null; }, null);
+        yield* catchUp(this, this._lastCallSeq);
+        yield* this._finish(p, 'done', this._completed(), nextEvent, taken, null);
         return;
       }
     } finally {

@@ -193,3 +193,85 @@ test('persistUIMessageStream with stallTimeoutMs: a silent UI stream ends its ru
   assert.match(state.reason, /stalled/);
   await assert.rejects(persistUIMessageStream(c, 'x', [], { stallTimeoutMs: Infinity }), TypeError);
 });
+
+test('second attack round: ReadableStream providers, early breaks, sync throws, the stall clock, late opens, the wait shown, the subscription cap', async (t) => {
+  const d = await withDaemon(t);
+  const c = await d.client();
+  t.after(() => c.close());
+  const rsOf = (parts, then = 'end') => new ReadableStream({
+    async start(ctl) {
+      for (const x of parts) ctl.enqueue(x);
+      if (then === 'end') ctl.close();
+    },
+  });
+  // A web ReadableStream that stalls: abandoned without crashing the process, recovered.
+  const r1 = new RecoveringStream(c, 'web-stall', rsOf(['Hello '], 'stall'), {
+    reopen: () => rsOf(['world']), stallTimeoutMs: 200, sleep: noWait,
+  });
+  assert.equal(await render(r1), 'Hello world');
+  // A consumer breaking out early: the loop ends, the run stays resumable.
+  const r2 = new RecoveringStream(c, 'web-break', rsOf(['a', 'b', 'c'], 'stall'), { reopen: () => rsOf([]) });
+  for await (const ev of r2) if (ev.type === 'text') break;
+  assert.equal((await c.streamGet('web-break')).status, 'streaming');
+  // A sync iterator whose next() throws a provider error: classified, recovered.
+  let n = 0;
+  const throwing = { [Symbol.iterator]() { return { next() { n += 1; if (n === 1) return { value: 'Hi ', done: false }; throw Object.assign(new Error('overloaded'), { status: 503 }); } }; } };
+  const r3 = new RecoveringStream(c, 'sync-throw', throwing, { reopen: () => items(['there']), sleep: noWait });
+  assert.equal(await render(r3), 'Hi there');
+  assert.equal(r3.plans[0].cause, 'overloaded');
+  // The stall clock runs from the request on: slow to open + slow first chunk is a stall.
+  const slow = async () => { await sleep(250); return (async function* g() { await sleep(250); yield 'late'; }()); };
+  let opened = 0;
+  const closed = [];
+  const reopen = async () => {
+    opened += 1;
+    const k = opened;
+    if (k === 1) await sleep(600); // still opening when the stall is declared
+    let sent = false;
+    return {
+      [Symbol.asyncIterator]() {
+        return {
+          next: async () => (sent ? { done: true } : (sent = true, { value: `r${k}`, done: false })),
+          return: async () => { closed.push(k); return { done: true }; },
+        };
+      },
+    };
+  };
+  const r4 = new RecoveringStream(c, 'clock', slow, { reopen, stallTimeoutMs: 300, sleep: noWait });
+  const text4 = await render(r4);
+  assert.deepEqual(r4.plans.map((x) => x.cause), ['stalled', 'stalled'], text4);
+  assert.equal(text4, 'r2');
+  await sleep(800);
+  assert.ok(closed.includes(1), `the stream opened after its stall was never let go: ${closed}`);
+  // The plan's interrupted (its wait) is shown before the wait.
+  const shownBeforeWait = [];
+  const seen = [];
+  async function* limited() { yield 'x '; throw Object.assign(new Error('429'), { status: 429, retryAfter: '2' }); }
+  const r5 = new RecoveringStream(c, 'wait-shown', limited(), {
+    reopen: () => items(['y']), sleep: async (ms) => { shownBeforeWait.push([ms, seen.map((e) => e.type)]); },
+  });
+  for await (const ev of r5) seen.push(ev);
+  assert.ok(shownBeforeWait[0][0] >= 2000 && shownBeforeWait[0][1].includes('interrupted'), JSON.stringify(shownBeforeWait));
+  // Past the connection's 16 subscriptions: the run just begun is aborted, not left held.
+  await c.streamBegin('live');
+  const subs = [];
+  for (let i = 0; i < 16; i += 1) subs.push(await c.subscribeStream('live', 0));
+  await assert.rejects(render(new RecoveringStream(c, 'one-too-many', items(['x']), { reopen: () => items([]) })));
+  const st = await c.streamGet('one-too-many');
+  assert.equal(st.status, 'aborted');
+  assert.match(st.reason, /subscribe/);
+  for (const s of subs) await s.close();
+});
+
+test('many empty chunks do not pile up waiters on the subscription', async (t) => {
+  const d = await withDaemon(t);
+  const c = await d.client();
+  t.after(() => c.close());
+  function* empties() { for (let i = 0; i < 200_000; i += 1) yield ''; yield 'x'; }
+  const before = process.memoryUsage().heapUsed;
+  const rs = new RecoveringStream(c, 'empties', empties(), { reopen: () => items([]) });
+  assert.equal(await render(rs), 'x');
+  const grew = process.memoryUsage().heapUsed - before;
+  console.log(`node: 200,000 empty chunks, heap grew ${(grew / 1048576).toFixed(1)} MiB`);
+  assert.ok(grew < 64 * 1048576, `heap grew ${grew} bytes`);
+});

@@ -669,6 +669,16 @@ class StreamStalled(TimeoutError):
         self.seconds = seconds
 
 
+def _last_published(plan: Dict[str, Any]) -> int:
+    """The seq of a plan's last published event (its ``interrupted``), 0 if it says none."""
+    seqs = [s for s in plan.get("events_published") or [] if isinstance(s, int)]
+    return max(seqs, default=0)
+
+
+def _no_subscription(e: BaseException) -> str:
+    return "could not subscribe to the run (%s): nothing was streamed" % type(e).__name__
+
+
 def _close_quietly(source: Any) -> None:
     """Close an abandoned provider stream if it can be (an httpx / OpenAI stream, a generator
     not running): its connection is freed; whatever it still yields is dropped."""
@@ -707,7 +717,14 @@ class _Pump:
 
     def _run(self) -> None:
         try:
-            self._source = self._open()
+            source = self._open()
+            with self._mux:
+                late = self.abandoned
+                self._source = source
+            if late:
+                # Opened after the stall was declared: nobody reads it; let it go.
+                _close_quietly(source)
+                return
             for chunk in self._source:
                 if not self._put(("chunk", chunk)):
                     return
@@ -721,9 +738,10 @@ class _Pump:
         with self._mux:
             self.abandoned = True
             self.items.clear()
-        if self._source is not None:
+            source = self._source
+        if source is not None:
             # Closing may block (or fail on a generator still running): not on the reader.
-            threading.Thread(target=_close_quietly, args=(self._source,), daemon=True).start()
+            threading.Thread(target=_close_quietly, args=(source,), daemon=True).start()
 
 
 class RecoveringStream:
@@ -863,16 +881,22 @@ class RecoveringStream:
         c, run = self.client, self.run_id
         sleep = self._sleep or time.sleep
         if self._resume:
-            r = c.stream_resume(run, model=self._model, thread_id=self._thread_id,
-                                continuation=self._continuation)
+            # Subscribed first: a subscription refused (the connection's cap) takes nothing over.
+            sub = c.subscribe_stream(run, self._after_seq)
+            try:
+                r = c.stream_resume(run, model=self._model, thread_id=self._thread_id,
+                                    continuation=self._continuation)
+            except BaseException:
+                sub.close()
+                raise
             plan: Optional[Dict[str, Any]] = r["plan"]
         else:
             r = c.stream_begin(run, thread_id=self._thread_id, model=self._model,
                                takeover=self._takeover)
             plan = None
+            sub = self._subscribe_begun(r["stream_id"])
         self.stream_id = r["stream_id"]
         app = self._appender = _Appender(c, run, self.stream_id, r["next_seq"])
-        sub = c.subscribe_stream(run, self._after_seq)
         # One condition for both sources: the provider's pump and the run's subscription (its
         # reader thread notifies it after queueing an event).
         mux = threading.Condition(threading.Lock())
@@ -888,6 +912,9 @@ class RecoveringStream:
             cause_exc: Optional[BaseException] = None
             while True:
                 if plan is not None:
+                    # The plan's events (its `interrupted` says how long the wait is) are shown
+                    # before the wait, not after it.
+                    yield from self._catch_up_sync(sub, _last_published(plan))
                     what, arg = self._core.decide(plan)
                     plan = None
                     if what == "reopen":
@@ -969,6 +996,18 @@ class RecoveringStream:
             app.close()
             sub.close()
 
+    def _subscribe_begun(self, stream_id: str) -> Any:
+        """Subscribe to the run just begun; if that is refused (the connection's cap of
+        subscriptions), the run — nothing streamed yet — is ended rather than left held."""
+        try:
+            return self.client.subscribe_stream(self.run_id, self._after_seq)
+        except BaseException as e:
+            try:
+                self.client.stream_abort(self.run_id, stream_id, _no_subscription(e))
+            except Exception:  # noqa: BLE001 - the subscription's error is the one to raise
+                pass
+            raise
+
     def _catch_up_sync(self, sub: Any, seq: int) -> Iterator[StreamEvent]:
         while self._core.last_seq < seq:
             ev = sub.next(CATCH_UP_TIMEOUT)
@@ -1007,16 +1046,30 @@ class RecoveringStream:
     async def _arun(self) -> AsyncIterator[StreamEvent]:
         c, run = self.client, self.run_id
         if self._resume:
-            r = await c.stream_resume(run, model=self._model, thread_id=self._thread_id,
-                                      continuation=self._continuation)
+            # Subscribed first: a subscription refused (the connection's cap) takes nothing over.
+            sub = await c.subscribe_stream(run, self._after_seq)
+            try:
+                r = await c.stream_resume(run, model=self._model, thread_id=self._thread_id,
+                                          continuation=self._continuation)
+            except BaseException:
+                await sub.close()
+                raise
             plan: Optional[Dict[str, Any]] = r["plan"]
         else:
             r = await c.stream_begin(run, thread_id=self._thread_id, model=self._model,
                                      takeover=self._takeover)
             plan = None
+            try:
+                sub = await c.subscribe_stream(run, self._after_seq)
+            except BaseException as e:
+                # Nothing was streamed: the run just begun is ended, not left held.
+                try:
+                    await c.stream_abort(run, r["stream_id"], _no_subscription(e))
+                except Exception:  # noqa: BLE001 - the subscription's error is the one to raise
+                    pass
+                raise
         self.stream_id = r["stream_id"]
         app = self._appender = _AsyncAppender(c, run, self.stream_id, r["next_seq"])
-        sub = await c.subscribe_stream(run, self._after_seq)
         # The subscription's next event and the provider's next chunk, awaited together.
         sub_next: Optional["asyncio.Task[Any]"] = None
         chunk_next: Optional["asyncio.Task[Any]"] = None
@@ -1026,6 +1079,18 @@ class RecoveringStream:
             cause_exc: Optional[BaseException] = None
             while True:
                 if plan is not None:
+                    # The plan's events are shown before the wait, not after it.
+                    target = _last_published(plan)
+                    while self._core.last_seq < target:
+                        if sub_next is None:
+                            sub_next = asyncio.ensure_future(sub.next())
+                        done, _ = await asyncio.wait({sub_next}, timeout=CATCH_UP_TIMEOUT)
+                        got = sub_next.result() if done else None
+                        sub_next = None
+                        if got is None:
+                            raise TimeoutError("the run's subscription did not deliver seq %d "
+                                               "within %d s" % (target, CATCH_UP_TIMEOUT))
+                        yield self._core.seen(got)
                     what, arg = self._core.decide(plan)
                     plan = None
                     if what == "reopen":
@@ -1285,6 +1350,12 @@ async def _on_thread(fn: Callable[[], Any]) -> Any:
                 fut.set_result(value)
             else:
                 fut.set_exception(value)
+        elif ok:
+            # Came after the wait was given up (a stall): nobody reads it; let it go.
+            if inspect.iscoroutine(value):
+                value.close()
+            else:
+                asyncio.ensure_future(_aclose_quietly(value))
 
     def run() -> None:
         try:

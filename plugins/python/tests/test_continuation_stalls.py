@@ -383,3 +383,81 @@ def test_async_stalls_of_sync_providers_and_blocking_reopens(daemon):
         forever.set()
 
     asyncio.run(main())
+
+
+class Http429(Exception):
+    status_code = 429
+
+    def __init__(self):
+        super().__init__("rate limited")
+        self.headers = {"retry-after": "2"}
+
+
+def test_second_attack_round_regressions_sync(daemon):
+    """Regression (second attack round): the plan's `interrupted` is shown before its wait;
+    a stream opened after its stall was declared is closed; a stream whose subscription is
+    refused (the connection's cap) ends the run it began instead of leaving it held."""
+    from holdfast_client import Busy
+
+    seen = []
+    waits = []
+
+    def first():
+        yield "Hello "
+        raise Http429()
+
+    with daemon.client("agent") as hf:
+        rs = RecoveringStream(hf, "wait-shown", first(), reopen=lambda p: iter(["world"]),
+                              sleep=lambda s: waits.append((s, [e.type for e in seen])))
+        for ev in rs:
+            seen.append(ev)
+        assert rs.text == "Hello world"
+        assert waits and waits[0][0] >= 2 and "interrupted" in waits[0][1], waits
+
+        closed = []
+
+        class Late:
+            def __init__(self, n):
+                self.n = n
+
+            def __iter__(self):
+                return iter(["late %d" % self.n])
+
+            def close(self):
+                closed.append(self.n)
+
+        calls = []
+
+        def reopen(prefix):
+            calls.append(prefix)
+            if len(calls) == 1:
+                time.sleep(1.0)  # the request hangs past the stall timeout
+                return Late(1)
+            return Late(2)
+
+        def broken():
+            yield "Hi "
+            raise Reset()
+
+        rs = RecoveringStream(hf, "late-open", broken(), reopen=reopen, stall_timeout=0.3,
+                              sleep=lambda s: None)
+        assert render(rs) == "Hi late 2"
+        deadline = time.monotonic() + 5
+        while 1 not in closed and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert 1 in closed, "the stream opened after the stall was never closed"
+
+        hf.stream_begin("live")  # a live run: its subscriptions stay open
+        subs = [hf.subscribe_stream("live", 0) for _ in range(16)]
+        with pytest.raises(Busy):
+            list(RecoveringStream(hf, "one-too-many", iter(["x"]), reopen=lambda p: iter(())))
+        state = hf.stream_get("one-too-many")
+        assert state["status"] == "aborted" and "subscribe" in state["reason"], state
+        # A resume whose subscription is refused takes nothing over.
+        sid = hf.stream_begin("resume-busy")["stream_id"]
+        hf.stream_append("resume-busy", sid, 1, [{"type": "text", "text": "x"}])
+        with pytest.raises(Busy):
+            list(RecoveringStream(hf, "resume-busy", resume=True, reopen=lambda p: iter(())))
+        assert hf.stream_get("resume-busy")["epoch"] == 1, "taken over without a subscription"
+        for sub in subs:
+            sub.close()
