@@ -660,8 +660,18 @@ pub fn parse_retry_after(v: &Value, now_unix_ms: u64) -> Result<Option<Duration>
             .ok_or(invalid("a non-negative number of seconds")),
         Value::String(s) => {
             let t = s.trim();
+            if t.is_empty() {
+                // An empty header says nothing: no hint.
+                return Ok(None);
+            }
             if let Ok(secs) = t.parse::<u64>() {
                 return Ok(Some(Duration::from_secs(secs)));
+            }
+            // "1.5": not delay-seconds by the letter, but plainly seconds; as the number 1.5 is.
+            if let Some(secs) = t.parse::<f64>().ok().filter(|s| {
+                s.is_finite() && *s >= 0.0 && t.bytes().all(|b| b.is_ascii_digit() || b == b'.')
+            }) {
+                return Ok(Some(Duration::from_secs_f64(secs.min(1e9))));
             }
             let at = httpdate::parse(t).ok_or(invalid(
                 "delay-seconds or an HTTP-date (like \"Sun, 06 Nov 1994 08:49:37 GMT\")",

@@ -227,6 +227,22 @@ fn retry_after_is_honoured_mid_stream_in_seconds_or_as_a_date() {
     .unwrap_err()
     .to_string()
     .contains("HTTP-date"));
+    // Seconds with a fraction as a string, as the number; an empty header is no hint.
+    let p = run(
+        json!({"error": {"status": 429, "message": "x", "retry_after": "1.5"}, "partial_text": "t"}),
+    );
+    assert_eq!(p.wait_ms, 1_500);
+    let p = run(
+        json!({"cause": "rate_limited", "partial_text": "t", "retry_after": " ",
+                       "jitter": 0.0}),
+    );
+    assert_eq!(p.wait_ms, 0, "no hint, and full jitter at 0");
+    for bad in ["-1", "1e3", "abc"] {
+        assert!(
+            input_from_json(&json!({"cause": "rate_limited", "retry_after": bad}), NOW).is_err(),
+            "{bad}"
+        );
+    }
 }
 
 #[test]

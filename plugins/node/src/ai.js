@@ -8,6 +8,7 @@
 // events back into UI message chunks, from the start (the AI SDK's `resumeStreamIsReplay`:
 // a reconnecting `useChat` rebuilds the message from the first chunk).
 import { NotFound } from './errors.js';
+import { iterate } from './iterate.js';
 import { StreamProducer } from './producer.js';
 import { ENDED } from './sse.js';
 
@@ -220,9 +221,9 @@ class SseChunkReader {
  *
  * Resolves to `{status, runId, events, appends, skipped}`. A stream that ends without
  * `finish` (the model's request failed mid-way) aborts the run with reason `incomplete`.
- * `stallTimeoutMs`: a stream that sends nothing for that long is let go — the run is
- * interrupted with cause `stalled`, then aborted (`stalled: no chunk for N ms`), so every viewer
- * and `useChat` ends instead of waiting on it (the UI stream cannot be reopened from here).
+ * `stallTimeoutMs`: a stream that sends nothing for that long is let go (cancelled) and the
+ * run aborted with reason `stalled: no chunk for N ms`, so every viewer and `useChat` ends
+ * instead of waiting on it (the UI stream cannot be reopened from here).
  */
 export async function persistUIMessageStream(client, runId, stream, { threadId, model, producer, stallTimeoutMs = null } = {}) {
   if (stallTimeoutMs !== null && !(Number.isFinite(stallTimeoutMs) && stallTimeoutMs > 0 && stallTimeoutMs <= 24 * 86_400_000)) {
@@ -284,7 +285,8 @@ export async function persistUIMessageStream(client, runId, stream, { threadId, 
   };
 
   let stalled = false;
-  const it = stream[Symbol.asyncIterator]?.() ?? stream[Symbol.iterator]();
+  const it = iterate(stream);
+  if (!it) throw new TypeError('persistUIMessageStream needs a ReadableStream or an (async) iterable');
   try {
     for (;;) {
       let timer = null;
@@ -316,8 +318,9 @@ export async function persistUIMessageStream(client, runId, stream, { threadId, 
   }
   await Promise.all(pending);
   if (stalled && !status) {
+    // Not an interruption (nothing here will reopen the model's stream): the run ends, and
+    // its reason says why.
     reason = `stalled: no chunk for ${stallTimeoutMs} ms`;
-    await p.interrupt('stalled').catch(() => {});
   }
   let end;
   if (status === 'committed') {

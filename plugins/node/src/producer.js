@@ -2,7 +2,7 @@
 // while an append is in flight, retried across daemon restarts without ever doubling a token),
 // interrupt it when the model's stream breaks, commit or abort it.
 import { whileReconnecting } from './client.js';
-import { Conflict, ConnectionClosed, NotFound } from './errors.js';
+import { Conflict, ConnectionClosed, InvalidParams, NotFound } from './errors.js';
 
 
 /** How a producer continues the text after an R1/R3 plan (docs/recovery.md, "Continuation"):
@@ -124,8 +124,18 @@ export class StreamProducer {
    * `next_seq`. `cause`: a cause name or `{status, message, retry_after}`. */
   async interrupt(cause) {
     await this.flush();
-    const plan = await this.client.streamInterrupt(this.runId, this.streamId, cause,
-      { continuation: this.continuation });
+    let plan;
+    try {
+      plan = await this.client.streamInterrupt(this.runId, this.streamId, cause,
+        { continuation: this.continuation });
+    } catch (e) {
+      // A provider's Retry-After the daemon cannot read ("soon", "") must not stop the
+      // recovery: sent again without it, the plan's own backoff applies.
+      if (!(e instanceof InvalidParams) || cause === null || typeof cause !== 'object' || !('retry_after' in cause)) throw e;
+      const { retry_after: _dropped, ...plain } = cause;
+      plan = await this.client.streamInterrupt(this.runId, this.streamId, plain,
+        { continuation: this.continuation });
+    }
     this.plan = plan;
     this.nextSeq = plan.next_seq;
     this.handedSeq = plan.next_seq;

@@ -4,6 +4,7 @@
 // for `stallTimeoutMs` as broken (cause `stalled`), follows the daemon's recovery plans, and
 // ends the run with one commit.
 import { Conflict, HoldfastError } from './errors.js';
+import { iterate } from './iterate.js';
 import { CONTINUATIONS, StreamProducer } from './producer.js';
 
 /** Event types a provider stream may hand over already in holdfast's form. */
@@ -257,7 +258,7 @@ export class RecoveringStream {
         let chunkNext = (async () => {
           const s = attempt.first ? (typeof o.stream === 'function' ? o.stream() : o.stream) : o.reopen(attempt.prefix);
           const opened = await s;
-          const iter = opened?.[Symbol.asyncIterator]?.() ?? opened?.[Symbol.iterator]?.();
+          const iter = iterate(opened);
           if (!iter) throw new TypeError('a provider stream must be an (async) iterable');
           if (abandoned) {
             letGo(opened, iter); // opened after the stall was declared: nobody reads it

@@ -170,7 +170,7 @@ test('a restated continuation that only restates is committed, not waited for', 
   assert.ok(Date.now() - t0 < 10_000);
 });
 
-test('persistUIMessageStream with stallTimeoutMs: a silent UI stream ends its run for every viewer', async (t) => {
+test('persistUIMessageStream with stallTimeoutMs: a silent UI stream ends its run for every viewer, and is cancelled', async (t) => {
   const { persistUIMessageStream } = await import('../src/ai.js');
   const d = await withDaemon(t);
   const c = await d.client();
@@ -188,9 +188,18 @@ test('persistUIMessageStream with stallTimeoutMs: a silent UI stream ends its ru
   const r = await work;
   assert.equal(r.status, 'aborted');
   assert.deepEqual(seen.map((e) => [e.type, e.cause ?? e.status ?? e.text]),
-    [['text', 'Half '], ['interrupted', 'stalled'], ['finish', 'aborted']]);
+    [['text', 'Half '], ['finish', 'aborted']]);
   const state = await c.streamGet('ui-stall');
   assert.match(state.reason, /stalled/);
+  // A web ReadableStream that goes silent is cancelled (a fetch body's connection freed).
+  let cancelled = false;
+  const web = new ReadableStream({
+    start(ctl) { ctl.enqueue({ type: 'text-delta', id: 't', delta: 'x' }); },
+    cancel() { cancelled = true; },
+  });
+  const r2 = await persistUIMessageStream(c, 'ui-stall-web', web, { stallTimeoutMs: 200 });
+  assert.equal(r2.status, 'aborted');
+  assert.ok(cancelled, 'the silent web stream was not cancelled');
   await assert.rejects(persistUIMessageStream(c, 'x', [], { stallTimeoutMs: Infinity }), TypeError);
 });
 
@@ -274,4 +283,30 @@ test('many empty chunks do not pile up waiters on the subscription', async (t) =
   const grew = process.memoryUsage().heapUsed - before;
   console.log(`node: 200,000 empty chunks, heap grew ${(grew / 1048576).toFixed(1)} MiB`);
   assert.ok(grew < 64 * 1048576, `heap grew ${grew} bytes`);
+});
+
+test('third attack round: a silent or abandoned web stream is cancelled; an unreadable Retry-After does not stop the recovery', async (t) => {
+  const d = await withDaemon(t);
+  const c = await d.client();
+  t.after(() => c.close());
+  const cancelled = [];
+  const web = (name, parts, end = false) => new ReadableStream({
+    start(ctl) { for (const x of parts) ctl.enqueue(x); if (end) ctl.close(); },
+    cancel() { cancelled.push(name); },
+  });
+  const r1 = new RecoveringStream(c, 'web-cancel-stall', web('stalled', ['Hello ']), {
+    reopen: () => web('second', ['world'], true), stallTimeoutMs: 200, sleep: noWait,
+  });
+  assert.equal(await render(r1), 'Hello world');
+  for await (const ev of new RecoveringStream(c, 'web-cancel-break', web('broken-out', ['a']), { reopen: () => items([]) })) {
+    if (ev.type === 'text') break;
+  }
+  await sleep(100);
+  assert.ok(cancelled.includes('stalled') && cancelled.includes('broken-out'), JSON.stringify(cancelled));
+  for (const ra of ['soon', '', '1.5', -1]) {
+    async function* limited() { yield 'x '; throw Object.assign(new Error('429'), { status: 429, retryAfter: ra }); }
+    const rs = new RecoveringStream(c, `ra-${String(ra).replace(/[^a-z0-9]/g, '_') || 'empty'}`, limited(), { reopen: () => items(['y']), sleep: noWait });
+    assert.equal(await render(rs), 'x y', `Retry-After ${JSON.stringify(ra)}`);
+    assert.equal(rs.plans[0].cause, 'rate_limited');
+  }
 });

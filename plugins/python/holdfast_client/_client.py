@@ -125,6 +125,12 @@ class Subscription:
                 message=self._client._close_reason or "the connection is closed"
             )
 
+    @property
+    def finished(self) -> bool:
+        """Nothing more will come: the run's ``finish`` was taken (or the subscription closed)."""
+        with self._cv:
+            return self._q.done
+
     def __iter__(self) -> Iterator[Event]:
         while True:
             ev = self.next()

@@ -360,8 +360,8 @@ class StreamProducer:
         """Report the break; returns the plan and moves ``next_seq`` past its events. An R1/R3
         plan's continuation is this producer's ``continuation``."""
         self._appender.flush()
-        self.plan = self.client.stream_interrupt(self.run_id, self.stream_id, cause,
-                                                 continuation=self.continuation)
+        self.plan = _interrupt(self.client, self.run_id, self.stream_id, cause,
+                               self.continuation)
         self._appender.reset(self.plan["next_seq"])
         return self.plan
 
@@ -669,6 +669,47 @@ class StreamStalled(TimeoutError):
         self.seconds = seconds
 
 
+def _without_retry_after(cause: Cause) -> Optional[Cause]:
+    """The cause without a Retry-After, if it had one (a provider's header the daemon could
+    not read — "soon", "" — must not stop the recovery: the plan's own backoff applies)."""
+    if isinstance(cause, dict) and "retry_after" in cause:
+        return {k: v for k, v in cause.items() if k != "retry_after"}
+    return None
+
+
+def _interrupt(client: Any, run: str, sid: str, cause: Cause, continuation: str
+               ) -> Dict[str, Any]:
+    from ._errors import InvalidParams
+
+    try:
+        return client.stream_interrupt(run, sid, cause, continuation=continuation)
+    except InvalidParams:
+        plain = _without_retry_after(cause)
+        if plain is None:
+            raise
+        return client.stream_interrupt(run, sid, plain, continuation=continuation)
+
+
+async def _ainterrupt(client: Any, run: str, sid: str, cause: Cause, continuation: str
+                      ) -> Dict[str, Any]:
+    from ._errors import InvalidParams
+
+    try:
+        return await client.stream_interrupt(run, sid, cause, continuation=continuation)
+    except InvalidParams:
+        plain = _without_retry_after(cause)
+        if plain is None:
+            raise
+        return await client.stream_interrupt(run, sid, plain, continuation=continuation)
+
+
+def _ended_elsewhere() -> HoldfastError:
+    from ._errors import Conflict
+
+    return Conflict(message="the run ended while this producer was streaming it (taken over, "
+                            "aborted or expired elsewhere): stop producing")
+
+
 def _last_published(plan: Dict[str, Any]) -> int:
     """The seq of a plan's last published event (its ``interrupted``), 0 if it says none."""
     seqs = [s for s in plan.get("events_published") or [] if isinstance(s, int)]
@@ -937,6 +978,9 @@ class RecoveringStream:
                             ev = sub.next(0)
                             if ev is not None:
                                 break
+                            if sub.finished:
+                                pump.abandon()
+                                raise _ended_elsewhere()
                             if pump.items:
                                 item = pump.items.popleft()
                                 break
@@ -978,8 +1022,7 @@ class RecoveringStream:
                     if cause is None:
                         raise broke
                     app.flush()  # what the model sent before the break is kept
-                    plan = c.stream_interrupt(run, self.stream_id, cause,
-                                              continuation=self._continuation)
+                    plan = _interrupt(c, run, self.stream_id, cause, self._continuation)
                     app.reset(plan["next_seq"])
                     cause_exc = broke
                     continue
@@ -1041,6 +1084,9 @@ class RecoveringStream:
     # -- async ---------------------------------------------------------------------------------
 
     def __aiter__(self) -> AsyncIterator[StreamEvent]:
+        if not inspect.iscoroutinefunction(getattr(self.client, "call", None)):
+            raise TypeError("a Client's stream is iterated with `for`; use an AsyncClient for "
+                            "`async for`")
         return self._arun()
 
     async def _arun(self) -> AsyncIterator[StreamEvent]:
@@ -1124,8 +1170,11 @@ class RecoveringStream:
                     if sub_next in done:
                         got = sub_next.result()
                         sub_next = None
-                        if got is not None:
-                            yield self._core.seen(got)  # rendered as soon as it is durable
+                        if got is None:
+                            # The subscription ended: the run was ended (or taken over and
+                            # ended) under this producer.
+                            raise _ended_elsewhere()
+                        yield self._core.seen(got)  # rendered as soon as it is durable
                         continue
                     if chunk_next not in done:
                         chunk_next.cancel()
@@ -1137,9 +1186,9 @@ class RecoveringStream:
                         broke = exc
                         break
                     if not opened:
+                        # The stall clock runs from the request on: not restarted here.
                         opened, source = True, value
                         it = _async_chunks(source)
-                        last_chunk = loop.time()
                         chunk_next = asyncio.ensure_future(it.__anext__())
                         continue
                     if value is _END:
@@ -1166,8 +1215,7 @@ class RecoveringStream:
                     if cause is None:
                         raise broke
                     await app.flush()  # what the model sent before the break is kept
-                    plan = await c.stream_interrupt(run, self.stream_id, cause,
-                                                    continuation=self._continuation)
+                    plan = await _ainterrupt(c, run, self.stream_id, cause, self._continuation)
                     app.reset(plan["next_seq"])
                     cause_exc = broke
                     continue
@@ -1370,17 +1418,21 @@ async def _on_thread(fn: Callable[[], Any]) -> Any:
 
 
 async def _aclose_quietly(source: Any) -> None:
-    """Close an abandoned provider stream (async or sync) if it can be."""
-    for name in ("aclose", "close"):
-        close = getattr(source, name, None)
-        if callable(close):
-            try:
-                r = close()
-                if inspect.isawaitable(r):
-                    await asyncio.wait_for(r, 1.0)
-            except Exception:  # noqa: BLE001 - abandoned: nothing to report
-                pass
-            return
+    """Close an abandoned provider stream if it can be: an async one's ``aclose()`` awaited
+    (at most 1 s), a sync one's ``close()`` on a thread of its own (it may block while a read
+    is in progress, and must not stop the event loop)."""
+    aclose = getattr(source, "aclose", None)
+    if callable(aclose):
+        try:
+            await asyncio.wait_for(aclose(), 1.0)
+        except Exception:  # noqa: BLE001 - abandoned: nothing to report
+            pass
+        return
+    if callable(getattr(source, "close", None)):
+        import threading
+
+        threading.Thread(target=_close_quietly, args=(source,), daemon=True,
+                         name="holdfast-close").start()
 
 
 __all__ = [

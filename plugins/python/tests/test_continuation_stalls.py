@@ -461,3 +461,105 @@ def test_second_attack_round_regressions_sync(daemon):
         assert hf.stream_get("resume-busy")["epoch"] == 1, "taken over without a subscription"
         for sub in subs:
             sub.close()
+
+
+def test_third_attack_round_regressions(daemon):
+    """Regression (third attack round): the async wrapper stops (Conflict) when its run is
+    ended under it instead of spinning; an unreadable Retry-After does not stop a recovery;
+    the async stall clock runs from the request; `async for` over a sync Client is refused
+    before anything begins; a sync provider's blocking close() does not stop the loop."""
+    from holdfast_client import Conflict
+    from holdfast_client.aio import AsyncClient
+    gate = threading.Event()
+
+    with daemon.client("other") as other:
+        for ra in ("soon", "", "1.5"):
+            def limited(ra=ra):
+                yield "x "
+                e = Http429()
+                e.headers = {"retry-after": ra}
+                raise e
+
+            rs = RecoveringStream(other, "ra-%s" % (ra or "empty").replace(".", "_"),
+                                  limited(), reopen=lambda p: iter(["y"]), sleep=lambda s: None)
+            assert render(rs) == "x y", ra
+
+        with pytest.raises(TypeError):
+            RecoveringStream(other, "misuse", iter(["x"]), reopen=lambda p: iter(())).__aiter__()
+        with pytest.raises(Exception):
+            other.stream_get("misuse")  # nothing was begun
+
+        async def main():
+            async with AsyncClient(daemon.socket, client="agent") as hf:
+                async def silent():
+                    yield "first "
+                    await asyncio.sleep(3600)
+
+                rs = RecoveringStream(hf, "ended-under", silent(),
+                                      reopen=lambda p: silent())
+                t0 = time.monotonic()
+
+                async def consume():
+                    async for ev in rs:
+                        if ev.type == "text":
+                            sid = rs.stream_id
+                            # Someone else takes the run over and aborts it.
+                            r = other.stream_begin("ended-under", takeover=True)
+                            other.stream_abort("ended-under", r["stream_id"], "elsewhere")
+                            assert sid != r["stream_id"]
+
+                with pytest.raises(Conflict):
+                    await asyncio.wait_for(consume(), 10)
+                assert time.monotonic() - t0 < 10
+
+                # The stall clock runs from the request: slow to open + slow first chunk.
+                async def slow_first():
+                    await asyncio.sleep(0.4)
+                    yield "late"
+
+                async def slow_open():
+                    await asyncio.sleep(0.4)
+                    return slow_first()
+
+                n = {"i": 0}
+
+                def reopen(prefix):
+                    n["i"] += 1
+                    return iter(["ok"])
+
+                rs = RecoveringStream(hf, "clock-a", slow_open, reopen=reopen,
+                                      stall_timeout=0.6, sleep=lambda s: None)
+                shown = ""
+                async for ev in rs:
+                    shown += ev.text
+                assert [p["cause"] for p in rs.plans] == ["stalled"], rs.plans
+                assert shown == "ok"
+
+                # A sync provider whose close() blocks: the loop goes on meanwhile.
+                class Blocking:
+                    def __iter__(self):
+                        yield "a "
+                        gate.wait(30)
+
+                    def close(self):
+                        time.sleep(2)
+
+                beats = []
+
+                async def heartbeat():
+                    for _ in range(30):
+                        beats.append(time.monotonic())
+                        await asyncio.sleep(0.05)
+
+                hb = asyncio.ensure_future(heartbeat())
+                rs = RecoveringStream(hf, "blocking-close", Blocking(),
+                                      reopen=lambda p: iter(["b"]), stall_timeout=0.3,
+                                      sleep=lambda s: None)
+                async for _ in rs:
+                    pass
+                await hb
+                gaps = [b - a for a, b in zip(beats, beats[1:])]
+                assert max(gaps) < 1.0, max(gaps)
+
+        asyncio.run(main())
+    gate.set()
