@@ -502,6 +502,19 @@ fn stream_cli_lists_shows_and_tails() {
         o.stdout.contains("run-cli") && o.stdout.contains("streaming"),
         "{o}"
     );
+    // Columns line up under their headers (numbers right-aligned to the header's end).
+    let lines: Vec<&str> = o.stdout.lines().collect();
+    let (head, row) = (lines[0], lines[1]);
+    for col in ["epoch", "next_seq", "chars"] {
+        let end = head.find(col).unwrap() + col.len();
+        let ch = row.as_bytes()[end - 1];
+        assert!(ch.is_ascii_digit(), "{col} not aligned:\n{head}\n{row}");
+        assert_eq!(
+            row.as_bytes().get(end),
+            Some(&b' '),
+            "{col}:\n{head}\n{row}"
+        );
+    }
     let o = run(env.holdfast(&["stream", "show", "run-cli"]), b"");
     assert_eq!(o.code, 0, "{o}");
     assert!(o.stdout.contains("(16 chars; --reveal to show)"), "{o}");

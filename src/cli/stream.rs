@@ -82,10 +82,11 @@ pub fn run(g: &Global, c: &StreamCommand) -> CliResult {
                     "{:<32} {:<12} {:>5} {:>8} {:>9} {:>8} {:>6}  {}",
                     r["run_id"].as_str().unwrap_or("?"),
                     r["status"].as_str().unwrap_or("?"),
-                    r["epoch"],
-                    r["next_seq"],
+                    // As strings: a JSON value's Display ignores the column's width.
+                    r["epoch"].to_string(),
+                    r["next_seq"].to_string(),
                     attempts,
-                    r["text_chars"],
+                    r["text_chars"].to_string(),
                     super::age(r["updated_at_ms"].as_u64()),
                     match r["no_producer_since_ms"].as_u64() {
                         // Ends as abandoned at [streams] orphan_timeout_s unless resumed.

@@ -80,6 +80,11 @@ export class StreamProducer {
     return done.then(() => this.ackedSeq);
   }
 
+  /** The error that failed an append (every later one fails with it), or null. */
+  get failed() {
+    return this._failed;
+  }
+
   /** Append one text delta. */
   text(text) {
     return this.append({ type: 'text', text });

@@ -316,6 +316,7 @@ export class RecoveringStream {
           }
           mid = true;
           last = Date.now();
+          if (p.failed) { broke = p.failed; abandon(); break; } // appends refused: stop reading
           const evs = this._events(got.v.value, open);
           if (evs.length) this._append(p, evs);
           pull();

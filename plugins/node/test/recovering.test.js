@@ -310,3 +310,23 @@ test('third attack round: a silent or abandoned web stream is cancelled; an unre
     assert.equal(rs.plans[0].cause, 'rate_limited');
   }
 });
+
+test('fourth attack round: once its appends are refused, the stream stops reading the provider', async (t) => {
+  const d = await withDaemon(t);
+  const c = await d.client();
+  const other = await d.client();
+  t.after(() => { c.close(); other.close(); });
+  let pulled = 0;
+  let tookOver = false;
+  async function* many() {
+    for (let i = 0; i < 60; i += 1) {
+      pulled += 1;
+      if (i === 5 && !tookOver) { tookOver = true; await other.streamResume('refused-appends'); }
+      await sleep(20);
+      yield `w${i} `;
+    }
+  }
+  const rs = new RecoveringStream(c, 'refused-appends', many(), { reopen: () => items([]) });
+  await assert.rejects(render(rs), (e) => e.name === 'Conflict');
+  assert.ok(pulled < 20, `the provider was read on after the takeover: ${pulled} chunks`);
+});

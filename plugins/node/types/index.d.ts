@@ -221,6 +221,8 @@ export class StreamProducer {
   /** The seq the next event handed to `append` gets (events in flight and queued counted). */
   readonly handedSeq: number;
   readonly ackedSeq: number;
+  /** The error that failed an append (every later one fails with it), or null. */
+  readonly failed: Error | null;
   /** The plan of the last interrupt or of the resume. */
   readonly plan: Plan | null;
   readonly checkpoint: Json | null;

@@ -768,6 +768,9 @@ class _Pump:
                 return
             for chunk in self._source:
                 if not self._put(("chunk", chunk)):
+                    # Abandoned while the provider was busy: closed here, by the thread that
+                    # runs it (a generator cannot be closed by another while it executes).
+                    _close_quietly(self._source)
                     return
             self._put(("end", None))
         except BaseException as e:  # noqa: BLE001 - handed to the reader
@@ -979,8 +982,8 @@ class RecoveringStream:
                             if ev is not None:
                                 break
                             if sub.finished:
-                                pump.abandon()
-                                raise _ended_elsewhere()
+                                item = ("ended", None)
+                                break
                             if pump.items:
                                 item = pump.items.popleft()
                                 break
@@ -996,6 +999,10 @@ class RecoveringStream:
                         continue
                     assert item is not None
                     kind, val = item
+                    if kind == "ended":
+                        # Outside the condition's lock: abandoning takes it.
+                        pump.abandon()
+                        raise _ended_elsewhere()
                     if kind == "chunk":
                         mid = True
                         last_chunk = time.monotonic()
@@ -1364,6 +1371,7 @@ async def _async_chunks(source: Any) -> AsyncIterator[Any]:
         try:
             for x in source:
                 if stop.is_set() or not _to_loop(loop, q.put_nowait, ("item", x)):
+                    _close_quietly(source)  # let go: closed by the thread that runs it
                     return
             _to_loop(loop, q.put_nowait, ("end", None))
         except BaseException as e:  # noqa: BLE001 - handed to the reader

@@ -563,3 +563,46 @@ def test_third_attack_round_regressions(daemon):
 
         asyncio.run(main())
     gate.set()
+
+
+def test_fourth_attack_round_regressions_sync(daemon):
+    """Regression (fourth attack round): the sync wrapper stops with Conflict (it deadlocked)
+    when its run is ended under it; a stalled sync generator is closed (its `finally` runs)
+    by the thread that runs it once it wakes, not left to the garbage collector."""
+    from holdfast_client import Conflict
+    gate = threading.Event()
+    with daemon.client("agent") as hf, daemon.client("other") as other:
+        def silent():
+            yield "first "
+            gate.wait(30)
+
+        rs = RecoveringStream(hf, "ended-under-sync", silent(), reopen=lambda p: iter(()))
+        t0 = time.monotonic()
+        with pytest.raises(Conflict):
+            for ev in rs:
+                if ev.type == "text":
+                    r = other.stream_begin("ended-under-sync", takeover=True)
+                    other.stream_abort("ended-under-sync", r["stream_id"], "elsewhere")
+        assert time.monotonic() - t0 < 10
+        gate.set()
+
+        finished = []
+        wake = threading.Event()
+
+        def stalls():
+            try:
+                yield "a "
+                wake.wait(30)
+                yield "late"
+            finally:
+                finished.append("closed")
+
+        rs = RecoveringStream(hf, "gen-closed", stalls(), reopen=lambda p: iter(["b"]),
+                              stall_timeout=0.3, sleep=lambda s: None)
+        assert render(rs) == "a b"
+        wake.set()  # the provider wakes after it was let go
+        deadline = time.monotonic() + 5
+        while not finished and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert finished == ["closed"], "the abandoned generator was not closed"
+        assert rs is not None  # still referenced: closing did not wait for the collector
