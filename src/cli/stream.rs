@@ -82,11 +82,12 @@ pub fn run(g: &Global, c: &StreamCommand) -> CliResult {
                     "{:<32} {:<12} {:>5} {:>8} {:>9} {:>8} {:>6}  {}",
                     r["run_id"].as_str().unwrap_or("?"),
                     r["status"].as_str().unwrap_or("?"),
-                    // As strings: a JSON value's Display ignores the column's width.
-                    r["epoch"].to_string(),
-                    r["next_seq"].to_string(),
+                    // As strings: a JSON value's Display ignores the column's width; "-"
+                    // for what a listing does not carry (PostgreSQL's: head fields only).
+                    num(&r["epoch"]),
+                    num(&r["next_seq"]),
                     attempts,
-                    r["text_chars"].to_string(),
+                    num(&r["text_chars"]),
                     super::age(r["updated_at_ms"].as_u64()),
                     match r["no_producer_since_ms"].as_u64() {
                         // Ends as abandoned at [streams] orphan_timeout_s unless resumed.
@@ -165,4 +166,9 @@ pub fn run(g: &Global, c: &StreamCommand) -> CliResult {
             }
         }
     }
+}
+
+/// A count for a column: the number, or "-" when the listing does not carry it.
+fn num(v: &serde_json::Value) -> String {
+    v.as_u64().map_or_else(|| "-".to_owned(), |n| n.to_string())
 }
