@@ -77,16 +77,24 @@ export function errorFromResponse(err) {
   return new CLASSES[kind](message, { kind, code, data });
 }
 
-// Names that may appear in params and are never secret: they stay in messages.
+// Names that may appear in params and are never secret: they stay in messages ("run_id must
+// be 1-128 characters" is useless as "<redacted> must be …"). Every parameter and event field
+// of the protocol (docs/protocol.md), and hive's credential fields.
 const FIELD_NAMES = new Set(`store id value credential if_generation ttl_ms repair client plugin
   protocol credential_type keys name expires_at metadata provider_id last_refreshed auto_refresh
-  last_used use_count description tags created_at updated_at holdfast_generation`.split(/\s+/));
+  last_used use_count description tags created_at updated_at holdfast_generation
+  run_id stream_id thread_id model takeover seq events type text arguments_delta
+  tool_call_delta tool_call_end cause status message retry_after continuation
+  fail_on_stale final_message content_from_stream reason after_seq reveal snapshot
+  partial_text completed_tool_calls in_flight_tool upstream_model subscription
+  node_id detail step tool_call_id input result is_error since_ms until_ms
+  older_than_days dry_run attempt success`.split(/\s+/).filter(Boolean));
 const MIN_SCRUBBED = 6;
 
 function sensitiveStrings(params) {
   const found = new Set();
   const plain = new Set([params.id, params.store, params.client, params.plugin,
-    params.credential?.id, params.run_id]);
+    params.credential?.id, params.run_id, params.stream_id, params.thread_id, params.model]);
   const stack = [params];
   while (stack.length) {
     const v = stack.pop();

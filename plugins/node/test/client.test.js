@@ -258,3 +258,17 @@ test('the socket is found as the CLI finds it, and a socket owned by another uid
     t.diagnostic('SKIPPED: the foreign-owner case needs root to chown a socket file');
   }
 });
+
+test('scrubbing keeps parameter names and the caller\'s own run id (issue 36, one part)', async (t) => {
+  const d = await withDaemon(t);
+  const c = await d.client();
+  t.after(() => c.close());
+  await assert.rejects(c.streamBegin('x'.repeat(200)), (e) => {
+    assert.ok(e.message.includes('run_id') && !e.message.includes('<redacted>'), e.message);
+    return true;
+  });
+  await assert.rejects(c.call('cred.refresh_lease', { id: 's', ttl_ms: SECRET }), (e) => {
+    assertNoSecret(e);
+    return true;
+  });
+});

@@ -183,20 +183,30 @@ def error_from_response(err: Any) -> HoldfastError:
     return _ERROR_CLASSES[kind](kind, message, code, data)
 
 
-# Names that may appear in a request's params and are never secret: they stay in messages.
+# Names that may appear in a request's params and are never secret: they stay in messages
+# ("run_id must be 1-128 characters" is useless as "<redacted> must be …"). Every parameter
+# and event field of the protocol (docs/protocol.md), and hive's credential fields.
 _FIELD_NAMES = frozenset(
     """store id value credential if_generation ttl_ms repair client plugin protocol
     credential_type keys name expires_at metadata provider_id last_refreshed auto_refresh
-    last_used use_count description tags created_at updated_at holdfast_generation""".split()
+    last_used use_count description tags created_at updated_at holdfast_generation
+    run_id stream_id thread_id model takeover seq events type text arguments_delta
+    tool_call_delta tool_call_end cause status message retry_after continuation
+    fail_on_stale final_message content_from_stream reason after_seq reveal snapshot
+    partial_text completed_tool_calls in_flight_tool upstream_model subscription
+    node_id detail step tool_call_id input result is_error since_ms until_ms
+    older_than_days dry_run attempt success""".split()
 )
 _MIN_SCRUBBED = 6  # shorter strings are not worth mangling a message for
 
 
 def _sensitive_strings(params: Mapping[str, Any]) -> List[str]:
     """Strings of a request that may be secret: every string value and unknown field name,
-    except the (non-secret) credential id, store, client and plugin names."""
+    except the (non-secret) credential id, store, client and plugin names, and the caller's
+    own run, stream, thread and model names."""
     found = set()
-    plain = {params.get(k) for k in ("id", "store", "client", "plugin")}
+    plain = {params.get(k) for k in ("id", "store", "client", "plugin", "run_id", "stream_id",
+                                     "thread_id", "model")}
     cred = params.get("credential")
     if isinstance(cred, dict):
         plain.add(cred.get("id"))

@@ -745,3 +745,22 @@ def test_run_log_race_across_processes_keeps_one_entry_per_node(daemon):
     assert summary["total_input_tokens"] == rounds * 100
     assert again == summary
     assert [r["run_id"] for r in listed] == ["py-race"]
+
+
+def test_scrubbing_keeps_parameter_names_and_the_callers_own_run_id(daemon):
+    """Issue 36 (one part): values are redacted from error messages, never the parameter names
+    or the caller's own run id — "run_id must be …" and "conflict: run … has ended" stay
+    useful."""
+    with daemon.client("names") as c:
+        with pytest.raises(hc.InvalidParams) as ei:
+            c.stream_begin("x" * 200)
+        assert "run_id" in str(ei.value) and "<redacted>" not in str(ei.value), ei.value
+        sid = c.stream_begin("run-names")["stream_id"]
+        c.stream_abort("run-names", sid, "done")
+        with pytest.raises(hc.HoldfastError) as ei:
+            c.stream_append("run-names", sid, 1, [{"type": "text", "text": "x"}])
+        assert "<redacted>" not in str(ei.value), ei.value
+        # A secret value is still cut out, wherever it is echoed.
+        with pytest.raises(hc.HoldfastError) as ei:
+            c.call("cred.refresh_lease", id="s", ttl_ms=SECRET)
+        assert SECRET not in str(ei.value)
