@@ -633,7 +633,7 @@ impl Accumulator {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     /// The fast path accepts a subset of what `Event::parse` accepts and, where it accepts,
@@ -747,7 +747,13 @@ mod tests {
     }
 
     fn r1(acc: &mut Accumulator) {
-        let input = crate::recovery::Input {
+        acc.apply_plan(&plan_reset(acc, Continuation::Restated));
+    }
+
+    /// The plan of a connection reset of `acc`'s run as it stands (no jitter, the default
+    /// policy), continuing as `continuation` says (the property test's too).
+    pub(in crate::streams) fn plan_reset(acc: &Accumulator, continuation: Continuation) -> Plan {
+        crate::recovery::plan(&crate::recovery::Input {
             cause: crate::recovery::Cause::ConnectionReset,
             status: None,
             text: acc.text.clone(),
@@ -758,10 +764,8 @@ mod tests {
             stale: None,
             jitter: None,
             policy: Default::default(),
-            continuation: Continuation::Restated,
-        };
-        let plan = crate::recovery::plan(&input);
-        acc.apply_plan(&plan);
+            continuation,
+        })
     }
 
     #[test]

@@ -12,8 +12,9 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use serde_json::Value;
 
+use super::accum::tests::plan_reset;
 use super::accum::{Accumulator, Event, MIN_OVERLAP_CHARS};
-use crate::recovery::{self, Cause, Continuation};
+use crate::recovery::{self, Continuation};
 
 /// How much of the prefix's tail the trimmer compares with (accum.rs).
 const WINDOW: usize = 256;
@@ -71,55 +72,50 @@ fn chunks(s: &str, seed: &mut u64) -> Vec<String> {
 }
 
 /// The text of the published events in `out`.
-fn shown(out: Vec<(u64, super::EventJson)>, into: &mut String) {
+fn shown(out: Vec<(u64, super::EventJson)>, into: &mut String) -> Result<(), TestCaseError> {
     for (_, e) in out {
-        let v: Value = serde_json::from_str(e.get()).expect("published JSON");
+        let v: Value = serde_json::from_str(e.get())
+            .map_err(|err| TestCaseError::fail(format!("published JSON: {err}")))?;
         if v["type"] == "text" {
-            into.push_str(v["text"].as_str().expect("text"));
+            let t = v["text"].as_str();
+            into.push_str(t.ok_or_else(|| TestCaseError::fail(format!("a text event: {v}")))?);
         }
     }
+    Ok(())
 }
 
 /// Stream `prefix`, break (R1 with `mode`), stream `cont`; (shown, stored at commit).
-fn run(prefix: &[String], mode: Continuation, cont: &[String]) -> (String, String) {
+fn run(
+    prefix: &[String],
+    mode: Continuation,
+    cont: &[String],
+) -> Result<(String, String), TestCaseError> {
     let mut acc = Accumulator::default();
     let mut seen = String::new();
     let mut seq = 1;
+    let refused = |e| TestCaseError::fail(format!("a text refused: {e:?}"));
     for c in prefix {
         shown(
-            acc.apply(seq, &Event::Text(c.clone())).expect("text"),
+            acc.apply(seq, &Event::Text(c.clone())).map_err(refused)?,
             &mut seen,
-        );
+        )?;
         seq += 1;
     }
-    let input = recovery::Input {
-        cause: Cause::ConnectionReset,
-        status: None,
-        text: acc.text.clone(),
-        tool_calls: acc.tool_calls(),
-        attempts: Default::default(),
-        retry_after: None,
-        stall_history: vec![],
-        stale: None,
-        jitter: None,
-        policy: Default::default(),
-        continuation: mode,
-    };
-    let plan = recovery::plan(&input);
-    assert_eq!(plan.plan, recovery::PlanKind::R1);
-    assert_eq!(plan.continuation, Some(mode));
+    let plan = plan_reset(&acc, mode);
+    prop_assert_eq!(plan.plan, recovery::PlanKind::R1);
+    prop_assert_eq!(plan.continuation, Some(mode));
     acc.apply_plan(&plan);
     seq += 1;
     for c in cont {
         shown(
-            acc.apply(seq, &Event::Text(c.clone())).expect("text"),
+            acc.apply(seq, &Event::Text(c.clone())).map_err(refused)?,
             &mut seen,
-        );
+        )?;
         seq += 1;
     }
     let stored = acc.text_when_flushed();
-    shown(acc.flush_trim(), &mut seen);
-    (seen, stored)
+    shown(acc.flush_trim(), &mut seen)?;
+    Ok((seen, stored))
 }
 
 /// The restatement lengths (≥ MIN_OVERLAP_CHARS) the continuation `cont` can be read as after
@@ -151,7 +147,7 @@ fn check(text: &str, seed: u64, totals: &mut Totals) -> Result<(), TestCaseError
         let pre_chunks = chunks(&prefix, &mut seed);
 
         // exact: the provider continues the prefix; the model's text, always.
-        let (seen, stored) = run(&pre_chunks, Continuation::Exact, &chunks(&rest, &mut seed));
+        let (seen, stored) = run(&pre_chunks, Continuation::Exact, &chunks(&rest, &mut seed))?;
         prop_assert_eq!(&seen, &stored, "exact at {}: shown vs stored", k);
         prop_assert_eq!(&seen, text, "exact at {}: not the model's text", k);
         totals.exact += 1;
@@ -175,7 +171,7 @@ fn check(text: &str, seed: u64, totals: &mut Totals) -> Result<(), TestCaseError
                 &pre_chunks,
                 Continuation::Restated,
                 &chunks(&cont_s, &mut seed),
-            );
+            )?;
             prop_assert_eq!(&seen, &stored, "restated {} at {}: shown vs stored", n, k);
             // Shown = prefix + cont[r..]: r characters removed, each a possible restatement.
             prop_assert!(
@@ -238,7 +234,9 @@ fn shown_equals_stored_equals_the_models_text_at_every_break_point() {
         format!("1{}", "0".repeat(100)),
         "def f(x):\n    if x:\n        return 3\n    return 0\n".repeat(3),
     ] {
-        check(&t, 7, &mut named).expect("a named text");
+        if let Err(e) = check(&t, 7, &mut named) {
+            panic!("a named text: {e}");
+        }
     }
     let result = runner.run(&(texts(), any::<u64>()), |(text, seed)| {
         let mut t = totals.lock().unwrap_or_else(|e| e.into_inner());
