@@ -1133,27 +1133,15 @@ class RecoveringStream:
             while True:
                 if plan is not None:
                     # The plan's events are shown before the wait, not after it.
-                    target = _last_published(plan)
-                    while self._core.last_seq < target:
-                        if sub_next is None:
-                            sub_next = asyncio.ensure_future(sub.next())
-                        done, _ = await asyncio.wait({sub_next}, timeout=CATCH_UP_TIMEOUT)
-                        got = sub_next.result() if done else None
-                        sub_next = None
-                        if got is None:
-                            raise TimeoutError("the run's subscription did not deliver seq %d "
-                                               "within %d s" % (target, CATCH_UP_TIMEOUT))
-                        yield self._core.seen(got)
+                    async for ev in self._catch_up_async(sub, sub_next, _last_published(plan)):
+                        yield ev
+                    sub_next = None
                     what, arg = self._core.decide(plan)
                     plan = None
                     if what == "reopen":
                         await self._asleep(self._wait(self._core.plans[-1]))
                         pending = (False, arg)
                     else:
-                        got = await _take_pending(sub_next)
-                        sub_next = None
-                        if got is not None:
-                            yield self._core.seen(got)
                         async for ev in self._finish_async(what, arg, sub, cause_exc):
                             yield ev
                         return
@@ -1227,24 +1215,11 @@ class RecoveringStream:
                     cause_exc = broke
                     continue
                 await app.flush()
-                # Up to the last tool-call event (text after it may be held until the commit).
-                acked = self._last_call_seq
-                while self._core.last_seq < acked:
-                    if sub_next is None:
-                        sub_next = asyncio.ensure_future(sub.next())
-                    done, _ = await asyncio.wait({sub_next}, timeout=CATCH_UP_TIMEOUT)
-                    got = sub_next.result() if done else None
-                    sub_next = None
-                    if got is None:
-                        raise TimeoutError("the run's subscription did not deliver seq %d "
-                                           "within %d s" % (acked, CATCH_UP_TIMEOUT))
-                    yield self._core.seen(got)
-                # The subscription is read by the finish from here: an event the pending read
-                # took is rendered first, never dropped.
-                got = await _take_pending(sub_next)
+                # Up to the last tool-call event (text after it may be held until the commit);
+                # the finish reads the subscription from there.
+                async for ev in self._catch_up_async(sub, sub_next, self._last_call_seq):
+                    yield ev
                 sub_next = None
-                if got is not None:
-                    yield self._core.seen(got)
                 async for ev in self._finish_async("done", self._core.completed_calls(), sub,
                                                    None):
                     yield ev
@@ -1257,6 +1232,25 @@ class RecoveringStream:
                 await _aclose_quietly(source)
             await app.close()
             await sub.close()
+
+    async def _catch_up_async(self, sub: Any, pending: Any, seq: int
+                              ) -> AsyncIterator[StreamEvent]:
+        """Render the subscription's events up to ``seq``. ``pending``, a ``sub.next()`` task
+        in flight (or None), is taken over first — an event it took is rendered, never
+        dropped — and nothing is left in flight after: the caller reads on from here."""
+        got = await _take_pending(pending)
+        if got is not None:
+            yield self._core.seen(got)
+        while self._core.last_seq < seq:
+            task = asyncio.ensure_future(sub.next())
+            done, _ = await asyncio.wait({task}, timeout=CATCH_UP_TIMEOUT)
+            got = task.result() if done else None
+            if not done:
+                task.cancel()
+            if got is None:
+                raise TimeoutError("the run's subscription did not deliver seq %d within %d s"
+                                   % (seq, CATCH_UP_TIMEOUT))
+            yield self._core.seen(got)
 
     async def _open_async(self, prefix: Any, first: bool) -> Any:
         fn = self._stream if first else self._reopen

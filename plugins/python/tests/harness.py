@@ -157,3 +157,16 @@ def assert_no_secret(exc, secret=SECRET):
         assert secret not in s, "secret leaked into an exception: %s" % s
 
 
+def render(events):
+    """What a UI shows of a RecoveringStream's events: text appended, cleared by
+    stream_reset; each seq once, in order."""
+    text, seqs = "", []
+    for ev in events:
+        seqs.append(ev.seq)
+        if ev.type == "stream_reset":
+            text = ""
+        elif ev.type == "text":
+            text += ev.text
+    assert len(seqs) == len(set(seqs)), "an event rendered twice: %s" % seqs
+    assert seqs == sorted(seqs), seqs
+    return text

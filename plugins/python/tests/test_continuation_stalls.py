@@ -12,22 +12,10 @@ import time
 
 import pytest
 
-from harness import HERE
+from harness import HERE, render
 from holdfast_client.streaming import RecoveringStream, SplitToolCall, StreamStalled
 
 CODE = "def f(x):\n    if x:\n        return 3\n    return 0\n" * 3
-
-
-def render(events):
-    text, seqs = "", []
-    for ev in events:
-        seqs.append(ev.seq)
-        if ev.type == "stream_reset":
-            text = ""
-        elif ev.type == "text":
-            text += ev.text
-    assert len(seqs) == len(set(seqs)) and seqs == sorted(seqs), seqs
-    return text
 
 
 class Reset(ConnectionResetError):

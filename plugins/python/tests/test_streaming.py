@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from harness import HERE, hc
+from harness import HERE, hc, render
 from holdfast_client.streaming import (
     ChunkAdapter,
     RecoveringStream,
@@ -41,20 +41,6 @@ def provider(fail_at=None, exc=None, prefix=None, text=ANSWER):
         if fail_at is not None and i == fail_at:
             raise exc
         yield w
-
-
-def render(events):
-    """What a UI shows: text appended, cleared by stream_reset; each seq once."""
-    text, seqs = "", []
-    for ev in events:
-        seqs.append(ev.seq)
-        if ev.type == "stream_reset":
-            text = ""
-        elif ev.type == "text":
-            text += ev.text
-    assert len(seqs) == len(set(seqs)), "an event rendered twice"
-    assert seqs == sorted(seqs)
-    return text
 
 
 # ---------------------------------------------------------------------------------------------
