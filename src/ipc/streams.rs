@@ -216,26 +216,28 @@ pub fn append(
             answer_on_commit(&s, session, id, ticket, permit);
             return;
         }
-        if s.is_active(&a.run_id) {
-            // A shared store's copy may be behind the store (another host wrote since): a seq
-            // past its end is then no gap. Loaded again and tried once more before answering.
-            let again = a.clone().into_owned();
-            match queue_append(&s, session, a) {
-                Err(StreamError::Gap { .. }) => {
-                    let session = Arc::clone(session);
-                    tokio::spawn(async move {
-                        let (s2, run) = (Arc::clone(&s), again.run_id.to_string());
-                        if let Err(e) = blocking(move || s2.refresh(&run).map_err(rpc)).await {
-                            session.outbox.send(protocol::response_err(&id, &e));
-                            return;
-                        }
-                        let ticket = queue_append(&s, &session, again).map_err(rpc);
-                        answer_on_commit(&s, &session, id, ticket, permit);
-                    });
-                }
-                ticket => answer_on_commit(&s, session, id, ticket.map_err(rpc), permit),
+        match s.next_seq(&a.run_id) {
+            // A shared store's copy behind the store (another host wrote since): a seq past
+            // its end is then no gap. Loaded again first (blocking, on a task), then appended.
+            Some(next) if a.seq > next => {
+                let (session, a) = (Arc::clone(session), a.into_owned());
+                tokio::spawn(async move {
+                    let (s2, run) = (Arc::clone(&s), a.run_id.to_string());
+                    if let Err(e) = blocking(move || s2.refresh(&run).map_err(rpc)).await {
+                        session.outbox.send(protocol::response_err(&id, &e));
+                        return;
+                    }
+                    let ticket = queue_append(&s, &session, a).map_err(rpc);
+                    answer_on_commit(&s, &session, id, ticket, permit);
+                });
+                return;
             }
-            return;
+            Some(_) => {
+                let ticket = queue_append(&s, session, a).map_err(rpc);
+                answer_on_commit(&s, session, id, ticket, permit);
+                return;
+            }
+            None => {}
         }
     }
     let (daemon, session, a) = (Arc::clone(daemon), Arc::clone(session), a.into_owned());

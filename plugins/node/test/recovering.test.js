@@ -12,11 +12,9 @@ import { REPO, withDaemon } from './harness.js';
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 const noWait = async () => {};
 
-async function* items(list, then = 'end', gate = null) {
+async function* items(list, then = 'end') {
   for (const x of list) yield x;
   if (then === 'forever') await new Promise(() => {}); // silent, never resolves
-  if (then === 'late') { await sleep(1500); yield 'second'; }
-  if (then === 'gate') await gate;
 }
 
 function chunks(s, n = 3) {
@@ -41,14 +39,25 @@ test('each chunk is rendered while the provider is silent', async (t) => {
   const d = await withDaemon(t);
   const c = await d.client();
   t.after(() => c.close());
+  // The provider sends its next chunk only once the first is rendered (at most 30 s): a
+  // wrapper rendering a chunk when the next one comes would leave it to that timeout.
+  // Ordering, not a clock (the machine may be slow); the latency is printed.
+  let shown;
+  const firstShown = new Promise((res) => { shown = res; });
+  let released = null;
+  async function* provider() {
+    yield 'first ';
+    released = await Promise.race([firstShown.then(() => true), sleep(30_000).then(() => false)]);
+    yield 'second';
+  }
   const t0 = Date.now();
   const at = {};
-  for await (const ev of new RecoveringStream(c, 'latency', items(['first '], 'late'), { reopen: () => items([]) })) {
-    if (ev.type === 'text') at[ev.text] = Date.now() - t0;
+  for await (const ev of new RecoveringStream(c, 'latency', provider(), { reopen: () => items([]) })) {
+    if (ev.type === 'text') { at[ev.text] = Date.now() - t0; shown(); }
   }
-  assert.ok(at['first '] < 500, JSON.stringify(at));
-  assert.ok(at.second >= 1400, JSON.stringify(at));
-  console.log(`node render latency: first chunk at ${at['first ']} ms while the provider was silent 1.5 s`);
+  assert.equal(released, true, 'the first chunk was not rendered while the provider waited');
+  assert.ok(at['first '] <= at.second, JSON.stringify(at));
+  console.log(`node render latency: first chunk rendered at ${at['first ']} ms while the provider waited`);
 });
 
 test('a silent provider mid-text is a stalled interruption, continued exactly', async (t) => {
@@ -144,11 +153,21 @@ test('a producer killed with SIGKILL: viewers see interrupted (producer_lost), t
   const t0 = Date.now();
   child.kill('SIGKILL');
   const got = [];
-  for await (const ev of sub) got.push([Date.now() - t0, ev.event]);
+  let since = null;
+  for await (const ev of sub) {
+    got.push([Date.now() - t0, ev.event]);
+    if (since === null && ev.event.cause === 'producer_lost') {
+      // Announced at once: while the run is still there, unheld since the loss (the daemon's
+      // clock, not the client's: the machine may be slow).
+      const live = await c.streamGet('doomed');
+      assert.equal(live.status, 'interrupted');
+      since = live.no_producer_since_ms;
+    }
+  }
   assert.deepEqual(got.map(([, e]) => [e.type, e.cause ?? e.status]), [['interrupted', 'producer_lost'], ['finish', 'abandoned']]);
-  assert.ok(got[0][0] < 2000 && got[1][0] >= 2000, JSON.stringify(got));
   const state = await c.streamGet('doomed', { reveal: true });
   assert.equal(state.partial_message.content, 'partial answer');
+  assert.ok(state.at_ms - since >= 2000, `ended ${state.at_ms - since} ms after the loss`);
   console.log(`node SIGKILLed producer: interrupted after ${got[0][0]} ms, finish (abandoned) after ${got[1][0]} ms`);
 });
 
@@ -250,7 +269,7 @@ test('second attack round: ReadableStream providers, early breaks, sync throws, 
   const text4 = await render(r4);
   assert.deepEqual(r4.plans.map((x) => x.cause), ['stalled', 'stalled'], text4);
   assert.equal(text4, 'r2');
-  await sleep(800);
+  for (let i = 0; i < 100 && !closed.includes(1); i += 1) await sleep(100); // it opens late
   assert.ok(closed.includes(1), `the stream opened after its stall was never let go: ${closed}`);
   // The plan's interrupted (its wait) is shown before the wait.
   const shownBeforeWait = [];

@@ -113,10 +113,12 @@ def test_a_silent_provider_mid_text_is_a_stalled_interruption_sync(daemon):
     gate.set()
     assert rs.text == "Hello, world!" == rs.final_message["content"], seen
     assert [(p["cause"], p["plan"]) for p in rs.plans] == [("stalled", "R1")]
-    # The text already stored was rendered before the stall was declared.
+    # The text already stored was rendered before the stall was declared (the order of the
+    # events, not a clock: the machine may be slow).
+    kinds = [kind for _, kind, _ in seen]
+    assert kinds.index("text") < kinds.index("interrupted"), seen
     first_text = next(t for t, kind, _ in seen if kind == "text")
-    assert first_text < 0.5, seen
-    assert took < 20, took
+    assert took < 20, took  # a hang guard, 40 times the stall timeout
     print("sync stall mid-text: rendered %r at %.2f s, stalled at 0.5 s, done at %.2f s"
           % ("Hello, ", first_text, took))
 
@@ -155,11 +157,15 @@ def test_a_tool_call_that_stalls_again_and_again_raises_split_sync(daemon):
 
 
 def test_a_chunk_is_rendered_while_the_provider_is_silent_sync(daemon):
-    gate = threading.Event()
+    # The provider sends its next chunk only once the consumer has rendered the first: a
+    # wrapper that renders a chunk when the next one comes would leave the gate to its
+    # 30 s timeout. Ordering, not a clock (the machine may be slow); the latency is printed.
+    rendered = threading.Event()
+    released = []
 
     def provider():
         yield "first "
-        gate.wait(1.5)  # the provider's next chunk is 1.5 s away
+        released.append(rendered.wait(30))
         yield "second"
 
     with daemon.client("agent") as hf:
@@ -168,28 +174,38 @@ def test_a_chunk_is_rendered_while_the_provider_is_silent_sync(daemon):
         for ev in RecoveringStream(hf, "latency", provider(), reopen=lambda p: iter(())):
             if ev.type == "text":
                 times[ev.text] = time.monotonic() - t0
-    assert times["first "] < 0.5, times
-    assert times["second"] >= 1.4, times
-    print("sync render latency: first chunk at %.3f s while the provider was silent 1.5 s"
+                rendered.set()
+    assert released == [True], "the first chunk was not rendered while the provider waited"
+    assert times["first "] < times["second"], times
+    print("sync render latency: first chunk rendered at %.3f s while the provider waited"
           % times["first "])
 
 
 def test_async_stalls_and_render_latency(daemon):
     from holdfast_client.aio import AsyncClient
 
+    rendered = {}
+
     async def silent(items, then):
-        """``items``, then: silence ("forever"), "second" after 1.5 s ("late"), or the end."""
+        """``items``, then: silence ("forever"), "second" once the consumer rendered the first
+        ("late": at most 30 s), or the end."""
         for x in items:
             yield x
         if then == "forever":
             await asyncio.sleep(3600)
         elif then == "late":
-            await asyncio.sleep(1.5)
+            try:
+                await asyncio.wait_for(rendered["first"].wait(), 30)
+                rendered["released"] = True
+            except asyncio.TimeoutError:
+                rendered["released"] = False
             yield "second"
 
     async def main():
         async with AsyncClient(daemon.socket, client="agent") as hf:
-            # Render as soon as durable.
+            # Render as soon as durable: the provider waits for the first chunk to be shown
+            # (ordering, not a clock).
+            rendered["first"] = asyncio.Event()
             t0 = time.monotonic()
             times = {}
             rs = RecoveringStream(hf, "a-latency", silent(["first "], "late"),
@@ -197,7 +213,9 @@ def test_async_stalls_and_render_latency(daemon):
             async for ev in rs:
                 if ev.type == "text":
                     times[ev.text] = time.monotonic() - t0
-            assert times["first "] < 0.5 and times["second"] >= 1.4, times
+                    rendered["first"].set()
+            assert rendered["released"] is True, "not rendered while the provider waited"
+            assert times["first "] < times["second"], times
             # Stall mid-text.
             rs = RecoveringStream(hf, "a-stall", silent(["Hello, ", "wor"], "forever"),
                                   reopen=lambda p: silent(["ld!"], "end"), stall_timeout=0.5,
@@ -259,14 +277,24 @@ def test_a_sigkilled_producer_is_interrupted_then_finished(make_daemon):
             assert first["event"] == {"type": "text", "text": "partial answer"}
             t0 = time.monotonic()
             os.kill(p.pid, signal.SIGKILL)
-            events = [(time.monotonic() - t0, ev["event"]) for ev in sub]
+            events = []
+            lost_at = None
+            for ev in sub:
+                events.append((time.monotonic() - t0, ev["event"]))
+                if lost_at is None and ev["event"].get("cause") == "producer_lost":
+                    # Announced while the run is still there, unheld since the loss.
+                    live = hf.stream_get("doomed")
+                    assert live["status"] == "interrupted", live
+                    lost_at = live["no_producer_since_ms"]
             state = hf.stream_get("doomed", reveal=True)
     finally:
         p.kill()
         p.wait()
     kinds = [(e["type"], e.get("cause") or e.get("status")) for _, e in events]
     assert kinds == [("interrupted", "producer_lost"), ("finish", "abandoned")], events
-    assert events[0][0] < 2 <= events[1][0] < 30, events
+    # By the daemon's own clock: the loss was recorded when the producer died, and the end
+    # came the timeout after it (the client's clock only for the figures printed).
+    assert state["at_ms"] - lost_at >= 2000, (state["at_ms"], lost_at)
     assert state["status"] == "abandoned"
     assert state["partial_message"]["content"] == "partial answer"
     print("SIGKILLed producer: interrupted after %.2f s, finish (abandoned) after %.2f s"
@@ -530,7 +558,7 @@ def test_third_attack_round_regressions(daemon):
                         gate.wait(30)
 
                     def close(self):
-                        time.sleep(2)
+                        time.sleep(3)
 
                 beats = []
 
@@ -547,7 +575,8 @@ def test_third_attack_round_regressions(daemon):
                     pass
                 await hb
                 gaps = [b - a for a, b in zip(beats, beats[1:])]
-                assert max(gaps) < 1.0, max(gaps)
+                # Closed on the loop, the 3 s close would show as a gap of 3 s or more.
+                assert max(gaps) < 2.5, max(gaps)
 
         asyncio.run(main())
     gate.set()

@@ -59,7 +59,7 @@ pub struct Begin {
 ///
 /// Read from a request line, its ids borrow the line (no allocation for them per append);
 /// [`Append::into_owned`] detaches it.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Append<'a> {
     /// The run.
     pub run_id: Cow<'a, str>,
@@ -84,7 +84,7 @@ impl Append<'_> {
 }
 
 /// A `stream.append`'s events as read from the request.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub enum Events {
     /// Every event well formed, read straight from the request's text.
     Checked(Vec<Event>),

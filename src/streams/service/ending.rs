@@ -116,6 +116,19 @@ impl Streams {
                     }
                     run
                 }
+                Holder::Orphan(stream_id, cutoff) => {
+                    let run = st.runs.get_mut(run_id).ok_or(StreamError::NotActive)?;
+                    // Decided again under the lock: a producer that spoke since the sweep
+                    // looked (its append is acknowledged) holds the run.
+                    if run.stream_id != stream_id
+                        || run.ending
+                        || run.unattached_since.is_none_or(|t| t > cutoff)
+                    {
+                        return Err(StreamError::NotHolder { epoch: run.epoch });
+                    }
+                    detail["partial_message"] = super::orphans::partial_message(run);
+                    run
+                }
             };
             // From here until the state file is written (or not), nothing else touches the run.
             run.ending = true;
@@ -196,6 +209,9 @@ pub(super) enum Holder<'a> {
     Stream(&'a str),
     /// The daemon, for the run as it was held by this stream id.
     Daemon(&'a str),
+    /// The daemon ending an orphaned run: held by this stream id and unheld since this time
+    /// (Unix ms) or earlier, checked under the run's lock.
+    Orphan(&'a str, u64),
 }
 
 /// What the commit point writes beside the state: the run's head and its last events, owned

@@ -243,6 +243,11 @@ impl Streams {
         self.lock(run_id).runs.contains_key(run_id)
     }
 
+    /// The next seq memory's copy of the run expects, if memory has it.
+    pub fn next_seq(&self, run_id: &str) -> Option<u64> {
+        self.lock(run_id).runs.get(run_id).map(|r| r.next_seq)
+    }
+
     /// Queue a record of `run`, making its events so far durable with it.
     fn submit(&self, run: &mut Run, rec: &Record, answer: Value) -> Result<Ticket, StreamError> {
         let prepared = self.store.prepare(Out::Record(rec))?;

@@ -277,33 +277,28 @@ impl Streams {
         if let Some(shared) = self.shared() {
             self.load_orphans(shared, cutoff);
         }
-        let mut due: Vec<(String, String, Value)> = Vec::new();
+        let mut due: Vec<(String, String)> = Vec::new();
         self.runs.each(|st| {
-            for r in st.runs.values() {
-                if r.unattached_since.is_some_and(|t| t <= cutoff) && !r.ending {
-                    let mut partial = json!({"role": "assistant",
-                                             "content": r.acc.text_when_flushed()});
-                    let calls: Vec<Value> = r
-                        .acc
-                        .tool_calls()
-                        .iter()
-                        .map(|c| json!({"id": c.id, "name": c.name, "arguments": c.arguments}))
-                        .collect();
-                    if !calls.is_empty() {
-                        partial["tool_calls"] = Value::Array(calls);
-                    }
-                    due.push((r.run_id.to_string(), r.stream_id.clone(), partial));
-                }
-            }
+            due.extend(
+                st.runs
+                    .values()
+                    .filter(|r| r.unattached_since.is_some_and(|t| t <= cutoff) && !r.ending)
+                    .map(|r| (r.run_id.to_string(), r.stream_id.clone())),
+            )
         });
         let mut n = 0;
-        for (run_id, sid, partial) in due {
+        for (run_id, sid) in due {
             let detail = json!({
                 "reason": format!("producer_lost: no producer resumed the run within {} s",
                                   timeout.as_secs()),
-                "partial_message": partial,
             });
-            match self.end_with(&run_id, Holder::Daemon(&sid), ABANDONED, detail, false) {
+            match self.end_with(
+                &run_id,
+                Holder::Orphan(&sid, cutoff),
+                ABANDONED,
+                detail,
+                false,
+            ) {
                 Ok(_) => {
                     n += 1;
                     tracing::info!(run = %run_id, "ended a run whose producer was lost as abandoned");
@@ -319,6 +314,22 @@ impl Streams {
         }
         n
     }
+}
+
+/// What an abandoned run's state keeps of it: the text its subscribers were shown (the
+/// trimmer's decision foreseen, as a commit's) and its tool calls as streamed.
+pub(super) fn partial_message(run: &Run) -> Value {
+    let mut partial = json!({"role": "assistant", "content": run.acc.text_when_flushed()});
+    let calls: Vec<Value> = run
+        .acc
+        .calls
+        .iter()
+        .map(|c| json!({"id": c.id, "name": c.name, "arguments": c.arguments}))
+        .collect();
+    if !calls.is_empty() {
+        partial["tool_calls"] = Value::Array(calls);
+    }
+    partial
 }
 
 /// The status of a run ended because no producer came back.
