@@ -103,6 +103,8 @@ fn init_output_permissions_and_idempotence() {
     // Before init every command says there is no store, and how to make one.
     let o = env.run(&["cred", "list"], b"").code(3);
     assert!(o.stderr.contains("holdfast init"), "{o}");
+    // hive's own store is served by import, never by an init that makes an empty one.
+    assert!(o.stderr.contains("holdfast import --from-hive"), "{o}");
 
     let o = env.run(&["init"], b"").ok();
     let lines: Vec<&str> = o.stdout.lines().collect();
@@ -996,8 +998,24 @@ fn import_from_hive_serves_in_place_or_copies() {
         .ok();
     assert!(o.stdout.contains("3 would be copied"), "{o}");
     t.run(&["cred", "get", "openai"], b"").code(3);
+    // hive's modes again (serving it above tightened them): the copy tightens them and says
+    // so instead of calling hive's store unchanged.
+    for d in ["", "credentials", "metadata"] {
+        fs::set_permissions(base.join(d), fs::Permissions::from_mode(0o755)).unwrap();
+    }
     let o = t.run(&["import", "--from-hive", "--copy"], b"").ok();
     assert!(o.stdout.contains("copied 3 (3 new, 0 replaced)"), "{o}");
+    assert!(
+        o.stderr.contains("note:"),
+        "the tightened modes are named: {o}"
+    );
+    assert!(!o.stdout.contains("hive's store is unchanged"), "{o}");
+    assert!(
+        o.stdout.contains(
+            "hive's credentials are unchanged (only the modes named above were tightened)"
+        ),
+        "{o}"
+    );
     for (id, v) in [
         ("openai", "sk-1"),
         ("team/github", "ghp-2"),
@@ -1015,6 +1033,7 @@ fn import_from_hive_serves_in_place_or_copies() {
     t.set("slack", "mine");
     let o = t.run(&["import", "--from-hive", "--copy"], b"").ok();
     assert!(o.stdout.contains("differs    slack"), "{o}");
+    assert!(o.stdout.contains("hive's store is unchanged"), "{o}");
     assert!(o.stdout.contains("2 identical, 1 kept"), "{o}");
     assert_eq!(
         t.run(&["cred", "get", "slack"], b"").ok().stdout.trim(),

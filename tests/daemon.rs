@@ -278,6 +278,20 @@ fn every_method_once_with_its_result_shape() {
     assert_eq!(kind(&e), "not_found", "{e}");
     let e = c1.err("cred.get", json!({"id": "x", "store": "no-such-store"}));
     assert_eq!(kind(&e), "not_found", "unknown store: {e}");
+    let m = e["message"].as_str().unwrap_or_default();
+    assert!(
+        m.contains("holdfast --store no-such-store init") && m.contains("import --from-hive"),
+        "{e}"
+    );
+    // "hive" is where `import --from-hive` serves hive's store: never advise an empty one.
+    let e = c1.err("cred.get", json!({"id": "x", "store": "hive"}));
+    assert_eq!(kind(&e), "not_found", "unknown store: {e}");
+    let m = e["message"].as_str().unwrap_or_default();
+    assert!(
+        m.contains("holdfast import --from-hive") && m.contains("restart"),
+        "{e}"
+    );
+    assert!(!m.contains("init"), "{e}");
 
     // cred.list: ids and metadata, no secret value anywhere.
     let raw = c1.call("cred.list", json!({}));

@@ -1036,3 +1036,78 @@ fn requests_after_an_append_are_read_however_they_arrive() {
     );
     d.stop();
 }
+
+/// A subscription from past a run's end ends with the run's `finish` instead of holding its
+/// slot forever: at once for an ended run, when it ends for a live one, and a live run's
+/// events at or below `after_seq` are never sent.
+#[test]
+fn a_subscription_past_the_end_ends_with_the_finish() {
+    let mut env = DaemonEnv::new("");
+    let d = env.start();
+    let mut p = Conn::open(&d.socket);
+    let mut w = Conn::open(&d.socket);
+    let sid = p.ok("stream.begin", json!({"run_id": "past"}))["stream_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let text = |n: usize| {
+        (0..n)
+            .map(|_| json!({"type": "text", "text": "x"}))
+            .collect::<Vec<_>>()
+    };
+    p.ok(
+        "stream.append",
+        json!({"run_id": "past", "stream_id": sid, "seq": 1, "events": text(3)}),
+    );
+    // Live, from far past its end: the later events (seq 4..=8, all at or below 100) are
+    // not sent; the finish is, whatever its seq.
+    w.ok(
+        "stream.subscribe",
+        json!({"run_id": "past", "after_seq": 100}),
+    );
+    p.ok(
+        "stream.append",
+        json!({"run_id": "past", "stream_id": sid, "seq": 2, "events": text(5)}),
+    );
+    let end = p.ok(
+        "stream.commit",
+        json!({"run_id": "past", "stream_id": sid, "final_message": {"role": "assistant"},
+               "content_from_stream": true}),
+    );
+    let finish_seq = end["finish_seq"].as_u64().expect("finish_seq");
+    assert!(finish_seq <= 100, "{end}");
+    let ev = w
+        .next_event(Duration::from_secs(30))
+        .expect("the live subscription past the end got its finish when the run ended");
+    assert_eq!(ev["event"]["type"], "finish", "{ev}");
+    assert_eq!(ev["seq"].as_u64(), Some(finish_seq), "{ev}");
+    assert!(
+        w.next_event(Duration::from_millis(300)).is_none(),
+        "nothing after the finish"
+    );
+    // Ended: from its finish and from far past it, each of 16 subscriptions at once ends
+    // with the finish and frees its slot (a 17th, and 16 more, are not refused as busy).
+    for round in 0..2 {
+        for i in 0..16u64 {
+            let after = if i % 2 == 0 {
+                finish_seq
+            } else {
+                1_000_000 + i
+            };
+            w.ok(
+                "stream.subscribe",
+                json!({"run_id": "past", "after_seq": after}),
+            );
+            let ev = w
+                .next_event(Duration::from_secs(30))
+                .expect("an ended run's subscription past its end gets the finish at once");
+            assert_eq!(ev["event"]["type"], "finish", "round {round}, {ev}");
+            assert_eq!(ev["event"]["status"], "committed", "{ev}");
+        }
+    }
+    println!(
+        "past the end: 1 live subscription (after_seq 100, 5 later events withheld) and 32 on \
+         the ended run each ended with the finish (seq {finish_seq})"
+    );
+    d.stop();
+}

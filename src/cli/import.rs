@@ -249,8 +249,15 @@ fn copy(g: &Global, a: &ImportArgs, source: &CredentialStore) -> CliResult {
                 count(Outcome::Differs)
             )
         } else {
+            // Opening hive's store may have tightened its modes (said above, on stderr): then
+            // its contents are unchanged, not the store.
+            let hive_side = if source.permission_fixes().is_empty() {
+                "hive's store is unchanged"
+            } else {
+                "hive's credentials are unchanged (only the modes named above were tightened)"
+            };
             format!(
-                "copied {} ({new} new, {replaced} replaced); {} identical, {} kept as they were; hive's store is unchanged",
+                "copied {} ({new} new, {replaced} replaced); {} identical, {} kept as they were; {hive_side}",
                 new + replaced,
                 count(Outcome::Same),
                 count(Outcome::Differs)

@@ -213,16 +213,27 @@ pub(super) async fn store_of(
     };
     let Some(slot) = slot else {
         let known: Vec<String> = daemon.stores().into_iter().map(|(n, _)| n).collect();
+        let known = if known.is_empty() {
+            "none".into()
+        } else {
+            known.join(", ")
+        };
+        // "hive" is the name `import --from-hive` serves hive's own store under: an `init`
+        // there would make a second, empty store beside it.
+        let advice = if name == "hive" {
+            "to serve hive's own store under this name, run `holdfast import --from-hive`, \
+             then restart the daemon"
+                .to_owned()
+        } else {
+            format!(
+                "create it with `holdfast --store {name} init`, or serve an existing hive store \
+                 under this name with `holdfast import --from-hive DIR --name {name}` and a \
+                 daemon restart"
+            )
+        };
         return Err(RpcError::new(
             ErrorKind::NotFound,
-            format!(
-                "no store {name:?} (stores: {}); create it with `holdfast --store {name} init`",
-                if known.is_empty() {
-                    "none".into()
-                } else {
-                    known.join(", ")
-                }
-            ),
+            format!("no store {name:?} (stores: {known}); {advice}"),
         ));
     };
     match &slot.store {

@@ -329,6 +329,16 @@ async fn feed(
         .unwrap_or(Err(StreamError::NotActive))
 }
 
+/// Whether a stored event is a run's `finish`.
+fn is_finish(event: &crate::streams::EventJson) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Kind<'a> {
+        #[serde(borrow, rename = "type")]
+        kind: &'a str,
+    }
+    serde_json::from_str::<Kind>(event.get()).is_ok_and(|k| k.kind == "finish")
+}
+
 /// Forward a run's events to this connection until `finish` (or the connection ends).
 async fn subscribe(
     s: &Arc<Streams>,
@@ -365,7 +375,13 @@ async fn subscribe(
                 }
                 Some(Next::Closed) | None => break,
             };
-            last = seq;
+            // Only events after the seq the client asked from: a live run subscribed past its
+            // end pushes its later events too. Its `finish` always goes out: it is what ends
+            // the subscription for the client, whatever seq it carries.
+            if seq <= last && !is_finish(&event) {
+                continue;
+            }
+            last = last.max(seq);
             // The event's JSON is written as stored (serialized once, when it was published);
             // `finish` is followed by `Closed`, which ends the loop.
             let line = protocol::notification_of(&EventNote {

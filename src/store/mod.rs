@@ -248,7 +248,7 @@ pub enum Error {
     #[error(transparent)]
     Identity(#[from] identity::IdentityError),
     /// There is no store at the path.
-    #[error("no store at {}: run `holdfast init` (or pass --store-dir for an existing hive store)", .0.display())]
+    #[error("no store at {}: `holdfast init` makes a new, empty one there; to serve hive's own store instead, run `holdfast import --from-hive` (or pass --store-dir for another existing store)", .0.display())]
     NoStore(PathBuf),
     /// The operation needs a mode or source the store was not opened with.
     #[error("{0}")]

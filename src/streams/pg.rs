@@ -433,15 +433,13 @@ impl SharedStore for PgStore {
             None => return Err(StreamError::NoSuchRun),
             Some((true, state)) => {
                 // Ended: only its finish, as on the file backend (a refreshed page must not
-                // replay the answer; it reads the final message).
+                // replay the answer; it reads the final message), whatever `after_seq` is.
                 let state: Value = state
                     .and_then(|s| serde_json::from_str(&s).ok())
                     .unwrap_or(Value::Null);
                 let seq = state["finish_seq"].as_u64().unwrap_or(0);
-                if seq > after_seq {
-                    let finish = json!({"type": "finish", "status": state["status"]});
-                    tx.push_uncapped(seq, &super::run::event_json(&finish));
-                }
+                let finish = json!({"type": "finish", "status": state["status"]});
+                tx.push_uncapped(seq, &super::run::event_json(&finish));
             }
             Some((false, _)) => {
                 let wake = self.wakes.register(run_id);
@@ -594,8 +592,9 @@ async fn follower(db: Arc<Db>, run: String, after_seq: u64, tx: FeedTx, wake: Ar
             let rows = match last_pos {
                 None => {
                     c.query(
+                        // The finish even at or below `after_seq`: it ends the subscription.
                         "SELECT pos, seq, finish, body FROM hf_stream_events
-                         WHERE run_id = $1 AND seq > $2 ORDER BY pos LIMIT $3",
+                         WHERE run_id = $1 AND (seq > $2 OR finish) ORDER BY pos LIMIT $3",
                         &[&run, &(after_seq as i64), &FOLLOW_PAGE],
                     )
                     .await?

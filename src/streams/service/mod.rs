@@ -641,13 +641,12 @@ impl Streams {
             run.subscribers.push(tx);
             return Ok(rx);
         }
-        // Not active (or it ended while its events were read): its finish, if it has one.
+        // Not active (or it ended while its events were read): its finish, whatever
+        // `after_seq` is (a subscription past the end ends at once instead of waiting forever).
         let state = self.read_state(run_id)?.ok_or(StreamError::NoSuchRun)?;
         let seq = state["finish_seq"].as_u64().unwrap_or(0);
-        if seq > after_seq {
-            let finish = json!({"type": "finish", "status": state["status"]});
-            tx.push_uncapped(seq, &event_json(&finish));
-        }
+        let finish = json!({"type": "finish", "status": state["status"]});
+        tx.push_uncapped(seq, &event_json(&finish));
         Ok(rx)
     }
 
