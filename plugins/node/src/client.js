@@ -55,28 +55,54 @@ function checkSocketOwner(path) {
   }
 }
 
-/** A credential as the daemon returned it. `inspect` (console.log) hides the secret values;
- * `credential` holds them for the code that needs them. */
+/** A credential as the daemon returned it. Its secret values never serialize: `JSON.stringify`
+ * (what structured loggers call), `util.inspect` / `console.log`, `String()`, object spread and
+ * `structuredClone` show the id, generation, type and key names only. The values are given on
+ * explicit access: `value(name)`, or the whole document as `credential` (which is the daemon's
+ * plain JSON: do not log that). */
 export class CredentialRecord {
+  #credential;
+
   constructor(credential, generation) {
-    this.credential = credential;
+    this.#credential = credential;
     this.generation = generation;
   }
 
+  /** The credential document with its values (explicit access; a plain object). */
+  get credential() {
+    return this.#credential;
+  }
+
   get id() {
-    return this.credential?.id;
+    return this.#credential?.id;
+  }
+
+  /** The names of its keys (never their values). */
+  get keyNames() {
+    return Object.keys(this.#credential?.keys ?? {});
   }
 
   /** The value of key `name` (default `api_key`, else the only key), or undefined. */
   value(name) {
-    const keys = this.credential?.keys ?? {};
+    const keys = this.#credential?.keys ?? {};
     const k = name ?? (Object.hasOwn(keys, 'api_key') ? 'api_key' : Object.keys(keys)[0]);
     return keys[k]?.value;
   }
 
+  /** What a logger writes: no value. */
+  toJSON() {
+    const out = { id: this.id, generation: this.generation, keys: this.keyNames, values: 'hidden' };
+    const type = this.#credential?.credential_type;
+    if (type !== undefined) out.credential_type = type;
+    return out;
+  }
+
+  toString() {
+    return `CredentialRecord(${this.id}, generation ${this.generation}, values hidden)`;
+  }
+
   [inspect.custom]() {
-    const keys = Object.keys(this.credential?.keys ?? {});
-    return `CredentialRecord { id: ${inspect(this.id)}, generation: ${this.generation}, keys: ${inspect(keys)} (values hidden) }`;
+    return `CredentialRecord { id: ${inspect(this.id)}, generation: ${this.generation}, keys: ${inspect(this.keyNames)} (values hidden) }`;
   }
 }
 

@@ -34,6 +34,19 @@ test('hello, credentials, and a typed error for each failure', async (t) => {
   assert.equal(rec.value(), SECRET);
   assert.ok(!inspect(rec).includes(SECRET), 'console.log of a credential hides its values');
   assert.ok(inspect(rec).includes('api_key'));
+  // What loggers write (pino/winston call JSON.stringify; others spread or clone the object):
+  // never the value. The value is there on explicit access only.
+  const shown = {
+    json: JSON.stringify(rec), nested: JSON.stringify({ msg: 'got it', rec, list: [rec] }),
+    inspect: inspect(rec, { showHidden: true, depth: null, getters: true }),
+    nestedInspect: inspect({ rec }, { showHidden: true, depth: null }), string: String(rec),
+    template: `${rec}`, spread: JSON.stringify({ ...rec }), clone: JSON.stringify(structuredClone(rec)),
+    keys: JSON.stringify(Object.entries(rec)),
+  };
+  for (const [how, text] of Object.entries(shown)) assert.ok(!text.includes(SECRET), `the secret serialized through ${how}: ${text}`);
+  assert.deepEqual(JSON.parse(shown.json), { id: 'openai', generation: 1, keys: ['api_key'], values: 'hidden', credential_type: 'api_key' });
+  assert.equal(rec.credential.keys.api_key.value, SECRET, 'explicit access gives the value');
+  assert.deepEqual(rec.keyNames, ['api_key']);
   assert.equal(await c.exists('openai'), true);
   assert.deepEqual((await c.list()).map((x) => x.id), ['openai']);
   assert.ok(!JSON.stringify(await c.list()).includes(SECRET), 'cred.list has no values');

@@ -70,12 +70,20 @@ export interface Credential {
   keys: Record<string, CredentialKey>;
   [field: string]: unknown;
 }
+/** A credential as the daemon returned it. Its values never serialize (`JSON.stringify`,
+ * `util.inspect`, `String()`, spread, `structuredClone` show id, generation, type and key names
+ * only); `value()` and `credential` give them on explicit access. */
 export class CredentialRecord {
-  credential: Credential;
+  /** The document with its values (explicit access: a plain object, do not log it). */
+  readonly credential: Credential;
   generation: number;
   readonly id: string;
+  /** The names of its keys (never their values). */
+  readonly keyNames: string[];
   /** The value of key `name` (default `api_key`, else the only key). */
   value(name?: string): string | undefined;
+  /** What `JSON.stringify` writes: no value. */
+  toJSON(): { id: string; generation: number; keys: string[]; values: 'hidden'; credential_type?: string };
 }
 export interface CredentialSummary {
   id: string;

@@ -9,6 +9,9 @@ async function main(): Promise<void> {
   const client = await Client.connect({ client: 'types' });
   const rec = await client.get('openai');
   const key: string | undefined = rec.value();
+  const logged: { keys: string[]; values: 'hidden' } = rec.toJSON();
+  const names: string[] = rec.keyNames;
+  console.log(logged, names);
   const p = await StreamProducer.begin(client, 'run-1', { model: 'm' });
   const acked: number = await p.text('hi');
   const plan = await p.interrupt({ status: 529, message: 'overloaded' });
