@@ -8,6 +8,7 @@
 // events back into UI message chunks, from the start (the AI SDK's `resumeStreamIsReplay`:
 // a reconnecting `useChat` rebuilds the message from the first chunk).
 import { NotFound } from './errors.js';
+import { followRun } from './fanout.js';
 import { iterate } from './iterate.js';
 import { StreamProducer } from './producer.js';
 import { ENDED } from './sse.js';
@@ -146,7 +147,8 @@ export async function uiMessageChunks(client, runId, { sse = false, messageId = 
     async pull(controller) {
       try {
         if (!sub) {
-          sub = await client.subscribeStream(runId, 0);
+          // Shared with every other reader of the run on this client (fanout.js).
+          sub = followRun(client, runId, 0);
           iter = sub[Symbol.asyncIterator]();
         }
         for (;;) {

@@ -138,12 +138,15 @@ export class Subscription {
   _push(ev) {
     if (this.done) return;
     if (this.kind === 'stream') {
+      const finish = ev.event?.type === 'finish';
       if (typeof ev.seq === 'number') {
-        if (ev.seq <= this.lastSeq) return; // seen before a reconnection: never twice
-        this.lastSeq = ev.seq;
+        // Seen before a reconnection: never twice. A finish always ends it, even one at or
+        // before the position asked for (a subscription after the run's end gets its finish).
+        if (ev.seq <= this.lastSeq && !finish) return;
+        this.lastSeq = Math.max(this.lastSeq, ev.seq);
       }
       this._deliver(ev);
-      if (ev.event?.type === 'finish') this._end(null);
+      if (finish) this._end(null);
       return;
     }
     if (this.queue.length >= this.maxQueued) {
@@ -264,6 +267,7 @@ export class Client {
     this._connecting = null;
     this._nextId = 1;
     this._subs = new Set(); // every open Subscription
+    this._siblings = new Set(); // further connections for shared run subscriptions (fanout.js)
   }
 
   _connected() {
@@ -498,10 +502,30 @@ export class Client {
     }
   }
 
+  /** A further connection with this client's options (more subscription slots: the daemon
+   * allows 16 per connection); closed with this one. */
+  async _sibling() {
+    const c = new Client({
+      socketPath: this.socketPath, client: this.clientName, plugin: this.plugin,
+      timeoutMs: this.timeoutMs, reconnect: this.reconnect, reconnectTimeoutMs: this.reconnectTimeoutMs,
+    });
+    this._siblings.add(c);
+    const close = c.close.bind(c);
+    c.close = () => { this._siblings.delete(c); close(); };
+    try {
+      await c._ensure();
+    } catch (e) {
+      c.close();
+      throw e;
+    }
+    return c;
+  }
+
   /** Close the connection; calls in flight fail with `ConnectionClosed`, subscriptions end. */
   close() {
     if (this.closed) return;
     this.closed = true;
+    for (const c of [...this._siblings]) c.close();
     for (const sub of [...this._subs]) sub._end(null);
     if (this._conn) this._conn.sock.destroy();
     this._conn = null;

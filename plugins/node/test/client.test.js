@@ -285,3 +285,30 @@ test('scrubbing keeps parameter names and the caller\'s own run id (issue 36, on
     return true;
   });
 });
+
+test('a stream subscription after the end of its run ends with the finish (ended run at once, live run when it ends)', async (t) => {
+  const d = await withDaemon(t);
+  const c = await d.client();
+  t.after(() => c.close());
+  const p = await StreamProducer.begin(c, 'run-end');
+  await p.text('a');
+  const end = await p.commit({ role: 'assistant' });
+  const collect = async (sub) => {
+    const out = [];
+    for await (const ev of sub) out.push(ev);
+    return out;
+  };
+  const bound = (promise, what) => Promise.race([promise, new Promise((_, rej) => setTimeout(() => rej(new Error(`${what}: no end within 20 s`)), 20_000).unref())]);
+  for (const after of [end.finish_seq, end.finish_seq + 10]) {
+    const evs = await bound(collect(await c.subscribeStream('run-end', after)), `ended run after ${after}`);
+    assert.deepEqual(evs.map((e) => [e.seq, e.event.type, e.event.status]), [[end.finish_seq, 'finish', 'committed']], `after ${after}`);
+  }
+  // Live: after a seq past its end, the subscription ends with the run (the daemon's side).
+  const q = await StreamProducer.begin(c, 'run-live-end');
+  await q.text('b');
+  const live = collect(await c.subscribeStream('run-live-end', 30));
+  await q.text('c');
+  const qend = await q.commit({ role: 'assistant' });
+  const evs = await bound(live, 'live run after 30');
+  assert.deepEqual(evs.map((e) => [e.seq, e.event.type]), [[qend.finish_seq, 'finish']]);
+});

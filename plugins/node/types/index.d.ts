@@ -304,3 +304,25 @@ export function sseMessage(event: string, data: unknown, id?: number | string): 
 export function lastEventId(req: Req): number;
 export const SSE_HEADERS: Readonly<Record<string, string>>;
 export const ENDED: ReadonlySet<string>;
+
+/** An event of a run as a viewer of the shared subscription gets it; the `finish` carries
+ * `complete`: false when this viewer was not given every event before it (show the stored
+ * final message then). */
+export interface ViewedEvent extends StreamEvent {
+  complete?: boolean;
+}
+/** One viewer of a run on the client's shared subscription of it (`followRun`). */
+export class RunViewer implements AsyncIterableIterator<ViewedEvent> {
+  readonly runId: string;
+  /** The last seq given to this viewer. */
+  readonly lastSeq: number;
+  next(): Promise<IteratorResult<ViewedEvent>>;
+  return(): Promise<IteratorResult<ViewedEvent>>;
+  /** Stop following; the shared subscription ends with its last viewer. */
+  close(): Promise<boolean>;
+  [Symbol.asyncIterator](): AsyncIterableIterator<ViewedEvent>;
+}
+/** Follow run `runId` after `afterSeq`: every viewer of a run on one client shares one daemon
+ * subscription (runs past the connection's 16 use further connections of the client). */
+export function followRun(client: Client, runId: string, afterSeq?: number): RunViewer;
+export function followStats(client: Client): { runs: number; viewers: number; connections: number };
