@@ -33,6 +33,8 @@ async function main(): Promise<void> {
   const s: ReadableStream<string> | null | undefined = await ctx.resumeExistingStream('run-1');
   const r = await persistUIMessageStream(client, 'run-2', [{ type: 'text-delta', id: 't', delta: 'x' }]);
   const m = await finalUIMessage(client, 'run-2');
+  const first: string | undefined = m?.parts[0]?.type;
+  console.log(first);
   console.log(key, acked, seq, s, r.status, m?.parts.length, UI_MESSAGE_STREAM_HEADERS['content-type']);
 }
 void main();
