@@ -5,7 +5,10 @@
 // back with its Last-Event-ID, is served from this history, then live). Runs past 16 at once
 // go to further connections of the same client (made and closed as needed), so no viewer is
 // refused for want of a slot.
-import { Busy } from './errors.js';
+import { Busy, CallTimeout } from './errors.js';
+
+/** The daemon's 'no free subscription slot' (a call timeout is a Busy too, but not that). */
+const full = (e) => e instanceof Busy && !(e instanceof CallTimeout);
 
 const HUBS = new WeakMap(); // Client -> Hub
 
@@ -58,7 +61,7 @@ class Hub {
     try {
       return { sub: await this.client.subscribeStream(runId, 0), conn: null };
     } catch (e) {
-      if (!(e instanceof Busy)) throw e;
+      if (!full(e)) throw e;
     }
     for (const conn of this.extra) {
       if (conn.client.closed) continue;
@@ -67,7 +70,7 @@ class Hub {
         conn.subs += 1;
         return { sub, conn };
       } catch (e) {
-        if (!(e instanceof Busy)) throw e;
+        if (!full(e)) throw e;
       }
     }
     if (this.client.closed) throw new Busy('the client is closed');
