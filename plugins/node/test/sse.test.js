@@ -241,3 +241,23 @@ test('a Last-Event-ID past the end of a live run: held until the run ends, then 
   assert.deepEqual(later.events.map((e) => e.event), ['final']);
   assert.equal((await readSse(`${base}/runs/run-past/events`, { headers: { 'last-event-id': String(end.finish_seq) } })).status, 204);
 });
+
+test('a viewer the server cannot serve gets an error event before its response ends (never a silent empty 200)', async (t) => {
+  const d = await withDaemon(t);
+  const c = await d.client({ reconnectTimeoutMs: 1500 });
+  t.after(() => c.close());
+  const base = await serve(t, c, { heartbeatMs: 60_000 });
+  const p = await StreamProducer.begin(c, 'run-gone');
+  await p.text('first ');
+  let got = 0;
+  const r = readSse(`${base}/runs/run-gone/events`, { timeoutMs: 60_000, until: (ps) => { got = ps.events.length; return false; } });
+  await until(() => got === 1, 20_000, 'the viewer has the first event');
+  await d.stop(); // the daemon goes away for longer than the client's reconnect timeout
+  const res = await r;
+  assert.equal(res.ended, true, 'the response ended');
+  assert.deepEqual(res.events.map((e) => e.event), ['text', 'error']);
+  const err = JSON.parse(res.events[1].data);
+  assert.equal(typeof err.message, 'string');
+  assert.ok(err.message.length > 0);
+  console.log(`daemon gone: the viewer got an error event (${err.kind}: ${err.message})`);
+});
