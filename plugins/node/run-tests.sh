@@ -48,8 +48,13 @@ fi
 export HOLDFAST_BIN
 
 if [ -x node_modules/.bin/tsc ]; then
-  echo "== tsc: the .d.ts files as a user's strict TypeScript sees them" >&2
-  node_modules/.bin/tsc -p test/types/tsconfig.json
+  echo "== tsc --strict: the .d.ts files as a user's strict TypeScript sees them" >&2
+  # --strict on the command line too: the check cannot lose it to an edited tsconfig. Any error
+  # fails the run (test/types.test.js checks that a strict-only error is one).
+  if ! node_modules/.bin/tsc --strict --noEmit -p test/types/tsconfig.json; then
+    say "FAILED: tsc --strict on test/types (the .d.ts files)"
+    exit 1
+  fi
 else
   say "SKIPPED: the type check (typescript is not installed)"
 fi

@@ -8,6 +8,7 @@
 // events back into UI message chunks, from the start (the AI SDK's `resumeStreamIsReplay`:
 // a reconnecting `useChat` rebuilds the message from the first chunk).
 import { NotFound } from './errors.js';
+import { followRun } from './fanout.js';
 import { iterate } from './iterate.js';
 import { StreamProducer } from './producer.js';
 import { ENDED } from './sse.js';
@@ -146,7 +147,8 @@ export async function uiMessageChunks(client, runId, { sse = false, messageId = 
     async pull(controller) {
       try {
         if (!sub) {
-          sub = await client.subscribeStream(runId, 0);
+          // Shared with every other reader of the run on this client (fanout.js).
+          sub = followRun(client, runId, 0);
           iter = sub[Symbol.asyncIterator]();
         }
         for (;;) {
@@ -180,6 +182,133 @@ export async function uiMessageChunks(client, runId, { sse = false, messageId = 
       return sub?.close();
     },
   }, { highWaterMark: 0 });
+}
+
+/**
+ * The shape of the message the AI SDK's `readUIMessageStream` builds from a UI message stream —
+ * its parts in order (step starts, each text part, each tool part as `tool-<name>` or
+ * `dynamic-tool` with its state, input and output) — kept beside the final message so that
+ * `finalUIMessage` gives the page the message it showed live. The text itself is not repeated:
+ * `text` lists the runs of deltas as `[part index, characters]`, in the order the deltas came,
+ * and their concatenation is the stored `content`.
+ */
+class UIMessageLayout {
+  constructor() {
+    this.parts = [];
+    this.text = []; // [[part index, chars], ...]
+    this.activeText = new Map(); // text id -> part index
+    this.tools = new Map(); // toolCallId -> part index
+  }
+
+  handle(chunk) {
+    switch (chunk.type) {
+      case 'start-step':
+        this.parts.push({ type: 'step-start' });
+        return true;
+      case 'text-start': {
+        this.activeText.set(chunk.id, this.parts.length);
+        this.parts.push({ type: 'text', state: 'streaming', providerMetadata: chunk.providerMetadata });
+        return true;
+      }
+      case 'text-delta': {
+        const i = this.activeText.get(chunk.id);
+        if (i === undefined) return true;
+        const part = this.parts[i];
+        if (chunk.providerMetadata !== undefined) part.providerMetadata = chunk.providerMetadata;
+        const n = typeof chunk.delta === 'string' ? chunk.delta.length : 0;
+        if (n === 0) return true;
+        const last = this.text[this.text.length - 1];
+        if (last && last[0] === i) last[1] += n;
+        else this.text.push([i, n]);
+        return true;
+      }
+      case 'text-end': {
+        const i = this.activeText.get(chunk.id);
+        if (i === undefined) return true;
+        const part = this.parts[i];
+        part.state = 'done';
+        if (chunk.citations != null) part.citations = chunk.citations;
+        if (chunk.providerMetadata !== undefined) part.providerMetadata = chunk.providerMetadata;
+        this.activeText.delete(chunk.id);
+        return true;
+      }
+      case 'tool-input-start':
+        this._tool(chunk, 'input-streaming', { input: undefined, inputEncoding: chunk.inputEncoding }, true);
+        return true;
+      case 'tool-input-delta':
+        return true; // the input is whole at tool-input-available
+      case 'tool-input-available':
+        this._tool(chunk, 'input-available', { input: chunk.input }, true);
+        return true;
+      case 'tool-input-error':
+        this._tool(chunk, 'output-error', { input: chunk.input, errorText: chunk.errorText }, true);
+        return true;
+      case 'tool-output-available': {
+        const part = this.parts[this.tools.get(chunk.toolCallId)];
+        if (!part) return true;
+        this._tool(chunk, 'output-available', { input: part.input, output: chunk.output, preliminary: chunk.preliminary }, false);
+        return true;
+      }
+      case 'tool-output-error': {
+        const part = this.parts[this.tools.get(chunk.toolCallId)];
+        if (!part) return true;
+        this._tool(chunk, 'output-error', { input: part.input, errorText: chunk.errorText }, false);
+        return true;
+      }
+      default:
+        return false;
+    }
+  }
+
+  /** The SDK's updateToolPart / updateDynamicToolPart, for the fields a stored message keeps. */
+  _tool(chunk, state, fields, call) {
+    const i = this.tools.get(chunk.toolCallId);
+    let part = i === undefined ? null : this.parts[i];
+    const meta = chunk.providerMetadata;
+    const output = state === 'output-available' || state === 'output-error';
+    if (!part) {
+      const dynamic = Boolean(chunk.dynamic);
+      part = dynamic
+        ? { type: 'dynamic-tool', toolName: chunk.toolName, toolCallId: chunk.toolCallId }
+        : { type: `tool-${chunk.toolName}`, toolCallId: chunk.toolCallId };
+      part.title = chunk.title;
+      this.tools.set(chunk.toolCallId, this.parts.length);
+      this.parts.push(part);
+    } else if (call && chunk.toolName !== undefined) {
+      if (part.type === 'dynamic-tool') part.toolName = chunk.toolName;
+      else part.type = `tool-${chunk.toolName}`;
+    }
+    part.state = state;
+    part.input = fields.input;
+    part.output = fields.output;
+    part.errorText = fields.errorText;
+    if (fields.inputEncoding != null) part.inputEncoding = fields.inputEncoding;
+    else delete part.inputEncoding;
+    part.preliminary = fields.preliminary;
+    if (chunk.title !== undefined) part.title = chunk.title;
+    if (chunk.toolMetadata !== undefined) part.toolMetadata = chunk.toolMetadata;
+    part.providerExecuted = chunk.providerExecuted ?? part.providerExecuted;
+    if (meta != null) {
+      if (output) part.resultProviderMetadata = meta;
+      else part.callProviderMetadata = meta;
+    }
+  }
+
+  /** What is stored in the final message (JSON: fields left undefined are dropped). */
+  toJSON() {
+    return { parts: this.parts, text: this.text };
+  }
+}
+
+/** The UI message parts from a stored layout and the message's content. */
+function partsFromLayout(layout, content) {
+  const parts = layout.parts.map((p) => (p && p.type === 'text' ? { ...p, text: '' } : { ...p }));
+  let pos = 0;
+  for (const [i, n] of layout.text) {
+    if (parts[i]?.type === 'text') parts[i].text += content.slice(pos, pos + n);
+    pos += n;
+  }
+  return parts;
 }
 
 const STALLED = Symbol('stalled');
@@ -239,8 +368,10 @@ export async function persistUIMessageStream(client, runId, stream, { threadId, 
   const pending = [];
   const put = (ev) => { pending.push(p.append(ev)); };
 
+  const layout = new UIMessageLayout();
   const handle = (chunk) => {
     if (chunk === null || typeof chunk !== 'object' || status) return;
+    const shaped = layout.handle(chunk);
     switch (chunk.type) {
       case 'start':
         if (typeof chunk.messageId === 'string') messageId = chunk.messageId;
@@ -280,7 +411,7 @@ export async function persistUIMessageStream(client, runId, stream, { threadId, 
         reason = 'error';
         break;
       default:
-        if (!STRUCTURAL.has(chunk.type)) skipped[chunk.type] = (skipped[chunk.type] ?? 0) + 1;
+        if (!STRUCTURAL.has(chunk.type) && !shaped) skipped[chunk.type] = (skipped[chunk.type] ?? 0) + 1;
     }
   };
 
@@ -328,6 +459,8 @@ export async function persistUIMessageStream(client, runId, stream, { threadId, 
       .map(([id, t]) => ({ id, name: t.name, arguments: t.input }));
     const message = { role: 'assistant', id: messageId };
     if (toolCalls.length) message.tool_calls = toolCalls;
+    // The UI message's shape (parts in order, tool outputs), for finalUIMessage.
+    message.ui = JSON.parse(JSON.stringify(layout));
     end = await p.commit(message, { contentFromStream: true });
   } else {
     end = await p.abort(reason);
@@ -335,8 +468,13 @@ export async function persistUIMessageStream(client, runId, stream, { threadId, 
   return { status: end.status, runId, events: p.events, appends: p.appends, skipped };
 }
 
-/** The stored final message of a committed run as an AI SDK `UIMessage` (text and tool-call
- * parts), or null while the run is not committed. */
+/** The stored final message of a committed run as an AI SDK `UIMessage`, or null while the
+ * run is not committed. A run kept by `persistUIMessageStream` gives the message the AI SDK's
+ * `readUIMessageStream` built from the live stream (its parts in order: step starts, text parts,
+ * `tool-<name>` / `dynamic-tool` parts with their state, input and output), so a `useChat`
+ * page shows history as it showed the live answer; reasoning, sources, files and data parts are
+ * not kept. Any other committed run: one text part (its content) and its tool calls as
+ * `tool-<name>` parts with state `input-available`. */
 export async function finalUIMessage(client, runId) {
   let state;
   try {
@@ -347,12 +485,15 @@ export async function finalUIMessage(client, runId) {
   }
   if (state.status !== 'committed') return null;
   const m = state.final_message ?? {};
-  const parts = [{ type: 'step-start' }];
-  if (typeof m.content === 'string' && m.content) parts.push({ type: 'text', text: m.content, state: 'done' });
-  for (const call of Array.isArray(m.tool_calls) ? m.tool_calls : []) {
-    parts.push({
-      type: 'dynamic-tool', toolName: call.name, toolCallId: call.id, state: 'input-available', input: call.arguments,
-    });
+  const content = typeof m.content === 'string' ? m.content : '';
+  const id = typeof m.id === 'string' ? m.id : runId;
+  if (m.ui && Array.isArray(m.ui.parts) && Array.isArray(m.ui.text)) {
+    return { id, role: 'assistant', parts: partsFromLayout(m.ui, content) };
   }
-  return { id: typeof m.id === 'string' ? m.id : runId, role: 'assistant', parts };
+  const parts = [{ type: 'step-start' }];
+  if (content) parts.push({ type: 'text', text: content, state: 'done' });
+  for (const call of Array.isArray(m.tool_calls) ? m.tool_calls : []) {
+    parts.push({ type: `tool-${call.name}`, toolCallId: call.id, state: 'input-available', input: call.arguments });
+  }
+  return { id, role: 'assistant', parts };
 }

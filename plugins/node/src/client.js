@@ -55,28 +55,54 @@ function checkSocketOwner(path) {
   }
 }
 
-/** A credential as the daemon returned it. `inspect` (console.log) hides the secret values;
- * `credential` holds them for the code that needs them. */
+/** A credential as the daemon returned it. Its secret values never serialize: `JSON.stringify`
+ * (what structured loggers call), `util.inspect` / `console.log`, `String()`, object spread and
+ * `structuredClone` show the id, generation, type and key names only. The values are given on
+ * explicit access: `value(name)`, or the whole document as `credential` (which is the daemon's
+ * plain JSON: do not log that). */
 export class CredentialRecord {
+  #credential;
+
   constructor(credential, generation) {
-    this.credential = credential;
+    this.#credential = credential;
     this.generation = generation;
   }
 
+  /** The credential document with its values (explicit access; a plain object). */
+  get credential() {
+    return this.#credential;
+  }
+
   get id() {
-    return this.credential?.id;
+    return this.#credential?.id;
+  }
+
+  /** The names of its keys (never their values). */
+  get keyNames() {
+    return Object.keys(this.#credential?.keys ?? {});
   }
 
   /** The value of key `name` (default `api_key`, else the only key), or undefined. */
   value(name) {
-    const keys = this.credential?.keys ?? {};
+    const keys = this.#credential?.keys ?? {};
     const k = name ?? (Object.hasOwn(keys, 'api_key') ? 'api_key' : Object.keys(keys)[0]);
     return keys[k]?.value;
   }
 
+  /** What a logger writes: no value. */
+  toJSON() {
+    const out = { id: this.id, generation: this.generation, keys: this.keyNames, values: 'hidden' };
+    const type = this.#credential?.credential_type;
+    if (type !== undefined) out.credential_type = type;
+    return out;
+  }
+
+  toString() {
+    return `CredentialRecord(${this.id}, generation ${this.generation}, values hidden)`;
+  }
+
   [inspect.custom]() {
-    const keys = Object.keys(this.credential?.keys ?? {});
-    return `CredentialRecord { id: ${inspect(this.id)}, generation: ${this.generation}, keys: ${inspect(keys)} (values hidden) }`;
+    return `CredentialRecord { id: ${inspect(this.id)}, generation: ${this.generation}, keys: ${inspect(this.keyNames)} (values hidden) }`;
   }
 }
 
@@ -112,12 +138,15 @@ export class Subscription {
   _push(ev) {
     if (this.done) return;
     if (this.kind === 'stream') {
+      const finish = ev.event?.type === 'finish';
       if (typeof ev.seq === 'number') {
-        if (ev.seq <= this.lastSeq) return; // seen before a reconnection: never twice
-        this.lastSeq = ev.seq;
+        // Seen before a reconnection: never twice. A finish always ends it, even one at or
+        // before the position asked for (a subscription after the run's end gets its finish).
+        if (ev.seq <= this.lastSeq && !finish) return;
+        this.lastSeq = Math.max(this.lastSeq, ev.seq);
       }
       this._deliver(ev);
-      if (ev.event?.type === 'finish') this._end(null);
+      if (finish) this._end(null);
       return;
     }
     if (this.queue.length >= this.maxQueued) {
@@ -238,6 +267,7 @@ export class Client {
     this._connecting = null;
     this._nextId = 1;
     this._subs = new Set(); // every open Subscription
+    this._siblings = new Set(); // further connections for shared run subscriptions (fanout.js)
   }
 
   _connected() {
@@ -472,10 +502,30 @@ export class Client {
     }
   }
 
+  /** A further connection with this client's options (more subscription slots: the daemon
+   * allows 16 per connection); closed with this one. */
+  async _sibling() {
+    const c = new Client({
+      socketPath: this.socketPath, client: this.clientName, plugin: this.plugin,
+      timeoutMs: this.timeoutMs, reconnect: this.reconnect, reconnectTimeoutMs: this.reconnectTimeoutMs,
+    });
+    this._siblings.add(c);
+    const close = c.close.bind(c);
+    c.close = () => { this._siblings.delete(c); close(); };
+    try {
+      await c._ensure();
+    } catch (e) {
+      c.close();
+      throw e;
+    }
+    return c;
+  }
+
   /** Close the connection; calls in flight fail with `ConnectionClosed`, subscriptions end. */
   close() {
     if (this.closed) return;
     this.closed = true;
+    for (const c of [...this._siblings]) c.close();
     for (const sub of [...this._subs]) sub._end(null);
     if (this._conn) this._conn.sock.destroy();
     this._conn = null;

@@ -7,4 +7,5 @@ export {
 export { defaultSocketPath } from './paths.js';
 export { StreamProducer, MAX_BATCH_EVENTS, CONTINUATIONS } from './producer.js';
 export { RecoveringStream, StreamStalled, StreamFailed, SplitToolCall, classifyError } from './recovering.js';
+export { followRun, followStats, RunViewer } from './fanout.js';
 export { sseHandler, sseMessage, lastEventId, SSE_HEADERS, ENDED } from './sse.js';

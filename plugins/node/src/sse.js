@@ -1,5 +1,6 @@
 // Server-Sent Events for a browser: a run's events, resumable by Last-Event-ID.
 import { InvalidParams, NotFound } from './errors.js';
+import { followRun } from './fanout.js';
 
 /** Statuses of a run that has ended (stream.get). */
 export const ENDED = new Set(['committed', 'aborted', 'expired', 'abandoned']);
@@ -82,7 +83,7 @@ export function sseHandler(client, runId, { heartbeatMs = 15_000, retryMs = 1000
       else plain(res, 503, `holdfast: ${e.message}`);
       return;
     }
-    if (ENDED.has(state.status) && after >= state.finish_seq) {
+    if (ENDED.has(state.status) && after === state.finish_seq) {
       plain(res, 204); // the browser saw the end: stop reconnecting
       return;
     }
@@ -131,28 +132,31 @@ export function sseHandler(client, runId, { heartbeatMs = 15_000, retryMs = 1000
         await write(sseMessage('final', await final(state.status, state.finish_seq), state.finish_seq));
         return;
       }
-      sub = await client.subscribeStream(rid, after);
+      // One daemon subscription per run for every viewer of this client (fanout.js): this
+      // viewer reads it from its own Last-Event-ID.
+      sub = followRun(client, rid, after);
       if (!open) {
         await sub.close();
         return;
       }
-      let last = after;
       for await (const ev of sub) {
         if (!open) break;
         const event = ev.event ?? {};
         if (event.type === 'finish') {
-          // A gap before finish: the run ended between stream.get and the subscription, and
-          // its events left the daemon. The page gets the stored message instead.
-          const kind = ev.seq > last + 1 ? 'final' : 'finish';
+          // `complete` false: this viewer was not given every event before the end (the run
+          // ended while nobody followed it, or its Last-Event-ID was past the run's end). The
+          // page gets the stored message instead, to replace what it holds.
+          const kind = ev.complete ? 'finish' : 'final';
           await write(sseMessage(kind, await final(event.status, ev.seq), ev.seq));
           break;
         }
         await write(sseMessage(event.type, { ...event, seq: ev.seq }, ev.seq));
-        last = ev.seq;
       }
-    } catch {
-      // The daemon went away for longer than the client retries: end the response; the
-      // browser reconnects with its Last-Event-ID.
+    } catch (e) {
+      // The daemon went away for longer than the client retries, or refused the subscription:
+      // say so (an `error` event with `data`: {kind, message}), then end the response; the
+      // browser reconnects with its Last-Event-ID after `retry`.
+      await write(sseMessage('error', { kind: e?.kind ?? 'error', message: String(e?.message ?? e) }));
     } finally {
       clearInterval(heartbeat);
       if (open) res.end();

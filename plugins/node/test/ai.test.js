@@ -13,7 +13,7 @@ import { test } from 'node:test';
 import { createResumableStreamContext } from '../src/resumable-stream.js';
 import { UIChunkEncoder, finalUIMessage } from '../src/ai.js';
 import { StreamProducer } from '../src/index.js';
-import { withDaemon } from './harness.js';
+import { until, withDaemon } from './harness.js';
 
 let ai = null;
 let aiTest = null;
@@ -51,7 +51,7 @@ function mockModel(delayMs) {
 
 /** The app: POST /api/chat streams a reply (and keeps it in holdfast); GET
  * /api/chat/:id/stream resumes the chat's active stream, 204 when there is none. */
-async function app(t, client, delayMs) {
+async function app(t, client, delayMs, { model = () => mockModel(delayMs), tools } = {}) {
   const ctx = createResumableStreamContext({ client, waitUntil: null });
   const activeRun = new Map(); // chat id -> run id (the app's "active stream id")
   const work = [];
@@ -65,9 +65,9 @@ async function app(t, client, delayMs) {
         const runId = `chat-${chatId}-${Date.now()}`;
         activeRun.set(chatId, runId);
         const result = ai.streamText({
-          model: mockModel(delayMs),
+          model: model(),
           prompt: 'weather?',
-          tools: { get_weather: ai.tool({ inputSchema: ai.jsonSchema({ type: 'object', properties: { city: { type: 'string' } } }) }) },
+          tools: tools ?? { get_weather: ai.tool({ inputSchema: ai.jsonSchema({ type: 'object', properties: { city: { type: 'string' } } }) }) },
         });
         result.pipeUIMessageStreamToResponse(res, {
           generateMessageId: () => runId,
@@ -124,9 +124,11 @@ test('useChat resume through holdfast: replayed from the first chunk by the AI S
   const live = await transport.sendMessages({ trigger: 'submit-message', chatId, messageId: undefined, messages: [user], abortSignal: undefined });
   const liveDone = lastMessage(live);
   // Mid-stream, a second tab (or the same one after a refresh) reconnects.
-  await new Promise((r) => setTimeout(r, 300));
   const runId = activeRun.get(chatId);
-  const midState = await client.streamGet(runId);
+  const midState = await until(async () => {
+    const st = await client.streamGet(runId);
+    return st.next_seq > 5 ? st : null;
+  }, 30_000, 'the run has a few events');
   assert.ok(midState.next_seq > 5 && midState.status === 'streaming', `mid-stream (${midState.next_seq - 1} events so far)`);
   const resumed = await transport.reconnectToStream({ chatId });
   assert.ok(resumed, 'an active chat resumes');
@@ -205,4 +207,55 @@ test('persistUIMessageStream: split SSE text is reassembled; an error chunk abor
   assert.equal(ok.status, 'committed');
   assert.deepEqual(ok.skipped, { 'reasoning-delta': 1 });
   assert.equal((await client.streamGet('run-ok', { reveal: true })).final_message.content, 'part2 part3 ');
+});
+
+test('finalUIMessage equals the message readUIMessageStream built from the live stream (part order, text parts, tool-<name>, dynamic-tool, outputs)', { skip }, async (t) => {
+  const d = await withDaemon(t);
+  const client = await d.client();
+  t.after(() => client.close());
+  const chunks = [
+    { type: 'stream-start', warnings: [] },
+    { type: 'text-start', id: 't1' },
+    { type: 'text-delta', id: 't1', delta: 'Let me look ' },
+    { type: 'text-delta', id: 't1', delta: 'that up. ' },
+    { type: 'text-end', id: 't1' },
+    { type: 'tool-input-start', id: 'call-1', toolName: 'get_weather' },
+    { type: 'tool-input-delta', id: 'call-1', delta: '{"city":' },
+    { type: 'tool-input-delta', id: 'call-1', delta: '"Oslo"}' },
+    { type: 'tool-input-end', id: 'call-1' },
+    { type: 'tool-call', toolCallId: 'call-1', toolName: 'get_weather', input: '{"city":"Oslo"}' },
+    { type: 'text-start', id: 't2' },
+    { type: 'text-delta', id: 't2', delta: 'And the ' },
+    { type: 'text-delta', id: 't2', delta: 'news.' },
+    { type: 'text-end', id: 't2' },
+    { type: 'tool-call', toolCallId: 'call-2', toolName: 'lookup', input: '{"q":"news"}' },
+    { type: 'tool-call', toolCallId: 'call-3', toolName: 'forecast', input: '{"days":3}' },
+    {
+      type: 'finish', finishReason: { unified: 'tool-calls', raw: 'tool_use' },
+      usage: { inputTokens: { total: 3, noCache: 3, cacheRead: 0, cacheWrite: 0 }, outputTokens: { total: 9, text: 9, reasoning: 0 } },
+    },
+  ];
+  const model = () => new aiTest.MockLanguageModelV4({
+    doStream: async () => ({ stream: aiTest.simulateReadableStream({ chunks, chunkDelayInMs: 2 }) }),
+  });
+  const schema = ai.jsonSchema({ type: 'object' });
+  const tools = {
+    get_weather: ai.tool({ inputSchema: schema }), // no execute: the page runs it
+    forecast: ai.tool({ inputSchema: schema, execute: async ({ days }) => ({ days, sky: 'clear' }) }),
+    lookup: ai.dynamicTool({ inputSchema: schema, execute: async () => 'three headlines' }),
+  };
+  const { base, activeRun, work } = await app(t, client, 2, { model, tools });
+  const transport = new ai.DefaultChatTransport({ api: `${base}/api/chat` });
+  const user = { id: 'u1', role: 'user', parts: [{ type: 'text', text: 'weather?' }] };
+  const live = await lastMessage(await transport.sendMessages({ trigger: 'submit-message', chatId: 'c-final', messageId: undefined, messages: [user], abortSignal: undefined }));
+  for (const s of await Promise.all(work)) await s?.cancel();
+  const runId = activeRun.get('c-final');
+  await until(async () => (await client.streamGet(runId)).status === 'committed', 30_000, 'the run committed');
+  // What the live page holds, as JSON stores it (the SDK leaves some fields undefined).
+  const liveJson = JSON.parse(JSON.stringify(live));
+  assert.deepEqual(liveJson.parts.map((p) => p.type), ['step-start', 'text', 'tool-get_weather', 'text', 'dynamic-tool', 'tool-forecast'], 'the live message has the shape this test is about');
+  const fin = await finalUIMessage(client, runId);
+  assert.deepEqual(JSON.parse(JSON.stringify(fin)), liveJson, 'the history message equals the live one');
+  assert.equal((await client.streamGet(runId, { reveal: true })).final_message.content, 'Let me look that up. And the news.');
+  console.log(`finalUIMessage = the live UIMessage: ${liveJson.parts.map((p) => `${p.type}${p.state ? `(${p.state})` : ''}`).join(', ')}`);
 });

@@ -4,13 +4,12 @@
 // by a new process, the provider failing mid-stream, the daemon restarted mid-stream. Each
 // ends with the answer on the page exactly once, equal to what holdfast committed.
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
-import { existsSync, mkdirSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { test } from 'node:test';
 
 import { fakeReply } from '../examples/chat/fake-provider.js';
-import { Daemon, REPO } from './harness.js';
+import { Daemon, REPO, startChatServer } from './harness.js';
 
 const CHROMIUM = process.env.HOLDFAST_CHROMIUM || '/usr/bin/chromium';
 let chromium = null;
@@ -28,29 +27,8 @@ if (skip) console.log(`SKIPPED: the browser tests (${skip})`);
 const DELTAS = 300;
 const SHOT = join(REPO, 'target', 'node-chat-example.png');
 
-async function startServer(t, d, port = 0) {
-  const proc = spawn(process.execPath, [join(REPO, 'plugins/node/examples/chat/server.js'), '--port', String(port), '--data', join(d.root, 'chat')], {
-    env: { ...d.env, HOLDFAST_SOCKET: d.socket }, stdio: ['ignore', 'pipe', 'pipe'],
-  });
-  let errText = '';
-  proc.stderr.setEncoding('utf8');
-  proc.stderr.on('data', (s) => { errText += s; });
-  const url = await new Promise((resolve, reject) => {
-    let out = '';
-    proc.stdout.setEncoding('utf8');
-    proc.stdout.on('data', (s) => {
-      out += s;
-      const m = /listening on (\S+)/.exec(out);
-      if (m) resolve(m[1]);
-    });
-    proc.once('exit', (code) => reject(new Error(`the example server exited ${code}:\n${errText}`)));
-  });
-  const exited = new Promise((r) => proc.once('exit', r));
-  t.after(async () => {
-    if (proc.exitCode === null && proc.signalCode === null) proc.kill('SIGTERM');
-    await exited;
-  });
-  return { url, port: Number(new URL(url).port), kill: async (sig) => { proc.kill(sig); await exited; }, log: () => errText };
+async function startServer(t, d, port = 0, args = []) {
+  return startChatServer(t, d, { port, args });
 }
 
 async function launch(t) {
@@ -196,6 +174,37 @@ test('the chat example in headless Chromium: exactly once through refreshes, cra
     const stats = await checkOnce(page, client, run, prompt, `web server killed at ${at} chars, a new one on the same port`);
     assert.ok(stats.reconnects >= 1, 'the page lost its stream and reconnected');
     assert.equal(stats.textEvents, DELTAS, 'after the reconnect only the events it had not seen came');
+  });
+
+  await t.test('the page follows a long answer down as it streams', async () => {
+    await page.goto(`${server.url}?thread=scroll&deltas=1200&delayMs=4`);
+    await page.waitForSelector('body[data-loaded=true]');
+    const run = await send(page, 'A long one, please');
+    await waitChars(page, run, 4000);
+    // The answer is taller than the window, and the window is at its end while it grows.
+    await page.waitForFunction(() => {
+      const h = document.documentElement.scrollHeight;
+      return h > window.innerHeight + 300 && window.innerHeight + window.scrollY >= h - 60;
+    }, null, { timeout: 30_000 });
+    await waitDone(page, run);
+    await page.waitForFunction(() => window.innerHeight + window.scrollY >= document.documentElement.scrollHeight - 60, null, { timeout: 30_000 });
+  });
+
+  await t.test('a message whose run never began: the page stops asking and says so', async () => {
+    // A turn recorded whose producer never began its run (it crashed first), found by a
+    // server started after it.
+    await server.kill('SIGTERM');
+    const file = join(d.root, 'chat', 'threads.json');
+    const threads = JSON.parse(readFileSync(file, 'utf8'));
+    threads.never = [{ text: 'hello?', run_id: 'chat-never-x', created_at_ms: Date.now() }];
+    writeFileSync(file, JSON.stringify(threads));
+    server = await startServer(t, d, server.port, ['--start-timeout-ms', '3000']);
+    await page.goto(`${server.url}?thread=never`);
+    await page.waitForSelector('[data-run="chat-never-x"][data-status="failed"]', { timeout: 30_000 });
+    const stats = await page.evaluate(() => window.holdfastStats);
+    assert.equal(stats.gaveUp, 1, 'it gave up once, on the server saying the run will never begin');
+    assert.match(await page.locator('[data-run="chat-never-x"] .note').textContent(), /never started/);
+    console.log(`never-begun run: the page gave up after ${stats.opened} attempt(s)`);
   });
 
   // The picture for the README: a short conversation, one answer done.

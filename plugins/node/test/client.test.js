@@ -34,6 +34,19 @@ test('hello, credentials, and a typed error for each failure', async (t) => {
   assert.equal(rec.value(), SECRET);
   assert.ok(!inspect(rec).includes(SECRET), 'console.log of a credential hides its values');
   assert.ok(inspect(rec).includes('api_key'));
+  // What loggers write (pino/winston call JSON.stringify; others spread or clone the object):
+  // never the value. The value is there on explicit access only.
+  const shown = {
+    json: JSON.stringify(rec), nested: JSON.stringify({ msg: 'got it', rec, list: [rec] }),
+    inspect: inspect(rec, { showHidden: true, depth: null, getters: true }),
+    nestedInspect: inspect({ rec }, { showHidden: true, depth: null }), string: String(rec),
+    template: `${rec}`, spread: JSON.stringify({ ...rec }), clone: JSON.stringify(structuredClone(rec)),
+    keys: JSON.stringify(Object.entries(rec)),
+  };
+  for (const [how, text] of Object.entries(shown)) assert.ok(!text.includes(SECRET), `the secret serialized through ${how}: ${text}`);
+  assert.deepEqual(JSON.parse(shown.json), { id: 'openai', generation: 1, keys: ['api_key'], values: 'hidden', credential_type: 'api_key' });
+  assert.equal(rec.credential.keys.api_key.value, SECRET, 'explicit access gives the value');
+  assert.deepEqual(rec.keyNames, ['api_key']);
   assert.equal(await c.exists('openai'), true);
   assert.deepEqual((await c.list()).map((x) => x.id), ['openai']);
   assert.ok(!JSON.stringify(await c.list()).includes(SECRET), 'cred.list has no values');
@@ -271,4 +284,31 @@ test('scrubbing keeps parameter names and the caller\'s own run id (issue 36, on
     assertNoSecret(e);
     return true;
   });
+});
+
+test('a stream subscription after the end of its run ends with the finish (ended run at once, live run when it ends)', async (t) => {
+  const d = await withDaemon(t);
+  const c = await d.client();
+  t.after(() => c.close());
+  const p = await StreamProducer.begin(c, 'run-end');
+  await p.text('a');
+  const end = await p.commit({ role: 'assistant' });
+  const collect = async (sub) => {
+    const out = [];
+    for await (const ev of sub) out.push(ev);
+    return out;
+  };
+  const bound = (promise, what) => Promise.race([promise, new Promise((_, rej) => setTimeout(() => rej(new Error(`${what}: no end within 20 s`)), 20_000).unref())]);
+  for (const after of [end.finish_seq, end.finish_seq + 10]) {
+    const evs = await bound(collect(await c.subscribeStream('run-end', after)), `ended run after ${after}`);
+    assert.deepEqual(evs.map((e) => [e.seq, e.event.type, e.event.status]), [[end.finish_seq, 'finish', 'committed']], `after ${after}`);
+  }
+  // Live: after a seq past its end, the subscription ends with the run (the daemon's side).
+  const q = await StreamProducer.begin(c, 'run-live-end');
+  await q.text('b');
+  const live = collect(await c.subscribeStream('run-live-end', 30));
+  await q.text('c');
+  const qend = await q.commit({ role: 'assistant' });
+  const evs = await bound(live, 'live run after 30');
+  assert.deepEqual(evs.map((e) => [e.seq, e.event.type]), [[qend.finish_seq, 'finish']]);
 });

@@ -137,3 +137,45 @@ export async function withDaemon(t, options) {
   });
   return d;
 }
+
+/** Start the example chat server (examples/chat/server.js) on `d`'s daemon with `--data`
+ * `dataDir`; stopped (SIGTERM, our own pid) after the test unless the test stopped it. */
+export async function startChatServer(t, d, { port = 0, dataDir = join(d.root, 'chat'), args = [] } = {}) {
+  const proc = spawn(process.execPath, [join(REPO, 'plugins/node/examples/chat/server.js'), '--port', String(port), '--data', dataDir, ...args], {
+    env: { ...d.env, HOLDFAST_SOCKET: d.socket }, stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let errText = '';
+  proc.stderr.setEncoding('utf8');
+  proc.stderr.on('data', (s) => { errText += s; });
+  const exited = new Promise((r) => proc.once('exit', (code, signal) => r({ code, signal })));
+  const url = await new Promise((resolve, reject) => {
+    let out = '';
+    proc.stdout.setEncoding('utf8');
+    proc.stdout.on('data', (s) => {
+      out += s;
+      const m = /listening on (\S+)/.exec(out);
+      if (m) resolve(m[1]);
+    });
+    proc.once('exit', (code) => reject(new Error(`the example server exited ${code}:\n${errText}`)));
+  });
+  t.after(async () => {
+    if (proc.exitCode === null && proc.signalCode === null) proc.kill('SIGTERM');
+    await exited;
+  });
+  return {
+    url, proc, port: Number(new URL(url).port), exited, log: () => errText,
+    kill: async (sig) => { proc.kill(sig); return exited; },
+  };
+}
+
+/** Until `cond()` is truthy (checked every 50 ms), for at most `ms`: a condition with a
+ * generous bound, never a timing. Resolves to its value. */
+export async function until(cond, ms, what) {
+  const deadline = Date.now() + ms;
+  for (;;) {
+    const v = await cond();
+    if (v) return v;
+    if (Date.now() > deadline) throw new Error(`not within ${ms} ms: ${what}`);
+    await sleep(50);
+  }
+}

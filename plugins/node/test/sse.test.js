@@ -123,3 +123,141 @@ test('recovery events reach the page as SSE events it can act on: tool_call_canc
     console.log(`${run}: ${r.events.map((e) => e.event).join(', ')} (plan ${last.plan})`);
   }
 });
+
+/** Until `cond()` holds (checked every 20 ms), for at most `ms`: a condition, not a timing. */
+async function until(cond, ms, what) {
+  const deadline = Date.now() + ms;
+  while (!(await cond())) {
+    if (Date.now() > deadline) throw new Error(`not within ${ms} ms: ${what}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+test('40 SSE viewers of one run on one client: each gets every event after its Last-Event-ID exactly once, in order, then finish', async (t) => {
+  const d = await withDaemon(t);
+  const c = await d.client();
+  t.after(() => c.close());
+  const base = await serve(t, c, { heartbeatMs: 60_000 });
+  const p = await StreamProducer.begin(c, 'run-many', { model: 'm' });
+  const texts = Array.from({ length: 90 }, (_, i) => `e${i + 1} `);
+  await p.append(texts.slice(0, 30).map((text) => ({ type: 'text', text })));
+  // 20 viewers from the start, then (after 30 more events) 10 late ones from the start and
+  // 10 coming back with a Last-Event-ID: the late ones are served from the run's history.
+  const viewers = [];
+  const open = (after) => {
+    const headers = after ? { 'last-event-id': String(after) } : {};
+    viewers.push({ after, r: readSse(`${base}/runs/run-many/events`, { headers, timeoutMs: 60_000 }) });
+  };
+  for (let i = 0; i < 20; i++) open(0);
+  await p.append(texts.slice(30, 60).map((text) => ({ type: 'text', text })));
+  for (let i = 0; i < 10; i++) open(0);
+  for (let i = 0; i < 10; i++) open(5 + i * 5);
+  for (const text of texts.slice(60)) await p.text(text);
+  await p.commit({ role: 'assistant' });
+  const results = await Promise.all(viewers.map((v) => v.r));
+  assert.equal(results.length, 40);
+  results.forEach((r, i) => {
+    const { after } = viewers[i];
+    assert.equal(r.status, 200, `viewer ${i}`);
+    assert.equal(r.ended, true, `viewer ${i}: the response ended after finish`);
+    const errors = r.events.filter((e) => e.event === 'error');
+    assert.deepEqual(errors, [], `viewer ${i}: no error`);
+    const body = r.events.slice(0, -1);
+    assert.deepEqual(body.map((e) => Number(e.id)), Array.from({ length: 90 - after }, (_, k) => after + k + 1), `viewer ${i} (after ${after}): every event once, in order`);
+    assert.equal(body.map((e) => JSON.parse(e.data).text).join(''), texts.slice(after).join(''));
+    assert.equal(r.events.at(-1).event, 'finish', `viewer ${i}: saw the run end live`);
+    assert.equal(JSON.parse(r.events.at(-1).data).final_message.content, texts.join(''));
+  });
+  console.log(`40 viewers (20 from the start, 10 late, 10 with Last-Event-ID 5..50) of one run: each got its events once, in order, and finish`);
+});
+
+test('SSE viewers of more runs than one connection has subscription slots: none is refused', async (t) => {
+  const d = await withDaemon(t);
+  const c = await d.client();
+  t.after(() => c.close());
+  const base = await serve(t, c, { heartbeatMs: 60_000 });
+  const runs = Array.from({ length: 20 }, (_, i) => `run-wide-${i}`);
+  const producers = [];
+  for (const run of runs) {
+    const p = await StreamProducer.begin(c, run);
+    await p.text(`${run} first `);
+    producers.push(p);
+  }
+  const firstSeen = new Array(runs.length * 2).fill(false);
+  const reads = runs.flatMap((run, i) => [0, 1].map((k) => readSse(`${base}/runs/${run}/events`, {
+    timeoutMs: 60_000, until: (ps) => { firstSeen[i * 2 + k] = ps.events.length > 0; return false; },
+  })));
+  // Every viewer has the run's first event before the rest comes.
+  await until(() => firstSeen.every(Boolean), 30_000, `every viewer got its run's first event (${firstSeen.filter(Boolean).length} of ${firstSeen.length} did)`);
+  for (const p of producers) await p.text('second.');
+  for (const p of producers) await p.commit({ role: 'assistant' });
+  const results = await Promise.all(reads);
+  results.forEach((r, i) => {
+    const run = runs[Math.floor(i / 2)];
+    assert.deepEqual(r.events.map((e) => e.event), ['text', 'text', 'finish'], `${run}: ${JSON.stringify(r.events)}`);
+    assert.equal(JSON.parse(r.events.at(-1).data).final_message.content, `${run} first second.`);
+  });
+  const { followStats } = await import('../src/index.js');
+  await until(() => followStats(c).runs === 0 && followStats(c).connections === 1, 30_000, 'the shared subscriptions and extra connections given back');
+  // This connection's own 16 slots are free again.
+  const subs = [];
+  for (let i = 0; i < 16; i++) subs.push(await c.subscribeStream('run-wide-0', 0));
+  for (const s of subs) await s.close();
+});
+
+test('a Last-Event-ID past the end of a live run: held until the run ends, then the stored message and the end of the response', async (t) => {
+  const d = await withDaemon(t);
+  const c = await d.client();
+  t.after(() => c.close());
+  const base = await serve(t, c, { heartbeatMs: 60_000 });
+  const p = await StreamProducer.begin(c, 'run-past');
+  await p.append([{ type: 'text', text: 'one ' }, { type: 'text', text: 'two ' }]);
+  let connected = false;
+  const r = readSse(`${base}/runs/run-past/events`, { headers: { 'last-event-id': '50' }, timeoutMs: 30_000, until: (ps) => { connected = ps.retry !== null; return false; } });
+  await until(() => connected, 20_000, 'the viewer is connected');
+  await p.text('three.');
+  const end = await p.commit({ role: 'assistant' });
+  const got = await r;
+  assert.equal(got.ended, true, 'the response ended when the run did');
+  assert.deepEqual(got.events.map((e) => e.event), ['final'], 'no event of the run (all before its position), then the stored message');
+  assert.equal(got.events[0].id, String(end.finish_seq));
+  assert.equal(JSON.parse(got.events[0].data).final_message.content, 'one two three.');
+  // Its subscription was given back: this connection has its 16 slots for a live run.
+  const live = await StreamProducer.begin(c, 'run-slots');
+  await live.text('x');
+  await until(async () => {
+    const subs = [];
+    try {
+      for (let i = 0; i < 16; i++) subs.push(await c.subscribeStream('run-slots', 0));
+      return true;
+    } catch {
+      return false;
+    } finally {
+      for (const s of subs) await s.close();
+    }
+  }, 20_000, 'its subscription given back');
+  // After the end: past it, the stored message (the page's position is not the run's); at it, 204.
+  const later = await readSse(`${base}/runs/run-past/events`, { headers: { 'last-event-id': '50' } });
+  assert.deepEqual(later.events.map((e) => e.event), ['final']);
+  assert.equal((await readSse(`${base}/runs/run-past/events`, { headers: { 'last-event-id': String(end.finish_seq) } })).status, 204);
+});
+
+test('a viewer the server cannot serve gets an error event before its response ends (never a silent empty 200)', async (t) => {
+  const d = await withDaemon(t);
+  const c = await d.client({ reconnectTimeoutMs: 1500 });
+  t.after(() => c.close());
+  const base = await serve(t, c, { heartbeatMs: 60_000 });
+  const p = await StreamProducer.begin(c, 'run-gone');
+  await p.text('first ');
+  let got = 0;
+  const r = readSse(`${base}/runs/run-gone/events`, { timeoutMs: 60_000, until: (ps) => { got = ps.events.length; return false; } });
+  await until(() => got === 1, 20_000, 'the viewer has the first event');
+  await d.stop(); // the daemon goes away for longer than the client's reconnect timeout
+  const res = await r;
+  assert.equal(res.ended, true, 'the response ended');
+  assert.deepEqual(res.events.map((e) => e.event), ['text', 'error']);
+  const err = JSON.parse(res.events[1].data);
+  assert.equal(typeof err.message, 'string');
+  assert.ok(err.message.length > 0);
+  console.log(`daemon gone: the viewer got an error event (${err.kind}: ${err.message})`);
+});

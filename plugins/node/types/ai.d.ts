@@ -21,13 +21,31 @@ export function persistUIMessageStream(
   options?: { threadId?: string; model?: string; producer?: StreamProducer; stallTimeoutMs?: number | null },
 ): Promise<{ status: 'committed' | 'aborted'; runId: string; events: number; appends: number; skipped: Record<string, number> }>;
 
+export type ToolPartState = 'input-streaming' | 'input-available' | 'output-available' | 'output-error';
+/** The fields of a tool part of the AI SDK's UIMessage that a stored message keeps. */
+interface ToolPartFields {
+  toolCallId: string;
+  state: ToolPartState;
+  input?: unknown;
+  output?: unknown;
+  errorText?: string;
+  providerExecuted?: boolean;
+  preliminary?: boolean;
+  title?: string;
+  callProviderMetadata?: Record<string, unknown>;
+  resultProviderMetadata?: Record<string, unknown>;
+}
+/** An AI SDK `UIMessage` (assignable to `ai`'s, with the part types it kept). */
 export interface HoldfastUIMessage {
   id: string;
   role: 'assistant';
   parts: Array<
     | { type: 'step-start' }
-    | { type: 'text'; text: string; state: 'done' }
-    | { type: 'dynamic-tool'; toolName: string; toolCallId: string; state: 'input-available'; input: unknown }
+    | { type: 'text'; text: string; state?: 'streaming' | 'done'; providerMetadata?: Record<string, unknown> }
+    | ({ type: `tool-${string}` } & ToolPartFields)
+    | ({ type: 'dynamic-tool'; toolName: string } & ToolPartFields)
   >;
 }
+/** The committed message of run `runId` as the UIMessage `readUIMessageStream` built live
+ * (for a run kept by `persistUIMessageStream`), or null while it is not committed. */
 export function finalUIMessage(client: Client, runId: string): Promise<HoldfastUIMessage | null>;

@@ -70,12 +70,20 @@ export interface Credential {
   keys: Record<string, CredentialKey>;
   [field: string]: unknown;
 }
+/** A credential as the daemon returned it. Its values never serialize (`JSON.stringify`,
+ * `util.inspect`, `String()`, spread, `structuredClone` show id, generation, type and key names
+ * only); `value()` and `credential` give them on explicit access. */
 export class CredentialRecord {
-  credential: Credential;
+  /** The document with its values (explicit access: a plain object, do not log it). */
+  readonly credential: Credential;
   generation: number;
   readonly id: string;
+  /** The names of its keys (never their values). */
+  readonly keyNames: string[];
   /** The value of key `name` (default `api_key`, else the only key). */
   value(name?: string): string | undefined;
+  /** What `JSON.stringify` writes: no value. */
+  toJSON(): { id: string; generation: number; keys: string[]; values: 'hidden'; credential_type?: string };
 }
 export interface CredentialSummary {
   id: string;
@@ -296,3 +304,25 @@ export function sseMessage(event: string, data: unknown, id?: number | string): 
 export function lastEventId(req: Req): number;
 export const SSE_HEADERS: Readonly<Record<string, string>>;
 export const ENDED: ReadonlySet<string>;
+
+/** An event of a run as a viewer of the shared subscription gets it; the `finish` carries
+ * `complete`: false when this viewer was not given every event before it (show the stored
+ * final message then). */
+export interface ViewedEvent extends StreamEvent {
+  complete?: boolean;
+}
+/** One viewer of a run on the client's shared subscription of it (`followRun`). */
+export class RunViewer implements AsyncIterableIterator<ViewedEvent> {
+  readonly runId: string;
+  /** The last seq given to this viewer. */
+  readonly lastSeq: number;
+  next(): Promise<IteratorResult<ViewedEvent>>;
+  return(): Promise<IteratorResult<ViewedEvent>>;
+  /** Stop following; the shared subscription ends with its last viewer. */
+  close(): Promise<boolean>;
+  [Symbol.asyncIterator](): AsyncIterableIterator<ViewedEvent>;
+}
+/** Follow run `runId` after `afterSeq`: every viewer of a run on one client shares one daemon
+ * subscription (runs past the connection's 16 use further connections of the client). */
+export function followRun(client: Client, runId: string, afterSeq?: number): RunViewer;
+export function followStats(client: Client): { runs: number; viewers: number; connections: number };

@@ -12,6 +12,11 @@
 //
 // The server keeps only each thread's turns (user text and run id) in a JSON file under
 // --data (default: $XDG_STATE_HOME/holdfast-chat-example or ~/.local/state/...).
+//
+// Shutdown (SIGTERM, SIGINT) hands the answers in progress over: each producer stops with what
+// it streamed durable and its run left resumable, and the next server started on the same
+// --data resumes them (as it does any run of its threads that no producer holds). A message
+// whose producer never began its run is reported as failed after --start-timeout-ms (30 s).
 import { spawn } from 'node:child_process';
 import { mkdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
@@ -20,7 +25,7 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 
-import { Client, NotFound, sseHandler } from '../../src/index.js';
+import { Client, ENDED, NotFound, sseHandler } from '../../src/index.js';
 
 const HERE = dirname(fileURLToPath(import.meta.url));
 const { values: opts } = parseArgs({
@@ -28,17 +33,20 @@ const { values: opts } = parseArgs({
     port: { type: 'string', default: process.env.PORT ?? '3000' },
     host: { type: 'string', default: '127.0.0.1' },
     data: { type: 'string' },
+    'start-timeout-ms': { type: 'string', default: '30000' },
     help: { type: 'boolean', short: 'h' },
   },
 });
 if (opts.help) {
-  process.stdout.write(readFileSync(fileURLToPath(import.meta.url), 'utf8').split('\n').slice(1, 16)
+  process.stdout.write(readFileSync(fileURLToPath(import.meta.url), 'utf8').split('\n').slice(1, 21)
     .map((l) => l.replace(/^\/\/ ?/, '')).join('\n'));
   process.exit(0);
 }
 const dataDir = opts.data ?? join(process.env.XDG_STATE_HOME ?? join(homedir(), '.local', 'state'), 'holdfast-chat-example');
 mkdirSync(dataDir, { recursive: true, mode: 0o700 });
 const log = (msg) => process.stderr.write(`chat: ${msg}\n`);
+/** How long a message's run may take to begin before the page is told it failed. */
+const startTimeoutMs = Number(opts['start-timeout-ms']);
 
 // -- threads: the turns of each conversation ------------------------------------------------
 const threadsFile = join(dataDir, 'threads.json');
@@ -56,42 +64,104 @@ function saveThreads() {
 const ID = /^[A-Za-z0-9_-]{1,64}$/;
 
 // -- producers ------------------------------------------------------------------------------
-const producers = new Map(); // run_id -> {pid, restarts, job}
+const HANDED_OVER = 75; // producer.js: stopped on SIGTERM, its run left resumable
+const producers = new Map(); // run_id -> {pid, restarts, job, state}
 let stopping = false;
 
 function startProducer(job) {
   return new Promise((resolve, reject) => {
+    // Its log goes to our stderr (inherited: it outlives this server if this server is killed).
     const child = spawn(process.execPath, [join(HERE, 'producer.js')], {
       stdio: ['pipe', 'pipe', 'inherit'],
     });
-    const entry = producers.get(job.run_id) ?? { restarts: 0, job };
+    let why = ''; // what it said on stdout if it failed before beginning the run
+    const entry = producers.get(job.run_id) ?? { restarts: 0, job, state: 'running' };
     entry.pid = child.pid;
+    entry.state = 'running';
+    entry.exited = new Promise((r) => child.once('close', r));
     producers.set(job.run_id, entry);
     let out = '';
     let begun = false;
     child.stdout.setEncoding('utf8');
     child.stdout.on('data', (t) => {
       out += t;
-      if (!begun && out.includes('\n')) {
-        begun = true;
-        resolve(child.pid);
+      if (!begun && !why && out.includes('\n')) {
+        let first = {};
+        try {
+          first = JSON.parse(out.slice(0, out.indexOf('\n')));
+        } catch {
+          // not its protocol: taken as begun below only if it says so
+        }
+        if (first.begun || first.ended) {
+          begun = true; // (a resume that found the run ended resolves too: nothing to do)
+          resolve(child.pid);
+        } else why = String(first.error ?? 'it said nothing');
       }
     });
-    child.on('exit', (code, signal) => {
-      if (!begun) reject(new Error(`the producer exited (${signal ?? code}) before it began the run`));
+    child.on('close', (code, signal) => {
+      if (!begun) reject(new Error(`the producer exited (${signal ?? code}) before it began the run${why ? `: ${why}` : ''}`));
       if (entry.pid === child.pid) entry.pid = null;
-      if (code === 0 || stopping) return;
-      // Died mid-stream (killed, crashed): a new process resumes the run from holdfast.
-      log(`producer ${child.pid} of ${job.run_id} died (${signal ?? `exit ${code}`}): starting a new one to resume it`);
-      entry.restarts += 1;
-      if (entry.restarts > 5) {
-        log(`giving up on ${job.run_id} after 5 restarts`);
+      if (code === 0) {
+        entry.state = 'done';
         return;
       }
-      startProducer({ ...job, resume: true }).catch((e) => log(`resuming ${job.run_id}: ${e.message}`));
+      if (stopping) {
+        entry.state = code === HANDED_OVER ? 'handed over' : 'stopped';
+        return;
+      }
+      afterDeath(job, entry, `${signal ?? `exit ${code}`}`).catch((e) => {
+        entry.state = 'failed';
+        log(`${job.run_id}: ${e.message}`);
+      });
     });
     child.stdin.end(`${JSON.stringify(job)}\n`);
   });
+}
+
+/** A producer died (killed, crashed): a new process resumes its run — unless the run has ended
+ * (committed just before the death, or by someone else), which nothing must resume. */
+async function afterDeath(job, entry, how) {
+  entry.state = 'checking';
+  let state = null;
+  try {
+    state = await client.streamGet(job.run_id);
+  } catch (e) {
+    if (!(e instanceof NotFound)) throw e;
+  }
+  if (state === null || ENDED.has(state.status)) {
+    entry.state = 'done';
+    log(`producer of ${job.run_id} died (${how}) with its run ${state ? state.status : 'gone'}: nothing to resume`);
+    return;
+  }
+  if (stopping) return;
+  entry.restarts += 1;
+  if (entry.restarts > 5) {
+    entry.state = 'failed';
+    log(`giving up on ${job.run_id} after 5 restarts`);
+    return;
+  }
+  log(`producer of ${job.run_id} died (${how}): starting a new one to resume it`);
+  await startProducer({ ...job, resume: true });
+}
+
+/** Runs of our threads that are live but held by no producer (the previous server handed them
+ * over on shutdown, or their producer died while no server watched): resume them. */
+async function resumeOrphans() {
+  for (const turns of Object.values(threads)) {
+    for (const turn of turns) {
+      if (!turn.job || producers.get(turn.run_id)?.pid) continue;
+      let state;
+      try {
+        state = await client.streamGet(turn.run_id);
+      } catch (e) {
+        if (e instanceof NotFound) continue;
+        throw e;
+      }
+      if (ENDED.has(state.status) || state.no_producer_since_ms === null || state.no_producer_since_ms === undefined) continue;
+      log(`resuming ${turn.run_id} (no producer since ${new Date(state.no_producer_since_ms).toISOString()})`);
+      startProducer({ ...turn.job, resume: true }).catch((e) => log(`resuming ${turn.run_id}: ${e.message}`));
+    }
+  }
 }
 
 // -- HTTP -----------------------------------------------------------------------------------
@@ -126,10 +196,25 @@ async function threadView(threadId) {
       state = { status: 'missing' };
     }
     const m = { role: 'assistant', run_id: turn.run_id, status: state.status };
+    if (state.status === 'missing' && neverBegan(turn)) {
+      m.status = 'failed';
+      m.error = turn.error ?? 'the answer never started';
+    }
     if (state.status === 'committed') m.text = state.final_message?.content ?? '';
     messages.push(m);
   }
   return { thread: threadId, messages };
+}
+
+/** A turn whose run does not exist and never will: its producer failed before beginning it,
+ * or did not begin it within --start-timeout-ms. */
+function neverBegan(turn) {
+  return Boolean(turn.error) || !(Date.now() - (turn.created_at_ms ?? 0) < startTimeoutMs);
+}
+
+function turnOf(runId) {
+  for (const turns of Object.values(threads)) for (const t of turns) if (t.run_id === runId) return t;
+  return null;
 }
 
 function clampInt(v, lo, hi, dflt) {
@@ -165,9 +250,17 @@ const routes = [
     };
     // Recorded before the run exists: a page loading meanwhile sees it as "missing" and
     // asks again; recorded after, a crash here would orphan a streaming run.
-    (threads[thread] ??= []).push({ text: body.text, run_id: runId });
+    const turn = { text: body.text, run_id: runId, created_at_ms: Date.now(), job };
+    (threads[thread] ??= []).push(turn);
     saveThreads();
-    const pid = await startProducer(job);
+    let pid;
+    try {
+      pid = await startProducer(job);
+    } catch (e) {
+      turn.error = `the answer could not start: ${e.message}`;
+      saveThreads();
+      throw e;
+    }
     return json(res, 200, { run_id: runId, producer_pid: pid });
   }],
   ['GET', /^\/api\/runs\/(?<run>[^/]+)\/events$/, (req, res) => events(req, res)],
@@ -177,9 +270,16 @@ const routes = [
     try {
       state = await client.streamGet(req.params.run);
     } catch (e) {
-      return json(res, e instanceof NotFound ? 404 : 400, { error: e.message });
+      if (!(e instanceof NotFound)) return json(res, 400, { error: e.message });
+      // `gave_up`: the page stops waiting for a run that will never begin.
+      const turn = turnOf(req.params.run);
+      const gaveUp = !turn || neverBegan(turn);
+      const error = turn?.error ?? (turn && gaveUp ? `the answer never started (no producer began it within ${startTimeoutMs} ms)` : e.message);
+      return json(res, 404, { error, gave_up: gaveUp });
     }
-    return json(res, 200, { ...state, producer_pid: p?.pid ?? null, producer_restarts: p?.restarts ?? 0 });
+    return json(res, 200, {
+      ...state, producer_pid: p?.pid ?? null, producer_restarts: p?.restarts ?? 0, producer_state: p?.state ?? null,
+    });
   }],
 ];
 
@@ -206,14 +306,27 @@ server.listen(Number(opts.port), opts.host, () => {
   // The first line on stdout: how the tests (and you) find it.
   process.stdout.write(`listening on http://${opts.host}:${port}/\n`);
 });
-for (const sig of ['SIGTERM', 'SIGINT']) {
-  process.on(sig, () => {
-    stopping = true;
-    // Our own children only, by the pids we started.
-    for (const p of producers.values()) if (p.pid) process.kill(p.pid, 'SIGTERM');
-    server.close();
-    server.closeAllConnections();
-    client.close();
-    process.exit(0);
-  });
+// Answers left by a previous server (handed over at its shutdown, or orphaned by a crash).
+resumeOrphans().catch((e) => log(`resuming the runs left over: ${e.message}`));
+
+async function shutdown(sig) {
+  if (stopping) return;
+  stopping = true;
+  // Hand the answers in progress over: each producer (our own children, by the pids we
+  // started) stops with what it streamed durable and leaves its run resumable; the next
+  // server resumes it. Bounded: a producer that does not stop in 10 s is killed (and its run
+  // is then resumed the same way, from what was durable).
+  const running = [...producers.values()].filter((p) => p.pid);
+  for (const p of running) process.kill(p.pid, 'SIGTERM');
+  const killer = setTimeout(() => {
+    for (const p of running) if (p.pid) process.kill(p.pid, 'SIGKILL');
+  }, 10_000);
+  await Promise.all(running.map((p) => p.exited));
+  clearTimeout(killer);
+  log(`${sig}: ${running.length} answer(s) in progress handed over to the next server`);
+  server.close();
+  server.closeAllConnections();
+  client.close();
+  process.exit(0);
 }
+for (const sig of ['SIGTERM', 'SIGINT']) process.on(sig, () => { shutdown(sig); });

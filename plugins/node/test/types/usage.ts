@@ -9,6 +9,9 @@ async function main(): Promise<void> {
   const client = await Client.connect({ client: 'types' });
   const rec = await client.get('openai');
   const key: string | undefined = rec.value();
+  const logged: { keys: string[]; values: 'hidden' } = rec.toJSON();
+  const names: string[] = rec.keyNames;
+  console.log(logged, names);
   const p = await StreamProducer.begin(client, 'run-1', { model: 'm' });
   const acked: number = await p.text('hi');
   const plan = await p.interrupt({ status: 529, message: 'overloaded' });
@@ -30,6 +33,8 @@ async function main(): Promise<void> {
   const s: ReadableStream<string> | null | undefined = await ctx.resumeExistingStream('run-1');
   const r = await persistUIMessageStream(client, 'run-2', [{ type: 'text-delta', id: 't', delta: 'x' }]);
   const m = await finalUIMessage(client, 'run-2');
+  const first: string | undefined = m?.parts[0]?.type;
+  console.log(first);
   console.log(key, acked, seq, s, r.status, m?.parts.length, UI_MESSAGE_STREAM_HEADERS['content-type']);
 }
 void main();

@@ -9,7 +9,17 @@ for (const k of ['deltas', 'delayMs', 'failAt']) if (params.has(k)) knobs[k] = N
 
 const list = document.getElementById('messages');
 // What this page load received, for anyone checking (the browser tests do).
-const stats = window.holdfastStats = { textEvents: 0, finals: 0, finishes: 0, resets: 0, interrupts: 0, reconnects: 0, opened: 0 };
+const stats = window.holdfastStats = {
+  textEvents: 0, finals: 0, finishes: 0, resets: 0, interrupts: 0, reconnects: 0, opened: 0, errors: 0, gaveUp: 0,
+};
+
+// The page follows the answer down as it grows — unless the reader scrolled up to read.
+let pinned = true;
+const atBottom = () => window.innerHeight + window.scrollY >= document.documentElement.scrollHeight - 40;
+window.addEventListener('scroll', () => { pinned = atBottom(); }, { passive: true });
+function grew() {
+  if (pinned) window.scrollTo(0, document.documentElement.scrollHeight);
+}
 
 function el(tag, cls, text) {
   const e = document.createElement(tag);
@@ -20,6 +30,8 @@ function el(tag, cls, text) {
 
 function addUser(text) {
   list.append(el('div', 'msg user', text));
+  pinned = true; // a new message: follow it
+  grew();
 }
 
 function addAssistant(runId) {
@@ -33,6 +45,7 @@ function addAssistant(runId) {
   meta.append(badge, note);
   box.append(body, tools, meta);
   list.append(box);
+  grew();
   return {
     box, body, tools, badge, note,
     status(s, text) {
@@ -57,6 +70,7 @@ function follow(runId, view) {
       const ev = seen(e);
       stats.textEvents += 1;
       view.body.textContent += ev.text;
+      grew();
     });
     es.addEventListener('tool_call_delta', (e) => {
       const ev = seen(e);
@@ -99,15 +113,38 @@ function follow(runId, view) {
       es.close();
       end(ev);
     });
-    es.onerror = () => {
-      if (es.readyState === EventSource.CLOSED) {
-        // An HTTP error (the server restarting): EventSource gives up; we do not.
-        stats.reconnects += 1;
-        setTimeout(open, 1000);
-      } else {
-        stats.reconnects += 1; // it reconnects by itself, with Last-Event-ID
+    es.onerror = (e) => {
+      if (e.data) {
+        // The server's `error` event (its daemon unreachable or refusing): it ends the
+        // response, and EventSource reconnects by itself after `retry`.
+        stats.errors += 1;
+        view.note.textContent = `the server could not follow this answer: ${JSON.parse(e.data).message}; retrying`;
+        return;
       }
+      stats.reconnects += 1;
+      if (es.readyState === EventSource.CLOSED) {
+        // An HTTP error: the server restarting (retry), or no such run (a 404: it may not have
+        // begun yet; ask whether it ever will).
+        es.close();
+        retry();
+      } // else it reconnects by itself, with Last-Event-ID
     };
+  };
+  const retry = async () => {
+    let info = null;
+    try {
+      const r = await fetch(`/api/runs/${encodeURIComponent(runId)}`);
+      if (r.status === 404) info = await r.json();
+    } catch {
+      // the server is down: try again
+    }
+    if (info?.gave_up) {
+      stats.gaveUp += 1;
+      view.status('failed');
+      view.note.textContent = info.error || 'the answer never started';
+      return;
+    }
+    setTimeout(open, 1000);
   };
   const end = (ev) => {
     if (ev.status === 'committed') {
@@ -117,6 +154,7 @@ function follow(runId, view) {
       }
       view.status('done');
       view.note.textContent = '';
+      grew();
     } else {
       view.status('aborted', ev.status);
     }
@@ -126,7 +164,14 @@ function follow(runId, view) {
 
 async function load() {
   const r = await fetch(`/api/threads/${encodeURIComponent(thread)}`);
-  const { messages } = await r.json();
+  const body = await r.json();
+  if (!r.ok) {
+    // The daemon's reason, e.g. "... run `holdfast init`".
+    list.append(el('div', 'msg assistant', `error: ${body.error}`));
+    document.body.dataset.loaded = 'true';
+    return;
+  }
+  const { messages } = body;
   for (const m of messages) {
     if (m.role === 'user') {
       addUser(m.text);
@@ -138,11 +183,15 @@ async function load() {
       view.status('done');
     } else if (m.status === 'aborted' || m.status === 'expired' || m.status === 'abandoned') {
       view.status('aborted', m.status);
+    } else if (m.status === 'failed') {
+      view.status('failed');
+      view.note.textContent = m.error;
     } else {
       follow(m.run_id, view); // streaming, interrupted, or not begun yet
     }
   }
   document.body.dataset.loaded = 'true';
+  grew();
 }
 
 document.getElementById('send').addEventListener('submit', async (e) => {
