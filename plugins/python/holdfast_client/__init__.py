@@ -43,6 +43,7 @@ from ._errors import (
     NotFound,
     Sealed,
     StorageError,
+    StoreNotServed,
     Unsupported,
 )
 from ._paths import default_socket_path
@@ -76,6 +77,7 @@ __all__ = [
     "Sealed",
     "SetResult",
     "StorageError",
+    "StoreNotServed",
     "StreamProducer",
     "Subscription",
     "Unsupported",

@@ -101,6 +101,19 @@ class NotFound(HoldfastError, KeyError):
         return HoldfastError.__str__(self)
 
 
+class StoreNotServed(NotFound):
+    """``not_found`` for a whole store: the daemon serves no store of that name (a typo, or a
+    store created or imported — ``holdfast import --from-hive`` — since the daemon started:
+    restart it). Raised where a missing credential would otherwise read as "no credential"
+    (``HoldfastCredentialStorage.load``); ``store`` names it."""
+
+    @property
+    def store(self) -> Optional[str]:
+        """The store's name (``data["store"]``)."""
+        store = self.data.get("store")
+        return store if isinstance(store, str) else None
+
+
 class Conflict(HoldfastError):
     """``conflict``: ``if_generation`` did not match; ``data["generation"]`` is the current one."""
 
