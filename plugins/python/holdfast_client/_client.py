@@ -22,6 +22,9 @@ from ._errors import (
 )
 from ._paths import default_socket_path
 from ._protocol import (
+    as_dict,
+    as_int,
+    as_list,
     CLOSED,
     DEFAULT_STORE,
     PROTOCOL_VERSION,
@@ -784,7 +787,7 @@ class Client:
 
     def list(self, store: Optional[str] = None) -> List[Dict[str, Any]]:
         """``cred.list`` -> a list of ``{id, generation, …metadata}`` (no secret values)."""
-        return self.call("cred.list", store=store)["credentials"]
+        return as_list(self.call("cred.list", store=store)["credentials"])
 
     def exists(self, id: str, store: Optional[str] = None) -> bool:
         """``cred.exists`` -> bool."""
@@ -807,7 +810,7 @@ class Client:
 
     def status(self) -> Dict[str, Any]:
         """``admin.status`` -> dict (uptime, stores, sealed state, counts, connections)."""
-        return self.call("admin.status")
+        return as_dict(self.call("admin.status"))
 
     # -- streams (docs/protocol.md "Streams") --------------------------------------------------
 
@@ -820,18 +823,18 @@ class Client:
     ) -> Dict[str, Any]:
         """``stream.begin`` -> ``{stream_id, epoch, next_seq}``. ``Conflict`` if the run is
         streaming and ``takeover`` is false, or if it already ended."""
-        return self.call(
+        return as_dict(self.call(
             "stream.begin", run_id=run_id, thread_id=thread_id, model=model,
             takeover=takeover or None,
-        )
+        ))
 
     def stream_append(self, run_id: str, stream_id: str, seq: int,
                       events: List[Dict[str, Any]]) -> int:
         """``stream.append`` -> the last seq acknowledged (durable). A batch already taken is
         acknowledged again and dropped, so retrying after a lost answer is safe."""
-        return self.call(
+        return as_int(self.call(
             "stream.append", run_id=run_id, stream_id=stream_id, seq=seq, events=events
-        )["acked_seq"]
+        )["acked_seq"])
 
     def stream_interrupt(self, run_id: str, stream_id: str, cause: Any,
                          continuation: Optional[str] = None) -> Dict[str, Any]:
@@ -840,8 +843,8 @@ class Client:
         how you will continue the text after an R1/R3 plan, ``"exact"`` (the daemon's default:
         the provider continues the prefix, nothing is trimmed) or ``"restated"`` (the model may
         restate the prefix's end; the restatement is removed)."""
-        return self.call("stream.interrupt", run_id=run_id, stream_id=stream_id, cause=cause,
-                         continuation=continuation)
+        return as_dict(self.call("stream.interrupt", run_id=run_id, stream_id=stream_id, cause=cause,
+                         continuation=continuation))
 
     def stream_resume(
         self,
@@ -853,10 +856,10 @@ class Client:
     ) -> Dict[str, Any]:
         """``stream.resume`` -> ``{stream_id, epoch, next_seq, checkpoint, plan}``
         (``continuation`` as for ``stream_interrupt``)."""
-        return self.call(
+        return as_dict(self.call(
             "stream.resume", run_id=run_id, model=model, thread_id=thread_id,
             fail_on_stale=fail_on_stale or None, continuation=continuation,
-        )
+        ))
 
     def stream_commit(
         self,
@@ -867,15 +870,15 @@ class Client:
     ) -> Dict[str, Any]:
         """``stream.commit``: the final message durable and the run ended, in one step. With
         ``content_from_stream``, the message's ``content`` is the text the run streamed."""
-        return self.call(
+        return as_dict(self.call(
             "stream.commit", run_id=run_id, stream_id=stream_id, final_message=final_message,
             content_from_stream=content_from_stream or None,
-        )
+        ))
 
     def stream_abort(self, run_id: str, stream_id: str,
                      reason: Optional[str] = None) -> Dict[str, Any]:
         """``stream.abort``."""
-        return self.call("stream.abort", run_id=run_id, stream_id=stream_id, reason=reason)
+        return as_dict(self.call("stream.abort", run_id=run_id, stream_id=stream_id, reason=reason))
 
     def stream_subscribe(self, run_id: str, after_seq: int = 0) -> Any:
         """``stream.subscribe``: the run's events with seq > ``after_seq`` arrive through
@@ -889,19 +892,19 @@ class Client:
 
     def stream_get(self, run_id: str, reveal: bool = False) -> Dict[str, Any]:
         """``stream.get``."""
-        return self.call("stream.get", run_id=run_id, reveal=reveal or None)
+        return as_dict(self.call("stream.get", run_id=run_id, reveal=reveal or None))
 
     def stream_list(self) -> List[Dict[str, Any]]:
         """``stream.list`` -> the active runs."""
-        return self.call("stream.list")["runs"]
+        return as_list(self.call("stream.list")["runs"])
 
     def checkpoint_put(self, run_id: str, snapshot: Dict[str, Any]) -> Dict[str, Any]:
         """``checkpoint.put``: an idempotent upsert of a runtime's own snapshot."""
-        return self.call("checkpoint.put", run_id=run_id, snapshot=snapshot)
+        return as_dict(self.call("checkpoint.put", run_id=run_id, snapshot=snapshot))
 
     def checkpoint_get(self, run_id: str) -> Dict[str, Any]:
         """``checkpoint.get`` -> the snapshot (``NotFound`` if none)."""
-        return self.call("checkpoint.get", run_id=run_id)
+        return as_dict(self.call("checkpoint.get", run_id=run_id))
 
     def checkpoint_delete(self, run_id: str) -> bool:
         """``checkpoint.delete`` -> whether there was one."""
@@ -913,49 +916,49 @@ class Client:
         """``run.log_node``: a node completion (hive's NodeDetail fields). The same
         ``(node_id, attempt)`` again keeps one entry: the same content writes nothing, other
         content replaces it. -> ``{seq, written, replaced}``."""
-        return self.call("run.log_node", run_id=run_id, detail=detail)
+        return as_dict(self.call("run.log_node", run_id=run_id, detail=detail))
 
     def run_ensure_node(self, run_id: str, node_id: str,
                         detail: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
         """``run.ensure_node``: log ``detail`` only if the log has no entry for ``node_id``;
         atomic against every other writer (threads, processes, restarts). -> ``{seq, written}``."""
-        return self.call("run.ensure_node", run_id=run_id, node_id=node_id, detail=detail or {})
+        return as_dict(self.call("run.ensure_node", run_id=run_id, node_id=node_id, detail=detail or {}))
 
     def run_log_step(self, run_id: str, step: Dict[str, Any]) -> Dict[str, Any]:
         """``run.log_step``: a step (hive's NodeStepLog), idempotent by
         ``(node_id, step_index)``."""
-        return self.call("run.log_step", run_id=run_id, step=step)
+        return as_dict(self.call("run.log_step", run_id=run_id, step=step))
 
     def run_tool_begin(self, run_id: str, tool_call_id: str, name: str,
                        input: Any = None) -> Dict[str, Any]:
         """``run.tool_begin``: call it before running a tool, so a resumed stream's R2 plan
         knows the call began."""
-        return self.call(
+        return as_dict(self.call(
             "run.tool_begin", run_id=run_id, tool_call_id=tool_call_id, name=name, input=input
-        )
+        ))
 
     def run_tool_end(self, run_id: str, tool_call_id: str, result: Any = None,
                      is_error: bool = False) -> Dict[str, Any]:
         """``run.tool_end``: the tool finished (the first end is kept)."""
-        return self.call(
+        return as_dict(self.call(
             "run.tool_end", run_id=run_id, tool_call_id=tool_call_id, result=result,
             is_error=is_error,
-        )
+        ))
 
     def run_end(self, run_id: str, status: str, **fields: Any) -> Dict[str, Any]:
         """``run.end`` -> the summary (hive's summary.json). Idempotent: a second end returns
         the same summary. ``fields``: agent_id, goal_id, execution_quality, trace_id,
         execution_id, started_at, duration_ms, node_path."""
-        return self.call("run.end", run_id=run_id, status=status, **fields)["summary"]
+        return as_dict(self.call("run.end", run_id=run_id, status=status, **fields)["summary"])
 
     def run_get(self, run_id: str) -> Dict[str, Any]:
         """``run.get`` -> the run's entries, summary (so far) and load report."""
-        return self.call("run.get", run_id=run_id)
+        return as_dict(self.call("run.get", run_id=run_id))
 
     def run_list(self, status: Optional[str] = None, since_ms: Optional[int] = None,
                  until_ms: Optional[int] = None) -> List[Dict[str, Any]]:
         """``run.list`` -> runs, newest activity first."""
-        return self.call("run.list", status=status, since_ms=since_ms, until_ms=until_ms)["runs"]
+        return as_list(self.call("run.list", status=status, since_ms=since_ms, until_ms=until_ms)["runs"])
 
     # -- events --------------------------------------------------------------------------------
 

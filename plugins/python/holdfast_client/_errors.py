@@ -3,7 +3,7 @@ strings out of them."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional, Type
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Type
 
 #: The stable error kinds (``error.data.kind``).
 KINDS = (
@@ -73,7 +73,7 @@ class HoldfastError(Exception):
             self.message,
         )
 
-    def __reduce__(self):  # type: ignore[override]
+    def __reduce__(self) -> Tuple[Any, ...]:
         # Picklable (multiprocessing) with its fields.
         return (_rebuild_error, (type(self), self.kind, self.message, self.code, self.data))
 
@@ -183,15 +183,16 @@ def error_from_response(err: Any) -> HoldfastError:
     """Build the exception for a JSON-RPC ``error`` object."""
     if not isinstance(err, dict):
         return StorageError(message="malformed error response from the daemon")
-    code = err.get("code") if isinstance(err.get("code"), int) else 0
-    data = err.get("data") if isinstance(err.get("data"), dict) else {}
+    raw_code = err.get("code")
+    code = raw_code if isinstance(raw_code, int) else 0
+    raw_data = err.get("data")
+    data: Dict[str, Any] = dict(raw_data) if isinstance(raw_data, dict) else {}
     kind = data.get("kind")
-    if kind not in _ERROR_CLASSES:
+    if not isinstance(kind, str) or kind not in _ERROR_CLASSES:
         kind = _KIND_OF_CODE.get(code, "storage")
     message = err.get("message")
     if not isinstance(message, str):
         message = "error"
-    data = dict(data)
     data.setdefault("kind", kind)
     return _ERROR_CLASSES[kind](kind, message, code, data)
 

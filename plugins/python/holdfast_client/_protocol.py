@@ -12,7 +12,7 @@ import struct
 import threading
 from typing import Any, Callable, Deque, Dict, List, Mapping, NamedTuple, Optional, Set
 
-from ._errors import Forbidden, InvalidParams
+from ._errors import Forbidden, InvalidParams, StorageError
 
 PROTOCOL_VERSION = 1
 
@@ -286,7 +286,8 @@ class CredentialRecord:
         keys = self.credential.get("keys") or {}
         if key not in keys:
             raise KeyError(key)
-        return keys[key]["value"]
+        value = keys[key]["value"]
+        return value if isinstance(value, str) else str(value)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, CredentialRecord):
@@ -321,6 +322,27 @@ class Lease(NamedTuple):
 
     def __bool__(self) -> bool:
         return bool(self.granted)
+
+
+def as_dict(value: Any) -> Dict[str, Any]:
+    """A daemon answer that must be an object (``StorageError`` if it is not)."""
+    if not isinstance(value, dict):
+        raise StorageError(message="a malformed answer from the daemon (not an object)")
+    return value
+
+
+def as_list(value: Any) -> List[Dict[str, Any]]:
+    """A daemon answer that must be a list (``StorageError`` if it is not)."""
+    if not isinstance(value, list):
+        raise StorageError(message="a malformed answer from the daemon (not a list)")
+    return value
+
+
+def as_int(value: Any) -> int:
+    """A daemon answer that must be an integer (``StorageError`` if it is not)."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise StorageError(message="a malformed answer from the daemon (not an integer)")
+    return value
 
 
 def record(result: Dict[str, Any]) -> CredentialRecord:

@@ -89,7 +89,7 @@ class _Connection:
 # Credentials
 
 
-class HoldfastCredentialStorage(_StorageBase):  # type: ignore[misc,valid-type]
+class HoldfastCredentialStorage(_StorageBase):  # type: ignore[misc,valid-type,unused-ignore]
     """hive's ``CredentialStorage``, served by the holdfast daemon.
 
     ``store``: the holdfast store (default ``"default"``; ``"hive"`` after ``holdfast import
