@@ -621,11 +621,20 @@ class Client:
                      on_answer: Optional[Callable[[Any, int], None]] = None,
                      on_error: Optional[Callable[[HoldfastError], None]] = None) -> None:
         """A request of the client's own, on connection ``epoch`` only, whose answer nobody
-        waits for (safe from the reader thread)."""
-        try:
-            self._call(method, params, on_answer, epoch=epoch, wait=False, on_error=on_error)
-        except (_Gone, ConnectionClosed):
-            pass  # that connection is gone, and what the request was about with it
+        waits for. From the reader thread it is sent by a thread of its own: the reader must
+        never wait for the send lock (a caller blocked in a send may be waiting for the daemon
+        to read, and the daemon for the reader)."""
+        def send() -> None:
+            try:
+                self._call(method, params, on_answer, epoch=epoch, wait=False,
+                           on_error=on_error)
+            except (_Gone, ConnectionClosed):
+                pass  # that connection is gone, and what the request was about with it
+
+        if threading.current_thread() is self._reader:
+            threading.Thread(target=send, name="holdfast-client-send", daemon=True).start()
+        else:
+            send()
 
     def _subscribe(
         self,
@@ -670,6 +679,8 @@ class Client:
 
     def _resubscribe(self, rec: SubRecord, epoch: int) -> None:
         """Make ``rec`` again on a new connection (the reader thread: nothing is waited for)."""
+        if rec.closed:
+            return  # closed while the client reconnected: nothing to re-make
         claim = self._claim(rec)
 
         def answered(result: Any, epoch: int) -> None:

@@ -70,6 +70,10 @@ class _Gone(Exception):
     """A request bound to a connection that is no longer the current one: not sent."""
 
 
+class _NotSent(Exception):
+    """The connection was lost before the request was written: safe to send on the next."""
+
+
 class _NoLock:
     """The registry's lock in a single-threaded event loop: nothing to exclude."""
 
@@ -481,21 +485,34 @@ class AsyncClient:
         """Send a request and await its answer. Whatever ends the wait (an answer, an error,
         a timeout, the task's cancellation) leaves no entry behind, except ``on_answer`` of a
         request that was sent: the answer still reaches it (a subscription is unsubscribed
-        rather than leaked). ``epoch``: only on that connection (``_Gone`` otherwise)."""
+        rather than leaked). ``epoch``: only on that connection (``_Gone`` otherwise). A
+        request the connection's loss kept from being sent at all waits for the next one."""
         loop = asyncio.get_running_loop()
         deadline = None if self.timeout is None else loop.time() + self.timeout
-        if self._state == _RECONNECTING and epoch is None and self._connected is not None:
+        while True:
+            if self._state == _RECONNECTING and epoch is None and self._connected is not None:
+                remaining = None if deadline is None else max(0.0, deadline - loop.time())
+                try:
+                    await asyncio.wait_for(self._connected.wait(), remaining)
+                except asyncio.TimeoutError:
+                    raise CallTimeout(message="no connection to the daemon for %s within %ss "
+                                      "(reconnecting)" % (method, self.timeout)) from None
             try:
-                await asyncio.wait_for(self._connected.wait(), self.timeout)
-            except asyncio.TimeoutError:
-                raise CallTimeout(message="no connection to the daemon for %s within %ss "
-                                  "(reconnecting)" % (method, self.timeout)) from None
+                return await self._call_once(method, params, on_answer, epoch, deadline)
+            except _NotSent:
+                if epoch is not None:
+                    raise _Gone() from None
+
+    async def _call_once(self, method: str, params: Dict[str, Any],
+                         on_answer: Optional[Callable[[Any, int], None]],
+                         epoch: Optional[int], deadline: Optional[float]) -> Any:
+        loop = asyncio.get_running_loop()
         if self._state == _CLOSED or self._writer is None or self._write_lock is None:
             raise ConnectionClosed(message=self._close_reason or "the connection is closed")
         if epoch is not None and (epoch != self._subs.epoch or self._state != _CONNECTED):
             raise _Gone()
         if self._state != _CONNECTED:
-            raise ConnectionClosed(message="not connected to the daemon (reconnecting)")
+            raise _NotSent()
         rid = next(self._ids)
         line = encode_request(rid, method, params)
         fut: "asyncio.Future[Any]" = loop.create_future()
@@ -507,8 +524,7 @@ class AsyncClient:
         try:
             async with self._write_lock:
                 if self._writer is not writer or self._state != _CONNECTED:
-                    raise ConnectionClosed(message="the connection to the daemon was lost "
-                                           "before the request was sent")
+                    raise _NotSent()  # the connection went while this waited for its turn
                 try:
                     writer.write(line)
                     sent = True
@@ -588,6 +604,9 @@ class AsyncClient:
             self._table.release(daemon_id)
 
     def _resubscribe(self, rec: SubRecord, epoch: int) -> None:
+        """Make ``rec`` again on a new connection (the reader task: nothing is awaited)."""
+        if rec.closed:
+            return  # closed while the client reconnected: nothing to re-make
         claim = self._claim(rec)
 
         def answered(result: Any, epoch: int) -> None:

@@ -275,15 +275,22 @@ def test_cancelled_and_timed_out_async_subscribes_release_their_daemon_subscript
 
         async def main():
             async with hc.AsyncClient(daemon.socket, client="canceller") as ac:
-                for i in range(10):
-                    t = asyncio.ensure_future(ac.subscribe_stream("cx"))
-                    await asyncio.sleep(0)  # sent, not yet answered
-                    t.cancel()
-                    with pytest.raises(asyncio.CancelledError):
-                        await t
-                for i in range(10):
-                    with pytest.raises(asyncio.TimeoutError):
-                        await asyncio.wait_for(ac.subscribe_cred(), 0.000001)
+                gave_up, attempts = 0, 0
+                while gave_up < 20:  # one that was answered first is simply closed
+                    attempts += 1
+                    assert attempts < 500, "subscribes were answered before they gave up"
+                    try:
+                        if attempts % 2:
+                            t = asyncio.ensure_future(ac.subscribe_stream("cx"))
+                            await asyncio.sleep(0)  # sent, not yet answered
+                            t.cancel()
+                            sub = await t
+                        else:
+                            sub = await asyncio.wait_for(ac.subscribe_cred(), 0.000001)
+                    except (asyncio.CancelledError, asyncio.TimeoutError):
+                        gave_up += 1
+                    else:
+                        await sub.close()
                 # The late answers are unsubscribed as they come: 16 fit again (polled: the
                 # unsubscribes are in flight).
                 deadline = time.monotonic() + 30
@@ -310,7 +317,12 @@ def test_cancelled_and_timed_out_async_subscribes_release_their_daemon_subscript
 
 
 def test_300_timed_out_async_calls_leave_nothing_behind(daemon):
+    """300 calls given up at once (wait_for): most of them while they wait for the connection's
+    write lock behind a large request (100 KB each: the transport's buffer fills and the
+    writer waits for the daemon to read). None may stay pending or leave an exception nobody
+    retrieves."""
     errors = []
+    big = "x" * 100_000  # an id the daemon refuses (invalid_params): nothing is stored
 
     async def main():
         loop = asyncio.get_running_loop()
@@ -318,11 +330,12 @@ def test_300_timed_out_async_calls_leave_nothing_behind(daemon):
         ac = await hc.AsyncClient.connect(daemon.socket, client="impatient")
         await ac.set_value("k", SECRET)
         got = await asyncio.gather(
-            *(asyncio.wait_for(ac.get("k"), 0.000001) for _ in range(300)),
+            *(asyncio.wait_for(ac.exists(big), 0.000001) for _ in range(300)),
             return_exceptions=True,
         )
-        assert all(isinstance(g, asyncio.TimeoutError) for g in got), \
-            {type(g).__name__ for g in got}
+        kinds = {type(g).__name__ for g in got}
+        assert kinds <= {"TimeoutError", "InvalidParams"}, kinds
+        assert sum(isinstance(g, asyncio.TimeoutError) for g in got) >= 200, kinds
         # One more round trip: every late answer has been read by then.
         assert (await ac.get("k")).value() == SECRET
         assert ac._pending == {}, "%d futures left waiting" % len(ac._pending)
@@ -337,14 +350,18 @@ def test_300_timed_out_async_calls_leave_nothing_behind(daemon):
 
 def test_timed_out_sync_subscribes_release_their_daemon_subscriptions(daemon):
     c = daemon.client("impatient")
-    c.timeout = 0.000001
-    timeouts = 0
-    for _ in range(20):
+    timeouts, attempts = 0, 0
+    while timeouts < 20:
+        attempts += 1
+        assert attempts < 500, "subscribes were answered within a microsecond"
+        c.timeout = 0.000001
         try:
-            c.subscribe_cred().close()
+            sub = c.subscribe_cred()
         except hc.CallTimeout:
             timeouts += 1
-    assert timeouts >= 17, "the test needs more than 16 timed-out subscribes: %d" % timeouts
+            continue
+        c.timeout = 30
+        sub.close()
     c.timeout = 30
 
     def all_16():
