@@ -57,7 +57,7 @@ from typing import (
     Union,
 )
 
-from ._errors import HoldfastError
+from ._errors import ConnectionClosed, HoldfastError
 from ._protocol import as_dict
 
 #: The event types a provider stream may hand over already in holdfast's form.
@@ -127,7 +127,8 @@ class _Appender:
 
     def _send(self, seq: int, batch: List[Dict[str, Any]]) -> None:
         try:
-            acked = self._client.stream_append(self._run, self._stream, seq, batch)
+            acked = _append_surviving_reconnects(self._client, self._run, self._stream, seq,
+                                                 batch)
         except BaseException as e:  # noqa: BLE001 - handed to every waiter
             with self._cv:
                 self._error = e
@@ -223,6 +224,37 @@ class _Appender:
             self._cv.notify_all()
 
 
+#: How many times one append is sent again after the connection was lost under it.
+APPEND_RESENDS = 10
+
+
+def _append_surviving_reconnects(client: Any, run: str, stream: str, seq: int,
+                                 batch: List[Dict[str, Any]]) -> int:
+    """``stream.append``, sent again when the connection was lost while it was in flight and
+    the client reconnects (a daemon restart: the ``stream_id`` still holds). Safe: a batch
+    already taken is acknowledged again and dropped. Once the client gives up (``closed``),
+    or the daemon refuses the batch, that error is raised."""
+    for resend in range(APPEND_RESENDS + 1):
+        try:
+            return int(client.stream_append(run, stream, seq, batch))
+        except ConnectionClosed:
+            if getattr(client, "closed", True) or resend == APPEND_RESENDS:
+                raise
+    raise AssertionError("unreachable")
+
+
+async def _aappend_surviving_reconnects(client: Any, run: str, stream: str, seq: int,
+                                        batch: List[Dict[str, Any]]) -> int:
+    """``_append_surviving_reconnects`` for an ``AsyncClient``."""
+    for resend in range(APPEND_RESENDS + 1):
+        try:
+            return int(await client.stream_append(run, stream, seq, batch))
+        except ConnectionClosed:
+            if getattr(client, "closed", True) or resend == APPEND_RESENDS:
+                raise
+    raise AssertionError("unreachable")
+
+
 class _AsyncAppender:
     """``_Appender`` for an ``AsyncClient``: ``put`` hands events over without waiting, a task
     sends whatever accumulated while the previous append was in flight, ``flush`` waits."""
@@ -257,7 +289,8 @@ class _AsyncAppender:
             seq = self._next
             self._next += len(batch)
             try:
-                acked = await self._client.stream_append(self._run, self._stream, seq, batch)
+                acked = await _aappend_surviving_reconnects(self._client, self._run,
+                                                            self._stream, seq, batch)
             except BaseException as e:  # noqa: BLE001 - raised by the next put or flush
                 self._error, self._next, self._queue = e, seq, []
                 return

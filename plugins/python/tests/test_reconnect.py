@@ -24,17 +24,6 @@ def deadline_loop(what, check, timeout=30.0, step=0.05):
         time.sleep(step)
 
 
-def append_retrying(client, run_id, stream_id, seq, text):
-    """An append is idempotent by seq: one in flight when the connection broke (it raised
-    ConnectionClosed, carried out or not) is sent again."""
-    for _ in range(100):
-        try:
-            return client.stream_append(run_id, stream_id, seq, [{"type": "text", "text": text}])
-        except hc.ConnectionClosed:
-            time.sleep(0.1)
-    raise AssertionError("append %d never went through" % seq)
-
-
 def letter(i):
     return "abcdefghij"[i % 10]
 
@@ -65,15 +54,15 @@ def test_a_subscriber_survives_a_daemon_restart_mid_stream_without_duplicates_or
     d = make_daemon()
     run_id = "restart-" + flavour
     producer = d.client("producer", reconnect_attempts=30)
-    begun = producer.stream_begin(run_id)
-    sid = begun["stream_id"]
+    # StreamProducer goes on by itself: an append the restart cut off is sent again.
+    prod = hc.StreamProducer(producer, run_id)
     for seq in range(1, N1 + 1):
-        append_retrying(producer, run_id, sid, seq, letter(seq))
+        prod.text(letter(seq))
 
     def produce_after_restart():
         for seq in range(N1 + 1, N1 + N2 + 1):
-            append_retrying(producer, run_id, sid, seq, letter(seq))
-        producer.stream_commit(run_id, sid, {"role": "assistant"}, content_from_stream=True)
+            prod.text(letter(seq))
+        prod.commit({"role": "assistant"}, content_from_stream=True)
 
     if flavour == "sync":
         sub_client = d.client("subscriber", reconnect_attempts=30)
@@ -113,6 +102,37 @@ def test_a_subscriber_survives_a_daemon_restart_mid_stream_without_duplicates_or
     assert text == "".join(letter(i) for i in range(1, N1 + N2 + 1))
     print("%s: %d events across a daemon restart, each once and in order"
           % (flavour, len(got)))
+
+
+def test_an_append_in_flight_across_a_daemon_restart_is_sent_again_and_taken_once(make_daemon):
+    """The daemon took an append but restarted before its answer reached the producer (a
+    proxy holds the answer): StreamProducer sends it again on the new connection, the daemon
+    acknowledges it as a replay, and the run's text has it once."""
+    d = make_daemon()
+    proxy = Proxy(d.socket)
+    try:
+        producer = hc.Client(proxy.path, client="producer", reconnect_attempts=30)
+        prod = hc.StreamProducer(producer, "inflight")
+        prod.text("a")
+        proxy.hold = lambda idx, msg: (idx == 0 and isinstance(msg.get("result"), dict)
+                                       and "acked_seq" in msg["result"])
+        acked = []
+        t = threading.Thread(target=lambda: acked.append(prod.text("b")))
+        t.start()
+        proxy.wait(lambda: proxy.conns[0]["held"], "the append's answer (held)")
+        proxy.hold = None  # the held answer dies with the old connection
+        d.restart()
+        t.join(60)
+        assert not t.is_alive() and acked == [2], acked
+        prod.text("c")
+        prod.commit({"role": "assistant"}, content_from_stream=True)
+        assert producer.reconnects == 1
+        producer.close()
+        with d.client("reader") as c:
+            got = c.stream_get("inflight", reveal=True)
+        assert got["status"] == "committed" and got["final_message"]["content"] == "abc", got
+    finally:
+        proxy.close()
 
 
 def test_calls_after_a_restart_go_on_the_new_connection_and_watches_say_resync(make_daemon):
