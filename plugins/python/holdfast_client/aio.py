@@ -251,6 +251,10 @@ class AsyncClient:
 
     async def _open(self) -> None:
         reader, writer = await self._connect()
+        # A client opened again after close() starts afresh (what the old connection had was
+        # ended with it).
+        self._subs = SubRegistry(_NoLock())
+        self._table = SubscriptionTable()
         self._writer = writer
         self._write_lock = asyncio.Lock()
         self._connected = asyncio.Event()
