@@ -104,9 +104,12 @@ fi
 
 # mypy --strict on the package: it ships py.typed, so its users' type checkers read these hints.
 # Absolute paths, and no cd: the venv's path may be relative to the repository root.
+MYPY_MISSING=""
 if ! "$PY" -c 'import mypy' 2>/dev/null; then
   say "installing mypy into $VENV"
-  pip_install mypy || true
+  if ! out=$(pip_install mypy 2>&1); then
+    MYPY_MISSING="pip could not install mypy: $(echo "$out" | tail -1)"
+  fi
 fi
 if "$PY" -c 'import mypy' 2>/dev/null; then
   PY_ABS="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")"
@@ -121,7 +124,7 @@ if "$PY" -c 'import mypy' 2>/dev/null; then
   echo "== mypy --strict plugins/python/holdfast_client" >&2
   "$PY_ABS" -m mypy "${MYPY_ARGS[@]}" "$(pwd)/plugins/python/holdfast_client"
 else
-  say "SKIPPED: mypy --strict (mypy could not be installed into $VENV)"
+  say "SKIPPED: mypy --strict (${MYPY_MISSING:-mypy does not import in $VENV})"
 fi
 
 # The oldest Python the package claims (3.8): it must at least compile and import there.
