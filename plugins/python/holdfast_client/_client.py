@@ -854,8 +854,8 @@ class Client:
         how you will continue the text after an R1/R3 plan, ``"exact"`` (the daemon's default:
         the provider continues the prefix, nothing is trimmed) or ``"restated"`` (the model may
         restate the prefix's end; the restatement is removed)."""
-        return as_dict(self.call("stream.interrupt", run_id=run_id, stream_id=stream_id, cause=cause,
-                         continuation=continuation))
+        return as_dict(self.call("stream.interrupt", run_id=run_id, stream_id=stream_id,
+                                 cause=cause, continuation=continuation))
 
     def stream_resume(
         self,
@@ -933,7 +933,8 @@ class Client:
                         detail: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
         """``run.ensure_node``: log ``detail`` only if the log has no entry for ``node_id``;
         atomic against every other writer (threads, processes, restarts). -> ``{seq, written}``."""
-        return as_dict(self.call("run.ensure_node", run_id=run_id, node_id=node_id, detail=detail or {}))
+        return as_dict(self.call("run.ensure_node", run_id=run_id, node_id=node_id,
+                                 detail=detail or {}))
 
     def run_log_step(self, run_id: str, step: Dict[str, Any]) -> Dict[str, Any]:
         """``run.log_step``: a step (hive's NodeStepLog), idempotent by
@@ -969,7 +970,8 @@ class Client:
     def run_list(self, status: Optional[str] = None, since_ms: Optional[int] = None,
                  until_ms: Optional[int] = None) -> List[Dict[str, Any]]:
         """``run.list`` -> runs, newest activity first."""
-        return as_list(self.call("run.list", status=status, since_ms=since_ms, until_ms=until_ms)["runs"])
+        return as_list(self.call("run.list", status=status, since_ms=since_ms,
+                                 until_ms=until_ms)["runs"])
 
     # -- events --------------------------------------------------------------------------------
 

@@ -112,6 +112,7 @@ RECONNECT_ATTEMPTS = 10
 RECONNECT_FIRST_DELAY = 0.05
 RECONNECT_MAX_DELAY = 2.0
 
+
 def reconnect_delays(attempts: int) -> List[float]:
     """The waits before each reconnect attempt."""
     out, d = [], RECONNECT_FIRST_DELAY
@@ -122,7 +123,9 @@ def reconnect_delays(attempts: int) -> List[float]:
 
 
 #: Why a reconnect may have hidden changes from a credential watch (its ``resync`` event).
-RECONNECT_HINT = "reconnected to the daemon: changes made while disconnected were not seen; list again"
+RECONNECT_HINT = (
+    "reconnected to the daemon: changes made while disconnected were not seen; list again"
+)
 
 
 class SubRecord:
@@ -354,7 +357,8 @@ def set_result(result: Dict[str, Any]) -> SetResult:
 
 
 def lease(result: Dict[str, Any]) -> Lease:
-    return Lease(bool(result.get("granted")), result.get("lease_id"), result.get("expires_in_ms", 0))
+    return Lease(bool(result.get("granted")), result.get("lease_id"),
+                 result.get("expires_in_ms", 0))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -729,35 +729,36 @@ class AsyncClient:
     async def stream_begin(self, run_id: str, thread_id: Optional[str] = None,
                            model: Optional[str] = None, takeover: bool = False
                            ) -> Dict[str, Any]:
-        return as_dict(await self.call("stream.begin", run_id=run_id, thread_id=thread_id, model=model,
-                               takeover=takeover or None))
+        return as_dict(await self.call("stream.begin", run_id=run_id, thread_id=thread_id,
+                                       model=model, takeover=takeover or None))
 
     async def stream_append(self, run_id: str, stream_id: str, seq: int,
                             events: List[Dict[str, Any]]) -> int:
         return as_int((await self.call("stream.append", run_id=run_id, stream_id=stream_id, seq=seq,
-                                events=events))["acked_seq"])
+                                       events=events))["acked_seq"])
 
     async def stream_interrupt(self, run_id: str, stream_id: str, cause: Any,
                                continuation: Optional[str] = None) -> Dict[str, Any]:
         return as_dict(await self.call("stream.interrupt", run_id=run_id, stream_id=stream_id,
-                               cause=cause, continuation=continuation))
+                                       cause=cause, continuation=continuation))
 
     async def stream_resume(self, run_id: str, model: Optional[str] = None,
                             thread_id: Optional[str] = None, fail_on_stale: bool = False,
                             continuation: Optional[str] = None) -> Dict[str, Any]:
-        return as_dict(await self.call("stream.resume", run_id=run_id, model=model, thread_id=thread_id,
-                               fail_on_stale=fail_on_stale or None, continuation=continuation))
+        return as_dict(await self.call("stream.resume", run_id=run_id, model=model,
+                                       thread_id=thread_id, fail_on_stale=fail_on_stale or None,
+                                       continuation=continuation))
 
     async def stream_commit(self, run_id: str, stream_id: str, final_message: Any,
                             content_from_stream: bool = False) -> Dict[str, Any]:
         return as_dict(await self.call("stream.commit", run_id=run_id, stream_id=stream_id,
-                               final_message=final_message,
-                               content_from_stream=content_from_stream or None))
+                                       final_message=final_message,
+                                       content_from_stream=content_from_stream or None))
 
     async def stream_abort(self, run_id: str, stream_id: str,
                            reason: Optional[str] = None) -> Dict[str, Any]:
         return as_dict(await self.call("stream.abort", run_id=run_id, stream_id=stream_id,
-                               reason=reason))
+                                       reason=reason))
 
     async def stream_get(self, run_id: str, reveal: bool = False) -> Dict[str, Any]:
         return as_dict(await self.call("stream.get", run_id=run_id, reveal=reveal or None))
@@ -782,7 +783,7 @@ class AsyncClient:
     async def run_ensure_node(self, run_id: str, node_id: str,
                               detail: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
         return as_dict(await self.call("run.ensure_node", run_id=run_id, node_id=node_id,
-                               detail=detail or {}))
+                                       detail=detail or {}))
 
     async def run_log_step(self, run_id: str, step: Dict[str, Any]) -> Dict[str, Any]:
         return as_dict(await self.call("run.log_step", run_id=run_id, step=step))
@@ -790,15 +791,16 @@ class AsyncClient:
     async def run_tool_begin(self, run_id: str, tool_call_id: str, name: str,
                              input: Any = None) -> Dict[str, Any]:
         return as_dict(await self.call("run.tool_begin", run_id=run_id, tool_call_id=tool_call_id,
-                               name=name, input=input))
+                                       name=name, input=input))
 
     async def run_tool_end(self, run_id: str, tool_call_id: str, result: Any = None,
                            is_error: bool = False) -> Dict[str, Any]:
         return as_dict(await self.call("run.tool_end", run_id=run_id, tool_call_id=tool_call_id,
-                               result=result, is_error=is_error))
+                                       result=result, is_error=is_error))
 
     async def run_end(self, run_id: str, status: str, **fields: Any) -> Dict[str, Any]:
-        return as_dict((await self.call("run.end", run_id=run_id, status=status, **fields))["summary"])
+        return as_dict((await self.call("run.end", run_id=run_id, status=status,
+                                        **fields))["summary"])
 
     async def run_get(self, run_id: str) -> Dict[str, Any]:
         return as_dict(await self.call("run.get", run_id=run_id))
@@ -806,4 +808,4 @@ class AsyncClient:
     async def run_list(self, status: Optional[str] = None, since_ms: Optional[int] = None,
                        until_ms: Optional[int] = None) -> List[Dict[str, Any]]:
         return as_list((await self.call("run.list", status=status, since_ms=since_ms,
-                                until_ms=until_ms))["runs"])
+                                        until_ms=until_ms))["runs"])

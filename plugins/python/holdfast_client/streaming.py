@@ -403,7 +403,7 @@ class StreamProducer:
         """End the run with its final message (one atomic step). ``content_from_stream``: the
         message's ``content`` is the text the run streamed (what subscribers were shown)."""
         return as_dict(self.client.stream_commit(self.run_id, self.stream_id, final_message,
-                                         content_from_stream))
+                                                 content_from_stream))
 
     def abort(self, reason: Optional[str] = None) -> Dict[str, Any]:
         """End the run without a final message."""
