@@ -759,6 +759,9 @@ class Client:
         rec = self._subs.get(subscription)
         if rec is None:
             return False
+        if isinstance(rec.owner, Subscription):
+            with rec.owner._cv:
+                rec.owner._q.close()  # its next() ends, as after its own close()
         return self._close_sub(rec)
 
     # -- typed helpers -------------------------------------------------------------------------
