@@ -159,7 +159,10 @@ def test_calls_after_a_restart_go_on_the_new_connection_and_watches_say_resync(m
     # Ids are the client's: unsubscribing the legacy one by the id watch() gave works.
     assert c.unsubscribe(legacy) is True
     assert c.unsubscribe(legacy) is False
-    watch.close()
+    assert c.unsubscribe(watch.id) is True
+    assert watch.next(5) is None and watch.finished, "unsubscribe ends the iteration"
+    # Both were unsubscribed on the new connection: its 16 slots are free.
+    assert open_16(c.subscribe_cred, lambda s: s.close())
     c.close()
 
 
