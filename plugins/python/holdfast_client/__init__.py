@@ -13,9 +13,11 @@ Standard library only; Python 3.8 or later.
         except NotFound as e:
             print(e.kind)                         # "not_found"
 
-One ``Client`` is one connection. It is thread-safe: any number of threads may call it at once;
-requests are pipelined on the socket and a reader thread hands each response to the caller
-waiting for its ``id``, and each event to its subscription. ``AsyncClient`` is the same for
+One ``Client`` is one connection at a time: after a daemon restart it reconnects, says hello
+again and re-makes its subscriptions (a call in flight at that moment raises
+``ConnectionClosed``). It is thread-safe: any number of threads may call it at once; requests
+are pipelined on the socket and a reader thread hands each response to the caller waiting for
+its ``id``, and each event to its subscription. ``AsyncClient`` is the same for
 asyncio code (awaitable methods, subscriptions as async iterators).
 
 Errors are ``HoldfastError`` (``.kind``, ``.message``, ``.code``, ``.data``), one subclass per
@@ -43,6 +45,7 @@ from ._errors import (
     NotFound,
     Sealed,
     StorageError,
+    StoreNotServed,
     Unsupported,
 )
 from ._paths import default_socket_path
@@ -76,6 +79,7 @@ __all__ = [
     "Sealed",
     "SetResult",
     "StorageError",
+    "StoreNotServed",
     "StreamProducer",
     "Subscription",
     "Unsupported",

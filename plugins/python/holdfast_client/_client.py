@@ -1,9 +1,11 @@
-"""The thread-safe client: one connection, any number of threads, pipelined requests."""
+"""The thread-safe client: one connection at a time, any number of threads, pipelined requests;
+it reconnects after the daemon restarts and re-makes its subscriptions."""
 
 from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
 import socket
 import threading
@@ -20,36 +22,56 @@ from ._errors import (
 )
 from ._paths import default_socket_path
 from ._protocol import (
+    as_dict,
+    as_int,
+    as_list,
     CLOSED,
     DEFAULT_STORE,
     PROTOCOL_VERSION,
+    RECONNECT_ATTEMPTS,
+    RECONNECT_HINT,
     CredentialRecord,
     Lease,
     SetResult,
     SubQueue,
+    SubRecord,
+    SubRegistry,
     SubscriptionTable,
     check_peer,
     encode_request,
+    reconnect_delays,
     lease,
     record,
     set_result,
 )
 
+logger = logging.getLogger("holdfast_client")
 
 Event = Dict[str, Any]
 Sink = Callable[[Event], None]
 
+_CONNECTED, _RECONNECTING, _CLOSED = "connected", "reconnecting", "closed"
+
+
+class _Gone(Exception):
+    """A request bound to a connection that is no longer the current one (an unsubscribe of
+    an id of a lost connection): not sent, as it would name another subscription."""
+
 
 class _Pending:
-    __slots__ = ("event", "result", "error", "on_answer")
+    __slots__ = ("event", "result", "error", "on_answer", "on_error", "epoch")
 
-    def __init__(self, on_answer: Optional[Callable[[Any], None]] = None) -> None:
+    def __init__(self, on_answer: Optional[Callable[[Any, int], None]] = None,
+                 on_error: Optional[Callable[[HoldfastError], None]] = None) -> None:
         self.event = threading.Event()
+        self.epoch = -1  # the connection it was sent on
         self.result: Any = None
         self.error: Optional[HoldfastError] = None
         # For subscriptions: run by the reader thread when the answer arrives, before it reads
-        # the next line (so no event of the subscription is misfiled).
+        # the next line (so no event of the subscription is misfiled) — also when the caller
+        # has stopped waiting (a timeout), so its subscription is unsubscribed, not leaked.
         self.on_answer = on_answer
+        self.on_error = on_error
 
 
 class Subscription:
@@ -57,22 +79,27 @@ class Subscription:
     a queue of its own: iterate over it (blocking), or call ``next(timeout)``.
 
     A stream subscription ends after its run's ``finish`` event; iteration stops there. It
-    drops nothing, however slowly it is read: every event arrives exactly once and in order. A
-    credential watch keeps at most ``max_queued`` events; past that the oldest are dropped and
-    a ``{"type": "resync"}`` event says how many (list again).
+    drops nothing, however slowly it is read: every event arrives exactly once and in order,
+    also across a reconnect (it is re-made from the last seq it received). A credential watch
+    keeps at most ``max_queued`` events; past that the oldest are dropped and a
+    ``{"type": "resync"}`` event says how many (list again); a reconnect adds a ``resync`` too
+    (``missed`` is ``None``: changes while disconnected were not seen).
 
-    ``close()`` unsubscribes: once it returns, no further event of it arrives.
+    ``id`` is this client's id for it (stable across reconnects; its events carry it in
+    ``subscription``). ``close()`` unsubscribes: once it returns, no further event of it
+    arrives.
     """
 
     def __init__(self, client: "Client", kind: str, params: Dict[str, Any],
                  max_queued: int) -> None:
         self._client = client
-        self._params = dict(params)
         self._q = SubQueue(kind, max_queued, int(params.get("after_seq") or 0))
         self._cv = threading.Condition(threading.Lock())
         self._listener: Optional[Callable[[], None]] = None
-        self.id: Any = None
-        self._start()
+        self._reason: Optional[str] = None
+        method = "stream.subscribe" if kind == "stream" else "cred.watch"
+        self._rec: SubRecord = client._subscribe(method, params, self._push, self)
+        self.id: Any = self._rec.local
 
     @property
     def kind(self) -> str:
@@ -83,17 +110,20 @@ class Subscription:
         """The seq of the last stream event taken (``after_seq`` to resume from)."""
         return self._q.last_seq
 
-    def _start(self) -> None:
-        method = "stream.subscribe" if self.kind == "stream" else "cred.watch"
-        self.id = self._client._subscribe(method, self._params, self._push, self)["subscription"]
-
-    def _push(self, params: Event) -> None:  # the reader thread
+    def _push(self, params: Any) -> None:  # the reader thread
         with self._cv:
             self._q.push(params)
             self._cv.notify_all()
         listener = self._listener
         if listener is not None:
             listener()  # outside the queue's lock: it may take its own
+
+    def _end(self, reason: str) -> None:
+        """The subscription cannot go on (the client gave up reconnecting, or re-making it
+        failed): ``next()`` raises ``ConnectionClosed`` with ``reason`` once drained."""
+        if self._reason is None:
+            self._reason = reason
+        self._push(CLOSED)
 
     def _listen(self, listener: Optional[Callable[[], None]]) -> None:
         """Call ``listener`` (from the reader thread) after each event is queued: a waiter on
@@ -104,7 +134,8 @@ class Subscription:
         """The next event's ``params`` (for a stream: ``{"subscription", "run_id", "seq",
         "event"}``), or ``None`` if none comes within ``timeout`` seconds or the subscription
         has ended (after ``finish``, or ``close()``). ``ConnectionClosed`` if the connection is
-        gone and every queued event has been taken."""
+        gone for good (the client gave up reconnecting) and every queued event has been
+        taken."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             with self._cv:
@@ -122,7 +153,7 @@ class Subscription:
             if what == "done":
                 return None
             raise ConnectionClosed(
-                message=self._client._close_reason or "the connection is closed"
+                message=self._reason or self._client._close_reason or "the connection is closed"
             )
 
     @property
@@ -141,12 +172,11 @@ class Subscription:
     def close(self) -> None:
         """Unsubscribe (if the connection is still open); the queue is dropped."""
         with self._cv:
-            was_open = self._q.close()
-        if was_open and not self._client.closed:
-            try:
-                self._client.unsubscribe(self.id)
-            except ConnectionClosed:
-                pass
+            self._q.close()
+        try:
+            self._client._close_sub(self._rec)
+        except ConnectionClosed:
+            pass  # the connection is gone, and the daemon's subscription with it
 
     def __enter__(self) -> "Subscription":
         return self
@@ -159,7 +189,7 @@ class Subscription:
 
 
 class Client:
-    """One connection to the daemon, said hello to.
+    """A connection to the daemon, said hello to.
 
     ``socket_path``: default ``default_socket_path()``. ``client``: a name for the daemon's
     logs. ``plugin``: bind this connection to a plugin grant from the daemon's config file
@@ -169,8 +199,22 @@ class Client:
     kept for ``events()``; past that the oldest are dropped and a ``{"type": "resync"}`` event
     says how many.
 
+    Reconnecting (``reconnect=True``, the default): when the connection is lost (the daemon
+    restarted or was upgraded), the client connects again to the same socket path, up to
+    ``reconnect_attempts`` times with a doubling wait (0.05 s to 2 s; about 11 s in all for the
+    default 10), says hello again with the same ``client`` and ``plugin``, and re-makes every
+    open subscription (a stream's from the last seq it received: no event twice, none skipped).
+    A call that was in flight when the connection broke raises ``ConnectionClosed`` — it is
+    never retried, as the daemon may or may not have carried it out (retry it yourself if it is
+    idempotent: every read is; ``cred.set`` with ``if_generation``, ``stream.append`` and the
+    ``run.*`` log calls are too). Calls made while reconnecting wait for the new connection
+    (within ``timeout``). If every attempt fails, the client is closed and every call and
+    subscription raises ``ConnectionClosed``. What the old connection held is gone: its leases,
+    and the producer role of a stream it had begun (``stream_resume`` takes it back). The
+    first connect is not retried: ``Client(...)`` raises ``ConnectionClosed`` at once.
+
     The daemon's answer to ``hello`` is in ``.hello`` (its version, the methods it serves, and
-    this connection's grant).
+    this connection's grant); ``.reconnects`` counts the reconnects so far.
     """
 
     def __init__(
@@ -182,28 +226,55 @@ class Client:
         timeout: Optional[float] = 60.0,
         on_event: Optional[Sink] = None,
         max_queued_events: int = 10000,
+        reconnect: bool = True,
+        reconnect_attempts: int = RECONNECT_ATTEMPTS,
     ) -> None:
         self.socket_path = os.fspath(socket_path) if socket_path else default_socket_path()
         self.timeout = timeout
         self.on_event = on_event
+        self.reconnect = reconnect
+        self.reconnect_attempts = reconnect_attempts
+        self.reconnects = 0
         self.max_pending = 0  # the most requests this client has had in flight at once
         self._ids = itertools.count(1)
-        self._lock = threading.Lock()  # pending map, closed flag, subscriptions
+        # Connection state, the pending map and the subscription registry.
+        self._lock = threading.RLock()
+        self._state_cv = threading.Condition(self._lock)
         self._send_lock = threading.Lock()
         self._pending: Dict[int, _Pending] = {}
-        self._closed = False
+        self._state = _CONNECTED
         self._close_reason: Optional[str] = None
+        self._stop = threading.Event()  # close() was called: stop reconnecting
+        self._hello_params: Dict[str, Any] = {"client": client, "protocol": PROTOCOL_VERSION}
+        if plugin is not None:
+            self._hello_params["plugin"] = plugin
         # The shared queue of events(): drop-oldest with a resync, as a credential watch's.
         self._events = SubQueue("cred", max_queued_events)
         self._events_cv = threading.Condition(threading.Lock())
-        # Subscriptions (reader thread only): "user" ones feed events(), Subscription objects
-        # their own queues, "internal" ones (single_flight_refresh) only the generation table.
+        # Subscriptions: "user" ones feed events(), Subscription objects their own queues,
+        # "internal" ones (single_flight_refresh) only the generation table. The table routes
+        # the current connection's daemon ids; the registry holds what outlives a connection.
+        self._subs = SubRegistry(self._lock)
         self._table = SubscriptionTable()
-        self._own: Dict[Any, Subscription] = {}  # subscription id -> Subscription (reader)
-        self._internal_watches: Dict[str, Any] = {}  # store name -> internal subscription id
+        self._internal_watches: Dict[str, Any] = {}  # store name -> internal local id
         self._changes: Dict[Tuple[Any, Any], Any] = {}  # (store, id) -> last generation seen
         self._changes_cv = threading.Condition(threading.Lock())
 
+        self._sock = self._connect()
+        self._rfile = self._sock.makefile("rb")
+        self._reader = threading.Thread(
+            target=self._run_reader, name="holdfast-client-reader", daemon=True
+        )
+        self._reader.start()
+        try:
+            self.hello: Dict[str, Any] = self.call("hello", **self._hello_params)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- connection ----------------------------------------------------------------------------
+
+    def _connect(self) -> socket.socket:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(self.socket_path)
@@ -218,42 +289,33 @@ class Client:
         except BaseException:
             sock.close()
             raise
-        self._sock = sock
-        self._rfile = sock.makefile("rb")
-        self._reader = threading.Thread(
-            target=self._read_loop, name="holdfast-client-reader", daemon=True
-        )
-        self._reader.start()
-        params: Dict[str, Any] = {"client": client, "protocol": PROTOCOL_VERSION}
-        if plugin is not None:
-            params["plugin"] = plugin
-        try:
-            self.hello: Dict[str, Any] = self.call("hello", **params)
-        except BaseException:
-            self.close()
-            raise
-
-    # -- connection ----------------------------------------------------------------------------
+        return sock
 
     def close(self) -> None:
-        """Close the connection; calls in flight fail with ``ConnectionClosed``."""
+        """Close the connection (and stop reconnecting); calls in flight fail with
+        ``ConnectionClosed``."""
         with self._lock:
-            already = self._closed
-            self._closed = True
+            already = self._state == _CLOSED
+            self._state = _CLOSED
             if self._close_reason is None:
                 self._close_reason = "the client closed the connection"
+            self._state_cv.notify_all()
+            sock = self._sock
+        self._stop.set()
         if not already:
             try:
-                self._sock.shutdown(socket.SHUT_RDWR)
+                sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
         if self._reader is not threading.current_thread():
             self._reader.join(timeout=5)
+        with self._lock:
+            sock, rfile = self._sock, self._rfile
         try:
-            self._rfile.close()
+            rfile.close()
         except OSError:
             pass
-        self._sock.close()
+        sock.close()
 
     def __enter__(self) -> "Client":
         return self
@@ -262,18 +324,26 @@ class Client:
         self.close()
 
     def __repr__(self) -> str:
-        return "Client(socket_path=%r, closed=%r)" % (self.socket_path, self._closed)
+        return "Client(socket_path=%r, closed=%r)" % (self.socket_path, self.closed)
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        """Closed for good (by ``close()``, or reconnecting failed); not while reconnecting."""
+        return self._state == _CLOSED
 
     # -- reader thread -------------------------------------------------------------------------
 
-    def _read_loop(self) -> None:
+    def _run_reader(self) -> None:
+        while True:
+            reason = self._read_loop(self._rfile)
+            if not self._reconnect(reason):
+                return
+
+    def _read_loop(self, rfile: Any) -> str:
+        """Read the connection until it ends; returns why."""
         reason = "the daemon closed the connection"
         try:
-            for line in self._rfile:
+            for line in rfile:
                 if not line.strip():
                     continue
                 try:
@@ -291,7 +361,104 @@ class Client:
                 self._dispatch_response(msg)
         except (OSError, ValueError):
             reason = "the connection to the daemon failed"
-        self._fail_all(reason)
+        return reason
+
+    def _reconnect(self, reason: str) -> bool:
+        """The connection ended: fail what was in flight, then connect again (unless closed or
+        ``reconnect`` is off). Returns whether a new connection is up."""
+        with self._lock:
+            if self._close_reason is not None and self._state != _CLOSED:
+                reason = self._close_reason  # the daemon's own refusal, if it said one
+                self._close_reason = None
+            give_up = self._state == _CLOSED or not self.reconnect or self._stop.is_set()
+            self._state = _CLOSED if give_up else _RECONNECTING
+            pending, self._pending = self._pending, {}
+            old = (self._sock, self._rfile)
+        lost = reason + (
+            "" if give_up
+            else "; the call was in flight, so it may or may not have been carried out"
+        )
+        for w in pending.values():
+            w.error = ConnectionClosed(message=lost)
+            w.event.set()
+        with self._send_lock:
+            for f in old:
+                try:
+                    f.close()
+                except OSError:
+                    pass
+        if give_up:
+            self._fail_all(reason)
+            return False
+        logger.warning("holdfast: %s; reconnecting to %s", reason, self.socket_path)
+        last = reason
+        for delay in reconnect_delays(self.reconnect_attempts):
+            if self._stop.wait(delay):
+                break
+            try:
+                sock, rfile, hello = self._open_again()
+            except HoldfastError as e:
+                last = e.message
+                if e.kind not in ("storage", "busy"):
+                    break  # the daemon refused us (a plugin grant gone): retrying won't help
+                continue
+            with self._lock:
+                if self._state == _CLOSED:
+                    rfile.close()
+                    sock.close()
+                    return False
+                self._sock, self._rfile = sock, rfile
+                self.hello = hello
+                self.reconnects += 1
+                self._table = SubscriptionTable()
+                live = self._subs.new_connection()
+                epoch = self._subs.epoch
+                self._state = _CONNECTED
+                self._state_cv.notify_all()
+            logger.warning("holdfast: reconnected to %s", self.socket_path)
+            for rec in live:
+                self._resubscribe(rec, epoch)
+            return True
+        with self._lock:
+            if self._close_reason is None:
+                self._close_reason = "lost the connection to the holdfast daemon (%s) and " \
+                    "could not reconnect to %s: %s" % (reason, self.socket_path, last)
+            self._state = _CLOSED
+        self._fail_all(self._close_reason or reason)
+        return False
+
+    def _open_again(self) -> Tuple[socket.socket, Any, Dict[str, Any]]:
+        """Connect and say hello (the reader thread, before it reads the new connection)."""
+        sock = self._connect()
+        rfile = None
+        try:
+            sock.settimeout(self.timeout if self.timeout is not None else 60.0)
+            rid = next(self._ids)
+            sock.sendall(encode_request(rid, "hello", self._hello_params))
+            rfile = sock.makefile("rb")
+            while True:
+                line = rfile.readline()
+                if not line:
+                    raise ConnectionClosed(message="the daemon closed the connection at hello")
+                msg = json.loads(line)
+                if isinstance(msg, dict) and msg.get("id") in (rid, None) and "method" not in msg:
+                    break
+            if "error" in msg:
+                raise error_from_response(msg["error"])
+            if not isinstance(msg.get("result"), dict):
+                raise StorageError(message="a hello answer without a result")
+            sock.settimeout(None)
+            return sock, rfile, msg["result"]
+        except (OSError, ValueError):
+            if rfile is not None:
+                rfile.close()
+            sock.close()
+            raise ConnectionClosed(message="hello on the new connection failed") from None
+        except BaseException:
+            if rfile is not None:
+                rfile.close()
+            sock.close()
+            raise
 
     def _dispatch_response(self, msg: Dict[str, Any]) -> None:
         mid = msg.get("id")
@@ -307,10 +474,12 @@ class Client:
                 return
         if "error" in msg:
             waiter.error = error_from_response(msg["error"])
+            if waiter.on_error is not None:
+                waiter.on_error(waiter.error)
         elif "result" in msg:
             waiter.result = msg["result"]
             if waiter.on_answer is not None:
-                waiter.on_answer(waiter.result)
+                waiter.on_answer(waiter.result, waiter.epoch)
         else:
             waiter.error = StorageError(message="a response with neither result nor error")
         waiter.event.set()
@@ -341,21 +510,21 @@ class Client:
 
     def _fail_all(self, reason: str) -> None:
         with self._lock:
-            self._closed = True
+            self._state = _CLOSED
             if self._close_reason is None:
                 self._close_reason = reason
             reason = self._close_reason
             pending, self._pending = self._pending, {}
+            self._state_cv.notify_all()
         for w in pending.values():
             w.error = ConnectionClosed(message=reason)
             w.event.set()
         with self._events_cv:
             self._events.push(CLOSED)
             self._events_cv.notify_all()
-        with self._lock:
-            own = list(self._own.values())
-        for sub in own:
-            sub._push(CLOSED)
+        for rec in self._subs.all():
+            if isinstance(rec.owner, Subscription):
+                rec.owner._end(reason)
         with self._changes_cv:
             self._changes_cv.notify_all()
 
@@ -364,38 +533,83 @@ class Client:
     def call(self, method: str, /, **params: Any) -> Any:
         """Call ``method`` with ``params`` and return its ``result``; raises ``HoldfastError``.
         Parameters whose value is ``None`` are left out. (For ``cred.watch`` use ``watch()``,
-        which routes the subscription's events to ``events()``.)"""
+        which routes the subscription's events to ``events()``.) Subscription ids in results,
+        events and ``unsubscribe`` are this client's (stable across reconnects)."""
         if method in ("cred.watch", "stream.subscribe"):
-            return self._subscribe(method, params, self._deliver)
+            return self._subscribe(method, params, self._deliver).answer
+        if method == "unsubscribe" and set(params) == {"subscription"}:
+            return {"unsubscribed": self.unsubscribe(params["subscription"])}
         return self._call(method, params)
 
     def _call(
         self,
         method: str,
         params: Dict[str, Any],
-        on_answer: Optional[Callable[[Any], None]] = None,
+        on_answer: Optional[Callable[[Any, int], None]] = None,
+        *,
+        epoch: Optional[int] = None,
+        wait: bool = True,
+        on_error: Optional[Callable[[HoldfastError], None]] = None,
     ) -> Any:
+        """Send a request and wait for its answer. ``epoch``: only on that connection
+        (``_Gone`` if it is not the current one). ``wait=False``: send only (the reader thread's
+        own requests; their answers go to ``on_answer``/``on_error``)."""
         rid = next(self._ids)
         line: Optional[bytes] = encode_request(rid, method, params)
-        waiter = _Pending(on_answer)
-        with self._lock:
-            if self._closed:
-                raise ConnectionClosed(message=self._close_reason or "the connection is closed")
-            self._pending[rid] = waiter
-            if len(self._pending) > self.max_pending:
-                self.max_pending = len(self._pending)
+        waiter = _Pending(on_answer, on_error)
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        dead: Optional[socket.socket] = None  # a connection a send found broken
         try:
-            with self._send_lock:
-                self._sock.sendall(line)  # type: ignore[arg-type]
-        except OSError:
-            with self._lock:
-                self._pending.pop(rid, None)
-            raise ConnectionClosed(message="sending to the daemon failed") from None
+            while True:
+                with self._lock:
+                    while wait and epoch is None and (
+                        self._state == _RECONNECTING
+                        or (self._state == _CONNECTED and self._sock is dead)
+                    ):
+                        remaining = None if deadline is None else deadline - time.monotonic()
+                        if remaining is not None and remaining <= 0:
+                            raise CallTimeout(message="no connection to the daemon for %s "
+                                              "within %ss (reconnecting)"
+                                              % (method, self.timeout))
+                        self._state_cv.wait(remaining)
+                    if self._state == _CLOSED:
+                        raise ConnectionClosed(
+                            message=self._close_reason or "the connection is closed")
+                    if epoch is not None and (
+                        epoch != self._subs.epoch or self._state != _CONNECTED
+                    ):
+                        raise _Gone()
+                    if self._state != _CONNECTED or self._sock is dead:
+                        raise ConnectionClosed(message="not connected to the daemon "
+                                               "(reconnecting)")
+                    waiter.epoch = self._subs.epoch
+                    self._pending[rid] = waiter
+                    if len(self._pending) > self.max_pending:
+                        self.max_pending = len(self._pending)
+                    sock = self._sock
+                try:
+                    with self._send_lock:
+                        sock.sendall(line)  # type: ignore[arg-type]
+                    break
+                except OSError:
+                    with self._lock:
+                        self._pending.pop(rid, None)
+                    # The line did not get through whole, so the daemon did not act on it:
+                    # safe to send again on the next connection, once the reader has one.
+                    if not (self.reconnect and wait and epoch is None):
+                        raise ConnectionClosed(message="sending to the daemon failed") from None
+                    dead = sock
         finally:
             line = None
-        if not waiter.event.wait(self.timeout):
-            with self._lock:
-                self._pending.pop(rid, None)
+        if not wait:
+            return None
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if not waiter.event.wait(remaining):
+            if on_answer is None:
+                with self._lock:
+                    self._pending.pop(rid, None)
+            # else: left pending, so its answer still reaches on_answer (which unsubscribes a
+            # subscription nobody waits for); the answer, or the connection's end, removes it.
             raise CallTimeout(message="no answer to %s within %ss" % (method, self.timeout))
         if waiter.error is not None:
             err, waiter.error = waiter.error, None
@@ -403,31 +617,122 @@ class Client:
             raise err
         return waiter.result
 
+    def _send_nowait(self, method: str, params: Dict[str, Any], epoch: int,
+                     on_answer: Optional[Callable[[Any, int], None]] = None,
+                     on_error: Optional[Callable[[HoldfastError], None]] = None) -> None:
+        """A request of the client's own, on connection ``epoch`` only, whose answer nobody
+        waits for. From the reader thread it is sent by a thread of its own: the reader must
+        never wait for the send lock (a caller blocked in a send may be waiting for the daemon
+        to read, and the daemon for the reader)."""
+        def send() -> None:
+            try:
+                self._call(method, params, on_answer, epoch=epoch, wait=False,
+                           on_error=on_error)
+            except (_Gone, ConnectionClosed):
+                pass  # that connection is gone, and what the request was about with it
+
+        if threading.current_thread() is self._reader:
+            threading.Thread(target=send, name="holdfast-client-send", daemon=True).start()
+        else:
+            send()
+
     def _subscribe(
         self,
         method: str,
         params: Dict[str, Any],
         sink: Sink,
         owner: Optional[Subscription] = None,
-    ) -> Any:
+    ) -> SubRecord:
         """Subscribe, routing the subscription's events to ``sink`` from the moment its answer
-        is read (``owner``: the ``Subscription`` told when the connection closes)."""
+        is read (``owner``: the ``Subscription`` told when the connection closes for good).
+        A subscribe that fails or times out leaves nothing behind: if the daemon made the
+        subscription anyway, it is unsubscribed when its answer arrives."""
+        rec = self._subs.add(method, params, sink, owner)
+        try:
+            result = self._call(method, rec.resubscribe_params(), self._claim(rec))
+        except BaseException:
+            self._abandon_sub(rec)
+            raise
+        rec.answer = dict(result, subscription=rec.local)
+        return rec
 
-        def claim(result: Any) -> None:
-            if isinstance(result, dict):
-                sub = result.get("subscription")
-                if owner is not None:
-                    with self._lock:
-                        self._own[sub] = owner
-                self._table.claim(sub, sink)
+    def _claim(self, rec: SubRecord) -> Callable[[Any, int], None]:
+        def claim(result: Any, epoch: int) -> None:  # the reader thread, before the next line
+            if not isinstance(result, dict):
+                return
+            sub = result.get("subscription")
+            table = self._table
+            if self._subs.answered(rec, epoch, sub):
+                table.claim(sub, lambda ev: self._route(rec, sub, ev))
+            else:
+                table.release(sub)
+                self._send_nowait("unsubscribe", {"subscription": sub}, epoch)
+        return claim
 
-        return self._call(method, params, claim)
+    def _route(self, rec: SubRecord, daemon_id: Any, ev: Event) -> None:  # the reader thread
+        if not rec.accept(ev):
+            return
+        rec.sink(ev)
+        if rec.finished:  # the daemon ended the subscription with the run's finish
+            self._subs.drop(rec)
+            self._table.release(daemon_id)
+
+    def _resubscribe(self, rec: SubRecord, epoch: int) -> None:
+        """Make ``rec`` again on a new connection (the reader thread: nothing is waited for)."""
+        if rec.closed:
+            return  # closed while the client reconnected: nothing to re-make
+        claim = self._claim(rec)
+
+        def answered(result: Any, epoch: int) -> None:
+            if not rec.stream and not rec.closed:
+                # Changes while disconnected were not seen: say so before any new event.
+                ev: Event = {"subscription": rec.local, "type": "resync", "missed": None,
+                             "hint": RECONNECT_HINT}
+                with self._changes_cv:
+                    self._changes_cv.notify_all()
+                rec.sink(ev)
+            claim(result, epoch)
+
+        def failed(err: HoldfastError) -> None:
+            self._subs.close(rec)
+            why = "re-making the subscription after a reconnect failed: %s" % err
+            logger.warning("holdfast: %s", why)
+            if isinstance(rec.owner, Subscription):
+                rec.owner._end(why)
+
+        self._send_nowait(rec.method, rec.resubscribe_params(), epoch, answered, failed)
+
+    def _abandon_sub(self, rec: SubRecord) -> None:
+        d = self._subs.close(rec)
+        if d is not None:  # claimed just as the caller gave up
+            self._table.release(d)
+            with self._lock:
+                epoch = rec.epoch if rec.epoch >= 0 else self._subs.epoch
+            self._send_nowait("unsubscribe", {"subscription": d}, epoch)
+
+    def _close_sub(self, rec: SubRecord) -> bool:
+        """Close ``rec``: unsubscribe its daemon subscription if the current connection has
+        one; if its (re-)subscribe is in flight, the answer is unsubscribed when it comes.
+        Never sends a daemon id of a lost connection. Returns whether it was open."""
+        with self._lock:
+            was_open = not rec.closed and not rec.finished
+            epoch = rec.epoch
+        d = self._subs.close(rec)
+        if d is None:
+            return was_open
+        try:
+            res = self._call("unsubscribe", {"subscription": d}, epoch=epoch)
+        except _Gone:
+            return was_open  # the connection went, and the subscription with it
+        finally:
+            self._table.release(d)
+        return bool(res["unsubscribed"])
 
     def _forget(self, sub: Any) -> None:
-        """A subscription ended (its run finished, or unsubscribed): stop routing to it."""
-        with self._lock:
-            self._own.pop(sub, None)
-        self._table.release(sub)
+        """A subscription ended (its run finished): stop routing to it."""
+        rec = self._subs.get(sub)
+        if rec is not None:
+            self._subs.drop(rec)
 
     # -- subscriptions -------------------------------------------------------------------------
 
@@ -448,11 +753,16 @@ class Client:
         return Subscription(self, "cred", {"store": store}, max_queued)
 
     def unsubscribe(self, subscription: Any) -> bool:
-        """``unsubscribe``: once it returns, no event of ``subscription`` arrives. Returns
-        whether it was open (a stream subscription ends by itself with ``finish``)."""
-        done = bool(self._call("unsubscribe", {"subscription": subscription})["unsubscribed"])
-        self._forget(subscription)
-        return done
+        """``unsubscribe``: once it returns, no event of ``subscription`` (an id this client
+        gave) arrives. Returns whether it was open (a stream subscription ends by itself with
+        ``finish``)."""
+        rec = self._subs.get(subscription)
+        if rec is None:
+            return False
+        if isinstance(rec.owner, Subscription):
+            with rec.owner._cv:
+                rec.owner._q.close()  # its next() ends, as after its own close()
+        return self._close_sub(rec)
 
     # -- typed helpers -------------------------------------------------------------------------
 
@@ -491,7 +801,7 @@ class Client:
 
     def list(self, store: Optional[str] = None) -> List[Dict[str, Any]]:
         """``cred.list`` -> a list of ``{id, generation, …metadata}`` (no secret values)."""
-        return self.call("cred.list", store=store)["credentials"]
+        return as_list(self.call("cred.list", store=store)["credentials"])
 
     def exists(self, id: str, store: Optional[str] = None) -> bool:
         """``cred.exists`` -> bool."""
@@ -501,7 +811,7 @@ class Client:
         """``cred.watch``: subscribe to change events of ``store`` (default: every store this
         connection may touch). Returns the subscription id; events arrive through
         ``events()`` / ``next_event()`` / ``on_event``."""
-        return self._subscribe("cred.watch", {"store": store}, self._deliver)["subscription"]
+        return self._subscribe("cred.watch", {"store": store}, self._deliver).local
 
     def refresh_lease(self, id: str, ttl_ms: int, store: Optional[str] = None) -> Lease:
         """``cred.refresh_lease`` -> ``Lease``. Granted: refresh the credential and write it
@@ -514,7 +824,7 @@ class Client:
 
     def status(self) -> Dict[str, Any]:
         """``admin.status`` -> dict (uptime, stores, sealed state, counts, connections)."""
-        return self.call("admin.status")
+        return as_dict(self.call("admin.status"))
 
     # -- streams (docs/protocol.md "Streams") --------------------------------------------------
 
@@ -527,18 +837,18 @@ class Client:
     ) -> Dict[str, Any]:
         """``stream.begin`` -> ``{stream_id, epoch, next_seq}``. ``Conflict`` if the run is
         streaming and ``takeover`` is false, or if it already ended."""
-        return self.call(
+        return as_dict(self.call(
             "stream.begin", run_id=run_id, thread_id=thread_id, model=model,
             takeover=takeover or None,
-        )
+        ))
 
     def stream_append(self, run_id: str, stream_id: str, seq: int,
                       events: List[Dict[str, Any]]) -> int:
         """``stream.append`` -> the last seq acknowledged (durable). A batch already taken is
         acknowledged again and dropped, so retrying after a lost answer is safe."""
-        return self.call(
+        return as_int(self.call(
             "stream.append", run_id=run_id, stream_id=stream_id, seq=seq, events=events
-        )["acked_seq"]
+        )["acked_seq"])
 
     def stream_interrupt(self, run_id: str, stream_id: str, cause: Any,
                          continuation: Optional[str] = None) -> Dict[str, Any]:
@@ -547,8 +857,8 @@ class Client:
         how you will continue the text after an R1/R3 plan, ``"exact"`` (the daemon's default:
         the provider continues the prefix, nothing is trimmed) or ``"restated"`` (the model may
         restate the prefix's end; the restatement is removed)."""
-        return self.call("stream.interrupt", run_id=run_id, stream_id=stream_id, cause=cause,
-                         continuation=continuation)
+        return as_dict(self.call("stream.interrupt", run_id=run_id, stream_id=stream_id,
+                                 cause=cause, continuation=continuation))
 
     def stream_resume(
         self,
@@ -560,10 +870,10 @@ class Client:
     ) -> Dict[str, Any]:
         """``stream.resume`` -> ``{stream_id, epoch, next_seq, checkpoint, plan}``
         (``continuation`` as for ``stream_interrupt``)."""
-        return self.call(
+        return as_dict(self.call(
             "stream.resume", run_id=run_id, model=model, thread_id=thread_id,
             fail_on_stale=fail_on_stale or None, continuation=continuation,
-        )
+        ))
 
     def stream_commit(
         self,
@@ -574,15 +884,15 @@ class Client:
     ) -> Dict[str, Any]:
         """``stream.commit``: the final message durable and the run ended, in one step. With
         ``content_from_stream``, the message's ``content`` is the text the run streamed."""
-        return self.call(
+        return as_dict(self.call(
             "stream.commit", run_id=run_id, stream_id=stream_id, final_message=final_message,
             content_from_stream=content_from_stream or None,
-        )
+        ))
 
     def stream_abort(self, run_id: str, stream_id: str,
                      reason: Optional[str] = None) -> Dict[str, Any]:
         """``stream.abort``."""
-        return self.call("stream.abort", run_id=run_id, stream_id=stream_id, reason=reason)
+        return as_dict(self.call("stream.abort", run_id=run_id, stream_id=stream_id, reason=reason))
 
     def stream_subscribe(self, run_id: str, after_seq: int = 0) -> Any:
         """``stream.subscribe``: the run's events with seq > ``after_seq`` arrive through
@@ -592,23 +902,23 @@ class Client:
         queue of its own that never drops an event: ``subscribe_stream``.)"""
         return self._subscribe(
             "stream.subscribe", {"run_id": run_id, "after_seq": after_seq}, self._deliver
-        )["subscription"]
+        ).local
 
     def stream_get(self, run_id: str, reveal: bool = False) -> Dict[str, Any]:
         """``stream.get``."""
-        return self.call("stream.get", run_id=run_id, reveal=reveal or None)
+        return as_dict(self.call("stream.get", run_id=run_id, reveal=reveal or None))
 
     def stream_list(self) -> List[Dict[str, Any]]:
         """``stream.list`` -> the active runs."""
-        return self.call("stream.list")["runs"]
+        return as_list(self.call("stream.list")["runs"])
 
     def checkpoint_put(self, run_id: str, snapshot: Dict[str, Any]) -> Dict[str, Any]:
         """``checkpoint.put``: an idempotent upsert of a runtime's own snapshot."""
-        return self.call("checkpoint.put", run_id=run_id, snapshot=snapshot)
+        return as_dict(self.call("checkpoint.put", run_id=run_id, snapshot=snapshot))
 
     def checkpoint_get(self, run_id: str) -> Dict[str, Any]:
         """``checkpoint.get`` -> the snapshot (``NotFound`` if none)."""
-        return self.call("checkpoint.get", run_id=run_id)
+        return as_dict(self.call("checkpoint.get", run_id=run_id))
 
     def checkpoint_delete(self, run_id: str) -> bool:
         """``checkpoint.delete`` -> whether there was one."""
@@ -620,49 +930,51 @@ class Client:
         """``run.log_node``: a node completion (hive's NodeDetail fields). The same
         ``(node_id, attempt)`` again keeps one entry: the same content writes nothing, other
         content replaces it. -> ``{seq, written, replaced}``."""
-        return self.call("run.log_node", run_id=run_id, detail=detail)
+        return as_dict(self.call("run.log_node", run_id=run_id, detail=detail))
 
     def run_ensure_node(self, run_id: str, node_id: str,
                         detail: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
         """``run.ensure_node``: log ``detail`` only if the log has no entry for ``node_id``;
         atomic against every other writer (threads, processes, restarts). -> ``{seq, written}``."""
-        return self.call("run.ensure_node", run_id=run_id, node_id=node_id, detail=detail or {})
+        return as_dict(self.call("run.ensure_node", run_id=run_id, node_id=node_id,
+                                 detail=detail or {}))
 
     def run_log_step(self, run_id: str, step: Dict[str, Any]) -> Dict[str, Any]:
         """``run.log_step``: a step (hive's NodeStepLog), idempotent by
         ``(node_id, step_index)``."""
-        return self.call("run.log_step", run_id=run_id, step=step)
+        return as_dict(self.call("run.log_step", run_id=run_id, step=step))
 
     def run_tool_begin(self, run_id: str, tool_call_id: str, name: str,
                        input: Any = None) -> Dict[str, Any]:
         """``run.tool_begin``: call it before running a tool, so a resumed stream's R2 plan
         knows the call began."""
-        return self.call(
+        return as_dict(self.call(
             "run.tool_begin", run_id=run_id, tool_call_id=tool_call_id, name=name, input=input
-        )
+        ))
 
     def run_tool_end(self, run_id: str, tool_call_id: str, result: Any = None,
                      is_error: bool = False) -> Dict[str, Any]:
         """``run.tool_end``: the tool finished (the first end is kept)."""
-        return self.call(
+        return as_dict(self.call(
             "run.tool_end", run_id=run_id, tool_call_id=tool_call_id, result=result,
             is_error=is_error,
-        )
+        ))
 
     def run_end(self, run_id: str, status: str, **fields: Any) -> Dict[str, Any]:
         """``run.end`` -> the summary (hive's summary.json). Idempotent: a second end returns
         the same summary. ``fields``: agent_id, goal_id, execution_quality, trace_id,
         execution_id, started_at, duration_ms, node_path."""
-        return self.call("run.end", run_id=run_id, status=status, **fields)["summary"]
+        return as_dict(self.call("run.end", run_id=run_id, status=status, **fields)["summary"])
 
     def run_get(self, run_id: str) -> Dict[str, Any]:
         """``run.get`` -> the run's entries, summary (so far) and load report."""
-        return self.call("run.get", run_id=run_id)
+        return as_dict(self.call("run.get", run_id=run_id))
 
     def run_list(self, status: Optional[str] = None, since_ms: Optional[int] = None,
                  until_ms: Optional[int] = None) -> List[Dict[str, Any]]:
         """``run.list`` -> runs, newest activity first."""
-        return self.call("run.list", status=status, since_ms=since_ms, until_ms=until_ms)["runs"]
+        return as_list(self.call("run.list", status=status, since_ms=since_ms,
+                                 until_ms=until_ms)["runs"])
 
     # -- events --------------------------------------------------------------------------------
 
@@ -703,7 +1015,7 @@ class Client:
         with self._lock:
             sub = self._internal_watches.get(key)
         if sub is None:
-            sub = self._subscribe("cred.watch", {"store": store}, lambda _ev: None)["subscription"]
+            sub = self._subscribe("cred.watch", {"store": store}, lambda _ev: None).local
             with self._lock:
                 self._internal_watches.setdefault(key, sub)
         return sub
@@ -720,7 +1032,7 @@ class Client:
                     gen = self._changes[key]
                     if gen is None or gen > newer_than:
                         return True
-                if self._closed:
+                if self.closed:
                     return False
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:

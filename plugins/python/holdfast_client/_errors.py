@@ -3,7 +3,7 @@ strings out of them."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional, Type
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Type
 
 #: The stable error kinds (``error.data.kind``).
 KINDS = (
@@ -73,7 +73,7 @@ class HoldfastError(Exception):
             self.message,
         )
 
-    def __reduce__(self):  # type: ignore[override]
+    def __reduce__(self) -> Tuple[Any, ...]:
         # Picklable (multiprocessing) with its fields.
         return (_rebuild_error, (type(self), self.kind, self.message, self.code, self.data))
 
@@ -99,6 +99,19 @@ class NotFound(HoldfastError, KeyError):
 
     def __str__(self) -> str:  # KeyError's str() would quote the args.
         return HoldfastError.__str__(self)
+
+
+class StoreNotServed(NotFound):
+    """``not_found`` for a whole store: the daemon serves no store of that name (a typo, or a
+    store created or imported — ``holdfast import --from-hive`` — since the daemon started:
+    restart it). Raised where a missing credential would otherwise read as "no credential"
+    (``HoldfastCredentialStorage.load``); ``store`` names it."""
+
+    @property
+    def store(self) -> Optional[str]:
+        """The store's name (``data["store"]``)."""
+        store = self.data.get("store")
+        return store if isinstance(store, str) else None
 
 
 class Conflict(HoldfastError):
@@ -170,15 +183,16 @@ def error_from_response(err: Any) -> HoldfastError:
     """Build the exception for a JSON-RPC ``error`` object."""
     if not isinstance(err, dict):
         return StorageError(message="malformed error response from the daemon")
-    code = err.get("code") if isinstance(err.get("code"), int) else 0
-    data = err.get("data") if isinstance(err.get("data"), dict) else {}
+    raw_code = err.get("code")
+    code = raw_code if isinstance(raw_code, int) else 0
+    raw_data = err.get("data")
+    data: Dict[str, Any] = dict(raw_data) if isinstance(raw_data, dict) else {}
     kind = data.get("kind")
-    if kind not in _ERROR_CLASSES:
+    if not isinstance(kind, str) or kind not in _ERROR_CLASSES:
         kind = _KIND_OF_CODE.get(code, "storage")
     message = err.get("message")
     if not isinstance(message, str):
         message = "error"
-    data = dict(data)
     data.setdefault("kind", kind)
     return _ERROR_CLASSES[kind](kind, message, code, data)
 

@@ -4,6 +4,7 @@ the table that routes event notifications to their subscription."""
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import os
 import socket
@@ -11,7 +12,7 @@ import struct
 import threading
 from typing import Any, Callable, Deque, Dict, List, Mapping, NamedTuple, Optional, Set
 
-from ._errors import Forbidden, InvalidParams
+from ._errors import Forbidden, InvalidParams, StorageError
 
 PROTOCOL_VERSION = 1
 
@@ -103,6 +104,158 @@ class SubscriptionTable:
 
 
 # ---------------------------------------------------------------------------------------------
+# Subscriptions as the application sees them (both clients)
+
+#: Reconnect attempts after a lost connection, and the first and longest wait between them
+#: (doubling): about 11 s in all, long enough for a daemon restart or upgrade.
+RECONNECT_ATTEMPTS = 10
+RECONNECT_FIRST_DELAY = 0.05
+RECONNECT_MAX_DELAY = 2.0
+
+
+def reconnect_delays(attempts: int) -> List[float]:
+    """The waits before each reconnect attempt."""
+    out, d = [], RECONNECT_FIRST_DELAY
+    for _ in range(max(0, attempts)):
+        out.append(d)
+        d = min(d * 2, RECONNECT_MAX_DELAY)
+    return out
+
+
+#: Why a reconnect may have hidden changes from a credential watch (its ``resync`` event).
+RECONNECT_HINT = (
+    "reconnected to the daemon: changes made while disconnected were not seen; list again"
+)
+
+
+class SubRecord:
+    """One subscription as the application knows it. ``local`` is the client's own id for it:
+    it is what the application is given and what its events carry in ``subscription``, and it
+    outlives connections. ``daemon_id`` is the daemon's number for it on connection ``epoch``
+    (a daemon's numbers are per connection: after a reconnect the old one means nothing, or
+    another subscription); ``None`` while a subscribe of it is in flight."""
+
+    __slots__ = ("local", "method", "params", "sink", "owner", "daemon_id", "epoch",
+                 "closed", "finished", "last_seq", "stream", "answer")
+
+    def __init__(self, local: int, method: str, params: Mapping[str, Any],
+                 sink: Callable[[Dict[str, Any]], None], owner: Any) -> None:
+        self.local = local
+        self.method = method
+        self.params = dict(params)
+        self.sink = sink
+        self.owner = owner
+        self.daemon_id: Any = None
+        self.epoch = -1
+        self.closed = False
+        self.finished = False
+        self.stream = method == "stream.subscribe"
+        #: The subscribe's answer as the application sees it (with the local id).
+        self.answer: Dict[str, Any] = {}
+        #: The seq of the last stream event handed on (a re-subscribe starts after it).
+        self.last_seq = int(self.params.get("after_seq") or 0)
+
+    def resubscribe_params(self) -> Dict[str, Any]:
+        params = dict(self.params)
+        if self.stream:
+            params["after_seq"] = self.last_seq
+        return params
+
+    def accept(self, ev: Dict[str, Any]) -> bool:
+        """Whether ``ev`` is to be handed on (the connection's reader only): not after a close,
+        and a stream's events each once, in seq order, across reconnects. Stamps the event
+        with the local id."""
+        if self.closed or self.finished:
+            return False
+        if self.stream:
+            seq = ev.get("seq")
+            if isinstance(seq, int):
+                if seq <= self.last_seq:
+                    return False
+                self.last_seq = seq
+            event = ev.get("event")
+            if isinstance(event, dict) and event.get("type") == "finish":
+                self.finished = True
+        ev["subscription"] = self.local
+        return True
+
+
+class SubRegistry:
+    """Every open subscription of one client, by local id, and the connection epoch. One lock
+    (the client's) orders a close against a (re-)subscribe's answer and a reconnect, so a
+    daemon subscription is always either handed to a live record or unsubscribed, and an
+    unsubscribe only ever names a number of the connection that gave it."""
+
+    def __init__(self, lock: Any) -> None:
+        self.lock = lock
+        self.epoch = 0
+        self._ids = itertools.count(1)
+        self.recs: Dict[int, SubRecord] = {}
+
+    def add(self, method: str, params: Mapping[str, Any],
+            sink: Callable[[Dict[str, Any]], None], owner: Any = None) -> SubRecord:
+        with self.lock:
+            rec = SubRecord(next(self._ids), method, params, sink, owner)
+            self.recs[rec.local] = rec
+            return rec
+
+    def get(self, local: Any) -> Optional[SubRecord]:
+        with self.lock:
+            try:
+                return self.recs.get(local)
+            except TypeError:  # unhashable: no subscription of ours
+                return None
+
+    def answered(self, rec: SubRecord, epoch: int, daemon_id: Any) -> bool:
+        """A subscribe of ``rec`` sent on connection ``epoch`` was answered ``daemon_id``.
+        False: nobody wants it any more (closed, cancelled, timed out): unsubscribe it."""
+        with self.lock:
+            if rec.closed or epoch != self.epoch:
+                return False
+            if rec.daemon_id is not None and rec.epoch == epoch:
+                return False  # made twice on one connection (a guard): keep the first
+            rec.daemon_id = daemon_id
+            rec.epoch = epoch
+            return True
+
+    def close(self, rec: SubRecord) -> Optional[Any]:
+        """Mark ``rec`` closed. Returns the daemon id to unsubscribe now, or ``None`` if there is
+        none on the current connection (its subscribe is still in flight: its answer will be
+        unsubscribed; or the connection that had it is gone, and the subscription with it)."""
+        with self.lock:
+            rec.closed = True
+            self.recs.pop(rec.local, None)
+            d, rec.daemon_id = rec.daemon_id, None
+            return d if d is not None and rec.epoch == self.epoch else None
+
+    def drop(self, rec: SubRecord) -> None:
+        """Forget ``rec`` (its run finished: the daemon ended the subscription itself)."""
+        with self.lock:
+            self.recs.pop(rec.local, None)
+            rec.daemon_id = None
+
+    def new_connection(self) -> List[SubRecord]:
+        """A new connection is up: every daemon id is void; returns the records to
+        re-subscribe: those made on an earlier connection (a record whose first subscribe has
+        not been answered is its caller's: that call fails, or it waits for the new connection
+        and subscribes there)."""
+        with self.lock:
+            self.epoch += 1
+            live = []
+            for local, rec in list(self.recs.items()):
+                rec.daemon_id = None
+                if rec.closed or rec.finished:
+                    del self.recs[local]
+                elif rec.epoch >= 0:
+                    live.append(rec)
+            return live
+
+    def all(self) -> List[SubRecord]:
+        with self.lock:
+            return list(self.recs.values())
+
+
+# ---------------------------------------------------------------------------------------------
 # Results
 
 
@@ -136,7 +289,8 @@ class CredentialRecord:
         keys = self.credential.get("keys") or {}
         if key not in keys:
             raise KeyError(key)
-        return keys[key]["value"]
+        value = keys[key]["value"]
+        return value if isinstance(value, str) else str(value)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, CredentialRecord):
@@ -173,6 +327,27 @@ class Lease(NamedTuple):
         return bool(self.granted)
 
 
+def as_dict(value: Any) -> Dict[str, Any]:
+    """A daemon answer that must be an object (``StorageError`` if it is not)."""
+    if not isinstance(value, dict):
+        raise StorageError(message="a malformed answer from the daemon (not an object)")
+    return value
+
+
+def as_list(value: Any) -> List[Dict[str, Any]]:
+    """A daemon answer that must be a list (``StorageError`` if it is not)."""
+    if not isinstance(value, list):
+        raise StorageError(message="a malformed answer from the daemon (not a list)")
+    return value
+
+
+def as_int(value: Any) -> int:
+    """A daemon answer that must be an integer (``StorageError`` if it is not)."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise StorageError(message="a malformed answer from the daemon (not an integer)")
+    return value
+
+
 def record(result: Dict[str, Any]) -> CredentialRecord:
     return CredentialRecord(result["credential"], result["generation"])
 
@@ -182,7 +357,8 @@ def set_result(result: Dict[str, Any]) -> SetResult:
 
 
 def lease(result: Dict[str, Any]) -> Lease:
-    return Lease(bool(result.get("granted")), result.get("lease_id"), result.get("expires_in_ms", 0))
+    return Lease(bool(result.get("granted")), result.get("lease_id"),
+                 result.get("expires_in_ms", 0))
 
 
 # ---------------------------------------------------------------------------------------------

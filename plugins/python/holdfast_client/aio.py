@@ -1,6 +1,6 @@
 """The asyncio client: the same methods as ``Client``, awaitable; subscriptions as async
-iterators. One ``AsyncClient`` is one connection, used from one event loop; any number of
-tasks may call it at once (requests are pipelined)::
+iterators. One ``AsyncClient`` is one connection at a time (it reconnects as ``Client`` does),
+used from one event loop; any number of tasks may call it at once (requests are pipelined)::
 
     from holdfast_client import AsyncClient
 
@@ -9,6 +9,10 @@ tasks may call it at once (requests are pipelined)::
         rec = await hf.get("openai")
         async for ev in await hf.subscribe_stream("run-42"):
             print(ev["seq"], ev["event"])
+
+A call whose task is cancelled (or that ``asyncio.wait_for`` times out) leaves nothing behind:
+no entry waits for its answer, and a subscription the daemon made for a cancelled
+``subscribe_*`` is unsubscribed when its answer arrives.
 """
 
 from __future__ import annotations
@@ -16,36 +20,75 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
 import os
-from typing import Any, AsyncIterator, Callable, Dict, List, Optional
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple
 
-from ._errors import CallTimeout, ConnectionClosed, HoldfastError, error_from_response, scrub
+from ._errors import (
+    CallTimeout,
+    ConnectionClosed,
+    HoldfastError,
+    StorageError,
+    error_from_response,
+    scrub,
+)
 from ._paths import default_socket_path
 from ._protocol import (
+    as_dict,
+    as_int,
+    as_list,
     CLOSED,
     PROTOCOL_VERSION,
+    RECONNECT_ATTEMPTS,
+    RECONNECT_HINT,
     CredentialRecord,
     Lease,
     SetResult,
     SubQueue,
+    SubRecord,
+    SubRegistry,
     SubscriptionTable,
     check_peer,
     encode_request,
     lease,
+    reconnect_delays,
     record,
     set_result,
 )
+
+logger = logging.getLogger("holdfast_client")
 
 Event = Dict[str, Any]
 
 #: Longest line read from the daemon (a `run.get` of a long run is one line).
 MAX_LINE_BYTES = 256 * 1024 * 1024
 
+_CONNECTED, _RECONNECTING, _CLOSED = "connected", "reconnecting", "closed"
+
+
+class _Gone(Exception):
+    """A request bound to a connection that is no longer the current one: not sent."""
+
+
+class _NotSent(Exception):
+    """The connection was lost before the request was written: safe to send on the next."""
+
+
+class _NoLock:
+    """The registry's lock in a single-threaded event loop: nothing to exclude."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
 
 class AsyncSubscription:
     """The events of one subscription, in order, from a queue of its own: ``async for ev in
     sub`` (a stream subscription ends after ``finish``), or ``await sub.next(timeout)``. Like
-    ``Subscription``: a stream subscription drops nothing however slowly it is read;
+    ``Subscription``: a stream subscription drops nothing however slowly it is read, and is
+    re-made from its last seq after a reconnect; ``id`` is the client's own (stable);
     ``await sub.close()`` unsubscribes."""
 
     def __init__(self, client: "AsyncClient", kind: str, params: Dict[str, Any],
@@ -54,6 +97,8 @@ class AsyncSubscription:
         self._params = dict(params)
         self._q = SubQueue(kind, max_queued, int(params.get("after_seq") or 0))
         self._wake = asyncio.Event()
+        self._reason: Optional[str] = None
+        self._rec: Optional[SubRecord] = None
         self.id: Any = None
 
     @property
@@ -67,17 +112,23 @@ class AsyncSubscription:
 
     async def _start(self) -> "AsyncSubscription":
         method = "stream.subscribe" if self.kind == "stream" else "cred.watch"
-        result = await self._client._subscribe(method, self._params, self._push, self)
-        self.id = result["subscription"]
+        self._rec = await self._client._subscribe(method, self._params, self._push, self)
+        self.id = self._rec.local
         return self
 
-    def _push(self, params: Event) -> None:  # the reader task
+    def _push(self, params: Any) -> None:  # the reader task
         self._q.push(params)
         self._wake.set()
 
+    def _end(self, reason: str) -> None:
+        if self._reason is None:
+            self._reason = reason
+        self._push(CLOSED)
+
     async def next(self, timeout: Optional[float] = None) -> Optional[Event]:
         """The next event, or ``None`` after ``timeout`` seconds or once the subscription has
-        ended. ``ConnectionClosed`` if the connection is gone and the queue is drained."""
+        ended. ``ConnectionClosed`` if the connection is gone for good (reconnecting failed)
+        and the queue is drained."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         while True:
@@ -90,7 +141,8 @@ class AsyncSubscription:
                 return None
             if what == "closed":
                 raise ConnectionClosed(
-                    message=self._client._close_reason or "the connection is closed"
+                    message=self._reason or self._client._close_reason
+                    or "the connection is closed"
                 )
             self._wake.clear()
             remaining = None if deadline is None else deadline - loop.time()
@@ -113,11 +165,13 @@ class AsyncSubscription:
 
     async def close(self) -> None:
         """Unsubscribe (if the connection is still open); the queue is dropped."""
-        if self._q.close() and not self._client.closed:
-            try:
-                await self._client.unsubscribe(self.id)
-            except ConnectionClosed:
-                pass
+        self._q.close()
+        if self._rec is None:
+            return
+        try:
+            await self._client._close_sub(self._rec)
+        except ConnectionClosed:
+            pass  # the connection is gone, and the daemon's subscription with it
 
     async def __aenter__(self) -> "AsyncSubscription":
         return self
@@ -131,9 +185,12 @@ class AsyncSubscription:
 
 
 class AsyncClient:
-    """One connection to the daemon for asyncio code. ``async with AsyncClient(...) as hf``
+    """A connection to the daemon for asyncio code. ``async with AsyncClient(...) as hf``
     connects and says hello (or ``hf = await AsyncClient.connect(...)``); the arguments are
-    ``Client``'s. Errors are the same classes. ``hf.hello`` is the daemon's hello answer."""
+    ``Client``'s, and so is the reconnect behaviour (``reconnect``, ``reconnect_attempts``: a
+    call in flight when the connection breaks raises ``ConnectionClosed``, later calls wait for
+    the new connection, subscriptions are re-made). Errors are the same classes.
+    ``hf.hello`` is the daemon's hello answer."""
 
     def __init__(
         self,
@@ -142,21 +199,30 @@ class AsyncClient:
         plugin: Optional[str] = None,
         *,
         timeout: Optional[float] = 60.0,
+        reconnect: bool = True,
+        reconnect_attempts: int = RECONNECT_ATTEMPTS,
     ) -> None:
         self.socket_path = os.fspath(socket_path) if socket_path else default_socket_path()
         self.timeout = timeout
-        self._name = client
-        self._plugin = plugin
+        self.reconnect = reconnect
+        self.reconnect_attempts = reconnect_attempts
+        self.reconnects = 0
+        self._hello_params: Dict[str, Any] = {"client": client, "protocol": PROTOCOL_VERSION}
+        if plugin is not None:
+            self._hello_params["plugin"] = plugin
         self._ids = itertools.count(1)
         self._pending: Dict[int, "asyncio.Future[Any]"] = {}
-        self._on_answer: Dict[int, Callable[[Any], None]] = {}
+        # Answers wanted by the client itself (subscriptions), also once nobody awaits them.
+        self._on_answer: Dict[int, Tuple[Callable[[Any, int], None], int]] = {}
+        self._on_error: Dict[int, Callable[[HoldfastError], None]] = {}
+        self._subs = SubRegistry(_NoLock())
         self._table = SubscriptionTable()
-        self._own: Dict[Any, AsyncSubscription] = {}
-        self._closed = True
+        self._state = _CLOSED
         self._close_reason: Optional[str] = None
         self._writer: Optional[asyncio.StreamWriter] = None
         self._reader_task: Optional["asyncio.Task[None]"] = None
         self._write_lock: Optional[asyncio.Lock] = None
+        self._connected: Optional[asyncio.Event] = None
         self.hello: Dict[str, Any] = {}
 
     @classmethod
@@ -166,7 +232,7 @@ class AsyncClient:
         await c._open()
         return c
 
-    async def _open(self) -> None:
+    async def _connect(self) -> Tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         try:
             reader, writer = await asyncio.open_unix_connection(
                 self.socket_path, limit=MAX_LINE_BYTES
@@ -181,22 +247,29 @@ class AsyncClient:
         except BaseException:
             writer.close()
             raise
+        return reader, writer
+
+    async def _open(self) -> None:
+        reader, writer = await self._connect()
+        # A client opened again after close() starts afresh (what the old connection had was
+        # ended with it).
+        self._subs = SubRegistry(_NoLock())
+        self._table = SubscriptionTable()
         self._writer = writer
         self._write_lock = asyncio.Lock()
-        self._closed = False
+        self._connected = asyncio.Event()
+        self._connected.set()
+        self._state = _CONNECTED
         self._close_reason = None
-        self._reader_task = asyncio.get_running_loop().create_task(self._read_loop(reader))
-        params: Dict[str, Any] = {"client": self._name, "protocol": PROTOCOL_VERSION}
-        if self._plugin is not None:
-            params["plugin"] = self._plugin
+        self._reader_task = asyncio.get_running_loop().create_task(self._run_reader(reader))
         try:
-            self.hello = await self.call("hello", **params)
+            self.hello = await self.call("hello", **self._hello_params)
         except BaseException:
             await self.close()
             raise
 
     async def __aenter__(self) -> "AsyncClient":
-        if self._closed:
+        if self._state == _CLOSED:
             await self._open()
         return self
 
@@ -205,33 +278,50 @@ class AsyncClient:
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        """Closed for good (by ``close()``, or reconnecting failed); not while reconnecting."""
+        return self._state == _CLOSED
 
     def __repr__(self) -> str:
-        return "AsyncClient(socket_path=%r, closed=%r)" % (self.socket_path, self._closed)
+        return "AsyncClient(socket_path=%r, closed=%r)" % (self.socket_path, self.closed)
 
     async def close(self) -> None:
-        """Close the connection; calls in flight fail with ``ConnectionClosed``."""
+        """Close the connection (and stop reconnecting); calls in flight fail with
+        ``ConnectionClosed``."""
         if self._close_reason is None:
             self._close_reason = "the client closed the connection"
-        self._closed = True
+        was = self._state
+        self._state = _CLOSED
+        if self._connected is not None:
+            self._connected.set()  # wake callers waiting for a reconnect: they see closed
         if self._writer is not None:
             self._writer.close()
             try:
                 await self._writer.wait_closed()
-            except OSError:
+            except (OSError, RuntimeError):
                 pass
         task = self._reader_task
-        if task is not None and task is not asyncio.current_task():
+        if task is not None and task is not asyncio.current_task() and not task.done():
+            if was == _RECONNECTING:
+                task.cancel()
             try:
-                await asyncio.wait_for(task, 5)
+                await asyncio.wait_for(asyncio.shield(task), 5)
             except (asyncio.TimeoutError, asyncio.CancelledError):
                 task.cancel()
         self._fail_all(self._close_reason or "closed")
 
     # -- reader task ---------------------------------------------------------------------------
 
-    async def _read_loop(self, reader: asyncio.StreamReader) -> None:
+    async def _run_reader(self, reader: asyncio.StreamReader) -> None:
+        current: Optional[asyncio.StreamReader] = reader
+        try:
+            while current is not None:
+                reason = await self._read_loop(current)
+                current = await self._reconnect(reason)
+        except asyncio.CancelledError:
+            self._fail_all(self._close_reason or "the client closed the connection")
+            raise
+
+    async def _read_loop(self, reader: asyncio.StreamReader) -> str:
         reason = "the daemon closed the connection"
         try:
             while True:
@@ -254,101 +344,321 @@ class AsyncClient:
                 self._dispatch_response(msg)
         except (OSError, ValueError, asyncio.LimitOverrunError):
             reason = "the connection to the daemon failed"
+        return reason
+
+    async def _reconnect(self, reason: str) -> Optional[asyncio.StreamReader]:
+        """The connection ended: fail what was in flight, then connect again (unless closed or
+        ``reconnect`` is off). Returns the new connection's reader, or ``None``."""
+        if self._close_reason is not None and self._state != _CLOSED:
+            reason, self._close_reason = self._close_reason, None
+        give_up = self._state == _CLOSED or not self.reconnect
+        self._state = _CLOSED if give_up else _RECONNECTING
+        if self._connected is not None and not give_up:
+            self._connected.clear()
+        lost = reason + (
+            "" if give_up
+            else "; the call was in flight, so it may or may not have been carried out"
+        )
+        self._fail_pending(lost)
+        if self._writer is not None:
+            self._writer.close()
+        if give_up:
+            self._fail_all(reason)
+            return None
+        logger.warning("holdfast: %s; reconnecting to %s", reason, self.socket_path)
+        last = reason
+        for delay in reconnect_delays(self.reconnect_attempts):
+            await asyncio.sleep(delay)
+            if self._state == _CLOSED:
+                break
+            try:
+                reader, writer, hello = await self._open_again()
+            except HoldfastError as e:
+                last = e.message
+                if e.kind not in ("storage", "busy"):
+                    break  # the daemon refused us (a plugin grant gone): retrying won't help
+                continue
+            if self._state == _CLOSED:
+                writer.close()
+                return None
+            self._writer = writer
+            self.hello = hello
+            self.reconnects += 1
+            self._table = SubscriptionTable()
+            live = self._subs.new_connection()
+            self._state = _CONNECTED
+            if self._connected is not None:
+                self._connected.set()
+            logger.warning("holdfast: reconnected to %s", self.socket_path)
+            for rec in live:
+                self._resubscribe(rec, self._subs.epoch)
+            return reader
         if self._close_reason is None:
-            self._close_reason = reason
+            self._close_reason = "lost the connection to the holdfast daemon (%s) and could " \
+                "not reconnect to %s: %s" % (reason, self.socket_path, last)
         self._fail_all(self._close_reason)
+        return None
+
+    async def _open_again(
+        self,
+    ) -> Tuple[asyncio.StreamReader, asyncio.StreamWriter, Dict[str, Any]]:
+        """Connect and say hello (the reader task, before it reads the new connection)."""
+        reader, writer = await self._connect()
+        try:
+            rid = next(self._ids)
+            writer.write(encode_request(rid, "hello", self._hello_params))
+            await writer.drain()
+            while True:
+                line = await asyncio.wait_for(reader.readline(), self.timeout or 60.0)
+                if not line:
+                    raise ConnectionClosed(message="the daemon closed the connection at hello")
+                msg = json.loads(line)
+                if isinstance(msg, dict) and msg.get("id") in (rid, None) and "method" not in msg:
+                    break
+            if "error" in msg:
+                raise error_from_response(msg["error"])
+            if not isinstance(msg.get("result"), dict):
+                raise StorageError(message="a hello answer without a result")
+            return reader, writer, msg["result"]
+        except (OSError, ValueError, asyncio.TimeoutError, asyncio.LimitOverrunError):
+            writer.close()
+            raise ConnectionClosed(message="hello on the new connection failed") from None
+        except BaseException:
+            writer.close()
+            raise
 
     def _dispatch_response(self, msg: Dict[str, Any]) -> None:
         mid = msg.get("id")
         fut = self._pending.pop(mid, None) if isinstance(mid, int) else None
         on_answer = self._on_answer.pop(mid, None) if isinstance(mid, int) else None
-        if fut is None:
+        on_error = self._on_error.pop(mid, None) if isinstance(mid, int) else None
+        if fut is None and on_answer is None and on_error is None:
             err = msg.get("error")
             if isinstance(err, dict) and isinstance(err.get("message"), str):
                 self._close_reason = "the daemon said: %s" % err["message"]
             return
-        if fut.done():
-            return  # timed out or cancelled: nobody waits for it
         if "error" in msg:
-            fut.set_exception(error_from_response(msg["error"]))
+            error = error_from_response(msg["error"])
+            if on_error is not None:
+                on_error(error)
+            if fut is not None and not fut.done():
+                fut.set_exception(error)
         elif "result" in msg:
             if on_answer is not None:
-                on_answer(msg["result"])
-            fut.set_result(msg["result"])
-        else:
-            fut.set_exception(
-                ConnectionClosed(message="a response with neither result nor error")
-            )
+                on_answer[0](msg["result"], on_answer[1])
+            if fut is not None and not fut.done():
+                fut.set_result(msg["result"])
+        elif fut is not None and not fut.done():
+            fut.set_exception(StorageError(message="a response with neither result nor error"))
 
-    def _fail_all(self, reason: str) -> None:
-        self._closed = True
+    def _fail_pending(self, reason: str) -> None:
         pending, self._pending = self._pending, {}
         self._on_answer.clear()
+        self._on_error.clear()
         for fut in pending.values():
             if not fut.done():
                 fut.set_exception(ConnectionClosed(message=reason))
-        for sub in list(self._own.values()):
-            sub._push(CLOSED)
+
+    def _fail_all(self, reason: str) -> None:
+        self._state = _CLOSED
+        if self._close_reason is None:
+            self._close_reason = reason
+        self._fail_pending(self._close_reason)
+        if self._connected is not None:
+            self._connected.set()
+        for rec in self._subs.all():
+            if isinstance(rec.owner, AsyncSubscription):
+                rec.owner._end(self._close_reason)
 
     # -- calls ---------------------------------------------------------------------------------
 
     async def call(self, method: str, /, **params: Any) -> Any:
         """Call ``method`` with ``params`` and return its ``result``; raises
-        ``HoldfastError``. Parameters whose value is ``None`` are left out."""
+        ``HoldfastError``. Parameters whose value is ``None`` are left out. (Subscribe with
+        ``subscribe_stream`` / ``subscribe_cred``.)"""
+        if method in ("cred.watch", "stream.subscribe"):
+            # Its events go nowhere (as before): subscribe_* gives an iterator over them.
+            return (await self._subscribe(method, params, lambda _ev: None, None)).answer
+        if method == "unsubscribe" and set(params) == {"subscription"}:
+            return {"unsubscribed": await self.unsubscribe(params["subscription"])}
         return await self._call(method, params)
 
     async def _call(self, method: str, params: Dict[str, Any],
-                    on_answer: Optional[Callable[[Any], None]] = None) -> Any:
-        if self._closed or self._writer is None or self._write_lock is None:
+                    on_answer: Optional[Callable[[Any, int], None]] = None, *,
+                    epoch: Optional[int] = None) -> Any:
+        """Send a request and await its answer. Whatever ends the wait (an answer, an error,
+        a timeout, the task's cancellation) leaves no entry behind, except ``on_answer`` of a
+        request that was sent: the answer still reaches it (a subscription is unsubscribed
+        rather than leaked). ``epoch``: only on that connection (``_Gone`` otherwise). A
+        request the connection's loss kept from being sent at all waits for the next one."""
+        loop = asyncio.get_running_loop()
+        deadline = None if self.timeout is None else loop.time() + self.timeout
+        while True:
+            if self._state == _RECONNECTING and epoch is None and self._connected is not None:
+                remaining = None if deadline is None else max(0.0, deadline - loop.time())
+                try:
+                    await asyncio.wait_for(self._connected.wait(), remaining)
+                except asyncio.TimeoutError:
+                    raise CallTimeout(message="no connection to the daemon for %s within %ss "
+                                      "(reconnecting)" % (method, self.timeout)) from None
+            try:
+                return await self._call_once(method, params, on_answer, epoch, deadline)
+            except _NotSent:
+                if epoch is not None:
+                    raise _Gone() from None
+
+    async def _call_once(self, method: str, params: Dict[str, Any],
+                         on_answer: Optional[Callable[[Any, int], None]],
+                         epoch: Optional[int], deadline: Optional[float]) -> Any:
+        loop = asyncio.get_running_loop()
+        if self._state == _CLOSED or self._writer is None or self._write_lock is None:
             raise ConnectionClosed(message=self._close_reason or "the connection is closed")
+        if epoch is not None and (epoch != self._subs.epoch or self._state != _CONNECTED):
+            raise _Gone()
+        if self._state != _CONNECTED:
+            raise _NotSent()
         rid = next(self._ids)
         line = encode_request(rid, method, params)
-        fut: "asyncio.Future[Any]" = asyncio.get_running_loop().create_future()
+        fut: "asyncio.Future[Any]" = loop.create_future()
+        writer = self._writer
         self._pending[rid] = fut
         if on_answer is not None:
-            self._on_answer[rid] = on_answer
+            self._on_answer[rid] = (on_answer, self._subs.epoch)
+        sent = False
         try:
             async with self._write_lock:
-                self._writer.write(line)
-                await self._writer.drain()
-        except (OSError, RuntimeError):
-            self._pending.pop(rid, None)
-            self._on_answer.pop(rid, None)
-            raise ConnectionClosed(message="sending to the daemon failed") from None
-        finally:
+                if self._writer is not writer or self._state != _CONNECTED:
+                    raise _NotSent()  # the connection went while this waited for its turn
+                try:
+                    writer.write(line)
+                    sent = True
+                    await writer.drain()
+                except (OSError, RuntimeError):
+                    raise ConnectionClosed(message="sending to the daemon failed") from None
             line = b""
-        try:
-            return await asyncio.wait_for(asyncio.shield(fut), self.timeout)
-        except asyncio.TimeoutError:
-            self._abandon(rid, fut)
-            raise CallTimeout(message="no answer to %s within %ss" % (method, self.timeout)) \
-                from None
-        except asyncio.CancelledError:
-            self._abandon(rid, fut)
-            raise
+            remaining = None if deadline is None else max(0.0, deadline - loop.time())
+            try:
+                return await asyncio.wait_for(asyncio.shield(fut), remaining)
+            except asyncio.TimeoutError:
+                raise CallTimeout(message="no answer to %s within %ss" % (method, self.timeout)) \
+                    from None
         except HoldfastError as err:
             scrub(err, params)
             raise
+        finally:
+            self._pending.pop(rid, None)
+            if not sent:
+                self._on_answer.pop(rid, None)
+            if not fut.done():
+                fut.cancel()
+            elif not fut.cancelled():
+                fut.exception()  # retrieved: no "Future exception was never retrieved"
 
-    def _abandon(self, rid: int, fut: "asyncio.Future[Any]") -> None:
-        """Nobody waits for this answer any more (a timeout or a cancelled task)."""
-        self._pending.pop(rid, None)
-        self._on_answer.pop(rid, None)
-        fut.cancel()
+    def _send_nowait(self, method: str, params: Dict[str, Any], epoch: int,
+                     on_answer: Optional[Callable[[Any, int], None]] = None,
+                     on_error: Optional[Callable[[HoldfastError], None]] = None) -> None:
+        """A request of the client's own on connection ``epoch`` only, whose answer nobody
+        awaits (from the reader task or a finally: no await). A whole line goes into the
+        transport's buffer at once, so it never interleaves with another request."""
+        writer = self._writer
+        if self._state != _CONNECTED or epoch != self._subs.epoch or writer is None:
+            return  # that connection is gone, and what the request was about with it
+        rid = next(self._ids)
+        if on_answer is not None:
+            self._on_answer[rid] = (on_answer, epoch)
+        if on_error is not None:
+            self._on_error[rid] = on_error
+        try:
+            writer.write(encode_request(rid, method, params))
+        except (OSError, RuntimeError):
+            self._on_answer.pop(rid, None)
+            self._on_error.pop(rid, None)
 
     async def _subscribe(self, method: str, params: Dict[str, Any],
-                         sink: Callable[[Event], None], owner: AsyncSubscription) -> Any:
-        def claim(result: Any) -> None:
-            if isinstance(result, dict):
-                sub = result.get("subscription")
-                self._own[sub] = owner
-                self._table.claim(sub, sink)
+                         sink: Callable[[Event], None],
+                         owner: Optional[AsyncSubscription]) -> SubRecord:
+        rec = self._subs.add(method, params, sink, owner)
+        try:
+            result = await self._call(method, rec.resubscribe_params(), self._claim(rec))
+        except BaseException:  # an error, a timeout or a cancelled task
+            self._abandon_sub(rec)
+            raise
+        rec.answer = dict(result, subscription=rec.local)
+        return rec
 
-        return await self._call(method, params, claim)
+    def _claim(self, rec: SubRecord) -> Callable[[Any, int], None]:
+        def claim(result: Any, epoch: int) -> None:  # the reader task, before the next line
+            if not isinstance(result, dict):
+                return
+            sub = result.get("subscription")
+            table = self._table
+            if self._subs.answered(rec, epoch, sub):
+                table.claim(sub, lambda ev: self._route(rec, sub, ev))
+            else:
+                table.release(sub)
+                self._send_nowait("unsubscribe", {"subscription": sub}, epoch)
+        return claim
+
+    def _route(self, rec: SubRecord, daemon_id: Any, ev: Event) -> None:
+        if not rec.accept(ev):
+            return
+        rec.sink(ev)
+        if rec.finished:  # the daemon ended the subscription with the run's finish
+            self._subs.drop(rec)
+            self._table.release(daemon_id)
+
+    def _resubscribe(self, rec: SubRecord, epoch: int) -> None:
+        """Make ``rec`` again on a new connection (the reader task: nothing is awaited)."""
+        if rec.closed:
+            return  # closed while the client reconnected: nothing to re-make
+        claim = self._claim(rec)
+
+        def answered(result: Any, epoch: int) -> None:
+            if not rec.stream and not rec.closed:
+                rec.sink({"subscription": rec.local, "type": "resync", "missed": None,
+                          "hint": RECONNECT_HINT})
+            claim(result, epoch)
+
+        def failed(err: HoldfastError) -> None:
+            self._subs.close(rec)
+            why = "re-making the subscription after a reconnect failed: %s" % err
+            logger.warning("holdfast: %s", why)
+            if isinstance(rec.owner, AsyncSubscription):
+                rec.owner._end(why)
+
+        self._send_nowait(rec.method, rec.resubscribe_params(), epoch, answered, failed)
+
+    def _abandon_sub(self, rec: SubRecord) -> None:
+        epoch = rec.epoch
+        d = self._subs.close(rec)
+        if d is not None:  # claimed just as the caller gave up
+            self._table.release(d)
+            self._send_nowait("unsubscribe", {"subscription": d}, epoch)
+
+    async def _close_sub(self, rec: SubRecord) -> bool:
+        """Close ``rec`` (see ``Client._close_sub``): never sends a daemon id of a lost
+        connection, and a cancelled close still unsubscribes."""
+        was_open = not rec.closed and not rec.finished
+        epoch = rec.epoch
+        d = self._subs.close(rec)
+        if d is None:
+            return was_open
+        done = False
+        try:
+            res = await self._call("unsubscribe", {"subscription": d}, epoch=epoch)
+            done = True
+        except _Gone:
+            return was_open
+        finally:
+            self._table.release(d)
+            if not done:
+                self._send_nowait("unsubscribe", {"subscription": d}, epoch)
+        return bool(res["unsubscribed"])
 
     def _forget(self, sub: Any) -> None:
-        self._own.pop(sub, None)
-        self._table.release(sub)
+        rec = self._subs.get(sub)
+        if rec is not None:
+            self._subs.drop(rec)
 
     # -- subscriptions -------------------------------------------------------------------------
 
@@ -371,11 +681,15 @@ class AsyncClient:
     stream_subscribe = subscribe_stream
 
     async def unsubscribe(self, subscription: Any) -> bool:
-        """``unsubscribe``: once it returns, no event of ``subscription`` arrives."""
-        done = bool((await self._call("unsubscribe", {"subscription": subscription}))
-                    ["unsubscribed"])
-        self._forget(subscription)
-        return done
+        """``unsubscribe`` (an id of this client): once it returns, no event of
+        ``subscription`` arrives."""
+        rec = self._subs.get(subscription)
+        if rec is None:
+            return False
+        if isinstance(rec.owner, AsyncSubscription):
+            rec.owner._q.close()
+        return await self._close_sub(rec)
+
 
     # -- credentials (see ``Client`` for each method's contract) -------------------------------
 
@@ -396,7 +710,7 @@ class AsyncClient:
         return bool((await self.call("cred.delete", id=id, store=store))["deleted"])
 
     async def list(self, store: Optional[str] = None) -> List[Dict[str, Any]]:
-        return (await self.call("cred.list", store=store))["credentials"]
+        return as_list((await self.call("cred.list", store=store))["credentials"])
 
     async def exists(self, id: str, store: Optional[str] = None) -> bool:
         return bool((await self.call("cred.exists", id=id, store=store))["exists"])
@@ -408,54 +722,55 @@ class AsyncClient:
         return bool((await self.call("cred.release_lease", id=id, store=store))["released"])
 
     async def status(self) -> Dict[str, Any]:
-        return await self.call("admin.status")
+        return as_dict(await self.call("admin.status"))
 
     # -- streams -------------------------------------------------------------------------------
 
     async def stream_begin(self, run_id: str, thread_id: Optional[str] = None,
                            model: Optional[str] = None, takeover: bool = False
                            ) -> Dict[str, Any]:
-        return await self.call("stream.begin", run_id=run_id, thread_id=thread_id, model=model,
-                               takeover=takeover or None)
+        return as_dict(await self.call("stream.begin", run_id=run_id, thread_id=thread_id,
+                                       model=model, takeover=takeover or None))
 
     async def stream_append(self, run_id: str, stream_id: str, seq: int,
                             events: List[Dict[str, Any]]) -> int:
-        return (await self.call("stream.append", run_id=run_id, stream_id=stream_id, seq=seq,
-                                events=events))["acked_seq"]
+        return as_int((await self.call("stream.append", run_id=run_id, stream_id=stream_id, seq=seq,
+                                       events=events))["acked_seq"])
 
     async def stream_interrupt(self, run_id: str, stream_id: str, cause: Any,
                                continuation: Optional[str] = None) -> Dict[str, Any]:
-        return await self.call("stream.interrupt", run_id=run_id, stream_id=stream_id,
-                               cause=cause, continuation=continuation)
+        return as_dict(await self.call("stream.interrupt", run_id=run_id, stream_id=stream_id,
+                                       cause=cause, continuation=continuation))
 
     async def stream_resume(self, run_id: str, model: Optional[str] = None,
                             thread_id: Optional[str] = None, fail_on_stale: bool = False,
                             continuation: Optional[str] = None) -> Dict[str, Any]:
-        return await self.call("stream.resume", run_id=run_id, model=model, thread_id=thread_id,
-                               fail_on_stale=fail_on_stale or None, continuation=continuation)
+        return as_dict(await self.call("stream.resume", run_id=run_id, model=model,
+                                       thread_id=thread_id, fail_on_stale=fail_on_stale or None,
+                                       continuation=continuation))
 
     async def stream_commit(self, run_id: str, stream_id: str, final_message: Any,
                             content_from_stream: bool = False) -> Dict[str, Any]:
-        return await self.call("stream.commit", run_id=run_id, stream_id=stream_id,
-                               final_message=final_message,
-                               content_from_stream=content_from_stream or None)
+        return as_dict(await self.call("stream.commit", run_id=run_id, stream_id=stream_id,
+                                       final_message=final_message,
+                                       content_from_stream=content_from_stream or None))
 
     async def stream_abort(self, run_id: str, stream_id: str,
                            reason: Optional[str] = None) -> Dict[str, Any]:
-        return await self.call("stream.abort", run_id=run_id, stream_id=stream_id,
-                               reason=reason)
+        return as_dict(await self.call("stream.abort", run_id=run_id, stream_id=stream_id,
+                                       reason=reason))
 
     async def stream_get(self, run_id: str, reveal: bool = False) -> Dict[str, Any]:
-        return await self.call("stream.get", run_id=run_id, reveal=reveal or None)
+        return as_dict(await self.call("stream.get", run_id=run_id, reveal=reveal or None))
 
     async def stream_list(self) -> List[Dict[str, Any]]:
-        return (await self.call("stream.list"))["runs"]
+        return as_list((await self.call("stream.list"))["runs"])
 
     async def checkpoint_put(self, run_id: str, snapshot: Dict[str, Any]) -> Dict[str, Any]:
-        return await self.call("checkpoint.put", run_id=run_id, snapshot=snapshot)
+        return as_dict(await self.call("checkpoint.put", run_id=run_id, snapshot=snapshot))
 
     async def checkpoint_get(self, run_id: str) -> Dict[str, Any]:
-        return await self.call("checkpoint.get", run_id=run_id)
+        return as_dict(await self.call("checkpoint.get", run_id=run_id))
 
     async def checkpoint_delete(self, run_id: str) -> bool:
         return bool((await self.call("checkpoint.delete", run_id=run_id))["deleted"])
@@ -463,33 +778,34 @@ class AsyncClient:
     # -- run logs ------------------------------------------------------------------------------
 
     async def run_log_node(self, run_id: str, detail: Dict[str, Any]) -> Dict[str, Any]:
-        return await self.call("run.log_node", run_id=run_id, detail=detail)
+        return as_dict(await self.call("run.log_node", run_id=run_id, detail=detail))
 
     async def run_ensure_node(self, run_id: str, node_id: str,
                               detail: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-        return await self.call("run.ensure_node", run_id=run_id, node_id=node_id,
-                               detail=detail or {})
+        return as_dict(await self.call("run.ensure_node", run_id=run_id, node_id=node_id,
+                                       detail=detail or {}))
 
     async def run_log_step(self, run_id: str, step: Dict[str, Any]) -> Dict[str, Any]:
-        return await self.call("run.log_step", run_id=run_id, step=step)
+        return as_dict(await self.call("run.log_step", run_id=run_id, step=step))
 
     async def run_tool_begin(self, run_id: str, tool_call_id: str, name: str,
                              input: Any = None) -> Dict[str, Any]:
-        return await self.call("run.tool_begin", run_id=run_id, tool_call_id=tool_call_id,
-                               name=name, input=input)
+        return as_dict(await self.call("run.tool_begin", run_id=run_id, tool_call_id=tool_call_id,
+                                       name=name, input=input))
 
     async def run_tool_end(self, run_id: str, tool_call_id: str, result: Any = None,
                            is_error: bool = False) -> Dict[str, Any]:
-        return await self.call("run.tool_end", run_id=run_id, tool_call_id=tool_call_id,
-                               result=result, is_error=is_error)
+        return as_dict(await self.call("run.tool_end", run_id=run_id, tool_call_id=tool_call_id,
+                                       result=result, is_error=is_error))
 
     async def run_end(self, run_id: str, status: str, **fields: Any) -> Dict[str, Any]:
-        return (await self.call("run.end", run_id=run_id, status=status, **fields))["summary"]
+        return as_dict((await self.call("run.end", run_id=run_id, status=status,
+                                        **fields))["summary"])
 
     async def run_get(self, run_id: str) -> Dict[str, Any]:
-        return await self.call("run.get", run_id=run_id)
+        return as_dict(await self.call("run.get", run_id=run_id))
 
     async def run_list(self, status: Optional[str] = None, since_ms: Optional[int] = None,
                        until_ms: Optional[int] = None) -> List[Dict[str, Any]]:
-        return (await self.call("run.list", status=status, since_ms=since_ms,
-                                until_ms=until_ms))["runs"]
+        return as_list((await self.call("run.list", status=status, since_ms=since_ms,
+                                        until_ms=until_ms))["runs"])

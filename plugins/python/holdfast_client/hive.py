@@ -31,7 +31,7 @@ from datetime import datetime, timezone
 from typing import Any, Dict, List, Optional
 
 from ._client import Client
-from ._errors import IntegrityError, NotFound
+from ._errors import IntegrityError, NotFound, StoreNotServed
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ class _Connection:
 # Credentials
 
 
-class HoldfastCredentialStorage(_StorageBase):  # type: ignore[misc,valid-type]
+class HoldfastCredentialStorage(_StorageBase):  # type: ignore[misc,valid-type,unused-ignore]
     """hive's ``CredentialStorage``, served by the holdfast daemon.
 
     ``store``: the holdfast store (default ``"default"``; ``"hive"`` after ``holdfast import
@@ -98,7 +98,8 @@ class HoldfastCredentialStorage(_StorageBase):  # type: ignore[misc,valid-type]
 
     ``save`` and ``delete`` are durable when they return; ``load`` returns ``None`` for a
     credential that does not exist and raises hive's ``CredentialDecryptionError`` for one that
-    cannot be decrypted, as ``EncryptedFileStorage`` does. An id holdfast refuses (longer than
+    cannot be decrypted, as ``EncryptedFileStorage`` does; a store the daemon does not serve
+    raises ``holdfast_client.StoreNotServed`` (never ``None``). An id holdfast refuses (longer than
     200 bytes, or with a NUL) raises ``holdfast_client.InvalidParams`` (a ``ValueError``).
     """
 
@@ -122,9 +123,28 @@ class HoldfastCredentialStorage(_StorageBase):  # type: ignore[misc,valid-type]
         self._client().set(_document_of(credential), store=self.store)
 
     def load(self, credential_id: str) -> "Optional[CredentialObject]":
+        """The credential, or ``None`` if it does not exist. ``StoreNotServed`` (naming the
+        store and what to do) if the daemon serves no such store: that is not "no
+        credential"."""
+        client = self._client()
         try:
-            rec = self._client().get(credential_id, store=self.store)
+            rec = client.get(credential_id, store=self.store)
         except NotFound:
+            # not_found is either the credential's or the store's; cred.exists answers a
+            # missing credential with false, so its not_found can only be the store's.
+            try:
+                client.exists(credential_id, store=self.store)
+            except NotFound as missing:
+                store = self.store or "default"
+                raise StoreNotServed(
+                    message="the holdfast daemon at %s does not serve the store %r, so "
+                    "credential %r cannot be loaded (%s). If the store was created or imported "
+                    "(holdfast import --from-hive) after the daemon started, restart it "
+                    "(systemctl --user restart holdfast); otherwise check the store name "
+                    "given to HoldfastCredentialStorage and the daemon's config"
+                    % (client.socket_path, store, credential_id, missing.message),
+                    code=missing.code, data=dict(missing.data, store=store),
+                ) from None
             return None
         except IntegrityError as e:
             raise CredentialDecryptionError(

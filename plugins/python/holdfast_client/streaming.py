@@ -57,7 +57,8 @@ from typing import (
     Union,
 )
 
-from ._errors import HoldfastError
+from ._errors import ConnectionClosed, HoldfastError
+from ._protocol import as_dict
 
 #: The event types a provider stream may hand over already in holdfast's form.
 PRODUCER_EVENTS = ("text", "tool_call_delta", "tool_call_end")
@@ -126,7 +127,8 @@ class _Appender:
 
     def _send(self, seq: int, batch: List[Dict[str, Any]]) -> None:
         try:
-            acked = self._client.stream_append(self._run, self._stream, seq, batch)
+            acked = _append_surviving_reconnects(self._client, self._run, self._stream, seq,
+                                                 batch)
         except BaseException as e:  # noqa: BLE001 - handed to every waiter
             with self._cv:
                 self._error = e
@@ -222,6 +224,37 @@ class _Appender:
             self._cv.notify_all()
 
 
+#: How many times one append is sent again after the connection was lost under it.
+APPEND_RESENDS = 10
+
+
+def _append_surviving_reconnects(client: Any, run: str, stream: str, seq: int,
+                                 batch: List[Dict[str, Any]]) -> int:
+    """``stream.append``, sent again when the connection was lost while it was in flight and
+    the client reconnects (a daemon restart: the ``stream_id`` still holds). Safe: a batch
+    already taken is acknowledged again and dropped. Once the client gives up (``closed``),
+    or the daemon refuses the batch, that error is raised."""
+    for resend in range(APPEND_RESENDS + 1):
+        try:
+            return int(client.stream_append(run, stream, seq, batch))
+        except ConnectionClosed:
+            if getattr(client, "closed", True) or resend == APPEND_RESENDS:
+                raise
+    raise AssertionError("unreachable")
+
+
+async def _aappend_surviving_reconnects(client: Any, run: str, stream: str, seq: int,
+                                        batch: List[Dict[str, Any]]) -> int:
+    """``_append_surviving_reconnects`` for an ``AsyncClient``."""
+    for resend in range(APPEND_RESENDS + 1):
+        try:
+            return int(await client.stream_append(run, stream, seq, batch))
+        except ConnectionClosed:
+            if getattr(client, "closed", True) or resend == APPEND_RESENDS:
+                raise
+    raise AssertionError("unreachable")
+
+
 class _AsyncAppender:
     """``_Appender`` for an ``AsyncClient``: ``put`` hands events over without waiting, a task
     sends whatever accumulated while the previous append was in flight, ``flush`` waits."""
@@ -256,7 +289,8 @@ class _AsyncAppender:
             seq = self._next
             self._next += len(batch)
             try:
-                acked = await self._client.stream_append(self._run, self._stream, seq, batch)
+                acked = await _aappend_surviving_reconnects(self._client, self._run,
+                                                            self._stream, seq, batch)
             except BaseException as e:  # noqa: BLE001 - raised by the next put or flush
                 self._error, self._next, self._queue = e, seq, []
                 return
@@ -368,12 +402,12 @@ class StreamProducer:
     def commit(self, final_message: Any, content_from_stream: bool = False) -> Dict[str, Any]:
         """End the run with its final message (one atomic step). ``content_from_stream``: the
         message's ``content`` is the text the run streamed (what subscribers were shown)."""
-        return self.client.stream_commit(self.run_id, self.stream_id, final_message,
-                                         content_from_stream)
+        return as_dict(self.client.stream_commit(self.run_id, self.stream_id, final_message,
+                                                 content_from_stream))
 
     def abort(self, reason: Optional[str] = None) -> Dict[str, Any]:
         """End the run without a final message."""
-        return self.client.stream_abort(self.run_id, self.stream_id, reason)
+        return as_dict(self.client.stream_abort(self.run_id, self.stream_id, reason))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -408,12 +442,14 @@ class ChunkAdapter:
         if isinstance(chunk, str):
             return [{"type": "text", "text": chunk}] if chunk else []
         if isinstance(chunk, dict) and chunk.get("type") in PRODUCER_EVENTS:
-            ev = dict(chunk)
-            if ev["type"] == "tool_call_delta" and ev.get("id") not in self._open:
-                self._open.append(ev.get("id"))
-            elif ev["type"] == "tool_call_end" and ev.get("id") in self._open:
-                self._open.remove(ev.get("id"))
-            return [ev]
+            given: Dict[str, Any] = dict(chunk)
+            cid = given.get("id")
+            if isinstance(cid, str):
+                if given["type"] == "tool_call_delta" and cid not in self._open:
+                    self._open.append(cid)
+                elif given["type"] == "tool_call_end" and cid in self._open:
+                    self._open.remove(cid)
+            return [given]
         choices = _field(chunk, "choices")
         if not isinstance(choices, (list, tuple)):
             raise TypeError(
@@ -596,13 +632,15 @@ class _Core:
             self.text = ""
             self.calls.clear()
         elif ev.type == "tool_call_delta":
-            call = self.calls.setdefault(d.get("id"), {"id": d.get("id"), "name": "",
-                                                       "arguments": ""})
+            cid = d.get("id")
+            call = self.calls.setdefault(cid if isinstance(cid, str) else "",
+                                         {"id": cid, "name": "", "arguments": ""})
             if d.get("name") and not call["name"]:
                 call["name"] = d["name"]
             call["arguments"] += d.get("arguments_delta") or ""
         elif ev.type == "tool_call_cancel":
-            self.calls.pop(d.get("id"), None)
+            cid = d.get("id")
+            self.calls.pop(cid if isinstance(cid, str) else "", None)
         return ev
 
     def completed_calls(self) -> List[Dict[str, Any]]:
@@ -682,12 +720,12 @@ def _interrupt(client: Any, run: str, sid: str, cause: Cause, continuation: str
     from ._errors import InvalidParams
 
     try:
-        return client.stream_interrupt(run, sid, cause, continuation=continuation)
+        return as_dict(client.stream_interrupt(run, sid, cause, continuation=continuation))
     except InvalidParams:
         plain = _without_retry_after(cause)
         if plain is None:
             raise
-        return client.stream_interrupt(run, sid, plain, continuation=continuation)
+        return as_dict(client.stream_interrupt(run, sid, plain, continuation=continuation))
 
 
 async def _ainterrupt(client: Any, run: str, sid: str, cause: Cause, continuation: str
@@ -695,12 +733,12 @@ async def _ainterrupt(client: Any, run: str, sid: str, cause: Cause, continuatio
     from ._errors import InvalidParams
 
     try:
-        return await client.stream_interrupt(run, sid, cause, continuation=continuation)
+        return as_dict(await client.stream_interrupt(run, sid, cause, continuation=continuation))
     except InvalidParams:
         plain = _without_retry_after(cause)
         if plain is None:
             raise
-        return await client.stream_interrupt(run, sid, plain, continuation=continuation)
+        return as_dict(await client.stream_interrupt(run, sid, plain, continuation=continuation))
 
 
 def _ended_elsewhere() -> HoldfastError:

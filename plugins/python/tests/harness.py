@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -76,15 +77,27 @@ class Daemon:
         if setup is not None:
             setup(self.home)  # files the daemon must find when it starts
         self.log_path = self.root / "daemon.log"
+        self._args = tuple(args)
         self._log = open(self.log_path, "wb")
+        self._start()
+
+    def _start(self):
         self.proc = subprocess.Popen(
-            [BIN, *args, "daemon"],
+            [BIN, *self._args, "daemon"],
             env=self.env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=self._log,
         )
         self._wait_ready()
+
+    def restart(self):
+        """What ``systemctl --user restart`` (or an upgrade) does: stop this daemon by its pid
+        (SIGTERM; it must exit 0), then start a new one on the same data dir and socket."""
+        rc = self.stop()
+        assert rc == 0, "daemon exited %s after SIGTERM:\n%s" % (rc, self.log())
+        self._log = open(self.log_path, "ab")
+        self._start()
 
     def _wait_ready(self, timeout=20.0):
         deadline = time.monotonic() + timeout
@@ -170,3 +183,108 @@ def render(events):
     assert len(seqs) == len(set(seqs)), "an event rendered twice: %s" % seqs
     assert seqs == sorted(seqs), seqs
     return text
+
+
+class Proxy:
+    """A Unix-socket proxy between clients and the daemon, for what a real daemon does too
+    fast to see: it records every message each way, per connection (``sent``: client to daemon,
+    ``recv``: daemon to client), holds the daemon's messages ``hold(conn_index, msg)`` picks
+    until ``release()``, and ``cut()`` drops every connection (the client sees the connection
+    lost, as when the daemon restarts)."""
+
+    def __init__(self, target):
+        self.root = tempfile.mkdtemp(prefix="hf-px-")
+        self.path = os.path.join(self.root, "proxy.sock")
+        self.target = target
+        self.cv = threading.Condition()
+        self.conns = []
+        self.hold = None
+        self._listener = socket.socket(socket.AF_UNIX)
+        self._listener.bind(self.path)
+        self._listener.listen(16)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                down, _ = self._listener.accept()
+            except OSError:
+                return
+            up = socket.socket(socket.AF_UNIX)
+            try:
+                up.connect(self.target)
+            except OSError:
+                down.close()
+                continue
+            conn = {"up": up, "down": down, "sent": [], "recv": [], "held": [],
+                    "lock": threading.Lock()}
+            with self.cv:
+                idx = len(self.conns)
+                self.conns.append(conn)
+                self.cv.notify_all()
+            threading.Thread(target=self._pump, args=(idx, down, up, "sent"), daemon=True).start()
+            threading.Thread(target=self._pump, args=(idx, up, down, "recv"), daemon=True).start()
+
+    def _pump(self, idx, src, dst, kind):
+        conn = self.conns[idx]
+        try:
+            for line in src.makefile("rb"):
+                try:
+                    msg = json.loads(line)
+                except ValueError:
+                    msg = None
+                with self.cv:
+                    held = (kind == "recv" and self.hold is not None and isinstance(msg, dict)
+                            and self.hold(idx, msg))
+                    if isinstance(msg, dict):
+                        conn[kind].append(msg)
+                    if held:
+                        conn["held"].append(line)
+                    self.cv.notify_all()
+                if not held:
+                    with conn["lock"]:
+                        dst.sendall(line)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def messages(self, idx, kind):
+        with self.cv:
+            return list(self.conns[idx][kind]) if idx < len(self.conns) else []
+
+    def wait(self, pred, what, timeout=30.0):
+        """Wait until ``pred()`` holds (AssertionError naming ``what`` after ``timeout``)."""
+        with self.cv:
+            assert self.cv.wait_for(pred, timeout), "timed out waiting for " + what
+
+    def release(self):
+        """Send on what was held, and hold nothing more."""
+        with self.cv:
+            self.hold = None
+            todo = [(c, c["held"]) for c in self.conns]
+            for c in self.conns:
+                c["held"] = []
+        for c, lines in todo:
+            with c["lock"]:
+                for line in lines:
+                    c["down"].sendall(line)
+
+    def cut(self):
+        with self.cv:
+            conns = list(self.conns)
+        for c in conns:
+            for s in (c["up"], c["down"]):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self):
+        self.cut()
+        self._listener.close()
+        shutil.rmtree(self.root, ignore_errors=True)

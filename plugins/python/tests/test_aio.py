@@ -175,8 +175,9 @@ def test_close_unsubscribes_exactly_and_frees_the_slot(daemon):
 
 
 def test_connection_loss_ends_calls_and_subscriptions(make_daemon):
+    """Without reconnecting (``reconnect=False``; with it, test_reconnect.py)."""
     d = make_daemon()
-    hf = d.client("doomed")
+    hf = d.client("doomed", reconnect=False)
     with d.client("producer") as p:
         prod = hc.StreamProducer(p, "c1")
         prod.text("a")
@@ -195,7 +196,7 @@ def test_connection_loss_ends_calls_and_subscriptions(make_daemon):
 
     async def main():
         d2 = make_daemon()
-        ac = await hc.AsyncClient.connect(d2.socket, client="doomed")
+        ac = await hc.AsyncClient.connect(d2.socket, client="doomed", reconnect=False)
         with d2.client("producer") as p:
             prod = hc.StreamProducer(p, "c2")
             prod.text("a")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import BIN, HERE, SECRET
+from harness import BIN, HERE, SECRET, hc
 
 try:
     from cryptography.fernet import Fernet
@@ -119,6 +119,31 @@ def test_storage_is_hives_interface_with_hives_objects(daemon):
                                 encryption_key=key)
     assert secrets_of(hive.load("google/work")) == secrets_of(c)
     storage.close()
+
+
+def test_a_store_the_daemon_does_not_serve_is_an_error_naming_it_not_no_credential(daemon):
+    """A typo in the store name, or hive's store imported without a restart: load used to
+    answer None ("no credential") while exists raised; now both say the store is not served."""
+    storage = HoldfastCredentialStorage("hive", socket_path=daemon.socket)
+    with pytest.raises(hc.StoreNotServed) as ei:
+        storage.load("svc/1")
+    e = ei.value
+    assert (e.kind, e.store) == ("not_found", "hive")
+    msg = str(e)
+    assert "'hive'" in msg and "'svc/1'" in msg, msg
+    assert "restart" in msg and "holdfast import --from-hive" in msg, msg
+    assert "stores: default" in msg, "the daemon's own list of the stores it serves: " + msg
+    assert isinstance(e, hc.NotFound)  # still a not_found for code that sorts by kind
+    # hive's CredentialStore passes it on instead of reading "no credential".
+    with pytest.raises(hc.StoreNotServed):
+        CredentialStore(storage=storage).get_credential("svc/1", refresh_if_needed=False)
+    with pytest.raises(hc.NotFound):
+        storage.exists("svc/1")
+    storage.close()
+    # A store that is served still reads a missing credential as None.
+    served = HoldfastCredentialStorage(socket_path=daemon.socket)
+    assert served.load("nope") is None
+    served.close()
 
 
 def test_hive_saving_an_old_copy_never_moves_a_generation_back(daemon):
