@@ -275,6 +275,64 @@ fn end_is_idempotent_and_final() {
     assert_eq!(bad.kind(), ErrorKind::InvalidParams);
 }
 
+/// hive's resurrection: `ExecutionManager` runs a failed execution again with the same
+/// session id and logger, so the logger writes to a run it has ended and ends it again; hive's
+/// second summary counts both attempts. `run.start` of an ended run removes the summary (and
+/// only that): the first attempt's entries stay, new ones are taken, and the next `run.end`
+/// summarizes all.
+#[test]
+fn start_reopens_an_ended_run_which_ends_again_over_the_whole_log() {
+    let tmp = tempfile::tempdir().unwrap();
+    let log = open(tmp.path());
+    // A new run: its (empty) log is made, as hive's start_run makes its directory.
+    assert_eq!(log.start("r").unwrap(), json!({"reopened": false}));
+    assert!(tmp.path().join("r").is_dir(), "start made no run");
+    assert_eq!(log.get("r").unwrap()["nodes"], json!(0));
+    log.log_node("r", detail("a", 1, 10)).unwrap();
+    assert_eq!(log.start("r").unwrap(), json!({"reopened": false}));
+    let mut failed = detail("b", 1, 4);
+    failed.insert("success".into(), json!(false));
+    failed.insert("error".into(), json!("boom"));
+    log.log_node("r", failed).unwrap();
+    let first = log.end("r", "failure", &EndFields::default()).unwrap();
+    assert_eq!(first["summary"]["total_nodes_executed"], json!(2));
+    assert_eq!(
+        log.log_node("r", detail("b", 2, 6)).unwrap_err().kind(),
+        ErrorKind::Conflict
+    );
+    // Reopened (by another process's view too): the summary is gone, the entries are not.
+    assert_eq!(
+        open(tmp.path()).start("r").unwrap(),
+        json!({"reopened": true})
+    );
+    assert!(!tmp.path().join("r/summary.json").exists());
+    let got = log.get("r").unwrap();
+    assert_eq!(
+        (got["ended"].clone(), got["nodes"].clone()),
+        (json!(false), json!(2))
+    );
+    assert_eq!(log.start("r").unwrap(), json!({"reopened": false}));
+    // The second attempt logs and ends; the summary is of both attempts.
+    log.log_node("r", detail("b", 2, 6)).unwrap();
+    let second = log.end("r", "success", &EndFields::default()).unwrap();
+    assert_eq!(second["written"], json!(true));
+    let s = &second["summary"];
+    assert_eq!(s["status"], json!("success"));
+    assert_eq!(s["total_nodes_executed"], json!(3));
+    assert_eq!(s["total_input_tokens"], json!(20));
+    assert_eq!(s["needs_attention"], json!(true));
+    assert_eq!(s["attention_reasons"], json!(["Node b failed: boom"]));
+    assert_eq!(lines(tmp.path(), "r", "details.jsonl").len(), 3);
+    let on_disk: Value =
+        serde_json::from_slice(&fs::read(tmp.path().join("r/summary.json")).unwrap()).unwrap();
+    assert_eq!(&on_disk, s);
+    // A hostile id is refused like everywhere else.
+    assert_eq!(
+        log.start("../x").unwrap_err().kind(),
+        ErrorKind::InvalidParams
+    );
+}
+
 #[test]
 fn needs_attention_follows_hives_thresholds_in_hives_words() {
     // (fields, needs attention, reasons): hive's RuntimeLogger.log_node_complete, verbatim.
