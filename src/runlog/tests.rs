@@ -333,6 +333,64 @@ fn start_reopens_an_ended_run_which_ends_again_over_the_whole_log() {
     );
 }
 
+/// hive numbers a node's steps from 0 on each visit: the steps of a node's second visit
+/// (`attempt` 2 in the step record) are entries of their own, not replacements of the first
+/// visit's; a record without `attempt` keys as before.
+#[test]
+fn the_steps_of_each_visit_of_a_node_are_kept() {
+    let tmp = tempfile::tempdir().unwrap();
+    let log = open(tmp.path());
+    let step = |attempt: Option<i64>, index: i64, text: &str| {
+        let mut s = obj(json!({"node_id": "plan", "step_index": index, "llm_text": text}));
+        if let Some(a) = attempt {
+            s.insert("attempt".into(), json!(a));
+        }
+        s
+    };
+    for (attempt, text) in [(None, "first"), (Some(2), "second"), (Some(3), "third")] {
+        for i in 0..2 {
+            let r = log.log_step("v", step(attempt, i, text)).unwrap();
+            assert_eq!(r["replaced"], json!(false), "{attempt:?} {i}");
+        }
+    }
+    // attempt 1 is the record without one; a retry of a later visit's step writes nothing.
+    let again = log.log_step("v", step(Some(1), 1, "first")).unwrap();
+    assert_eq!(
+        (again["written"].clone(), again["replaced"].clone()),
+        (json!(true), json!(true))
+    );
+    assert_eq!(
+        log.log_step("v", step(Some(2), 0, "second")).unwrap()["written"],
+        json!(false)
+    );
+    let texts: Vec<Value> = open(tmp.path()).get("v").unwrap()["steps_log"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["llm_text"].clone())
+        .collect();
+    assert_eq!(
+        texts,
+        [
+            json!("first"),
+            json!("first"),
+            json!("second"),
+            json!("second"),
+            json!("third"),
+            json!("third")
+        ]
+    );
+    assert_eq!(lines(tmp.path(), "v", "tool_logs.jsonl").len(), 6);
+    // Out of the key's range: refused, nothing written.
+    for (attempt, index) in [(2, 1_i64 << 32), (1 + (1_i64 << 31), 0), (-1, 0)] {
+        let e = log
+            .log_step("v", step(Some(attempt), index, "x"))
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidParams, "{attempt} {index}");
+    }
+    assert_eq!(lines(tmp.path(), "v", "tool_logs.jsonl").len(), 6);
+}
+
 #[test]
 fn needs_attention_follows_hives_thresholds_in_hives_words() {
     // (fields, needs attention, reasons): hive's RuntimeLogger.log_node_complete, verbatim.
