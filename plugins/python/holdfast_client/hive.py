@@ -420,7 +420,9 @@ class HoldfastRuntimeLogger:
         stacktrace: str = "",
         is_partial: bool = False,
     ) -> None:
-        """One step within a node (idempotent by ``(node_id, step_index)``)."""
+        """One step within a node's visit (idempotent by ``(node_id, step_index)`` within the
+        visit: hive numbers steps from 0 on each visit, so the steps of a node's later visits
+        carry ``attempt``, the visit's number, and are kept apart from the first visit's)."""
         calls = []
         for tc in tool_calls or []:
             calls.append({
@@ -452,6 +454,12 @@ class HoldfastRuntimeLogger:
             "parent_span_id": "",
             "execution_id": ctx.get("execution_id", ""),
         }
+        with self._lock:  # the visit in progress: the fallback's (a completion may claim it)
+            visit = self._visits.get(node_id, 0)
+            if self._state.get(node_id) != "fallback":
+                visit += 1
+        if visit > 1:  # first visits' lines are exactly hive's
+            step["attempt"] = visit
         self._conn.get().run_log_step(self._run_id, step)
 
     @staticmethod
