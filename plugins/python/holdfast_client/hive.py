@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from ._client import Client
-from ._errors import IntegrityError, NotFound, Unsupported
+from ._errors import Forbidden, IntegrityError, NotFound, Unsupported
 
 logger = logging.getLogger(__name__)
 
@@ -352,9 +352,13 @@ class HoldfastRuntimeLogger:
         client = self._conn.get()
         try:
             client.call("run.start", run_id=run_id)
-        except Unsupported:  # a daemon older than run.start: an ended run stays ended
-            logger.warning("holdfast daemon has no run.start: run %s cannot be continued "
-                           "after it ended (update the daemon)", run_id)
+        except (Unsupported, Forbidden) as e:
+            # A daemon older than run.start, or a plugin grant listing its methods from before
+            # it existed: the run is logged as before, and an ended run stays ended. (A run
+            # outside the grant is refused again by the first write.)
+            logger.warning("holdfast: run.start refused (%s): run %s cannot be continued "
+                           "after it ended (update the daemon, or grant run.start)",
+                           e.kind, run_id)
         visits: Dict[str, int] = {}
         if session_id:  # the visits already in the log (a resurrection's earlier attempts)
             try:

@@ -1049,3 +1049,19 @@ def test_hive_reads_the_drop_ins_runs_in_its_current_layout_without_warnings(dae
         assert (tmp_path / name / "sessions").stat().st_mode & 0o777 == 0o755
     print("hive reads (warnings as errors): %s" % (results["holdfast"],))
     assert results["holdfast"] == results["hive"]
+
+
+def test_a_grant_without_run_start_still_logs(make_daemon):
+    """A plugin grant that lists its methods one by one, written before run.start existed: the
+    logger still logs and ends its runs (run.start refused is a warning, not a failure)."""
+    from holdfast_client import Client
+
+    d = make_daemon(config='[plugins.old-agent]\nstores = []\nmethods = ["run.log_node", '
+                           '"run.ensure_node", "run.log_step", "run.end", "run.get"]\n'
+                           'runs = ["*"]\n')
+    with Client(d.socket, plugin="old-agent") as c:
+        lg = HoldfastRuntimeLogger(agent_id="old", client=c)
+        run_id = lg.start_run(goal_id="g", session_id="old-grant-1")
+        lg.log_node_complete("n", "N", "event_loop", True, input_tokens=4)
+        asyncio.run(lg.end_run("success", duration_ms=1))
+        assert c.run_get(run_id)["summary"]["total_input_tokens"] == 4
