@@ -107,6 +107,7 @@ pub const METHODS: &[&str] = &[
     "run.tool_begin",
     "run.tool_end",
     "run.end",
+    "run.start",
     "run.get",
     "run.list",
     "run.prune",

@@ -293,6 +293,25 @@ fn every_run_method_once() {
         json!({"run_id": "m", "detail": completion("x")}),
     );
     assert_eq!(kind(&late), "conflict", "{late}");
+    // run.start reopens the ended run (hive's resurrection): the late node is taken, and the
+    // next end summarizes all three; on the open run it removes nothing.
+    let s = ok(&mut c, "run.start", json!({"run_id": "m"}));
+    assert_eq!(s, json!({"reopened": true}));
+    assert_eq!(
+        c.ok("run.start", json!({"run_id": "m"})),
+        json!({"reopened": false})
+    );
+    c.ok(
+        "run.log_node",
+        json!({"run_id": "m", "detail": completion("x")}),
+    );
+    let again = c.ok("run.end", json!({"run_id": "m", "status": "success"}));
+    assert_eq!(again["written"], json!(true));
+    assert_eq!(
+        again["summary"]["total_nodes_executed"],
+        json!(3),
+        "{again}"
+    );
     let missing = c.call("run.get", json!({"run_id": "nope"}));
     assert_eq!(kind(&missing), "not_found", "{missing}");
     let hostile = c.call(

@@ -35,6 +35,7 @@ pub async fn dispatch(
             let (run_id, status, given) = p.into_parts();
             blocking(move || log.end(&run_id, &status, &given)).await
         }
+        RunCall::Start(p) => blocking(move || log.start(&p.run_id)).await,
         RunCall::Get(p) => blocking(move || log.get(&p.run_id)).await,
         RunCall::List(p) => {
             let mut runs =

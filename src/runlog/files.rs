@@ -439,6 +439,15 @@ impl RunFiles {
         Ok(())
     }
 
+    /// Remove `summary.json` and fsync the run's directory, under the poison rule (`run.start`;
+    /// the caller holds the run's lock). A link at its name is refused, never followed.
+    pub(super) fn remove_summary(&self, dir: &Dir) -> Result<(), RunLogError> {
+        self.poison.check(dir.path())?;
+        self.poison
+            .watch(dir.remove_file("summary.json", &self.faults))?;
+        Ok(())
+    }
+
     /// Delete a run's directory (its lock held by the caller), and make it durable, under the
     /// poison rule. A link at `runs/` or at the run's name is refused, never followed.
     pub(super) fn remove_run(&self, run_id: &str) -> Result<(), RunLogError> {

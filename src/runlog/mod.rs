@@ -8,7 +8,7 @@
 //! - `tool_calls.jsonl`: holdfast's own, `begin`/`end` records per tool call (the names of
 //!   hive's `tool_calls[]` entries: `tool_use_id`, `tool_name`, `tool_input`, `result`,
 //!   `is_error`, `start_timestamp`, `duration_s`), which the recovery planner reads;
-//! - `summary.json`: written once, by `run.end`;
+//! - `summary.json`: written by `run.end`, removed by `run.start` of an ended run (hive's resurrection);
 //! - `log.lock`: the run's lock (`flock` plus an in-process gate).
 //!
 //! Every record carries `seq` (one counter per run, across the three files) and `logged_at_ms`.
@@ -419,6 +419,24 @@ impl RunLog {
             w.write_summary(&summary)?;
             view.summary = Some(summary.clone());
             Ok(json!({"summary": summary, "written": true}))
+        })
+    }
+
+    /// `run.start`: the run exists and takes writes. Its log is made if missing (so a reader
+    /// sees the run from its start, as hive's `start_run` makes its directory); an ended run
+    /// is reopened. hive resurrects a failed execution with the same session id and logger
+    /// (`ExecutionManager`, up to 3 times): its logger writes to the same log again and its
+    /// next `end_run` summarizes everything, the failed attempts included. So the summary is
+    /// removed (durably, under the run's lock); the entries stay, and the next `run.end`
+    /// writes a summary of the whole log. `{reopened}`: whether there was a summary to remove.
+    pub fn start(&self, run_id: &str) -> Result<Value, RunLogError> {
+        self.with_run(run_id, true, |w, view| {
+            if view.summary.is_none() {
+                return Ok(json!({"reopened": false}));
+            }
+            w.remove_summary()?;
+            view.summary = None;
+            Ok(json!({"reopened": true}))
         })
     }
 

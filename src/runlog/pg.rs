@@ -344,4 +344,15 @@ impl Writer for PgWriter<'_> {
         self.wrote = true;
         Ok(())
     }
+
+    fn remove_summary(&mut self) -> Result<(), RunLogError> {
+        self.s
+            .query(
+                "UPDATE hf_run_logs SET summary = NULL WHERE run_id = $1",
+                vec![p(self.run_id.to_owned())],
+            )
+            .map_err(db)?;
+        self.wrote = true;
+        Ok(())
+    }
 }

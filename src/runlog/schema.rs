@@ -104,12 +104,35 @@ pub(super) fn node_key(o: &Map<String, Value>) -> Result<(String, i64), RunLogEr
     ))
 }
 
+/// The key of a step: `(node_id, step_index)` within the node's visit. hive numbers a node's
+/// steps from 0 on each visit (a retried node, a feedback loop's revisit), so a step record may
+/// say which visit it belongs to with `attempt` (the visit's number, as its node detail's;
+/// default 1): the steps of a later visit are entries of their own instead of replacing the
+/// first visit's. Attempt 1 keys as before (`step_index` itself: the keys of existing logs do
+/// not change); attempt `a` > 1 keys as `(a - 1) << 32 | step_index`, so there it needs
+/// `step_index < 2^32` and `a <= 2^31`.
 pub(super) fn step_key(o: &Map<String, Value>) -> Result<(String, i64), RunLogError> {
-    Ok((
-        key_str(o, "node_id", "step")?,
-        key_int(o, "step_index", "step", None)?,
-    ))
+    let node = key_str(o, "node_id", "step")?;
+    let index = key_int(o, "step_index", "step", None)?;
+    let attempt = key_int(o, "attempt", "step", Some(1))?;
+    if attempt <= 1 {
+        return Ok((node, index));
+    }
+    let bad = |field: &str| RunLogError::BadInteger {
+        what: "step".to_owned(),
+        field: field.to_owned(),
+    };
+    if index >= 1 << VISIT_SHIFT {
+        return Err(bad("step_index"));
+    }
+    if attempt > 1 << 31 {
+        return Err(bad("attempt"));
+    }
+    Ok((node, ((attempt - 1) << VISIT_SHIFT) | index))
 }
+
+/// Where a step key keeps the visit (`step_key`).
+const VISIT_SHIFT: u32 = 32;
 
 /// The record without the fields holdfast sets (to compare content).
 pub(super) fn content(record: &Map<String, Value>) -> Map<String, Value> {

@@ -275,6 +275,122 @@ fn end_is_idempotent_and_final() {
     assert_eq!(bad.kind(), ErrorKind::InvalidParams);
 }
 
+/// hive's resurrection: `ExecutionManager` runs a failed execution again with the same
+/// session id and logger, so the logger writes to a run it has ended and ends it again; hive's
+/// second summary counts both attempts. `run.start` of an ended run removes the summary (and
+/// only that): the first attempt's entries stay, new ones are taken, and the next `run.end`
+/// summarizes all.
+#[test]
+fn start_reopens_an_ended_run_which_ends_again_over_the_whole_log() {
+    let tmp = tempfile::tempdir().unwrap();
+    let log = open(tmp.path());
+    // A new run: its (empty) log is made, as hive's start_run makes its directory.
+    assert_eq!(log.start("r").unwrap(), json!({"reopened": false}));
+    assert!(tmp.path().join("r").is_dir(), "start made no run");
+    assert_eq!(log.get("r").unwrap()["nodes"], json!(0));
+    log.log_node("r", detail("a", 1, 10)).unwrap();
+    assert_eq!(log.start("r").unwrap(), json!({"reopened": false}));
+    let mut failed = detail("b", 1, 4);
+    failed.insert("success".into(), json!(false));
+    failed.insert("error".into(), json!("boom"));
+    log.log_node("r", failed).unwrap();
+    let first = log.end("r", "failure", &EndFields::default()).unwrap();
+    assert_eq!(first["summary"]["total_nodes_executed"], json!(2));
+    assert_eq!(
+        log.log_node("r", detail("b", 2, 6)).unwrap_err().kind(),
+        ErrorKind::Conflict
+    );
+    // Reopened (by another process's view too): the summary is gone, the entries are not.
+    assert_eq!(
+        open(tmp.path()).start("r").unwrap(),
+        json!({"reopened": true})
+    );
+    assert!(!tmp.path().join("r/summary.json").exists());
+    let got = log.get("r").unwrap();
+    assert_eq!(
+        (got["ended"].clone(), got["nodes"].clone()),
+        (json!(false), json!(2))
+    );
+    assert_eq!(log.start("r").unwrap(), json!({"reopened": false}));
+    // The second attempt logs and ends; the summary is of both attempts.
+    log.log_node("r", detail("b", 2, 6)).unwrap();
+    let second = log.end("r", "success", &EndFields::default()).unwrap();
+    assert_eq!(second["written"], json!(true));
+    let s = &second["summary"];
+    assert_eq!(s["status"], json!("success"));
+    assert_eq!(s["total_nodes_executed"], json!(3));
+    assert_eq!(s["total_input_tokens"], json!(20));
+    assert_eq!(s["needs_attention"], json!(true));
+    assert_eq!(s["attention_reasons"], json!(["Node b failed: boom"]));
+    assert_eq!(lines(tmp.path(), "r", "details.jsonl").len(), 3);
+    let on_disk: Value =
+        serde_json::from_slice(&fs::read(tmp.path().join("r/summary.json")).unwrap()).unwrap();
+    assert_eq!(&on_disk, s);
+    // A hostile id is refused like everywhere else.
+    assert_eq!(
+        log.start("../x").unwrap_err().kind(),
+        ErrorKind::InvalidParams
+    );
+}
+
+/// hive numbers a node's steps from 0 on each visit: the steps of a node's second visit
+/// (`attempt` 2 in the step record) are entries of their own, not replacements of the first
+/// visit's; a record without `attempt` keys as before.
+#[test]
+fn the_steps_of_each_visit_of_a_node_are_kept() {
+    let tmp = tempfile::tempdir().unwrap();
+    let log = open(tmp.path());
+    let step = |attempt: Option<i64>, index: i64, text: &str| {
+        let mut s = obj(json!({"node_id": "plan", "step_index": index, "llm_text": text}));
+        if let Some(a) = attempt {
+            s.insert("attempt".into(), json!(a));
+        }
+        s
+    };
+    for (attempt, text) in [(None, "first"), (Some(2), "second"), (Some(3), "third")] {
+        for i in 0..2 {
+            let r = log.log_step("v", step(attempt, i, text)).unwrap();
+            assert_eq!(r["replaced"], json!(false), "{attempt:?} {i}");
+        }
+    }
+    // attempt 1 is the record without one; a retry of a later visit's step writes nothing.
+    let again = log.log_step("v", step(Some(1), 1, "first")).unwrap();
+    assert_eq!(
+        (again["written"].clone(), again["replaced"].clone()),
+        (json!(true), json!(true))
+    );
+    assert_eq!(
+        log.log_step("v", step(Some(2), 0, "second")).unwrap()["written"],
+        json!(false)
+    );
+    let texts: Vec<Value> = open(tmp.path()).get("v").unwrap()["steps_log"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["llm_text"].clone())
+        .collect();
+    assert_eq!(
+        texts,
+        [
+            json!("first"),
+            json!("first"),
+            json!("second"),
+            json!("second"),
+            json!("third"),
+            json!("third")
+        ]
+    );
+    assert_eq!(lines(tmp.path(), "v", "tool_logs.jsonl").len(), 6);
+    // Out of the key's range: refused, nothing written.
+    for (attempt, index) in [(2, 1_i64 << 32), (1 + (1_i64 << 31), 0), (-1, 0)] {
+        let e = log
+            .log_step("v", step(Some(attempt), index, "x"))
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidParams, "{attempt} {index}");
+    }
+    assert_eq!(lines(tmp.path(), "v", "tool_logs.jsonl").len(), 6);
+}
+
 #[test]
 fn needs_attention_follows_hives_thresholds_in_hives_words() {
     // (fields, needs attention, reasons): hive's RuntimeLogger.log_node_complete, verbatim.

@@ -1,5 +1,5 @@
 //! How an operation writes a run's log, whichever backend keeps it: [`Writer`] appends a
-//! record, replaces a logical entry, writes the summary — each updating the run's view. The
+//! record, replaces a logical entry, writes or removes the summary — each updating the run's view. The
 //! file backend ([`FileWriter`]) is `files.rs` on the run's directory; the PostgreSQL one is
 //! `pg.rs`.
 
@@ -35,6 +35,8 @@ pub(super) trait Writer {
     ) -> Result<Entry, RunLogError>;
     /// Write the summary (`run.end`).
     fn write_summary(&mut self, summary: &Value) -> Result<(), RunLogError>;
+    /// Remove the summary (`run.start`): the run takes writes again.
+    fn remove_summary(&mut self) -> Result<(), RunLogError>;
 }
 
 /// [`Writer`] on a run's directory.
@@ -74,5 +76,9 @@ impl Writer for FileWriter<'_> {
 
     fn write_summary(&mut self, summary: &Value) -> Result<(), RunLogError> {
         self.files.write_summary(self.dir, summary)
+    }
+
+    fn remove_summary(&mut self) -> Result<(), RunLogError> {
+        self.files.remove_summary(self.dir)
     }
 }

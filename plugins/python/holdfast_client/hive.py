@@ -11,10 +11,11 @@ and its runtime logger, served by holdfast. Switching is one line each::
 over ``cred.*``: hive's own ``CredentialObject`` in and out, secrets as ``SecretStr``; every save
 atomic and durable, concurrent writers from any number of processes safe, the listing always
 the files' truth (hive's ``EncryptedFileStorage`` loses index entries when two processes save
-at once). ``HoldfastRuntimeLogger`` is hive's ``RuntimeLogger`` surface over ``run.*``: each node
-logged exactly once however ``log_node_complete`` and ``ensure_node_logged`` race (hive's check
-and append are separate steps, so a race logs a node twice and doubles its tokens in the
-summary).
+at once). ``HoldfastRuntimeLogger`` is hive's ``RuntimeLogger`` over ``run.*``: each visit of a
+node logged exactly once however ``log_node_complete`` and ``ensure_node_logged`` race (hive's
+check and append are separate steps, so a race logs a visit twice and doubles its tokens in the
+summary), a resurrected run continued as hive continues it, the files where hive's
+``RuntimeLogStore`` reads them, one connection per process.
 
 This module imports hive when it is imported itself (``import holdfast_client`` never does);
 without hive installed it still imports, and the classes say what to install when used.
@@ -28,10 +29,11 @@ import os
 import threading
 import uuid
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from ._client import Client
-from ._errors import IntegrityError, NotFound, StoreNotServed
+from ._errors import Forbidden, IntegrityError, NotFound, StoreNotServed, Unsupported
 
 logger = logging.getLogger(__name__)
 
@@ -250,53 +252,181 @@ def node_attention(node_id: str, success: bool, error: Optional[str], retry_coun
     return needs, reasons
 
 
+#: The name the runtime loggers' shared connection gives in ``hello``.
+_LOGGER_CLIENT_NAME = "hive-runtime-logger"
+_shared_lock = threading.Lock()
+_shared: Dict[Optional[str], _Connection] = {}
+
+
+def _shared_connection(socket_path: Optional[str]) -> _Connection:
+    """The process's one connection for runtime loggers to ``socket_path`` (``None``: the
+    default socket). hive makes a ``RuntimeLogger`` per execution; a connection each would
+    leave a socket and a reader thread behind per execution, forever."""
+    key = os.fspath(socket_path) if socket_path else None
+    with _shared_lock:
+        conn = _shared.get(key)
+        if conn is None:
+            conn = _shared[key] = _Connection(None, key, _LOGGER_CLIENT_NAME)
+        return conn
+
+
+def close_shared_connections() -> None:
+    """Close the connections the runtime loggers of this process share (the next use opens
+    one again). For tests and orderly shutdowns; the reader thread is a daemon thread, so an
+    exiting process need not call it."""
+    with _shared_lock:
+        conns = list(_shared.values())
+    for conn in conns:
+        conn.close()
+
+
+def _hive_session_logs_dir(store: Any, run_id: str) -> "Optional[Path]":
+    """Where hive's ``RuntimeLogStore`` ``store`` reads run ``run_id`` in its current layout
+    (``<root>/sessions/<run_id>/logs/``, hive's ``_session_logs_dir``), or ``None`` for a store
+    that is not hive's."""
+    where = getattr(store, "_session_logs_dir", None)
+    if not callable(where):
+        return None
+    try:
+        return Path(where(run_id))
+    except Exception:  # another version's store: no link, the logs are still holdfast's
+        return None
+
+
 class HoldfastRuntimeLogger:
     """hive's ``RuntimeLogger``, writing to holdfast's run log (``run.*``).
 
     The same methods, arguments and return values: ``start_run(goal_id, session_id) ->
     run_id``, ``log_step(...)``, ``log_node_complete(...)``, ``ensure_node_logged(...)``,
-    ``await end_run(status, duration_ms, node_path, execution_quality)``. What differs is what
-    hive could not promise: each node is logged exactly once, whoever logs it first and however
-    many threads, tasks or processes race (``ensure_node_logged`` is one atomic check-and-write
-    in the daemon; a later ``log_node_complete`` of the same node and attempt replaces the
-    fallback entry instead of adding a second), every line is fsynced before the call returns,
-    and the summary counts each node once.
+    ``await end_run(status, duration_ms, node_path, execution_quality)``, and hive's behaviour
+    where it matters to hive:
 
-    ``store`` is accepted (and not used) so that hive's own construction,
-    ``RuntimeLogger(store=..., agent_id=...)``, works unchanged; the logs are holdfast's
-    (``holdfast runs show RUN_ID``; ``<data dir>/runs/<run_id>/`` in hive's file layout).
-    ``client`` / ``socket_path``: as for ``HoldfastCredentialStorage``.
+    - **Each visit of a node is one entry**, as in hive: a retried node, a node a feedback loop
+      visits again, a node of a resurrected run each add an entry (and their tokens and
+      attention to the summary). ``ensure_node_logged`` (the executor's fallback after a node
+      returns) writes only when *that visit* has no entry yet: after the visit's own
+      ``log_node_complete`` it writes nothing, and a ``log_node_complete`` that comes after the
+      fallback entry (the two racing) replaces it. The entry's ``attempt`` is the visit's
+      number for the node in the run (1, 2, 3 ...; hive's callers never pass one, and hive
+      writes 1 each time): the daemon keeps one entry per ``(node_id, attempt)``, so a retried
+      call never adds a line and a race never logs a visit twice (hive's check and append are
+      separate steps: its race logs a node twice and doubles its tokens).
+    - **Resurrection**: ``start_run`` with a ``session_id`` continues that run (``run.start``
+      reopens it if it ended) and numbers visits after the ones in its log, so hive's
+      ``ExecutionManager`` running a failed execution again with the same logger and session
+      appends to the same log and its next ``end_run`` summarizes every attempt, as hive's own
+      logger does.
+    - **hive's layout**: given hive's ``RuntimeLogStore`` as ``store`` (as hive's
+      ``ExecutionManager`` gives it), ``start_run`` links the store's current session layout,
+      ``<root>/sessions/<run_id>/logs``, to the run's directory in the daemon
+      (``<data dir>/runs/<run_id>/``), so hive's tooling reading that store finds the run where
+      it looks, with no deprecation warning. Without a store (or with the daemon's PostgreSQL
+      backend, which keeps no files) nothing is linked; ``holdfast runs show RUN_ID`` and
+      ``run.get`` read the log.
+    - **One connection per process**: every logger without a ``client`` of its own shares the
+      process's connection to the socket, so a logger per execution leaves no socket or thread
+      behind (``close_shared_connections()`` closes it).
 
-    Like hive's, ``end_run`` never raises (a failure is logged); the other methods raise when
-    the daemon cannot be reached, as hive's raise when its disk cannot be written.
+    Every line is fsynced before the call returns. Like hive's, ``end_run`` never raises (a
+    failure is logged); the other methods raise when the daemon cannot be reached, as hive's
+    raise when its disk cannot be written. ``client`` / ``socket_path``: as for
+    ``HoldfastCredentialStorage``.
     """
 
     def __init__(self, store: Any = None, agent_id: str = "", *, client: Optional[Client] = None,
                  socket_path: Optional[str] = None) -> None:
-        self._conn = _Connection(client, socket_path, "hive-runtime-logger")
+        self._store = store
+        if client is not None:
+            self._conn = _Connection(client, socket_path, _LOGGER_CLIENT_NAME)
+        else:
+            self._conn = _shared_connection(socket_path)
         self._agent_id = agent_id
         self._run_id = ""
         self._goal_id = ""
         self._started_at = ""
+        # Visits, per node of the current run: the last visit's number, and what is logged of
+        # it ("completed": its log_node_complete; "fallback": ensure_node_logged's entry, which
+        # a completion may still replace; "closed": the fallback check came after the
+        # completion, so the next call is a new visit).
+        self._lock = threading.Lock()
+        self._node_locks: Dict[str, threading.Lock] = {}
+        self._visits: Dict[str, int] = {}
+        self._state: Dict[str, str] = {}
 
     @property
     def run_id(self) -> str:
         return self._run_id
 
     def close(self) -> None:
-        """Close the connection this logger made (not one it was given)."""
-        self._conn.close()
+        """Nothing to close: the connection is the process's shared one (see
+        ``close_shared_connections``) or the caller's."""
 
     def start_run(self, goal_id: str = "", session_id: str = "") -> str:
-        """Start a run: ``session_id`` is its id when given, else hive's ``<ts>_<8 hex>``."""
+        """Start a run: ``session_id`` is its id when given (a run of that id continues: a
+        resurrected execution), else hive's ``<ts>_<8 hex>``."""
         if session_id:
-            self._run_id = session_id
+            run_id = session_id
         else:
             ts = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
-            self._run_id = "%s_%s" % (ts, uuid.uuid4().hex[:8])
-        self._goal_id = goal_id
-        self._started_at = datetime.now(timezone.utc).isoformat()
-        return self._run_id
+            run_id = "%s_%s" % (ts, uuid.uuid4().hex[:8])
+        client = self._conn.get()
+        try:
+            client.call("run.start", run_id=run_id)
+        except (Unsupported, Forbidden) as e:
+            # A daemon older than run.start, or a plugin grant listing its methods from before
+            # it existed: the run is logged as before, and an ended run stays ended. (A run
+            # outside the grant is refused again by the first write.)
+            logger.warning("holdfast: run.start refused (%s): run %s cannot be continued "
+                           "after it ended (update the daemon, or grant run.start)",
+                           e.kind, run_id)
+        visits: Dict[str, int] = {}
+        if session_id:  # the visits already in the log (a resurrection's earlier attempts)
+            try:
+                details = client.run_get(run_id).get("details") or []
+            except NotFound:
+                details = []
+            for d in details:
+                node, attempt = d.get("node_id"), d.get("attempt", 1)
+                if isinstance(node, str) and isinstance(attempt, int):
+                    visits[node] = max(visits.get(node, 0), attempt)
+        with self._lock:
+            self._run_id = run_id
+            self._goal_id = goal_id
+            self._started_at = datetime.now(timezone.utc).isoformat()
+            self._visits = visits
+            self._state = {node: "closed" for node in visits}
+            self._node_locks = {}
+        self._link_hive_layout(client, run_id)
+        return run_id
+
+    def _link_hive_layout(self, client: Client, run_id: str) -> None:
+        """Make hive's store find the run: ``sessions/<run_id>/logs`` in it, a link to the
+        run's directory in the daemon. Never fails the run: a problem is logged."""
+        link = _hive_session_logs_dir(self._store, run_id)
+        data_dir = (getattr(client, "hello", None) or {}).get("data_dir")
+        if link is None or not data_dir:
+            return
+        target = Path(data_dir) / "runs" / run_id
+        try:
+            if not target.is_dir():  # logs kept in PostgreSQL, or on another machine
+                return
+            if link.is_symlink():
+                if os.readlink(link) == str(target):
+                    return
+                link.unlink()  # a link to another daemon's run of this id
+            elif link.is_dir():
+                if any(link.iterdir()):
+                    logger.warning("runtime logs: %s holds hive's own files; run %s is in "
+                                   "holdfast (%s), not linked there", link, run_id, target)
+                    return
+                link.rmdir()
+            link.parent.mkdir(parents=True, exist_ok=True)  # hive's modes (umask applies)
+            try:
+                os.symlink(target, link, target_is_directory=True)
+            except FileExistsError:  # another logger of this run linked it first
+                pass
+        except OSError as e:
+            logger.warning("runtime logs: cannot link %s to %s: %s", link, target, e)
 
     def log_step(
         self,
@@ -314,7 +444,9 @@ class HoldfastRuntimeLogger:
         stacktrace: str = "",
         is_partial: bool = False,
     ) -> None:
-        """One step within a node (idempotent by ``(node_id, step_index)``)."""
+        """One step within a node's visit (idempotent by ``(node_id, step_index)`` within the
+        visit: hive numbers steps from 0 on each visit, so the steps of a node's later visits
+        carry ``attempt``, the visit's number, and are kept apart from the first visit's)."""
         calls = []
         for tc in tool_calls or []:
             calls.append({
@@ -346,6 +478,12 @@ class HoldfastRuntimeLogger:
             "parent_span_id": "",
             "execution_id": ctx.get("execution_id", ""),
         }
+        with self._lock:  # the visit in progress: the fallback's (a completion may claim it)
+            visit = self._visits.get(node_id, 0)
+            if self._state.get(node_id) != "fallback":
+                visit += 1
+        if visit > 1:  # first visits' lines are exactly hive's
+            step["attempt"] = visit
         self._conn.get().run_log_step(self._run_id, step)
 
     @staticmethod
@@ -382,6 +520,15 @@ class HoldfastRuntimeLogger:
             "span_id": uuid.uuid4().hex[:16],
         }
 
+    def _node_lock(self, node_id: str) -> threading.Lock:
+        """One lock per node: a visit's completion and its fallback are decided and written in
+        the order they are decided (other nodes go on in parallel)."""
+        with self._lock:
+            lock = self._node_locks.get(node_id)
+            if lock is None:
+                lock = self._node_locks[node_id] = threading.Lock()
+            return lock
+
     def log_node_complete(
         self,
         node_id: str,
@@ -402,15 +549,24 @@ class HoldfastRuntimeLogger:
         escalate_count: int = 0,
         continue_count: int = 0,
     ) -> None:
-        """A node completed: one entry per ``(node_id, attempt)``, this one replacing a
-        fallback entry ``ensure_node_logged`` may have written first."""
-        detail = self._detail(
-            node_id, node_name, node_type, success, error=error, stacktrace=stacktrace,
-            total_steps=total_steps, tokens_used=tokens_used, input_tokens=input_tokens,
-            output_tokens=output_tokens, latency_ms=latency_ms, attempt=attempt,
-            exit_status=exit_status, accept_count=accept_count, retry_count=retry_count,
-            escalate_count=escalate_count, continue_count=continue_count)
-        self._conn.get().run_log_node(self._run_id, detail)
+        """A visit of a node completed: a new entry, or the one the fallback wrote for this
+        visit replaced. ``attempt`` is not used: the entry's is the visit's number."""
+        with self._node_lock(node_id):
+            with self._lock:
+                state = self._state.get(node_id)
+                visit = self._visits.get(node_id, 0)
+            if state != "fallback":
+                visit += 1
+            detail = self._detail(
+                node_id, node_name, node_type, success, error=error, stacktrace=stacktrace,
+                total_steps=total_steps, tokens_used=tokens_used, input_tokens=input_tokens,
+                output_tokens=output_tokens, latency_ms=latency_ms, attempt=visit,
+                exit_status=exit_status, accept_count=accept_count, retry_count=retry_count,
+                escalate_count=escalate_count, continue_count=continue_count)
+            self._conn.get().run_log_node(self._run_id, detail)
+            with self._lock:
+                self._visits[node_id] = visit
+                self._state[node_id] = "closed" if state == "fallback" else "completed"
 
     def ensure_node_logged(
         self,
@@ -423,12 +579,29 @@ class HoldfastRuntimeLogger:
         tokens_used: int = 0,
         latency_ms: int = 0,
     ) -> None:
-        """The fallback: a basic entry only if the node has none yet, decided by the daemon
-        against the log itself (not this object's memory), atomically."""
-        detail = self._detail(node_id, node_name, node_type, success, error=error,
-                              stacktrace=stacktrace, tokens_used=tokens_used,
-                              latency_ms=latency_ms)
-        self._conn.get().run_ensure_node(self._run_id, node_id, detail)
+        """The fallback after a node returns: a basic entry only if this visit has none. The
+        first visit's is one atomic check-and-write in the daemon (``run.ensure_node``: nothing
+        if the log has an entry for the node, whoever wrote it)."""
+        with self._node_lock(node_id):
+            with self._lock:
+                state = self._state.get(node_id)
+                visit = self._visits.get(node_id, 0) + 1
+                if state == "completed":  # this visit logged itself: its fallback check ends it
+                    self._state[node_id] = "closed"
+                    return
+                if state == "fallback":
+                    return
+            detail = self._detail(node_id, node_name, node_type, success, error=error,
+                                  stacktrace=stacktrace, tokens_used=tokens_used,
+                                  latency_ms=latency_ms, attempt=visit)
+            client = self._conn.get()
+            if visit == 1:
+                client.run_ensure_node(self._run_id, node_id, detail)
+            else:
+                client.run_log_node(self._run_id, detail)
+            with self._lock:
+                self._visits[node_id] = visit
+                self._state[node_id] = "fallback"
 
     async def end_run(
         self,
@@ -437,7 +610,8 @@ class HoldfastRuntimeLogger:
         node_path: Optional[List[str]] = None,
         execution_quality: str = "",
     ) -> None:
-        """Write the summary (hive's ``summary.json``). Never raises: a failure is logged."""
+        """Write the summary (hive's ``summary.json``) of the whole log, every attempt of a
+        resurrected run included. Never raises: a failure is logged."""
         ctx = _trace_context()
         fields = {
             "agent_id": self._agent_id,
@@ -471,5 +645,6 @@ __all__ = [
     "HIVE_IMPORT_ERROR",
     "HoldfastCredentialStorage",
     "HoldfastRuntimeLogger",
+    "close_shared_connections",
     "node_attention",
 ]

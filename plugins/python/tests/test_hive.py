@@ -810,3 +810,283 @@ print(rid)
     assert out.returncode == 0, out.stderr
     with daemon.client("reader") as c:
         assert c.run_get(out.stdout.strip())["summary"]["total_output_tokens"] == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# The runtime logger behaves as hive's: resurrection, visits, one connection, hive's layout
+
+
+def comparable(summary):
+    """A summary without what differs between two runs of the same work (ids, times)."""
+    s = dict(summary)
+    for k in ("run_id", "started_at", "duration_ms", "trace_id", "execution_id"):
+        s.pop(k, None)
+    return s
+
+
+def entries(details):
+    return [(d.node_id, d.success, d.tokens_used, d.needs_attention) for d in details]
+
+
+async def resurrected_execution(tmp, llm_fails_first_in):
+    """hive's own ExecutionManager (max_resurrections=3, its default) runs a graph of three
+    event-loop nodes, alpha -> beta -> gamma, with a fake model that fails once in the nodes
+    named: the execution fails, hive resurrects it with the same logger and session, and the
+    next attempt succeeds. The runtime logger is whatever framework.tracker.runtime_logger's
+    RuntimeLogger is (the test patches the drop-in in). Returns (result, store, run id)."""
+    import hashlib
+    from types import SimpleNamespace
+    from unittest.mock import MagicMock
+
+    from framework.host.execution_manager import EntryPointSpec, ExecutionManager
+    from framework.llm.provider import LLMProvider, LLMResponse
+    from framework.llm.stream_events import FinishEvent, TextDeltaEvent
+    from framework.orchestrator.edge import EdgeCondition, EdgeSpec, GraphSpec
+    from framework.orchestrator.goal import Goal
+    from framework.orchestrator.node import NodeSpec
+
+    names = ("alpha", "beta", "gamma")
+
+    class FakeLLM(LLMProvider):
+        model = "fake"
+
+        def __init__(self):
+            self.fail = set(llm_fails_first_in)
+            self.calls = 0
+
+        async def stream(self, messages, system="", tools=None, max_tokens=4096, **kw):
+            node = next(n for n in names if "You are node %s." % n in system)
+            self.calls += 1
+            if node in self.fail:
+                self.fail.discard(node)
+                raise ValueError("fake model returned garbage in " + node)
+            # Text unlike every earlier answer (hive fails a node that repeats itself).
+            text = " ".join(hashlib.sha256(b"%d-%d" % (self.calls, i)).hexdigest()
+                            for i in range(3))
+            yield TextDeltaEvent(content=text, snapshot=text)
+            yield FinishEvent(stop_reason="stop", input_tokens=7, output_tokens=3, model="fake")
+
+        def complete(self, messages, system="", **kw):
+            return LLMResponse(content="summary", model="fake", stop_reason="stop")
+
+    nodes = [NodeSpec(id=n, name=n.title(), description="node " + n, node_type="event_loop",
+                      output_keys=[], system_prompt="You are node %s." % n) for n in names]
+    edges = [EdgeSpec(id="e%d" % i, source=a, target=b, condition=EdgeCondition.ON_SUCCESS)
+             for i, (a, b) in enumerate(zip(names, names[1:]))]
+    graph = GraphSpec(id="resurrected-agent", goal_id="goal-r", entry_node="alpha",
+                      entry_points={"start": "alpha"}, terminal_nodes=["gamma"], nodes=nodes,
+                      edges=edges)
+    goal = Goal(id="goal-r", name="goal-r", description="a goal worth three tries")
+    spec = EntryPointSpec(id="start", name="Start", entry_node="alpha", trigger_type="manual")
+    assert spec.max_resurrections == 3
+    store = RuntimeLogStore(tmp / "runtime_logs")
+    em = ExecutionManager(stream_id="start", entry_spec=spec, graph=graph, goal=goal,
+                          state_manager=MagicMock(), storage=SimpleNamespace(base_path=tmp),
+                          llm=FakeLLM(), runtime_log_store=store)
+    await em.start()
+    execution_id = await em.execute({"task": "resurrect me"})
+    result = await asyncio.wait_for(em.wait_for_completion(execution_id), 120)
+    return result, store, execution_id
+
+
+def test_a_resurrected_hive_run_ends_as_with_hives_logger(daemon, tmp_path, monkeypatch):
+    """hive's ExecutionManager resurrects a failed execution with the same logger and session:
+    hive's logger appends to the same log and summarizes every attempt. The drop-in refused
+    every write after its first end_run (`Conflict: run ... has ended`), hive counted each as
+    a node failure, and every resurrection failed."""
+    import warnings
+
+    import framework.tracker.runtime_logger as hive_runtime_logger
+
+    got = {}
+    for name in ("hive", "holdfast"):
+        tmp = tmp_path / name
+        tmp.mkdir()
+        if name == "holdfast":
+            monkeypatch.setattr(
+                hive_runtime_logger, "RuntimeLogger",
+                lambda store, agent_id="": HoldfastRuntimeLogger(
+                    store=store, agent_id=agent_id, socket_path=daemon.socket))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # hive's exec_* ids
+            result, store, run_id = asyncio.run(resurrected_execution(tmp, ["beta"]))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # hive reads the run where it looks, unwarned
+            summary = asyncio.run(store.load_summary(run_id))
+            details = asyncio.run(store.load_details(run_id)).nodes
+            steps = asyncio.run(store.load_tool_logs(run_id)).steps
+        got[name] = (result.success, comparable(summary.model_dump()), entries(details),
+                     [(s.node_id, s.step_index, s.is_partial, s.input_tokens) for s in steps])
+        if name == "holdfast":
+            with daemon.client("reader") as c:
+                ours = c.run_get(run_id)
+            assert ours["ended"] and comparable(ours["summary"]) == got[name][1]
+            assert [d["attempt"] for d in ours["details"]] == [1, 1, 2, 2, 1], ours["details"]
+        print("%-8s success=%s summary=%s\n         entries=%s\n         steps=%s"
+              % (name, got[name][0], json.dumps(got[name][1], sort_keys=True), got[name][2],
+                 got[name][3]))
+    assert got["hive"][0] is True
+    assert got["hive"][1]["status"] == "success"
+    assert got["hive"][1]["total_nodes_executed"] == 5  # alpha, beta (failed), alpha, beta, gamma
+    assert got["holdfast"] == got["hive"]
+
+
+def visits(logger):
+    """hive's calls for a node retried after a failure (each attempt completes, then the
+    executor's fallback check), a node a feedback loop visits twice with no fallback check,
+    a node that never logs itself (the fallback writes its entry, twice checked), and the
+    same node visited again, logging itself that time."""
+    run_id = logger.start_run(goal_id="goal-v")
+    logger.log_step("fetch", "event_loop", 0, llm_text="first try", input_tokens=80)
+    logger.log_node_complete("fetch", "Fetch", "event_loop", False, error="timeout",
+                             tokens_used=100, input_tokens=80, output_tokens=20)
+    logger.ensure_node_logged("fetch", "Fetch", "event_loop", False, error="timeout")
+    logger.log_step("fetch", "event_loop", 0, llm_text="second try", input_tokens=40)
+    logger.log_node_complete("fetch", "Fetch", "event_loop", True, tokens_used=50,
+                             input_tokens=40, output_tokens=10)
+    logger.ensure_node_logged("fetch", "Fetch", "event_loop", True, tokens_used=50)
+    for _ in range(2):
+        logger.log_node_complete("review", "Review", "event_loop", True, tokens_used=30,
+                                 input_tokens=20, output_tokens=10)
+    logger.ensure_node_logged("plain", "Plain", "event_loop", True, tokens_used=9)
+    logger.ensure_node_logged("plain", "Plain", "event_loop", True, tokens_used=9)
+    asyncio.run(logger.end_run("success", duration_ms=10,
+                               node_path=["fetch", "review", "review", "plain"]))
+    return run_id
+
+
+def test_each_visit_of_a_node_is_an_entry_as_in_hive(daemon, tmp_path):
+    """A retried node and a feedback loop's revisit are entries of their own in hive (its
+    node_worker passes no attempt): the drop-in kept one entry per node id, so a node that
+    failed and then succeeded showed 1 entry, 50 tokens and no attention where hive shows 2,
+    150 and needs_attention."""
+    store = RuntimeLogStore(tmp_path / "hive")
+    hive_run = visits(RuntimeLogger(store=store, agent_id="v"))
+    want = comparable(asyncio.run(store.load_summary(hive_run)).model_dump())
+    want_entries = entries(asyncio.run(store.load_details(hive_run)).nodes)
+    ours_store = RuntimeLogStore(tmp_path / "holdfast")
+    hf_run = visits(HoldfastRuntimeLogger(store=ours_store, agent_id="v",
+                                          socket_path=daemon.socket))
+    with daemon.client("reader") as c:
+        got = c.run_get(hf_run)
+    print("hive:     %s\nholdfast: %s" % (want_entries,
+                                         [(d["node_id"], d["success"], d["tokens_used"],
+                                           d["needs_attention"]) for d in got["details"]]))
+    fetch = [d for d in got["details"] if d["node_id"] == "fetch"]
+    assert (len(fetch), sum(d["tokens_used"] for d in fetch)) == (2, 150)
+    assert got["summary"]["needs_attention"] is True
+    assert comparable(got["summary"]) == want
+    assert [(d["node_id"], d["success"], d["tokens_used"], d["needs_attention"])
+            for d in got["details"]] == want_entries
+    # The entry's attempt is the visit's number for its node.
+    assert [(d["node_id"], d["attempt"]) for d in got["details"]] == \
+        [("fetch", 1), ("fetch", 2), ("review", 1), ("review", 2), ("plain", 1)]
+    # Each visit's steps (hive numbers them from 0 again), read by hive's own store (hive's
+    # logger put a run without a session id in its deprecated layout: hive warns there).
+    import warnings
+
+    def steps_in(st, r, warn):
+        with warnings.catch_warnings():
+            warnings.simplefilter(warn)
+            return [(x.node_id, x.step_index, x.llm_text)
+                    for x in asyncio.run(st.load_tool_logs(r)).steps]
+
+    hive_steps = steps_in(store, hive_run, "ignore")
+    assert steps_in(ours_store, hf_run, "error") == hive_steps == \
+        [("fetch", 0, "first try"), ("fetch", 0, "second try")]
+
+
+def open_fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def readers():
+    return sum(1 for t in threading.enumerate() if t.name == "holdfast-client-reader")
+
+
+def test_loggers_share_the_process_connection(daemon):
+    """hive builds a RuntimeLogger per execution: each drop-in instance opened a connection of
+    its own (a socket and a reader thread) and never closed it; 20 executions left 20 threads
+    and 22 sockets open for the life of the process."""
+    from holdfast_client.hive import close_shared_connections
+
+    close_shared_connections()
+    threads0, fds0 = readers(), open_fds()
+    run_ids = []
+    for i in range(20):
+        lg = HoldfastRuntimeLogger(agent_id="exec-%d" % i, socket_path=daemon.socket)
+        run_ids.append(lg.start_run(goal_id="g"))
+        lg.log_node_complete("n", "N", "event_loop", True, input_tokens=i)
+        asyncio.run(lg.end_run("success", duration_ms=1))
+        del lg
+    threads1, fds1 = readers(), open_fds()
+    print("after 20 loggers: %+d reader threads, %+d open fds" % (threads1 - threads0,
+                                                                    fds1 - fds0))
+    assert threads1 - threads0 == 1, "one shared connection, one reader thread"
+    assert fds1 - fds0 <= 1, "one socket (%d fds opened)" % (fds1 - fds0)
+    with daemon.client("reader") as c:
+        assert [c.run_get(r)["summary"]["total_input_tokens"] for r in run_ids] == \
+            list(range(20))
+    close_shared_connections()
+    assert (readers(), open_fds()) == (threads0, fds0)
+    # The next logger opens it again.
+    lg = HoldfastRuntimeLogger(agent_id="again", socket_path=daemon.socket)
+    lg.start_run(goal_id="g")
+    assert readers() == threads0 + 1
+    close_shared_connections()
+
+
+def test_hive_reads_the_drop_ins_runs_in_its_current_layout_without_warnings(daemon, tmp_path):
+    """The run files were in hive's deprecated runs/<id>/ layout only, which hive's
+    RuntimeLogStore reads with a DeprecationWarning per call. Given hive's store (as hive's
+    ExecutionManager gives it), the drop-in links the store's sessions/<id>/logs to the run:
+    hive's own reader finds everything there, warnings turned into errors."""
+    import warnings
+
+    results = {}
+    for name in ("hive", "holdfast"):
+        old = os.umask(0o022)
+        try:
+            store = RuntimeLogStore(tmp_path / name / "runtime_logs")
+            if name == "hive":
+                lg = RuntimeLogger(store=store, agent_id="agent-9")
+            else:
+                lg = HoldfastRuntimeLogger(store=store, agent_id="agent-9",
+                                           socket_path=daemon.socket)
+            run_id = lg.start_run(goal_id="goal-1", session_id="session_20260101_000000_ab")
+            assert (tmp_path / name / "sessions" / run_id / "logs").is_dir()
+            lg.log_step("plan", "event_loop", 0, llm_text="thinking", input_tokens=3)
+            lg.log_node_complete("plan", "Plan", "event_loop", True, tokens_used=5,
+                                 input_tokens=3, output_tokens=2)
+            asyncio.run(lg.end_run("success", duration_ms=7, node_path=["plan"]))
+        finally:
+            os.umask(old)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            summary = asyncio.run(store.load_summary(run_id))
+            details = asyncio.run(store.load_details(run_id))
+            steps = asyncio.run(store.load_tool_logs(run_id))
+            listed = asyncio.run(store.list_runs())
+        results[name] = (comparable(summary.model_dump()), entries(details.nodes),
+                         [(s.node_id, s.step_index, s.llm_text) for s in steps.steps],
+                         [r.run_id for r in listed])
+        # hive's directories as hive makes them (0755 under umask 022).
+        assert (tmp_path / name / "sessions").stat().st_mode & 0o777 == 0o755
+    print("hive reads (warnings as errors): %s" % (results["holdfast"],))
+    assert results["holdfast"] == results["hive"]
+
+
+def test_a_grant_without_run_start_still_logs(make_daemon):
+    """A plugin grant that lists its methods one by one, written before run.start existed: the
+    logger still logs and ends its runs (run.start refused is a warning, not a failure)."""
+    from holdfast_client import Client
+
+    d = make_daemon(config='[plugins.old-agent]\nstores = []\nmethods = ["run.log_node", '
+                           '"run.ensure_node", "run.log_step", "run.end", "run.get"]\n'
+                           'runs = ["*"]\n')
+    with Client(d.socket, plugin="old-agent") as c:
+        lg = HoldfastRuntimeLogger(agent_id="old", client=c)
+        run_id = lg.start_run(goal_id="g", session_id="old-grant-1")
+        lg.log_node_complete("n", "N", "event_loop", True, input_tokens=4)
+        asyncio.run(lg.end_run("success", duration_ms=1))
+        assert c.run_get(run_id)["summary"]["total_input_tokens"] == 4

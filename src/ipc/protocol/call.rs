@@ -72,6 +72,7 @@ impl Call {
             "run.tool_begin" => Call::Run(R::ToolBegin(typed(p)?)),
             "run.tool_end" => Call::Run(R::ToolEnd(typed(p)?)),
             "run.end" => Call::Run(R::End(typed(p)?)),
+            "run.start" => Call::Run(R::Start(typed(p)?)),
             "run.get" => Call::Run(R::Get(typed(p)?)),
             "run.list" => Call::Run(R::List(typed(p)?)),
             "run.prune" => Call::Run(R::Prune(typed(p)?)),
@@ -126,6 +127,7 @@ impl Call {
                 R::ToolBegin(_) => "run.tool_begin",
                 R::ToolEnd(_) => "run.tool_end",
                 R::End(_) => "run.end",
+                R::Start(_) => "run.start",
                 R::Get(_) => "run.get",
                 R::List(_) => "run.list",
                 R::Prune(_) => "run.prune",
@@ -163,6 +165,7 @@ impl Call {
                 R::ToolBegin(p) => Some(&p.run_id),
                 R::ToolEnd(p) => Some(&p.run_id),
                 R::End(p) => Some(&p.run_id),
+                R::Start(p) => Some(&p.run_id),
                 R::Get(p) => Some(&p.run_id),
                 R::List(_) | R::Prune(_) => None,
             },
@@ -192,7 +195,9 @@ mod tests {
                 json!({"id": "x"})
             }
             "stream.begin" | "stream.resume" | "stream.get" | "checkpoint.get"
-            | "checkpoint.delete" | "run.get" | "stream.subscribe" => json!({"run_id": "r"}),
+            | "checkpoint.delete" | "run.get" | "run.start" | "stream.subscribe" => {
+                json!({"run_id": "r"})
+            }
             "stream.append" => json!({"run_id": "r", "stream_id": "s", "seq": 1,
                 "events": [{"type": "text", "text": "hi"}]}),
             "stream.interrupt" => json!({"run_id": "r", "stream_id": "s", "cause": {}}),

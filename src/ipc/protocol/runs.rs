@@ -19,6 +19,8 @@ pub enum RunCall {
     ToolEnd(ToolEnd),
     /// `run.end`.
     End(End),
+    /// `run.start`.
+    Start(Start),
     /// `run.get`.
     Get(Get),
     /// `run.list`.
@@ -141,6 +143,14 @@ impl End {
         };
         (self.run_id, self.status, given)
     }
+}
+
+/// `run.start`: the run's log made if missing, an ended run reopened (its summary removed).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Start {
+    /// The run.
+    pub run_id: String,
 }
 
 /// `run.get`.
