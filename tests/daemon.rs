@@ -2404,3 +2404,50 @@ time.sleep(1)
     );
     println!("client refused a uid-65534 server before sending a byte ({said:?})");
 }
+
+/// `cred.set` with `keep_updated_at` stores the document's own `updated_at` (hive's storage
+/// keeps what its caller saved); without it, or without one in the document, the write's time.
+/// A time hive would not read is refused either way, nothing written.
+#[test]
+fn cred_set_keeps_the_given_updated_at_only_when_asked() {
+    let mut env = DaemonEnv::new("");
+    let d = env.start();
+    let mut c = Conn::open(&d.socket);
+    let doc = |id: &str, updated: Value| json!({"id": id, "keys": {"api_key": {"value": "v"}}, "updated_at": updated});
+    let given = "2024-05-01T12:00:30Z";
+    c.ok(
+        "cred.set",
+        json!({"credential": doc("kept", json!(given)), "keep_updated_at": true}),
+    );
+    let g = c.ok("cred.get", json!({"id": "kept"}));
+    assert_eq!(g["credential"]["updated_at"], given, "{g}");
+    c.ok(
+        "cred.set",
+        json!({"credential": doc("stamped", json!(given))}),
+    );
+    let g = c.ok("cred.get", json!({"id": "stamped"}));
+    let stamped = g["credential"]["updated_at"].as_str().unwrap_or_default();
+    assert!(stamped.starts_with("20") && stamped != given, "{g}");
+    // No updated_at in the document: stamped even when asked to keep.
+    c.ok(
+        "cred.set",
+        json!({"credential": {"id": "none", "keys": {"api_key": {"value": "v"}}},
+               "keep_updated_at": true}),
+    );
+    let g = c.ok("cred.get", json!({"id": "none"}));
+    assert!(g["credential"]["updated_at"].is_string(), "{g}");
+    let e = c.err(
+        "cred.set",
+        json!({"credential": doc("bad", json!("yesterday")), "keep_updated_at": true}),
+    );
+    assert_eq!(kind(&e), "invalid_params", "{e}");
+    let e = c.err("cred.get", json!({"id": "bad"}));
+    assert_eq!(kind(&e), "not_found", "nothing written: {e}");
+    let e = c.err(
+        "cred.set",
+        json!({"credential": doc("x", json!(given)), "keep_updated_at": "yes"}),
+    );
+    assert_eq!(kind(&e), "invalid_params", "{e}");
+    println!("keep_updated_at: kept when asked, stamped otherwise or when absent, bad time and bad flag refused");
+    d.stop();
+}

@@ -276,9 +276,13 @@ async fn cred_set(
         id,
         value,
         if_generation,
+        keep_updated_at,
     } = p;
     let target = async {
-        let cred = credential_of(credential, id, value)?;
+        let mut cred = credential_of(credential, id, value)?;
+        if keep_updated_at {
+            cred.keep_updated_at();
+        }
         let (name, store) = store_of(daemon, grant, store.as_deref()).await?;
         Ok::<_, RpcError>((cred, name, store))
     };

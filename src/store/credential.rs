@@ -66,6 +66,9 @@ pub enum SchemaError {
 /// A credential document.
 pub struct Credential {
     doc: Map<String, Value>,
+    /// The writer asked for the document's own `updated_at` to be stored (hive's storage
+    /// keeps the time its caller saved); otherwise a write stamps it.
+    keep_updated_at: bool,
 }
 
 /// An upper bound on the compact JSON size of `doc`: every string may need escaping to
@@ -142,7 +145,10 @@ impl Credential {
         doc.insert("tags".into(), Value::Array(Vec::new()));
         doc.insert("created_at".into(), now.clone());
         doc.insert("updated_at".into(), now);
-        Credential { doc }
+        Credential {
+            doc,
+            keep_updated_at: false,
+        }
     }
 
     /// The shorthand hive users know: an `api_key` credential with one key named `api_key`.
@@ -163,7 +169,10 @@ impl Credential {
                 return Err(SchemaError::NotObject);
             }
         };
-        let c = Credential { doc };
+        let c = Credential {
+            doc,
+            keep_updated_at: false,
+        };
         c.check()?;
         Ok(c)
     }
@@ -427,14 +436,23 @@ impl Credential {
         self.doc.get(name)
     }
 
-    /// Stamp `updated_at` now (and `created_at`, if missing, from `created` or now).
+    /// Store the document's own `updated_at` (a time hive's model reads: checked with the
+    /// rest) instead of stamping the write's time; a document without one is stamped.
+    pub fn keep_updated_at(&mut self) {
+        self.keep_updated_at = true;
+    }
+
+    /// Stamp `updated_at` now, unless [`Credential::keep_updated_at`] asked to keep the one it
+    /// has (and `created_at`, if missing, from `created` or now).
     pub(crate) fn stamp_write(&mut self, created: Option<&Value>) {
         let now = Value::String(timefmt::format_z(timefmt::now_micros()));
         if !matches!(self.doc.get("created_at"), Some(Value::String(_))) {
             let created = created.cloned().unwrap_or_else(|| now.clone());
             self.doc.insert("created_at".into(), created);
         }
-        self.doc.insert("updated_at".into(), now);
+        if !(self.keep_updated_at && matches!(self.doc.get("updated_at"), Some(Value::String(_)))) {
+            self.doc.insert("updated_at".into(), now);
+        }
     }
 
     /// The hive `index.json` entry for this credential (no secret values; see HIVE-FORMAT.md).

@@ -775,12 +775,16 @@ class Client:
         credential: Dict[str, Any],
         if_generation: Optional[int] = None,
         store: Optional[str] = None,
+        keep_updated_at: bool = False,
     ) -> SetResult:
         """``cred.set`` with a whole credential document (``{"id", "credential_type"?, "keys":
         {name: {"value", …}}, …}``); with ``if_generation``, only if the stored generation is
-        that (``Conflict`` otherwise; 0: only if it does not exist). -> ``SetResult``."""
+        that (``Conflict`` otherwise; 0: only if it does not exist); with ``keep_updated_at``,
+        the document's own ``updated_at`` is stored instead of the write's time.
+        -> ``SetResult``."""
         return set_result(
-            self.call("cred.set", credential=credential, if_generation=if_generation, store=store)
+            self.call("cred.set", credential=credential, if_generation=if_generation, store=store,
+                      keep_updated_at=keep_updated_at or None)
         )
 
     def set_value(

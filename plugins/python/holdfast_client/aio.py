@@ -697,9 +697,10 @@ class AsyncClient:
         return record(await self.call("cred.get", id=id, store=store))
 
     async def set(self, credential: Dict[str, Any], if_generation: Optional[int] = None,
-                  store: Optional[str] = None) -> SetResult:
+                  store: Optional[str] = None, keep_updated_at: bool = False) -> SetResult:
         return set_result(await self.call("cred.set", credential=credential,
-                                          if_generation=if_generation, store=store))
+                                          if_generation=if_generation, store=store,
+                                          keep_updated_at=keep_updated_at or None))
 
     async def set_value(self, id: str, value: str, if_generation: Optional[int] = None,
                         store: Optional[str] = None) -> SetResult:

@@ -51,6 +51,18 @@ except ImportError as _e:  # pragma: no cover - exercised by the no-hive test
 GENERATION_FIELD = "holdfast_generation"
 
 
+def _created_key(entry: Dict[str, Any]) -> datetime:
+    """A listing entry's ``created_at`` as an aware time (the earliest for one without)."""
+    raw = entry.get("created_at")
+    if isinstance(raw, str):
+        try:
+            t = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+            return t if t.tzinfo is not None else t.replace(tzinfo=timezone.utc)
+        except ValueError:
+            pass
+    return datetime.min.replace(tzinfo=timezone.utc)
+
+
 def _need_hive(what: str) -> None:
     if HIVE_IMPORT_ERROR is not None:
         raise ImportError(
@@ -121,8 +133,9 @@ class HoldfastCredentialStorage(_StorageBase):  # type: ignore[misc,valid-type,u
     # -- hive's interface ----------------------------------------------------------------------
 
     def save(self, credential: "CredentialObject") -> None:
-        """Store the credential (a whole document; holdfast stamps ``updated_at``)."""
-        self._client().set(_document_of(credential), store=self.store)
+        """Store the credential (a whole document), its ``updated_at`` as given, as hive's
+        ``EncryptedFileStorage`` keeps it."""
+        self._client().set(_document_of(credential), store=self.store, keep_updated_at=True)
 
     def load(self, credential_id: str) -> "Optional[CredentialObject]":
         """The credential, or ``None`` if it does not exist. ``StoreNotServed`` (naming the
@@ -158,7 +171,11 @@ class HoldfastCredentialStorage(_StorageBase):  # type: ignore[misc,valid-type,u
         return self._client().delete(credential_id, store=self.store)
 
     def list_all(self) -> List[str]:
-        return [c["id"] for c in self._client().list(store=self.store)]
+        """The ids in the order they were created, as hive lists its index (insertion order:
+        an update keeps its place, a deleted and saved-again credential goes last); equal
+        creation times keep the daemon's order (by id)."""
+        entries = self._client().list(store=self.store)
+        return [c["id"] for c in sorted(entries, key=_created_key)]
 
     def exists(self, credential_id: str) -> bool:
         return self._client().exists(credential_id, store=self.store)

@@ -121,6 +121,48 @@ def test_storage_is_hives_interface_with_hives_objects(daemon):
     storage.close()
 
 
+def test_saved_times_and_listing_order_are_hives(daemon, tmp_path):
+    """hive's storage keeps the updated_at its caller saved and lists ids in insertion order
+    (an update keeps its place, a deleted and saved-again id goes last): the drop-in too."""
+    from datetime import datetime, timedelta, timezone
+
+    hive = EncryptedFileStorage(tmp_path / "hive", encryption_key=Fernet.generate_key())
+    ours = HoldfastCredentialStorage(socket_path=daemon.socket)
+    t0 = datetime(2024, 5, 1, 12, 0, tzinfo=timezone.utc)
+    made = {}
+
+    def make(cid, minutes):
+        c = cred(cid, "sk-" + cid)
+        c.created_at = t0 + timedelta(minutes=minutes)
+        c.updated_at = t0 + timedelta(minutes=minutes, seconds=30)
+        made[cid] = c
+        return c
+
+    steps = [("save", make("zeta", 1)), ("save", make("alpha", 2)), ("save", make("mid", 3)),
+             ("save", make("zeta", 1)), ("delete", "alpha"), ("save", make("alpha", 9)),
+             ("save", make("beta", 10))]
+    for op, arg in steps:
+        for storage in (hive, ours):
+            if op == "save":
+                storage.save(arg)
+            else:
+                storage.delete(arg)
+    # zeta updated in place, alpha deleted and made again: hive's order is its index's.
+    assert hive.list_all() == ["zeta", "mid", "alpha", "beta"], hive.list_all()
+    assert ours.list_all() == hive.list_all()
+    for cid in hive.list_all():
+        h, o = hive.load(cid), ours.load(cid)
+        assert o.updated_at == h.updated_at == made[cid].updated_at, (cid, o.updated_at)
+        assert o.created_at == h.created_at
+    # A document saved without keep (the plain client) is stamped by the daemon as before.
+    c = hc.Client(daemon.socket)
+    c.set({"id": "plain", "keys": {"api_key": {"value": "v"}},
+           "updated_at": "2020-01-01T00:00:00Z"})
+    assert not c.get("plain").credential["updated_at"].startswith("2020"), "stamped"
+    c.close()
+    ours.close()
+
+
 def test_a_store_the_daemon_does_not_serve_is_an_error_naming_it_not_no_credential(daemon):
     """A typo in the store name, or hive's store imported without a restart: load used to
     answer None ("no credential") while exists raised; now both say the store is not served."""

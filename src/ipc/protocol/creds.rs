@@ -65,6 +65,10 @@ pub struct Set {
     /// Compare-and-set: write only if the credential is at this generation (0: absent).
     #[serde(default)]
     pub if_generation: Option<u64>,
+    /// Store the document's own `updated_at` instead of the write's time (hive's storage
+    /// keeps what its caller saved).
+    #[serde(default)]
+    pub keep_updated_at: bool,
 }
 
 impl std::fmt::Debug for Set {
@@ -78,6 +82,7 @@ impl std::fmt::Debug for Set {
             .field("id", &self.id)
             .field("value", &self.value.as_ref().map(|_| "<redacted>"))
             .field("if_generation", &self.if_generation)
+            .field("keep_updated_at", &self.keep_updated_at)
             .finish()
     }
 }
