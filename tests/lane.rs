@@ -341,16 +341,24 @@ fn lane_connections_keep_the_read_limits() {
     drop(halves);
     wait_lane(&d.socket, 0);
 
-    // Idle: closed with no message after ~0.7 s; with a subscription, kept.
+    // Idle: closed with no message after ~0.7 s once it holds no run; with a subscription,
+    // or holding a run (a producer waiting on a model that thinks), kept.
     let mut idle = Conn::open(&d.socket);
-    stream_on_lane(&mut idle, &run(4));
+    let sid4 = stream_on_lane(&mut idle, &run(4));
+    idle.ok(
+        "stream.commit",
+        json!({"run_id": run(4), "stream_id": sid4, "final_message": {"role": "assistant"},
+               "content_from_stream": true}),
+    );
+    let mut holding = Conn::open(&d.socket);
+    let sid6 = stream_on_lane(&mut holding, &run(60));
     let mut watching = Conn::open(&d.socket);
     stream_on_lane(&mut watching, &run(5));
     watching.ok(
         "stream.subscribe",
         json!({"run_id": run(5), "after_seq": 1}),
     );
-    wait_lane(&d.socket, 2);
+    wait_lane(&d.socket, 3);
     let t = Instant::now();
     let (msgs, eof) = idle.read_until_eof();
     let took = t.elapsed();
@@ -362,10 +370,20 @@ fn lane_connections_keep_the_read_limits() {
     thread::sleep(Duration::from_millis(1500));
     let s = watching.ok("stream.get", json!({"run_id": run(5)}));
     assert_eq!(s["run_id"], run(5));
+    // The holder was idle for twice the timeout: still its run's producer.
+    let g = watching.ok("stream.get", json!({"run_id": run(60)}));
+    assert_eq!(g["status"], "streaming", "{g}");
+    assert!(g["no_producer_since_ms"].is_null(), "{g}");
+    let a = holding.ok(
+        "stream.append",
+        json!({"run_id": run(60), "stream_id": sid6, "seq": 2, "events": [{"type": "text", "text": "<2>"}]}),
+    );
+    assert_eq!(a, json!({"acked_seq": 2}));
     println!(
-        "lane: an idle connection closed after {:.0} ms (idle timeout 700 ms); one with a subscription still served 1.5 s later",
+        "lane: an idle connection closed after {:.0} ms (idle timeout 700 ms); one with a subscription and one holding a run still served 1.5 s later",
         took.as_secs_f64() * 1000.0
     );
+    drop(holding);
     drop(watching);
     wait_lane(&d.socket, 0);
     settle();

@@ -1111,3 +1111,38 @@ fn a_subscription_past_the_end_ends_with_the_finish() {
     );
     d.stop();
 }
+
+/// A producer that began a run and waits (a model thinking before its first token) keeps its
+/// connection past the idle timeout, and so its run: the timeout closes only connections that
+/// hold nothing.
+#[test]
+fn a_producer_waiting_on_its_model_outlives_the_idle_timeout() {
+    let mut env = DaemonEnv::new("[limits]\nidle_timeout_ms = 700\n");
+    let d = env.start();
+    let mut p = Conn::open(&d.socket);
+    let sid = p.ok("stream.begin", json!({"run_id": "thinking"}))["stream_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut bystander = Conn::open(&d.socket);
+    bystander.ok("admin.status", json!({}));
+    std::thread::sleep(Duration::from_millis(2500));
+    // The bystander held nothing: closed by the idle timeout.
+    let (msgs, eof) = bystander.read_until_eof();
+    assert!(eof && msgs.is_empty(), "{msgs:?}");
+    let mut w = Conn::open(&d.socket);
+    let g = w.ok("stream.get", json!({"run_id": "thinking"}));
+    assert_eq!(g["status"], "streaming", "{g}");
+    assert!(
+        g["no_producer_since_ms"].is_null(),
+        "still its producer's: {g}"
+    );
+    let a = p.ok(
+        "stream.append",
+        json!({"run_id": "thinking", "stream_id": sid, "seq": 1,
+               "events": [{"type": "text", "text": "after a long think"}]}),
+    );
+    assert_eq!(a["acked_seq"], 1, "{a}");
+    println!("a producer idle for 2.5 s (idle timeout 0.7 s) kept its run; a bystander was closed");
+    d.stop();
+}

@@ -31,7 +31,7 @@
 //!
 //! **Limits are the same as tokio's path.** A line over `max_frame` closes the connection with
 //! the same error line; a line started and not finished within the read timeout, likewise; an
-//! idle connection (nothing in flight, no subscription) closes after the idle timeout; at the
+//! idle connection (nothing in flight, no subscription, no run it holds) closes after the idle timeout; at the
 //! in-flight cap the connection is not read until a request finishes (a tokio task waits for
 //! the slot and hands it back). Nothing the lane runs may wait: a request that might is a task.
 
@@ -580,7 +580,10 @@ impl Turns {
                 }
                 next = next.min(since + read);
             } else if now >= c.active_at + idle {
-                if c.inflight.available_permits() == slots && c.session.subscriptions.count() == 0 {
+                if c.inflight.available_permits() == slots
+                    && c.session.subscriptions.count() == 0
+                    && !c.session.holds_any()
+                {
                     expired.push((k, None));
                     continue;
                 }

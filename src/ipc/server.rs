@@ -364,6 +364,17 @@ impl Session {
         held.push((run_id.to_owned(), stream_id.to_owned()));
     }
 
+    /// Whether this connection speaks for any run: then it is a producer, perhaps waiting on
+    /// a model that thinks for minutes, and the idle timeout must not close it (that would
+    /// declare its runs' producer lost).
+    pub fn holds_any(&self) -> bool {
+        !self
+            .held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_empty()
+    }
+
     /// The run ended (committed or aborted through this connection).
     pub fn release_run(&self, run_id: &str) {
         self.held
@@ -618,6 +629,7 @@ async fn connection(
         let idle_ok = || {
             inflight.available_permits() == limits.max_inflight
                 && session.subscriptions.count() == 0
+                && !session.holds_any()
         };
         // Never wait with answers held back.
         uncork(&session, &mut corked);
