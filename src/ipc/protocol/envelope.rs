@@ -107,7 +107,10 @@ fn parse_inner(line: &[u8]) -> Result<Envelope<'_>, (Id, RpcError)> {
     // pass over the bytes says whether the line could hold any of them; if so it is built.
     if may_need_a_tree(line) {
         if let Err(e) = serde_json::from_slice::<Value>(line) {
-            return Err((Value::Null, RpcError::parse_error(e)));
+            // Answered with the request's id when its syntax still reads (a lone surrogate in
+            // a string, a number beyond f64): the client's call fails at once instead of
+            // waiting for an answer it cannot match.
+            return Err((id_of(line), RpcError::parse_error(e)));
         }
     }
     let m: Members = match serde_json::from_slice(line) {
@@ -158,6 +161,16 @@ fn parse_inner(line: &[u8]) -> Result<Envelope<'_>, (Id, RpcError)> {
         ));
     }
     Ok(Envelope { id, method, params })
+}
+
+/// The id of a line whose syntax reads but which is refused as a value (`null` if none reads).
+fn id_of(line: &[u8]) -> Id {
+    serde_json::from_slice::<Members>(line)
+        .ok()
+        .and_then(|m| m.id)
+        .filter(|raw| matches!(first(raw), b'"' | b'-' | b'0'..=b'9'))
+        .and_then(|raw| serde_json::from_str::<Value>(raw.get()).ok())
+        .unwrap_or(Value::Null)
 }
 
 /// Could `line` hold what serde_json accepts as raw text but refuses as a value: more than
@@ -256,6 +269,30 @@ mod tests {
         for (line, code) in bad {
             let (_, e) = *parse_request(line).unwrap_err();
             assert_eq!(e.code, *code, "{}", String::from_utf8_lossy(line));
+        }
+    }
+
+    #[test]
+    fn a_line_refused_as_a_value_is_answered_with_its_id() {
+        // A lone surrogate (an emoji cut in half by a client's slice) or a number beyond f64:
+        // the syntax reads, the value does not; the client's call gets its answer at once.
+        for (line, id) in [
+            (
+                &br#"{"jsonrpc":"2.0","id":7,"method":"cred.set","params":{"id":"x","value":"a\ud83d"}}"#[..],
+                json!(7),
+            ),
+            (
+                br#"{"jsonrpc":"2.0","id":"r-1","method":"x","params":{"n":1e999}}"#,
+                json!("r-1"),
+            ),
+            (
+                br#"{"jsonrpc":"2.0","id":"\udc00","method":"x"}"#,
+                Value::Null,
+            ),
+        ] {
+            let (got, e) = *parse_request(line).unwrap_err();
+            assert_eq!(e.code, codes::PARSE_ERROR, "{}", String::from_utf8_lossy(line));
+            assert_eq!(got, id, "{}", String::from_utf8_lossy(line));
         }
     }
 
