@@ -28,6 +28,35 @@ use super::IoError;
 /// Every temp file holdfast creates contains this marker: `.<name>.hf-tmp-<16 hex>`.
 pub const TEMP_MARKER: &str = ".hf-tmp-";
 
+/// The longest file name Linux file systems take (`NAME_MAX`).
+const NAME_MAX: usize = 255;
+
+/// `name` shortened so that `extra` more bytes still make a file name within `NAME_MAX`: as
+/// it is when it fits, else its first bytes (at a character boundary) and `~<crc32c of the
+/// whole name>`, which stays distinct per name. hive's own ids reach 251 bytes (`<id>.enc` is
+/// 255) and holdfast reads the files hive wrote under them, so a temp or quarantine name
+/// derived from a file name must not simply append to it.
+pub fn fit_name(name: &str, extra: usize) -> std::borrow::Cow<'_, str> {
+    if name.len() + extra <= NAME_MAX {
+        return std::borrow::Cow::Borrowed(name);
+    }
+    let mut cut = NAME_MAX.saturating_sub(extra + 9).min(name.len());
+    while !name.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    std::borrow::Cow::Owned(format!(
+        "{}~{:08x}",
+        &name[..cut],
+        crc32c::crc32c(name.as_bytes())
+    ))
+}
+
+/// What every temp file of `name` starts with, before [`TEMP_MARKER`]: `.<name>`, shortened by
+/// [`fit_name`] when the temp's whole name would pass `NAME_MAX`.
+pub fn temp_prefix(name: &str) -> String {
+    format!(".{}", fit_name(name, 1 + TEMP_MARKER.len() + 16))
+}
+
 /// Whether a directory entry is one of holdfast's temp files (a generation marker, whose
 /// name ends with the name of the file it describes, is not, whatever that name holds).
 pub fn is_temp_name(name: &str) -> bool {
@@ -303,7 +332,11 @@ fn publish_with(
     let (tmp, mut file, recycled) = match reused {
         Some((path, file, spare)) => (path, file, Some(spare)),
         None => {
-            let tmp = dir.join(format!(".{name}{TEMP_MARKER}{}", random_hex()));
+            let tmp = dir.join(format!(
+                "{}{TEMP_MARKER}{}",
+                temp_prefix(name),
+                random_hex()
+            ));
             let file = open_new_private(&tmp).map_err(|e| IoError::new(Op::CreateTemp, &tmp, e))?;
             (tmp, file, None)
         }
@@ -497,7 +530,11 @@ pub fn move_aside(
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
-    let dest = to_dir.join(format!("{name}.{secs}-{}", random_hex()));
+    let dest = to_dir.join(format!(
+        "{}.{secs}-{}",
+        fit_name(name, 1 + 20 + 1 + 16),
+        random_hex()
+    ));
     let src = from_dir.join(name);
     faults
         .check(Op::Rename)
@@ -583,8 +620,7 @@ pub fn sweep_temps_of(dir: &Path, names: &[&str], faults: &Faults) -> Result<usi
         let file = entry.file_name();
         let file = file.to_string_lossy();
         let ours = names.iter().any(|n| {
-            file.strip_prefix('.')
-                .and_then(|f| f.strip_prefix(n))
+            file.strip_prefix(temp_prefix(n).as_str())
                 .is_some_and(|rest| rest.starts_with(TEMP_MARKER))
         });
         if ours {
@@ -732,6 +768,48 @@ mod tests {
     /// A writer killed while replacing `state` leaves its temp; the sweep of the names a
     /// caller owns removes that one and leaves every other file (another writer's temp, the
     /// files themselves) alone.
+    /// Names at NAME_MAX (hive's ids reach 251 bytes: `<id>.enc` is 255): a write's temp, its
+    /// sweep after a crash and a quarantined copy all fit, and two long names that share
+    /// their first bytes keep distinct temps.
+    #[test]
+    fn names_at_name_max_write_sweep_and_move_aside() {
+        let d = tempfile::tempdir().unwrap();
+        let long = format!("{}.enc", "a".repeat(251));
+        let twin = format!("{}b.enc", "a".repeat(250));
+        let wide = format!("{}.enc", "é".repeat(125));
+        for name in [&long, &twin, &wide] {
+            assert!(name.len() <= NAME_MAX, "{}", name.len());
+            atomic_write(d.path(), name, b"old", &Faults::none()).unwrap();
+            let f = Faults::at_op(Op::Rename, 1, FaultMode::Crash);
+            assert!(atomic_write(d.path(), name, b"new", &f)
+                .unwrap_err()
+                .is_injected_crash());
+            assert_eq!(fs::read(d.path().join(name)).unwrap(), b"old");
+        }
+        assert_ne!(temp_prefix(&long), temp_prefix(&twin));
+        let temps = names(d.path())
+            .into_iter()
+            .filter(|n| is_temp_name(n))
+            .collect::<Vec<_>>();
+        assert_eq!(temps.len(), 3, "{temps:?}");
+        assert!(temps.iter().all(|n| n.len() <= NAME_MAX), "{temps:?}");
+        // Each long name's sweep takes its own temp only.
+        assert_eq!(
+            sweep_temps_of(d.path(), &[&long], &Faults::none()).unwrap(),
+            1
+        );
+        assert_eq!(
+            sweep_temps_of(d.path(), &[&twin, &wide], &Faults::none()).unwrap(),
+            2
+        );
+        assert_eq!(names(d.path()).len(), 3);
+        let q = d.path().join("quarantine");
+        let moved = move_aside(d.path(), &long, &q, &Faults::none()).unwrap();
+        let moved_name = moved.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(moved_name.len() <= NAME_MAX, "{moved_name}");
+        assert_eq!(fs::read(&moved).unwrap(), b"old");
+    }
+
     #[test]
     fn sweep_of_named_temps_removes_only_those() {
         let d = tempfile::tempdir().unwrap();

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
 
-use super::atomic::{is_temp_name, random_hex, FileStamp, TEMP_MARKER};
+use super::atomic::{is_temp_name, random_hex, temp_prefix, FileStamp, TEMP_MARKER};
 use super::fault::{Faults, Op};
 use super::IoError;
 
@@ -498,7 +498,7 @@ impl Dir {
                 return Err(self.refuse(name, m.kind.describe(), "a file"));
             }
         }
-        let tmp = format!(".{name}{TEMP_MARKER}{}", random_hex());
+        let tmp = format!("{}{TEMP_MARKER}{}", temp_prefix(name), random_hex());
         let tmp_path = self.path.join(&tmp);
         faults
             .check(Op::CreateTemp)
@@ -648,8 +648,7 @@ impl Dir {
         for e in entries {
             let ours = names.iter().any(|n| {
                 e.name
-                    .strip_prefix('.')
-                    .and_then(|f| f.strip_prefix(n))
+                    .strip_prefix(temp_prefix(n).as_str())
                     .is_some_and(|rest| rest.starts_with(TEMP_MARKER))
             });
             if ours {

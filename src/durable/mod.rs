@@ -22,9 +22,10 @@ pub use appender::{AppendStat, Appender};
 pub(crate) use atomic::ctime_ns;
 pub use atomic::{
     atomic_write, atomic_write_recycling, atomic_write_with, create_exclusive, create_private_dir,
-    create_shared_dirs, fsync_dir, is_spare_name, is_temp_name, leftover_names, move_aside,
-    read_capped, read_capped_stamped, remove_durably, set_mode, sweep_temp_files, sweep_temps_of,
-    FileStamp, WriteStep, ORPHAN_SWEEP_BATCH, SPARE_MARKER, TEMP_MARKER,
+    create_shared_dirs, fit_name, fsync_dir, is_spare_name, is_temp_name, leftover_names,
+    move_aside, read_capped, read_capped_stamped, remove_durably, set_mode, sweep_temp_files,
+    sweep_temps_of, temp_prefix, FileStamp, WriteStep, ORPHAN_SWEEP_BATCH, SPARE_MARKER,
+    TEMP_MARKER,
 };
 pub use beneath::{Dir, Owned};
 pub use cache::FileCache;
