@@ -28,10 +28,11 @@ pub const MAX_KEY_FILE_BYTES: u64 = 64 * 1024;
 /// changes (`key prune` first): an archive holdfast cannot read back would seal the store.
 pub const MAX_KEY_ARCHIVE_BYTES: u64 = 4 * 1024 * 1024;
 
-/// Longest credential id, in bytes. hive puts no limit, but the id becomes a file name
-/// (`<safe_id>.enc`, plus a temp-file prefix and suffix during writes) and must stay under the
-/// 255-byte NAME_MAX of Linux file systems.
-pub const MAX_ID_BYTES: usize = 200;
+/// Longest credential id, in bytes: what hive's own storage takes. The id becomes a file name
+/// (`<safe_id>.enc`), which must stay within the 255-byte NAME_MAX of Linux file systems; the
+/// names derived from it (temp files, generation markers, quarantined copies) are shortened to
+/// fit (`durable::fit_name`).
+pub const MAX_ID_BYTES: usize = 251;
 
 /// Longest store name (`--store NAME`); it becomes a directory and a key-file name.
 pub const MAX_STORE_NAME_BYTES: usize = 64;

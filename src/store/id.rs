@@ -60,7 +60,8 @@ fn is_invisible_format(c: char) -> bool {
         | '\u{20D0}'..='\u{20FF}' | '\u{FE20}'..='\u{FE2F}')
 }
 
-/// Check an id against holdfast's rules: non-empty, at most 200 bytes, no control characters,
+/// Check an id against holdfast's rules: non-empty, at most 251 bytes (hive's own limit:
+/// `<id>.enc` is a file name), no control characters,
 /// no invisible formatting characters (bidirectional or zero-width controls), no `\`, no
 /// leading `.`, `-` or `/`, and no empty, `.` or `..` segments between `/`s.
 /// `/` itself is allowed (hive maps it to `_` in the file name).
@@ -132,10 +133,10 @@ mod tests {
 
     #[test]
     fn rejects_every_rule() {
-        let long = "a".repeat(201);
+        let long = "a".repeat(252);
         let cases: &[(&str, IdError)] = &[
             ("", IdError::Empty),
-            (&long, IdError::TooLong(201)),
+            (&long, IdError::TooLong(252)),
             ("a\0b", IdError::Control),
             ("a\nb", IdError::Control),
             ("a\u{7f}", IdError::Control),

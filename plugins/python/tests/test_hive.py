@@ -163,6 +163,36 @@ def test_saved_times_and_listing_order_are_hives(daemon, tmp_path):
     ours.close()
 
 
+def test_ids_as_long_as_hive_takes_go_both_ways(daemon, tmp_path):
+    """hive's storage takes ids up to 251 bytes (`<id>.enc` is a 255-byte file name): the
+    drop-in saves, reads, updates and deletes them, and hive reads what it wrote; one more
+    byte is refused by both, nothing written."""
+    key = daemon.key_file().read_bytes().strip()
+    hive = EncryptedFileStorage(daemon.home / "state/holdfast/stores/default", encryption_key=key)
+    ours = HoldfastCredentialStorage(socket_path=daemon.socket)
+    ids = ["a" * 251, "team/" + "b" * 246, "é" * 125 + "x"]
+    for cid in ids:
+        assert len(cid.encode()) == 251
+        ours.save(cred(cid, "sk-1"))
+        ours.save(cred(cid, "sk-2"))
+        assert secrets_of(hive.load(cid)) == {"api_key": "sk-2"}
+        assert secrets_of(ours.load(cid)) == {"api_key": "sk-2"}
+    c = hc.Client(daemon.socket)
+    assert [c.get(cid).generation for cid in ids] == [2, 2, 2]
+    assert ours.delete(ids[0]) and ours.load(ids[0]) is None
+    ours.save(cred(ids[0], "sk-3"))
+    assert c.get(ids[0]).generation == 3, "made again above the generation it reached"
+    with pytest.raises(hc.InvalidParams):
+        ours.save(cred("c" * 252, "sk"))
+    with pytest.raises(OSError):  # hive's own: the file name is too long
+        hive.save(cred("c" * 252, "sk"))
+    names = sorted(os.listdir(daemon.home / "state/holdfast/stores/default/credentials"))
+    assert all(len(n.encode()) <= 255 for n in names), names
+    assert sorted(ours.list_all()) == sorted(ids)
+    c.close()
+    ours.close()
+
+
 def test_a_store_the_daemon_does_not_serve_is_an_error_naming_it_not_no_credential(daemon):
     """A typo in the store name, or hive's store imported without a restart: load used to
     answer None ("no credential") while exists raised; now both say the store is not served."""

@@ -30,6 +30,8 @@
 use std::collections::HashMap;
 
 use super::*;
+use std::borrow::Cow;
+
 use crate::durable::markers::{self, GEN_MARKER};
 
 /// What the store knows of one file's generation: its (highest) marker.
@@ -61,11 +63,29 @@ pub(super) struct Markers {
     pending: std::collections::BTreeSet<String>,
 }
 
+/// What a marker's name adds to the file's stem: the prefix, a generation (a u64: at most 20
+/// digits), the hash and two dashes.
+const MARKER_OVERHEAD: usize = GEN_MARKER.len() + 20 + 1 + 16 + 1;
+
+/// The stem a marker of `file` carries: the file's own, shortened by [`durable::fit_name`]
+/// where the marker's name would pass NAME_MAX (hive's ids reach 251 bytes).
+fn marker_stem(file: &str) -> Cow<'_, str> {
+    crate::durable::fit_name(file.strip_suffix(".enc").unwrap_or(file), MARKER_OVERHEAD)
+}
+
+/// The key markers are kept under for `file`: the file name a marker's name reads back as
+/// ([`parse_marker`]), which is `file` itself unless its stem had to be shortened.
+fn marker_key(file: &str) -> Cow<'_, str> {
+    match marker_stem(file) {
+        Cow::Borrowed(_) => Cow::Borrowed(file),
+        Cow::Owned(stem) => Cow::Owned(format!("{stem}.enc")),
+    }
+}
+
 /// The marker name for `file` at `gen` with token hash `hash`. It does not end with `.enc`:
 /// nothing that lists credential files (holdfast's scan, hive's `*.enc` glob) sees it.
 pub(super) fn marker_name(file: &str, gen: u64, hash: &str) -> String {
-    let stem = file.strip_suffix(".enc").unwrap_or(file);
-    format!("{GEN_MARKER}{gen}-{hash}-{stem}")
+    format!("{GEN_MARKER}{gen}-{hash}-{}", marker_stem(file))
 }
 
 /// `(file, generation, hash)` of a marker name, if it is one.
@@ -157,7 +177,7 @@ impl CredentialStore {
     pub(super) fn marker_gen(&self, name: &str) -> Option<u64> {
         self.markers()
             .by_file
-            .get(name)
+            .get(&*marker_key(name))
             .map(|m| m.gen.min(crate::limits::MAX_GENERATION))
     }
 
@@ -165,7 +185,7 @@ impl CredentialStore {
     pub(super) fn marker_of(&self, name: &str) -> Option<String> {
         self.markers()
             .by_file
-            .get(name)
+            .get(&*marker_key(name))
             .map(|m| marker_name(name, m.gen, &m.hash))
     }
 
@@ -178,7 +198,7 @@ impl CredentialStore {
         };
         let mut m = self.markers();
         m.pending.remove(name);
-        m.by_file.insert(name.to_owned(), marker);
+        m.by_file.insert(marker_key(name).into_owned(), marker);
     }
 
     /// The generation of file `name` whose bytes are `bytes` and whose document says
@@ -207,7 +227,7 @@ impl CredentialStore {
     ) -> Resolved {
         {
             let m = self.markers();
-            if let Some(mk) = m.by_file.get(name) {
+            if let Some(mk) = m.by_file.get(&*marker_key(name)) {
                 if mk.seen.as_ref().is_some_and(|s| Arc::ptr_eq(s, bytes)) {
                     return Resolved {
                         gen: mk.gen,
@@ -218,7 +238,7 @@ impl CredentialStore {
         }
         let hash = token_hash(bytes);
         let mut m = self.markers();
-        if let Some(mk) = m.by_file.get_mut(name) {
+        if let Some(mk) = m.by_file.get_mut(&*marker_key(name)) {
             if mk.hash == hash {
                 mk.seen = Some(Arc::clone(bytes));
                 return Resolved {
@@ -237,7 +257,7 @@ impl CredentialStore {
         // names content that never reached the file) by inode change times, which nothing can
         // set back: that marker changed after the file did; a restored file changed after
         // every marker of what it replaced.
-        let higher = m.by_file.get(name).is_some_and(|mk| {
+        let higher = m.by_file.get(&*marker_key(name)).is_some_and(|mk| {
             mk.gen > doc_gen && {
                 let changed = |p: &std::path::Path| {
                     fs::symlink_metadata(p)
@@ -258,7 +278,7 @@ impl CredentialStore {
                 hash,
                 seen: Some(Arc::clone(bytes)),
             };
-            m.by_file.insert(name.to_owned(), marker);
+            m.by_file.insert(marker_key(name).into_owned(), marker);
             return Resolved {
                 gen: doc_gen,
                 recorded: true,
@@ -266,7 +286,7 @@ impl CredentialStore {
         }
         m.pending.insert(name.to_owned());
         Resolved {
-            gen: unrecorded_gen(doc_gen, m.by_file.get(name).map(|mk| mk.gen)),
+            gen: unrecorded_gen(doc_gen, m.by_file.get(&*marker_key(name)).map(|mk| mk.gen)),
             recorded: false,
         }
     }
@@ -378,6 +398,30 @@ impl CredentialStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn marker_names_of_the_longest_file_names_fit_and_stay_apart() {
+        // hive's longest ids make 255-byte file names; their markers shorten the stem.
+        let long = format!("{}.enc", "a".repeat(251));
+        let twin = format!("{}b.enc", "a".repeat(250));
+        let wide = format!("{}.enc", "é".repeat(125));
+        let mut keys = std::collections::BTreeSet::new();
+        for file in [&long, &twin, &wide] {
+            let n = marker_name(file, u64::MAX, "0123456789abcdef");
+            assert!(n.len() <= 255, "{} bytes", n.len());
+            let (key, gen, hash) = parse_marker(&n).expect("parses");
+            assert_eq!((gen, hash), (u64::MAX, "0123456789abcdef"));
+            assert_eq!(key, marker_key(file), "{file}");
+            keys.insert(key);
+        }
+        assert_eq!(keys.len(), 3, "distinct per file");
+        // A name that fits keeps its own stem, as before.
+        assert_eq!(marker_key("openai.enc"), "openai.enc");
+        assert_eq!(
+            marker_name("openai.enc", 3, "0123456789abcdef"),
+            ".hf-gen-3-0123456789abcdef-openai"
+        );
+    }
 
     #[test]
     fn marker_names_round_trip_whatever_the_file_name_holds() {
