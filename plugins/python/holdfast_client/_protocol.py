@@ -169,12 +169,17 @@ class SubRecord:
             return False
         if self.stream:
             seq = ev.get("seq")
-            if isinstance(seq, int):
-                if seq <= self.last_seq:
-                    return False
-                self.last_seq = seq
             event = ev.get("event")
-            if isinstance(event, dict) and event.get("type") == "finish":
+            finish = isinstance(event, dict) and event.get("type") == "finish"
+            if isinstance(seq, int):
+                # A finish is always taken, whatever its seq: it is what ends a subscription
+                # made from at or past the run's end (its seq may be at or below after_seq,
+                # docs/protocol.md "stream.subscribe"). Anything else at or below the last
+                # seq handed on was seen already.
+                if seq <= self.last_seq and not finish:
+                    return False
+                self.last_seq = max(self.last_seq, seq)
+            if finish:
                 self.finished = True
         ev["subscription"] = self.local
         return True
@@ -415,7 +420,7 @@ class SubQueue:
             self.items.popleft()
             if self.kind == "stream":
                 seq = ev.get("seq")
-                if isinstance(seq, int):
+                if isinstance(seq, int) and seq > self.last_seq:
                     self.last_seq = seq
                 if (ev.get("event") or {}).get("type") == "finish":
                     self.done = True
