@@ -400,7 +400,10 @@ class Client:
             except HoldfastError as e:
                 last = e.message
                 if e.kind not in ("storage", "busy"):
-                    break  # the daemon refused us (a plugin grant gone): retrying won't help
+                    # The daemon refused us (a plugin grant gone): retrying won't help; close
+                    # now, saying why.
+                    last = "the daemon refused the hello (%s): %s" % (e.kind, e.message)
+                    break
                 continue
             with self._lock:
                 if self._state == _CLOSED:
@@ -449,6 +452,14 @@ class Client:
                 raise StorageError(message="a hello answer without a result")
             sock.settimeout(None)
             return sock, rfile, msg["result"]
+        except HoldfastError:
+            # The daemon's own answer (a refused hello: Forbidden is a PermissionError and
+            # InvalidParams a ValueError, so the clause below would hide it as a failed
+            # connect and retry): its kind and message reach _reconnect as they are.
+            if rfile is not None:
+                rfile.close()
+            sock.close()
+            raise
         except (OSError, ValueError):
             if rfile is not None:
                 rfile.close()

@@ -376,7 +376,10 @@ class AsyncClient:
             except HoldfastError as e:
                 last = e.message
                 if e.kind not in ("storage", "busy"):
-                    break  # the daemon refused us (a plugin grant gone): retrying won't help
+                    # The daemon refused us (a plugin grant gone): retrying won't help; close
+                    # now, saying why.
+                    last = "the daemon refused the hello (%s): %s" % (e.kind, e.message)
+                    break
                 continue
             if self._state == _CLOSED:
                 writer.close()
@@ -420,6 +423,12 @@ class AsyncClient:
             if not isinstance(msg.get("result"), dict):
                 raise StorageError(message="a hello answer without a result")
             return reader, writer, msg["result"]
+        except HoldfastError:
+            # The daemon's own answer (a refused hello: Forbidden is a PermissionError and
+            # InvalidParams a ValueError, so the clause below would hide it as a failed
+            # connect and retry): its kind and message reach _reconnect as they are.
+            writer.close()
+            raise
         except (OSError, ValueError, asyncio.TimeoutError, asyncio.LimitOverrunError):
             writer.close()
             raise ConnectionClosed(message="hello on the new connection failed") from None

@@ -393,3 +393,48 @@ def test_timed_out_sync_subscribes_release_their_daemon_subscriptions(daemon):
     deadline_loop("the timed-out subscribes' daemon subscriptions to be released", all_16)
     assert c._pending == {}, c._pending
     c.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# A reconnect the daemon refuses
+
+
+def test_a_refused_hello_on_reconnect_closes_the_client_with_the_daemons_reason(make_daemon):
+    """The plugin grant is gone after a restart: the daemon refuses the new hello. The client
+    closes at once, its error saying the daemon's reason (it used to retry for ~11 s and say
+    only "hello on the new connection failed")."""
+    grant = '[plugins.p]\nstores = ["default"]\nmethods = ["cred.*"]\n'
+    d = make_daemon(config=grant)
+    cfg = d.home / "config" / "holdfast" / "config.toml"
+    # 1000 attempts would take over half an hour: only the refusal can close it in time.
+    c = d.client("granted", plugin="p", reconnect_attempts=1000, timeout=60)
+    sub = c.subscribe_cred()
+    cfg.write_text("")
+    d.restart()
+    with pytest.raises(hc.ConnectionClosed) as ei:
+        c.exists("x")
+    assert "no such plugin" in str(ei.value) and "refused" in str(ei.value), str(ei.value)
+    assert c.closed
+    with pytest.raises(hc.ConnectionClosed) as ei:
+        sub.next(30)
+    assert "no such plugin" in str(ei.value), str(ei.value)
+    c.close()
+
+    async def main():
+        cfg.write_text(grant)
+        await asyncio.get_running_loop().run_in_executor(None, d.restart)
+        ac = await hc.AsyncClient.connect(d.socket, client="granted", plugin="p",
+                                          reconnect_attempts=1000, timeout=60)
+        asub = await ac.subscribe_cred()
+        cfg.write_text("")
+        await asyncio.get_running_loop().run_in_executor(None, d.restart)
+        with pytest.raises(hc.ConnectionClosed) as ei:
+            await ac.exists("x")
+        assert "no such plugin" in str(ei.value) and "refused" in str(ei.value), str(ei.value)
+        assert ac.closed
+        with pytest.raises(hc.ConnectionClosed) as ei:
+            await asub.next(30)
+        assert "no such plugin" in str(ei.value), str(ei.value)
+        await ac.close()
+
+    asyncio.run(main())
