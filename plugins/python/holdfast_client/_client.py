@@ -710,6 +710,16 @@ class Client:
             logger.warning("holdfast: %s", why)
             if isinstance(rec.owner, Subscription):
                 rec.owner._end(why)
+            elif rec.sink == self._deliver:
+                # A watch()/stream_subscribe() id: its events go to events(), so that is where
+                # the application learns it ended (nothing more of it will come).
+                rec.sink({"subscription": rec.local, "type": "closed", "kind": err.kind,
+                          "reason": why})
+            else:  # single_flight_refresh's own watch: the next use makes it again
+                with self._lock:
+                    for store, local in list(self._internal_watches.items()):
+                        if local == rec.local:
+                            del self._internal_watches[store]
 
         self._send_nowait(rec.method, rec.resubscribe_params(), epoch, answered, failed)
 
@@ -995,7 +1005,9 @@ class Client:
 
     def next_event(self, timeout: Optional[float] = None) -> Optional[Event]:
         """The next event's ``params`` (``{"subscription", "type": "cred.changed", "store",
-        "id", "generation", "deleted", "source"}`` or a ``resync``), or ``None`` if none comes
+        "id", "generation", "deleted", "source"}``, a ``resync``, a stream's event, or
+        ``{"subscription", "type": "closed", "kind", "reason"}``: that subscription could not
+        be re-made after a reconnect and has ended), or ``None`` if none comes
         within ``timeout`` seconds. ``ConnectionClosed`` once the connection is gone and every
         queued event has been taken."""
         deadline = None if timeout is None else time.monotonic() + timeout

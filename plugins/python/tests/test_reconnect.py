@@ -438,3 +438,32 @@ def test_a_refused_hello_on_reconnect_closes_the_client_with_the_daemons_reason(
         await ac.close()
 
     asyncio.run(main())
+
+
+def test_a_watch_feeding_events_that_cannot_be_remade_says_so_in_events(make_daemon):
+    """watch() / stream_subscribe() ids feed events(): when one cannot be re-made after a
+    reconnect (the grant lost the method), events() gets a ``closed`` event for it with the
+    daemon's reason (it used to go silent, and the client kept the id as live)."""
+    d = make_daemon(config='[plugins.p]\nstores = ["default"]\nmethods = ["cred.*", "stream.*"]\n')
+    c = d.client("granted", plugin="p", reconnect_attempts=30, timeout=30)
+    wid = c.watch()
+    with d.client("producer") as pc:
+        pc.stream_begin("r")
+    sid = c.stream_subscribe("r")
+    (d.home / "config" / "holdfast" / "config.toml").write_text(
+        '[plugins.p]\nstores = ["default"]\nmethods = ["cred.get", "stream.begin"]\n')
+    d.restart()
+    closed = {}
+    while len(closed) < 2:
+        ev = c.next_event(30)
+        assert ev is not None, "events() went silent; got %s" % closed
+        if "event" in ev:
+            continue  # the stream's own (its producer's connection closed: interrupted)
+        assert ev.get("type") == "closed", ev
+        closed[ev["subscription"]] = ev
+    assert set(closed) == {wid, sid}, closed
+    for ev in closed.values():
+        assert ev["kind"] == "forbidden" and "re-making" in ev["reason"], ev
+    assert c.reconnects == 1 and not c.closed
+    assert c.unsubscribe(wid) is False and c.unsubscribe(sid) is False, "no longer open"
+    c.close()
