@@ -515,6 +515,16 @@ class AsyncClient:
             except _NotSent:
                 if epoch is not None:
                     raise _Gone() from None
+                if not self.reconnect:
+                    raise ConnectionClosed(message="sending to the daemon failed") from None
+                if self._state == _CONNECTED:
+                    # The reader has not noticed the dead connection yet: let it, then wait
+                    # for the new one as any call made while reconnecting does.
+                    if deadline is not None and loop.time() >= deadline:
+                        raise CallTimeout(message="no connection to the daemon for %s within "
+                                          "%ss (reconnecting)" % (method, self.timeout)) \
+                            from None
+                    await asyncio.sleep(0.01)
 
     async def _call_once(self, method: str, params: Dict[str, Any],
                          on_answer: Optional[Callable[[Any, int], None]],
@@ -538,8 +548,16 @@ class AsyncClient:
             async with self._write_lock:
                 if self._writer is not writer or self._state != _CONNECTED:
                     raise _NotSent()  # the connection went while this waited for its turn
+                if writer.transport.is_closing():
+                    # Dead before this write (the reader has not seen it yet): the line would
+                    # go nowhere, and the daemon never sees it.
+                    raise _NotSent()
                 try:
                     writer.write(line)
+                    if writer.transport.is_closing():
+                        # The transport sends at once when nothing is queued before the line:
+                        # that send failed (a dead peer), so none of the line went out.
+                        raise _NotSent()
                     sent = True
                     await writer.drain()
                 except (OSError, RuntimeError):

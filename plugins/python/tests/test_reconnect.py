@@ -467,3 +467,35 @@ def test_a_watch_feeding_events_that_cannot_be_remade_says_so_in_events(make_dae
     assert c.reconnects == 1 and not c.closed
     assert c.unsubscribe(wid) is False and c.unsubscribe(sid) is False, "no longer open"
     c.close()
+
+
+def test_async_a_call_written_to_an_already_dead_connection_is_sent_on_the_new_one(make_daemon):
+    """The daemon dies while the event loop is busy, so the reader has not seen the end when
+    the next call is written: nothing of it reached any daemon, so it is sent on the new
+    connection (as Client does) instead of raising ConnectionClosed."""
+    import signal
+
+    d = make_daemon()
+
+    def start_new():
+        d._log = open(d.log_path, "ab")
+        d._start()
+
+    async def main():
+        async with hc.AsyncClient(d.socket, client="late", timeout=60,
+                                  reconnect_attempts=30) as a:
+            for i in range(3):
+                await a.exists("x")
+                d.proc.send_signal(signal.SIGKILL)  # the loop is blocked: no reader runs
+                d.proc.wait()
+                t = threading.Thread(target=start_new)
+                t.start()
+                try:
+                    got = await a.set_value("k%d" % i, "v", if_generation=0)
+                finally:
+                    await asyncio.get_running_loop().run_in_executor(None, t.join)
+                assert got.generation == 1
+            assert a.reconnects == 3 and not a.closed
+            return [await a.exists("k%d" % i) for i in range(3)]
+
+    assert asyncio.run(main()) == [True, True, True]
