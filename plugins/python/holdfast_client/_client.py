@@ -13,6 +13,7 @@ import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from ._errors import (
+    Busy,
     CallTimeout,
     ConnectionClosed,
     HoldfastError,
@@ -27,6 +28,7 @@ from ._protocol import (
     as_list,
     CLOSED,
     DEFAULT_STORE,
+    OWED_SLOTS_WAIT,
     PROTOCOL_VERSION,
     RECONNECT_ATTEMPTS,
     RECONNECT_HINT,
@@ -259,6 +261,11 @@ class Client:
         self._internal_watches: Dict[str, Any] = {}  # store name -> internal local id
         self._changes: Dict[Tuple[Any, Any], Any] = {}  # (store, id) -> last generation seen
         self._changes_cv = threading.Condition(threading.Lock())
+        # Daemon subscription slots the application no longer has but the daemon may still
+        # count, on the current connection: a given-up subscribe until its answer comes, a
+        # late-answered subscription until its unsubscribe is answered. A subscribe answered
+        # busy waits for them (bounded) and is sent once more.
+        self._owed: Dict[Any, int] = {}
 
         self._sock = self._connect()
         self._rfile = self._sock.makefile("rb")
@@ -373,6 +380,8 @@ class Client:
             give_up = self._state == _CLOSED or not self.reconnect or self._stop.is_set()
             self._state = _CLOSED if give_up else _RECONNECTING
             pending, self._pending = self._pending, {}
+            self._owed.clear()  # the lost connection's slots went with it
+            self._state_cv.notify_all()
             old = (self._sock, self._rfile)
         lost = reason + (
             "" if give_up
@@ -493,7 +502,10 @@ class Client:
                 waiter.on_answer(waiter.result, waiter.epoch)
         else:
             waiter.error = StorageError(message="a response with neither result nor error")
-        waiter.event.set()
+        with self._lock:  # after on_answer: it owes the late answer's unsubscribe
+            if self._owed.pop(("sub", mid), None) is not None:
+                self._state_cv.notify_all()
+            waiter.event.set()
 
     def _dispatch_event(self, params: Any) -> None:
         if not isinstance(params, dict):
@@ -616,9 +628,14 @@ class Client:
             return None
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         if not waiter.event.wait(remaining):
-            if on_answer is None:
-                with self._lock:
+            with self._lock:
+                if on_answer is None:
                     self._pending.pop(rid, None)
+                elif not waiter.event.is_set() and waiter.epoch == self._subs.epoch:
+                    # A subscribe given up on: the daemon may make it anyway, and counts it
+                    # until its answer is read and unsubscribed (an unsubscribe given up on
+                    # frees its slot only when the daemon answers it).
+                    self._owed[("sub", rid)] = waiter.epoch
             # else: left pending, so its answer still reaches on_answer (which unsubscribes a
             # subscription nobody waits for); the answer, or the connection's end, removes it.
             raise CallTimeout(message="no answer to %s within %ss" % (method, self.timeout))
@@ -659,13 +676,54 @@ class Client:
         A subscribe that fails or times out leaves nothing behind: if the daemon made the
         subscription anyway, it is unsubscribed when its answer arrives."""
         rec = self._subs.add(method, params, sink, owner)
+        with self._lock:
+            owed = bool(self._owed)  # (they may be freed before the busy answer is read)
         try:
-            result = self._call(method, rec.resubscribe_params(), self._claim(rec))
+            try:
+                result = self._call(method, rec.resubscribe_params(), self._claim(rec))
+            except Busy as e:
+                # The connection's 16 slots are full, perhaps only with subscribes this
+                # client gave up on whose answers are still on their way: once those are
+                # unsubscribed, try once more.
+                if isinstance(e, CallTimeout) or not (self._wait_owed() or owed):
+                    raise
+                result = self._call(method, rec.resubscribe_params(), self._claim(rec))
         except BaseException:
             self._abandon_sub(rec)
             raise
         rec.answer = dict(result, subscription=rec.local)
         return rec
+
+    def _settle(self, token: Any) -> None:
+        """A slot owed (``_owed``) is free."""
+        with self._lock:
+            if self._owed.pop(token, None) is not None:
+                self._state_cv.notify_all()
+
+    def _unsubscribe_owed(self, sub: Any, epoch: int) -> None:
+        """Unsubscribe daemon id ``sub`` of connection ``epoch`` that nobody wants, its slot
+        owed until the daemon answers."""
+        token = ("unsub", epoch, sub)
+        with self._lock:
+            if epoch == self._subs.epoch:
+                self._owed[token] = epoch
+        self._send_nowait("unsubscribe", {"subscription": sub}, epoch,
+                          lambda _r, _e: self._settle(token), lambda _e: self._settle(token))
+
+    def _wait_owed(self) -> bool:
+        """Whether slots were owed on this connection; if so, wait (at most
+        ``OWED_SLOTS_WAIT`` seconds, or the timeout) until they are free."""
+        bound = OWED_SLOTS_WAIT if self.timeout is None else min(OWED_SLOTS_WAIT, self.timeout)
+        deadline = time.monotonic() + bound
+        with self._lock:
+            if not self._owed:
+                return False
+            while self._owed and self._state == _CONNECTED:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._state_cv.wait(remaining)
+            return True
 
     def _claim(self, rec: SubRecord) -> Callable[[Any, int], None]:
         def claim(result: Any, epoch: int) -> None:  # the reader thread, before the next line
@@ -677,7 +735,7 @@ class Client:
                 table.claim(sub, lambda ev: self._route(rec, sub, ev))
             else:
                 table.release(sub)
-                self._send_nowait("unsubscribe", {"subscription": sub}, epoch)
+                self._unsubscribe_owed(sub, epoch)
         return claim
 
     def _route(self, rec: SubRecord, daemon_id: Any, ev: Event) -> None:  # the reader thread
@@ -729,7 +787,7 @@ class Client:
             self._table.release(d)
             with self._lock:
                 epoch = rec.epoch if rec.epoch >= 0 else self._subs.epoch
-            self._send_nowait("unsubscribe", {"subscription": d}, epoch)
+            self._unsubscribe_owed(d, epoch)
 
     def _close_sub(self, rec: SubRecord) -> bool:
         """Close ``rec``: unsubscribe its daemon subscription if the current connection has
@@ -742,7 +800,10 @@ class Client:
         if d is None:
             return was_open
         try:
-            res = self._call("unsubscribe", {"subscription": d}, epoch=epoch)
+            # on_answer: an unsubscribe that times out stays pending, its slot owed until the
+            # daemon answers (a subscribe answered busy meanwhile waits for it).
+            res = self._call("unsubscribe", {"subscription": d}, lambda _r, _e: None,
+                             epoch=epoch)
         except _Gone:
             return was_open  # the connection went, and the subscription with it
         finally:

@@ -122,6 +122,11 @@ def reconnect_delays(attempts: int) -> List[float]:
     return out
 
 
+#: Longest wait, after a subscribe answered ``busy``, for the daemon slots still held by
+#: subscribes the application gave up on (their late answers are unsubscribed as they come)
+#: before the subscribe is sent once more.
+OWED_SLOTS_WAIT = 10.0
+
 #: Why a reconnect may have hidden changes from a credential watch (its ``resync`` event).
 RECONNECT_HINT = (
     "reconnected to the daemon: changes made while disconnected were not seen; list again"

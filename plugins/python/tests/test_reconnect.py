@@ -499,3 +499,55 @@ def test_async_a_call_written_to_an_already_dead_connection_is_sent_on_the_new_o
             return [await a.exists("k%d" % i) for i in range(3)]
 
     assert asyncio.run(main()) == [True, True, True]
+
+
+def test_subscribes_given_up_on_do_not_make_the_next_subscribe_busy(daemon):
+    """15 subscriptions held, one slot free. A subscribe (sync: timed out; async: cancelled
+    once written) still holds the daemon's 16th slot until its late answer is read and
+    unsubscribed; the application's next subscribe waits for that instead of getting busy."""
+    c = daemon.client("given-up")
+    kept = [c.subscribe_cred() for _ in range(15)]
+    busy = timed_out = 0
+    for _ in range(20):
+        c.timeout = 0.00005  # the answer cannot be read in time
+        try:
+            c.subscribe_cred().close()
+        except hc.CallTimeout:
+            timed_out += 1
+        c.timeout = 60
+        try:
+            c.subscribe_cred().close()
+        except hc.Busy:
+            busy += 1
+    assert timed_out > 0, "the test needs subscribes that time out"
+    assert busy == 0, "busy on %d of 20 subscribes made while the app held 15" % busy
+    for s in kept:
+        s.close()
+    c.close()
+
+    async def main():
+        async with hc.AsyncClient(daemon.socket, client="given-up-async") as a:
+            held = [await a.subscribe_cred() for _ in range(15)]
+            busy = cancelled = 0
+            for _ in range(20):
+                t = asyncio.ensure_future(a.subscribe_cred())
+                await asyncio.sleep(0)
+                await asyncio.sleep(0)  # written to the socket, not answered yet
+                t.cancel()
+                try:
+                    await (await t).close()
+                    continue  # answered before the cancel: nothing given up
+                except asyncio.CancelledError:
+                    cancelled += 1
+                try:
+                    s = await a.subscribe_cred()
+                    await s.close()
+                except hc.Busy:
+                    busy += 1
+            assert cancelled > 0, "the test needs cancelled subscribes"
+            for s in held:
+                await s.close()
+            return busy
+
+    busy = asyncio.run(main())
+    assert busy == 0, "async: busy on %d of 20 subscribes made while the app held 15" % busy
