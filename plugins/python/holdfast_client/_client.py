@@ -112,6 +112,14 @@ class Subscription:
         """The seq of the last stream event taken (``after_seq`` to resume from)."""
         return self._q.last_seq
 
+    @property
+    def complete(self) -> Optional[bool]:
+        """After a stream's ``finish`` was taken: whether every event before it was delivered
+        (``False``: the run ended while the client was away — a reconnect — or before this
+        subscription began from below its end, and the events in between are gone from the
+        daemon; the finish's ``complete`` says the same). ``None`` before the finish."""
+        return self._q.complete
+
     def _push(self, params: Any) -> None:  # the reader thread
         with self._cv:
             self._q.push(params)

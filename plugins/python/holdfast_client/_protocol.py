@@ -183,6 +183,12 @@ class SubRecord:
                 # seq handed on was seen already.
                 if seq <= self.last_seq and not finish:
                     return False
+                if finish:
+                    # Whether every event before the finish was handed on: not so when the
+                    # run ended while this subscription was away (a reconnect) or before it
+                    # began from below its end, since an ended run's events are gone from
+                    # the daemon and the finish comes alone.
+                    ev["complete"] = seq <= self.last_seq + 1
                 self.last_seq = max(self.last_seq, seq)
             if finish:
                 self.finished = True
@@ -397,6 +403,8 @@ class SubQueue:
         self.done = False
         #: The seq of the last stream event taken (``after_seq`` to resume from).
         self.last_seq = int(after_seq or 0)
+        #: The finish's ``complete`` once it was taken (``None`` before).
+        self.complete: Optional[bool] = None
 
     def push(self, params: Any) -> None:
         if params is CLOSED or self.kind == "stream" or len(self.items) < self.max:
@@ -429,6 +437,8 @@ class SubQueue:
                     self.last_seq = seq
                 if (ev.get("event") or {}).get("type") == "finish":
                     self.done = True
+                    complete = ev.get("complete")
+                    self.complete = complete if isinstance(complete, bool) else None
             return "event", ev
         if self.done:
             return "done", None

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from harness import hc
+from harness import Proxy, hc
 
 
 def _ended_run(c, run_id):
@@ -95,3 +95,73 @@ def test_a_subscription_past_a_live_runs_end_gets_nothing_below_and_then_the_fin
     assert fin == 5
     assert _types(got_past) == [(5, "finish")], got_past
     assert _types(got_mid) == [(4, "text"), (5, "finish")], got_mid
+
+
+def test_a_finish_says_whether_events_before_it_were_skipped(daemon):
+    """An ended run's events are gone from the daemon: a subscription from below its end gets
+    the finish alone. The finish (and the subscription) says so: ``complete`` is false."""
+    with daemon.client("gaps") as c:
+        fin = _ended_run(c, "done")
+        for after, complete in ((0, False), (1, False), (fin - 1, True), (fin, True),
+                                (fin + 5, True)):
+            sub = c.subscribe_stream("done", after_seq=after)
+            assert sub.complete is None
+            got = _collect(sub)
+            assert _types(got) == [(fin, "finish")], got
+            assert got[0]["complete"] is complete and sub.complete is complete, (after, got)
+        # A run watched from its start: every event, and a complete finish.
+        producer = daemon.client("producer")
+        b = producer.stream_begin("whole")
+        sub = c.subscribe_stream("whole")
+        producer.stream_append("whole", b["stream_id"], 1, [{"type": "text", "text": "x"}])
+        producer.stream_commit("whole", b["stream_id"], {"role": "assistant"},
+                               content_from_stream=True)
+        got = _collect(sub)
+        assert _types(got) == [(1, "text"), (2, "finish")]
+        assert got[-1]["complete"] is True and sub.complete is True
+        producer.close()
+
+    async def main():
+        async with hc.AsyncClient(daemon.socket, client="gaps-async") as a:
+            sub = await a.subscribe_stream("done")
+            got = [ev async for ev in sub]
+            assert _types(got) == [(fin, "finish")] and got[0]["complete"] is False
+            assert sub.complete is False
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_a_subscriber_away_while_the_run_ended_gets_an_incomplete_finish(daemon):
+    """The subscriber's connection holds events 3.. (a proxy) while the run ends; the
+    connection is then lost, and the subscription re-made from seq 2 gets the finish alone:
+    it says the events in between were not delivered."""
+    proxy = Proxy(daemon.socket)
+    try:
+        sub_client = hc.Client(proxy.path, client="away", reconnect_attempts=30)
+        producer = daemon.client("producer")
+        b = producer.stream_begin("away")
+        producer.stream_append("away", b["stream_id"], 1,
+                               [{"type": "text", "text": x} for x in "ab"])
+        sub = sub_client.subscribe_stream("away")
+        assert _types([sub.next(30), sub.next(30)]) == [(1, "text"), (2, "text")]
+        proxy.hold = lambda idx, msg: idx == 0 and msg.get("method") == "event"
+        producer.stream_append("away", b["stream_id"], 3,
+                               [{"type": "text", "text": x} for x in "cd"])
+        fin = producer.stream_commit("away", b["stream_id"], {"role": "assistant"},
+                                     content_from_stream=True)["finish_seq"]
+        proxy.wait(lambda: any(json_seq(line) == fin for line in proxy.conns[0]["held"]),
+                   "the finish (held)")
+        proxy.hold = None
+        proxy.cut()  # the held events die with the connection
+        got = _collect(sub)
+        assert _types(got) == [(fin, "finish")], got
+        assert got[0]["complete"] is False and sub.complete is False
+        assert sub_client.reconnects == 1
+        producer.close()
+        sub_client.close()
+    finally:
+        proxy.close()
+
+
+def json_seq(line):
+    import json
+    return (json.loads(line).get("params") or {}).get("seq")
