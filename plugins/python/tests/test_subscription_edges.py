@@ -3,7 +3,7 @@ run's end, a finish that says events were skipped, a subscription that cannot be
 after a reconnect when it feeds events()."""
 
 import asyncio
-import threading
+import json
 
 import pytest
 
@@ -163,5 +163,4 @@ def test_a_subscriber_away_while_the_run_ended_gets_an_incomplete_finish(daemon)
 
 
 def json_seq(line):
-    import json
     return (json.loads(line).get("params") or {}).get("seq")
