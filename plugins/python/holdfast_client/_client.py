@@ -13,6 +13,7 @@ import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from ._errors import (
+    Busy,
     CallTimeout,
     ConnectionClosed,
     HoldfastError,
@@ -27,6 +28,7 @@ from ._protocol import (
     as_list,
     CLOSED,
     DEFAULT_STORE,
+    OWED_SLOTS_WAIT,
     PROTOCOL_VERSION,
     RECONNECT_ATTEMPTS,
     RECONNECT_HINT,
@@ -109,6 +111,14 @@ class Subscription:
     def last_seq(self) -> int:
         """The seq of the last stream event taken (``after_seq`` to resume from)."""
         return self._q.last_seq
+
+    @property
+    def complete(self) -> Optional[bool]:
+        """After a stream's ``finish`` was taken: whether every event before it was delivered
+        (``False``: the run ended while the client was away — a reconnect — or before this
+        subscription began from below its end, and the events in between are gone from the
+        daemon; the finish's ``complete`` says the same). ``None`` before the finish."""
+        return self._q.complete
 
     def _push(self, params: Any) -> None:  # the reader thread
         with self._cv:
@@ -259,6 +269,11 @@ class Client:
         self._internal_watches: Dict[str, Any] = {}  # store name -> internal local id
         self._changes: Dict[Tuple[Any, Any], Any] = {}  # (store, id) -> last generation seen
         self._changes_cv = threading.Condition(threading.Lock())
+        # Daemon subscription slots the application no longer has but the daemon may still
+        # count, on the current connection: a given-up subscribe until its answer comes, a
+        # late-answered subscription until its unsubscribe is answered. A subscribe answered
+        # busy waits for them (bounded) and is sent once more.
+        self._owed: Dict[Any, int] = {}
 
         self._sock = self._connect()
         self._rfile = self._sock.makefile("rb")
@@ -373,6 +388,8 @@ class Client:
             give_up = self._state == _CLOSED or not self.reconnect or self._stop.is_set()
             self._state = _CLOSED if give_up else _RECONNECTING
             pending, self._pending = self._pending, {}
+            self._owed.clear()  # the lost connection's slots went with it
+            self._state_cv.notify_all()
             old = (self._sock, self._rfile)
         lost = reason + (
             "" if give_up
@@ -400,7 +417,10 @@ class Client:
             except HoldfastError as e:
                 last = e.message
                 if e.kind not in ("storage", "busy"):
-                    break  # the daemon refused us (a plugin grant gone): retrying won't help
+                    # The daemon refused us (a plugin grant gone): retrying won't help; close
+                    # now, saying why.
+                    last = "the daemon refused the hello (%s): %s" % (e.kind, e.message)
+                    break
                 continue
             with self._lock:
                 if self._state == _CLOSED:
@@ -449,6 +469,14 @@ class Client:
                 raise StorageError(message="a hello answer without a result")
             sock.settimeout(None)
             return sock, rfile, msg["result"]
+        except HoldfastError:
+            # The daemon's own answer (a refused hello: Forbidden is a PermissionError and
+            # InvalidParams a ValueError, so the clause below would hide it as a failed
+            # connect and retry): its kind and message reach _reconnect as they are.
+            if rfile is not None:
+                rfile.close()
+            sock.close()
+            raise
         except (OSError, ValueError):
             if rfile is not None:
                 rfile.close()
@@ -482,7 +510,10 @@ class Client:
                 waiter.on_answer(waiter.result, waiter.epoch)
         else:
             waiter.error = StorageError(message="a response with neither result nor error")
-        waiter.event.set()
+        with self._lock:  # after on_answer: it owes the late answer's unsubscribe
+            if self._owed.pop(("sub", mid), None) is not None:
+                self._state_cv.notify_all()
+            waiter.event.set()
 
     def _dispatch_event(self, params: Any) -> None:
         if not isinstance(params, dict):
@@ -605,9 +636,14 @@ class Client:
             return None
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         if not waiter.event.wait(remaining):
-            if on_answer is None:
-                with self._lock:
+            with self._lock:
+                if on_answer is None:
                     self._pending.pop(rid, None)
+                elif not waiter.event.is_set() and waiter.epoch == self._subs.epoch:
+                    # A subscribe given up on: the daemon may make it anyway, and counts it
+                    # until its answer is read and unsubscribed (an unsubscribe given up on
+                    # frees its slot only when the daemon answers it).
+                    self._owed[("sub", rid)] = waiter.epoch
             # else: left pending, so its answer still reaches on_answer (which unsubscribes a
             # subscription nobody waits for); the answer, or the connection's end, removes it.
             raise CallTimeout(message="no answer to %s within %ss" % (method, self.timeout))
@@ -648,13 +684,54 @@ class Client:
         A subscribe that fails or times out leaves nothing behind: if the daemon made the
         subscription anyway, it is unsubscribed when its answer arrives."""
         rec = self._subs.add(method, params, sink, owner)
+        with self._lock:
+            owed = bool(self._owed)  # (they may be freed before the busy answer is read)
         try:
-            result = self._call(method, rec.resubscribe_params(), self._claim(rec))
+            try:
+                result = self._call(method, rec.resubscribe_params(), self._claim(rec))
+            except Busy as e:
+                # The connection's 16 slots are full, perhaps only with subscribes this
+                # client gave up on whose answers are still on their way: once those are
+                # unsubscribed, try once more.
+                if isinstance(e, CallTimeout) or not (self._wait_owed() or owed):
+                    raise
+                result = self._call(method, rec.resubscribe_params(), self._claim(rec))
         except BaseException:
             self._abandon_sub(rec)
             raise
         rec.answer = dict(result, subscription=rec.local)
         return rec
+
+    def _settle(self, token: Any) -> None:
+        """A slot owed (``_owed``) is free."""
+        with self._lock:
+            if self._owed.pop(token, None) is not None:
+                self._state_cv.notify_all()
+
+    def _unsubscribe_owed(self, sub: Any, epoch: int) -> None:
+        """Unsubscribe daemon id ``sub`` of connection ``epoch`` that nobody wants, its slot
+        owed until the daemon answers."""
+        token = ("unsub", epoch, sub)
+        with self._lock:
+            if epoch == self._subs.epoch:
+                self._owed[token] = epoch
+        self._send_nowait("unsubscribe", {"subscription": sub}, epoch,
+                          lambda _r, _e: self._settle(token), lambda _e: self._settle(token))
+
+    def _wait_owed(self) -> bool:
+        """Whether slots were owed on this connection; if so, wait (at most
+        ``OWED_SLOTS_WAIT`` seconds, or the timeout) until they are free."""
+        bound = OWED_SLOTS_WAIT if self.timeout is None else min(OWED_SLOTS_WAIT, self.timeout)
+        deadline = time.monotonic() + bound
+        with self._lock:
+            if not self._owed:
+                return False
+            while self._owed and self._state == _CONNECTED:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._state_cv.wait(remaining)
+            return True
 
     def _claim(self, rec: SubRecord) -> Callable[[Any, int], None]:
         def claim(result: Any, epoch: int) -> None:  # the reader thread, before the next line
@@ -666,7 +743,7 @@ class Client:
                 table.claim(sub, lambda ev: self._route(rec, sub, ev))
             else:
                 table.release(sub)
-                self._send_nowait("unsubscribe", {"subscription": sub}, epoch)
+                self._unsubscribe_owed(sub, epoch)
         return claim
 
     def _route(self, rec: SubRecord, daemon_id: Any, ev: Event) -> None:  # the reader thread
@@ -699,6 +776,16 @@ class Client:
             logger.warning("holdfast: %s", why)
             if isinstance(rec.owner, Subscription):
                 rec.owner._end(why)
+            elif rec.sink == self._deliver:
+                # A watch()/stream_subscribe() id: its events go to events(), so that is where
+                # the application learns it ended (nothing more of it will come).
+                rec.sink({"subscription": rec.local, "type": "closed", "kind": err.kind,
+                          "reason": why})
+            else:  # single_flight_refresh's own watch: the next use makes it again
+                with self._lock:
+                    for store, local in list(self._internal_watches.items()):
+                        if local == rec.local:
+                            del self._internal_watches[store]
 
         self._send_nowait(rec.method, rec.resubscribe_params(), epoch, answered, failed)
 
@@ -708,7 +795,7 @@ class Client:
             self._table.release(d)
             with self._lock:
                 epoch = rec.epoch if rec.epoch >= 0 else self._subs.epoch
-            self._send_nowait("unsubscribe", {"subscription": d}, epoch)
+            self._unsubscribe_owed(d, epoch)
 
     def _close_sub(self, rec: SubRecord) -> bool:
         """Close ``rec``: unsubscribe its daemon subscription if the current connection has
@@ -721,7 +808,10 @@ class Client:
         if d is None:
             return was_open
         try:
-            res = self._call("unsubscribe", {"subscription": d}, epoch=epoch)
+            # on_answer: an unsubscribe that times out stays pending, its slot owed until the
+            # daemon answers (a subscribe answered busy meanwhile waits for it).
+            res = self._call("unsubscribe", {"subscription": d}, lambda _r, _e: None,
+                             epoch=epoch)
         except _Gone:
             return was_open  # the connection went, and the subscription with it
         finally:
@@ -984,7 +1074,9 @@ class Client:
 
     def next_event(self, timeout: Optional[float] = None) -> Optional[Event]:
         """The next event's ``params`` (``{"subscription", "type": "cred.changed", "store",
-        "id", "generation", "deleted", "source"}`` or a ``resync``), or ``None`` if none comes
+        "id", "generation", "deleted", "source"}``, a ``resync``, a stream's event, or
+        ``{"subscription", "type": "closed", "kind", "reason"}``: that subscription could not
+        be re-made after a reconnect and has ended), or ``None`` if none comes
         within ``timeout`` seconds. ``ConnectionClosed`` once the connection is gone and every
         queued event has been taken."""
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -122,6 +122,11 @@ def reconnect_delays(attempts: int) -> List[float]:
     return out
 
 
+#: Longest wait, after a subscribe answered ``busy``, for the daemon slots still held by
+#: subscribes the application gave up on (their late answers are unsubscribed as they come)
+#: before the subscribe is sent once more.
+OWED_SLOTS_WAIT = 10.0
+
 #: Why a reconnect may have hidden changes from a credential watch (its ``resync`` event).
 RECONNECT_HINT = (
     "reconnected to the daemon: changes made while disconnected were not seen; list again"
@@ -169,12 +174,23 @@ class SubRecord:
             return False
         if self.stream:
             seq = ev.get("seq")
-            if isinstance(seq, int):
-                if seq <= self.last_seq:
-                    return False
-                self.last_seq = seq
             event = ev.get("event")
-            if isinstance(event, dict) and event.get("type") == "finish":
+            finish = isinstance(event, dict) and event.get("type") == "finish"
+            if isinstance(seq, int):
+                # A finish is always taken, whatever its seq: it is what ends a subscription
+                # made from at or past the run's end (its seq may be at or below after_seq,
+                # docs/protocol.md "stream.subscribe"). Anything else at or below the last
+                # seq handed on was seen already.
+                if seq <= self.last_seq and not finish:
+                    return False
+                if finish:
+                    # Whether every event before the finish was handed on: not so when the
+                    # run ended while this subscription was away (a reconnect) or before it
+                    # began from below its end, since an ended run's events are gone from
+                    # the daemon and the finish comes alone.
+                    ev["complete"] = seq <= self.last_seq + 1
+                self.last_seq = max(self.last_seq, seq)
+            if finish:
                 self.finished = True
         ev["subscription"] = self.local
         return True
@@ -387,6 +403,8 @@ class SubQueue:
         self.done = False
         #: The seq of the last stream event taken (``after_seq`` to resume from).
         self.last_seq = int(after_seq or 0)
+        #: The finish's ``complete`` once it was taken (``None`` before).
+        self.complete: Optional[bool] = None
 
     def push(self, params: Any) -> None:
         if params is CLOSED or self.kind == "stream" or len(self.items) < self.max:
@@ -415,10 +433,12 @@ class SubQueue:
             self.items.popleft()
             if self.kind == "stream":
                 seq = ev.get("seq")
-                if isinstance(seq, int):
+                if isinstance(seq, int) and seq > self.last_seq:
                     self.last_seq = seq
                 if (ev.get("event") or {}).get("type") == "finish":
                     self.done = True
+                    complete = ev.get("complete")
+                    self.complete = complete if isinstance(complete, bool) else None
             return "event", ev
         if self.done:
             return "done", None

@@ -25,6 +25,7 @@ import os
 from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple
 
 from ._errors import (
+    Busy,
     CallTimeout,
     ConnectionClosed,
     HoldfastError,
@@ -38,6 +39,7 @@ from ._protocol import (
     as_int,
     as_list,
     CLOSED,
+    OWED_SLOTS_WAIT,
     PROTOCOL_VERSION,
     RECONNECT_ATTEMPTS,
     RECONNECT_HINT,
@@ -109,6 +111,14 @@ class AsyncSubscription:
     def last_seq(self) -> int:
         """The seq of the last stream event taken (``after_seq`` to resume from)."""
         return self._q.last_seq
+
+    @property
+    def complete(self) -> Optional[bool]:
+        """After a stream's ``finish`` was taken: whether every event before it was delivered
+        (``False``: the run ended while the client was away — a reconnect — or before this
+        subscription began from below its end, and the events in between are gone from the
+        daemon; the finish's ``complete`` says the same). ``None`` before the finish."""
+        return self._q.complete
 
     async def _start(self) -> "AsyncSubscription":
         method = "stream.subscribe" if self.kind == "stream" else "cred.watch"
@@ -217,6 +227,9 @@ class AsyncClient:
         self._on_error: Dict[int, Callable[[HoldfastError], None]] = {}
         self._subs = SubRegistry(_NoLock())
         self._table = SubscriptionTable()
+        # Daemon subscription slots the application no longer has but the daemon may still
+        # count (see Client._owed): a subscribe answered busy waits for them, then once more.
+        self._owed: Dict[Any, int] = {}
         self._state = _CLOSED
         self._close_reason: Optional[str] = None
         self._writer: Optional[asyncio.StreamWriter] = None
@@ -255,6 +268,7 @@ class AsyncClient:
         # ended with it).
         self._subs = SubRegistry(_NoLock())
         self._table = SubscriptionTable()
+        self._owed = {}
         self._writer = writer
         self._write_lock = asyncio.Lock()
         self._connected = asyncio.Event()
@@ -360,6 +374,7 @@ class AsyncClient:
             else "; the call was in flight, so it may or may not have been carried out"
         )
         self._fail_pending(lost)
+        self._owed.clear()  # the lost connection's slots went with it
         if self._writer is not None:
             self._writer.close()
         if give_up:
@@ -376,7 +391,10 @@ class AsyncClient:
             except HoldfastError as e:
                 last = e.message
                 if e.kind not in ("storage", "busy"):
-                    break  # the daemon refused us (a plugin grant gone): retrying won't help
+                    # The daemon refused us (a plugin grant gone): retrying won't help; close
+                    # now, saying why.
+                    last = "the daemon refused the hello (%s): %s" % (e.kind, e.message)
+                    break
                 continue
             if self._state == _CLOSED:
                 writer.close()
@@ -420,6 +438,12 @@ class AsyncClient:
             if not isinstance(msg.get("result"), dict):
                 raise StorageError(message="a hello answer without a result")
             return reader, writer, msg["result"]
+        except HoldfastError:
+            # The daemon's own answer (a refused hello: Forbidden is a PermissionError and
+            # InvalidParams a ValueError, so the clause below would hide it as a failed
+            # connect and retry): its kind and message reach _reconnect as they are.
+            writer.close()
+            raise
         except (OSError, ValueError, asyncio.TimeoutError, asyncio.LimitOverrunError):
             writer.close()
             raise ConnectionClosed(message="hello on the new connection failed") from None
@@ -450,6 +474,7 @@ class AsyncClient:
                 fut.set_result(msg["result"])
         elif fut is not None and not fut.done():
             fut.set_exception(StorageError(message="a response with neither result nor error"))
+        self._owed.pop(("sub", mid), None)  # after on_answer: it owes the late unsubscribe
 
     def _fail_pending(self, reason: str) -> None:
         pending, self._pending = self._pending, {}
@@ -506,6 +531,16 @@ class AsyncClient:
             except _NotSent:
                 if epoch is not None:
                     raise _Gone() from None
+                if not self.reconnect:
+                    raise ConnectionClosed(message="sending to the daemon failed") from None
+                if self._state == _CONNECTED:
+                    # The reader has not noticed the dead connection yet: let it, then wait
+                    # for the new one as any call made while reconnecting does.
+                    if deadline is not None and loop.time() >= deadline:
+                        raise CallTimeout(message="no connection to the daemon for %s within "
+                                          "%ss (reconnecting)" % (method, self.timeout)) \
+                            from None
+                    await asyncio.sleep(0.01)
 
     async def _call_once(self, method: str, params: Dict[str, Any],
                          on_answer: Optional[Callable[[Any, int], None]],
@@ -529,8 +564,16 @@ class AsyncClient:
             async with self._write_lock:
                 if self._writer is not writer or self._state != _CONNECTED:
                     raise _NotSent()  # the connection went while this waited for its turn
+                if writer.transport.is_closing():
+                    # Dead before this write (the reader has not seen it yet): the line would
+                    # go nowhere, and the daemon never sees it.
+                    raise _NotSent()
                 try:
                     writer.write(line)
+                    if writer.transport.is_closing():
+                        # The transport sends at once when nothing is queued before the line:
+                        # that send failed (a dead peer), so none of the line went out.
+                        raise _NotSent()
                     sent = True
                     await writer.drain()
                 except (OSError, RuntimeError):
@@ -549,6 +592,10 @@ class AsyncClient:
             self._pending.pop(rid, None)
             if not sent:
                 self._on_answer.pop(rid, None)
+            elif rid in self._on_answer and self._on_answer[rid][1] == self._subs.epoch:
+                # Given up on (cancelled, timed out) before its answer: a subscribe the
+                # daemon may make anyway, or an unsubscribe, holds a daemon slot until then.
+                self._owed[("sub", rid)] = self._subs.epoch
             if not fut.done():
                 fut.cancel()
             elif not fut.cancelled():
@@ -556,13 +603,14 @@ class AsyncClient:
 
     def _send_nowait(self, method: str, params: Dict[str, Any], epoch: int,
                      on_answer: Optional[Callable[[Any, int], None]] = None,
-                     on_error: Optional[Callable[[HoldfastError], None]] = None) -> None:
+                     on_error: Optional[Callable[[HoldfastError], None]] = None) -> bool:
         """A request of the client's own on connection ``epoch`` only, whose answer nobody
         awaits (from the reader task or a finally: no await). A whole line goes into the
-        transport's buffer at once, so it never interleaves with another request."""
+        transport's buffer at once, so it never interleaves with another request. Returns
+        whether it was written."""
         writer = self._writer
         if self._state != _CONNECTED or epoch != self._subs.epoch or writer is None:
-            return  # that connection is gone, and what the request was about with it
+            return False  # that connection is gone, and what the request was about with it
         rid = next(self._ids)
         if on_answer is not None:
             self._on_answer[rid] = (on_answer, epoch)
@@ -573,13 +621,48 @@ class AsyncClient:
         except (OSError, RuntimeError):
             self._on_answer.pop(rid, None)
             self._on_error.pop(rid, None)
+            return False
+        return True
+
+    def _unsubscribe_owed(self, sub: Any, epoch: int) -> None:
+        """Unsubscribe daemon id ``sub`` of connection ``epoch`` that nobody wants, its slot
+        owed until the daemon answers."""
+        token = ("unsub", epoch, sub)
+        self._owed[token] = epoch
+
+        def settle(*_: Any) -> None:
+            self._owed.pop(token, None)
+
+        if not self._send_nowait("unsubscribe", {"subscription": sub}, epoch, settle, settle):
+            settle()
+
+    async def _wait_owed(self) -> bool:
+        """Whether slots were owed on this connection; if so, wait (at most
+        ``OWED_SLOTS_WAIT`` seconds, or the timeout) until they are free."""
+        if not self._owed:
+            return False
+        loop = asyncio.get_running_loop()
+        bound = OWED_SLOTS_WAIT if self.timeout is None else min(OWED_SLOTS_WAIT, self.timeout)
+        deadline = loop.time() + bound
+        while self._owed and self._state == _CONNECTED and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        return True
 
     async def _subscribe(self, method: str, params: Dict[str, Any],
                          sink: Callable[[Event], None],
                          owner: Optional[AsyncSubscription]) -> SubRecord:
         rec = self._subs.add(method, params, sink, owner)
+        owed = bool(self._owed)  # (they may be freed before the busy answer is read)
         try:
-            result = await self._call(method, rec.resubscribe_params(), self._claim(rec))
+            try:
+                result = await self._call(method, rec.resubscribe_params(), self._claim(rec))
+            except Busy as e:
+                # The connection's 16 slots are full, perhaps only with subscribes this
+                # client gave up on whose answers are still on their way: once those are
+                # unsubscribed, try once more.
+                if isinstance(e, CallTimeout) or not (await self._wait_owed() or owed):
+                    raise
+                result = await self._call(method, rec.resubscribe_params(), self._claim(rec))
         except BaseException:  # an error, a timeout or a cancelled task
             self._abandon_sub(rec)
             raise
@@ -596,7 +679,7 @@ class AsyncClient:
                 table.claim(sub, lambda ev: self._route(rec, sub, ev))
             else:
                 table.release(sub)
-                self._send_nowait("unsubscribe", {"subscription": sub}, epoch)
+                self._unsubscribe_owed(sub, epoch)
         return claim
 
     def _route(self, rec: SubRecord, daemon_id: Any, ev: Event) -> None:
@@ -633,7 +716,7 @@ class AsyncClient:
         d = self._subs.close(rec)
         if d is not None:  # claimed just as the caller gave up
             self._table.release(d)
-            self._send_nowait("unsubscribe", {"subscription": d}, epoch)
+            self._unsubscribe_owed(d, epoch)
 
     async def _close_sub(self, rec: SubRecord) -> bool:
         """Close ``rec`` (see ``Client._close_sub``): never sends a daemon id of a lost
@@ -645,14 +728,16 @@ class AsyncClient:
             return was_open
         done = False
         try:
-            res = await self._call("unsubscribe", {"subscription": d}, epoch=epoch)
+            # on_answer: an unsubscribe given up on stays owed until the daemon answers it.
+            res = await self._call("unsubscribe", {"subscription": d}, lambda _r, _e: None,
+                                   epoch=epoch)
             done = True
         except _Gone:
             return was_open
         finally:
             self._table.release(d)
             if not done:
-                self._send_nowait("unsubscribe", {"subscription": d}, epoch)
+                self._unsubscribe_owed(d, epoch)
         return bool(res["unsubscribed"])
 
     def _forget(self, sub: Any) -> None:

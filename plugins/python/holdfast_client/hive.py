@@ -30,10 +30,17 @@ import threading
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, TypeVar
 
 from ._client import Client
-from ._errors import Forbidden, IntegrityError, NotFound, StoreNotServed, Unsupported
+from ._errors import (
+    ConnectionClosed,
+    Forbidden,
+    IntegrityError,
+    NotFound,
+    StoreNotServed,
+    Unsupported,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +105,32 @@ class _Connection:
                 self._client.close()
             self._client = None
 
+    def call(self, what: Callable[[Client], "_T"]) -> "_T":
+        """``what(client)``, sent again when the connection broke while it was in flight and
+        the client reconnected (a daemon restart or upgrade: hive must not see it). Only for
+        calls that are safe to send twice: every ``run.*`` call the logger makes is idempotent
+        (an entry is kept once by its key; ``run.start`` and ``run.end`` again change nothing)
+        and ``cred.get`` / ``exists`` / ``list`` are reads; ``save`` (a blind overwrite with
+        the same document) and ``delete`` are resent too (see
+        ``HoldfastCredentialStorage``). Once the client has given up reconnecting
+        (``closed``), or after ``HIVE_RESENDS`` resends, ``ConnectionClosed`` is raised."""
+        for resend in range(HIVE_RESENDS + 1):
+            client = self.get()
+            try:
+                return what(client)
+            except ConnectionClosed:
+                if client.closed or resend == HIVE_RESENDS:
+                    raise
+                logger.info("holdfast: the connection broke under a call; sending it again")
+        raise AssertionError("unreachable")
+
+
+_T = TypeVar("_T")
+
+#: How many times a hive drop-in's call is sent again after the connection was lost under it
+#: (each waits for the client's reconnect, which is itself bounded).
+HIVE_RESENDS = 10
+
 
 # ---------------------------------------------------------------------------------------------
 # Credentials
@@ -115,6 +148,14 @@ class HoldfastCredentialStorage(_StorageBase):  # type: ignore[misc,valid-type,u
     cannot be decrypted, as ``EncryptedFileStorage`` does; a store the daemon does not serve
     raises ``holdfast_client.StoreNotServed`` (never ``None``). An id holdfast refuses (longer than
     200 bytes, or with a NUL) raises ``holdfast_client.InvalidParams`` (a ``ValueError``).
+
+    A daemon restart is invisible to hive: a call the restart cut off is sent again once the
+    client has reconnected (``HIVE_RESENDS`` times at most; ``ConnectionClosed`` once the
+    client gives up). Reads are safe to send again; so is ``save``, a blind overwrite with the
+    same document (at worst the credential's generation moves twice and watchers see two
+    changes). ``delete`` is sent again too — the credential is gone either way — but if the lost
+    attempt had already deleted it, the resend answers ``False``: after a restart, ``delete``'s
+    "it existed" can be a false ``False``, never a false ``True``.
     """
 
     def __init__(self, store: Optional[str] = None, *, client: Optional[Client] = None,
@@ -135,20 +176,21 @@ class HoldfastCredentialStorage(_StorageBase):  # type: ignore[misc,valid-type,u
     def save(self, credential: "CredentialObject") -> None:
         """Store the credential (a whole document), its ``updated_at`` as given, as hive's
         ``EncryptedFileStorage`` keeps it."""
-        self._client().set(_document_of(credential), store=self.store, keep_updated_at=True)
+        doc = _document_of(credential)
+        self._conn.call(lambda c: c.set(doc, store=self.store, keep_updated_at=True))
 
     def load(self, credential_id: str) -> "Optional[CredentialObject]":
         """The credential, or ``None`` if it does not exist. ``StoreNotServed`` (naming the
         store and what to do) if the daemon serves no such store: that is not "no
         credential"."""
-        client = self._client()
         try:
-            rec = client.get(credential_id, store=self.store)
+            rec = self._conn.call(lambda c: c.get(credential_id, store=self.store))
         except NotFound:
             # not_found is either the credential's or the store's; cred.exists answers a
             # missing credential with false, so its not_found can only be the store's.
+            client = self._client()
             try:
-                client.exists(credential_id, store=self.store)
+                self._conn.call(lambda c: c.exists(credential_id, store=self.store))
             except NotFound as missing:
                 store = self.store or "default"
                 raise StoreNotServed(
@@ -168,17 +210,20 @@ class HoldfastCredentialStorage(_StorageBase):  # type: ignore[misc,valid-type,u
         return _object_of(rec.credential)
 
     def delete(self, credential_id: str) -> bool:
-        return self._client().delete(credential_id, store=self.store)
+        return self._conn.call(lambda c: c.delete(credential_id, store=self.store))
 
     def list_all(self) -> List[str]:
         """The ids in the order they were created, as hive lists its index (insertion order:
         an update keeps its place, a deleted and saved-again credential goes last); equal
         creation times keep the daemon's order (by id)."""
-        entries = self._client().list(store=self.store)
+        entries = self._list()
         return [c["id"] for c in sorted(entries, key=_created_key)]
 
     def exists(self, credential_id: str) -> bool:
-        return self._client().exists(credential_id, store=self.store)
+        return self._conn.call(lambda c: c.exists(credential_id, store=self.store))
+
+    def _list(self) -> List[Dict[str, Any]]:
+        return self._conn.call(lambda c: c.list(store=self.store))
 
     # -- what hive's CredentialStore uses when a storage has it ------------------------------------
 
@@ -186,7 +231,7 @@ class HoldfastCredentialStorage(_StorageBase):  # type: ignore[misc,valid-type,u
         """Every credential whose ``_integration_type`` key is ``provider_name`` (hive's
         multi-account routing), found from the listing's metadata, then loaded."""
         out = []
-        for entry in self._client().list(store=self.store):
+        for entry in self._list():
             if entry.get("provider") == provider_name:
                 cred = self.load(entry["id"])
                 if cred is not None:
@@ -195,7 +240,7 @@ class HoldfastCredentialStorage(_StorageBase):  # type: ignore[misc,valid-type,u
 
     def load_by_alias(self, provider_name: str, alias: str) -> "Optional[CredentialObject]":
         """The credential of ``provider_name`` whose ``_alias`` key is ``alias``."""
-        for entry in self._client().list(store=self.store):
+        for entry in self._list():
             if entry.get("provider") == provider_name and entry.get("alias") == alias:
                 cred = self.load(entry["id"])
                 if cred is not None:
@@ -346,7 +391,10 @@ class HoldfastRuntimeLogger:
 
     Every line is fsynced before the call returns. Like hive's, ``end_run`` never raises (a
     failure is logged); the other methods raise when the daemon cannot be reached, as hive's
-    raise when its disk cannot be written. ``client`` / ``socket_path``: as for
+    raise when its disk cannot be written — but not because the daemon restarted: every call
+    the logger makes is idempotent (``run.start``, an entry kept once by its key, ``run.end``),
+    so one the restart cut off is sent again once the client has reconnected (as
+    ``HoldfastCredentialStorage``'s). ``client`` / ``socket_path``: as for
     ``HoldfastCredentialStorage``.
     """
 
@@ -386,9 +434,8 @@ class HoldfastRuntimeLogger:
         else:
             ts = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
             run_id = "%s_%s" % (ts, uuid.uuid4().hex[:8])
-        client = self._conn.get()
         try:
-            client.call("run.start", run_id=run_id)
+            self._conn.call(lambda c: c.call("run.start", run_id=run_id))
         except (Unsupported, Forbidden) as e:
             # A daemon older than run.start, or a plugin grant listing its methods from before
             # it existed: the run is logged as before, and an ended run stays ended. (A run
@@ -399,7 +446,7 @@ class HoldfastRuntimeLogger:
         visits: Dict[str, int] = {}
         if session_id:  # the visits already in the log (a resurrection's earlier attempts)
             try:
-                details = client.run_get(run_id).get("details") or []
+                details = self._conn.call(lambda c: c.run_get(run_id)).get("details") or []
             except NotFound:
                 details = []
             for d in details:
@@ -413,7 +460,7 @@ class HoldfastRuntimeLogger:
             self._visits = visits
             self._state = {node: "closed" for node in visits}
             self._node_locks = {}
-        self._link_hive_layout(client, run_id)
+        self._link_hive_layout(self._conn.get(), run_id)
         return run_id
 
     def _link_hive_layout(self, client: Client, run_id: str) -> None:
@@ -501,7 +548,8 @@ class HoldfastRuntimeLogger:
                 visit += 1
         if visit > 1:  # first visits' lines are exactly hive's
             step["attempt"] = visit
-        self._conn.get().run_log_step(self._run_id, step)
+        run_id = self._run_id
+        self._conn.call(lambda c: c.run_log_step(run_id, step))
 
     @staticmethod
     def _detail(node_id: str, node_name: str, node_type: str, success: bool,
@@ -580,7 +628,8 @@ class HoldfastRuntimeLogger:
                 output_tokens=output_tokens, latency_ms=latency_ms, attempt=visit,
                 exit_status=exit_status, accept_count=accept_count, retry_count=retry_count,
                 escalate_count=escalate_count, continue_count=continue_count)
-            self._conn.get().run_log_node(self._run_id, detail)
+            run_id = self._run_id
+            self._conn.call(lambda c: c.run_log_node(run_id, detail))
             with self._lock:
                 self._visits[node_id] = visit
                 self._state[node_id] = "closed" if state == "fallback" else "completed"
@@ -611,11 +660,11 @@ class HoldfastRuntimeLogger:
             detail = self._detail(node_id, node_name, node_type, success, error=error,
                                   stacktrace=stacktrace, tokens_used=tokens_used,
                                   latency_ms=latency_ms, attempt=visit)
-            client = self._conn.get()
+            run_id = self._run_id
             if visit == 1:
-                client.run_ensure_node(self._run_id, node_id, detail)
+                self._conn.call(lambda c: c.run_ensure_node(run_id, node_id, detail))
             else:
-                client.run_log_node(self._run_id, detail)
+                self._conn.call(lambda c: c.run_log_node(run_id, detail))
             with self._lock:
                 self._visits[node_id] = visit
                 self._state[node_id] = "fallback"
@@ -642,9 +691,9 @@ class HoldfastRuntimeLogger:
         }
         try:
             loop = asyncio.get_running_loop()
-            client = self._conn.get()
+            run_id = self._run_id
             summary = await loop.run_in_executor(
-                None, lambda: client.run_end(self._run_id, status, **fields)
+                None, lambda: self._conn.call(lambda c: c.run_end(run_id, status, **fields))
             )
             logger.info(
                 "Runtime logs saved: run_id=%s status=%s nodes=%d",

@@ -393,3 +393,161 @@ def test_timed_out_sync_subscribes_release_their_daemon_subscriptions(daemon):
     deadline_loop("the timed-out subscribes' daemon subscriptions to be released", all_16)
     assert c._pending == {}, c._pending
     c.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# A reconnect the daemon refuses
+
+
+def test_a_refused_hello_on_reconnect_closes_the_client_with_the_daemons_reason(make_daemon):
+    """The plugin grant is gone after a restart: the daemon refuses the new hello. The client
+    closes at once, its error saying the daemon's reason (it used to retry for ~11 s and say
+    only "hello on the new connection failed")."""
+    grant = '[plugins.p]\nstores = ["default"]\nmethods = ["cred.*"]\n'
+    d = make_daemon(config=grant)
+    cfg = d.home / "config" / "holdfast" / "config.toml"
+    # 1000 attempts would take over half an hour: only the refusal can close it in time.
+    c = d.client("granted", plugin="p", reconnect_attempts=1000, timeout=60)
+    sub = c.subscribe_cred()
+    cfg.write_text("")
+    d.restart()
+    with pytest.raises(hc.ConnectionClosed) as ei:
+        c.exists("x")
+    assert "no such plugin" in str(ei.value) and "refused" in str(ei.value), str(ei.value)
+    assert c.closed
+    with pytest.raises(hc.ConnectionClosed) as ei:
+        sub.next(30)
+    assert "no such plugin" in str(ei.value), str(ei.value)
+    c.close()
+
+    async def main():
+        cfg.write_text(grant)
+        await asyncio.get_running_loop().run_in_executor(None, d.restart)
+        ac = await hc.AsyncClient.connect(d.socket, client="granted", plugin="p",
+                                          reconnect_attempts=1000, timeout=60)
+        asub = await ac.subscribe_cred()
+        cfg.write_text("")
+        await asyncio.get_running_loop().run_in_executor(None, d.restart)
+        with pytest.raises(hc.ConnectionClosed) as ei:
+            await ac.exists("x")
+        assert "no such plugin" in str(ei.value) and "refused" in str(ei.value), str(ei.value)
+        assert ac.closed
+        with pytest.raises(hc.ConnectionClosed) as ei:
+            await asub.next(30)
+        assert "no such plugin" in str(ei.value), str(ei.value)
+        await ac.close()
+
+    asyncio.run(main())
+
+
+def test_a_watch_feeding_events_that_cannot_be_remade_says_so_in_events(make_daemon):
+    """watch() / stream_subscribe() ids feed events(): when one cannot be re-made after a
+    reconnect (the grant lost the method), events() gets a ``closed`` event for it with the
+    daemon's reason (it used to go silent, and the client kept the id as live)."""
+    d = make_daemon(config='[plugins.p]\nstores = ["default"]\nmethods = ["cred.*", "stream.*"]\n')
+    c = d.client("granted", plugin="p", reconnect_attempts=30, timeout=30)
+    wid = c.watch()
+    with d.client("producer") as pc:
+        pc.stream_begin("r")
+    sid = c.stream_subscribe("r")
+    (d.home / "config" / "holdfast" / "config.toml").write_text(
+        '[plugins.p]\nstores = ["default"]\nmethods = ["cred.get", "stream.begin"]\n')
+    d.restart()
+    closed = {}
+    while len(closed) < 2:
+        ev = c.next_event(30)
+        assert ev is not None, "events() went silent; got %s" % closed
+        if "event" in ev:
+            continue  # the stream's own (its producer's connection closed: interrupted)
+        assert ev.get("type") == "closed", ev
+        closed[ev["subscription"]] = ev
+    assert set(closed) == {wid, sid}, closed
+    for ev in closed.values():
+        assert ev["kind"] == "forbidden" and "re-making" in ev["reason"], ev
+    assert c.reconnects == 1 and not c.closed
+    assert c.unsubscribe(wid) is False and c.unsubscribe(sid) is False, "no longer open"
+    c.close()
+
+
+def test_async_a_call_written_to_an_already_dead_connection_is_sent_on_the_new_one(make_daemon):
+    """The daemon dies while the event loop is busy, so the reader has not seen the end when
+    the next call is written: nothing of it reached any daemon, so it is sent on the new
+    connection (as Client does) instead of raising ConnectionClosed."""
+    import signal
+
+    d = make_daemon()
+
+    def start_new():
+        d._log = open(d.log_path, "ab")
+        d._start()
+
+    async def main():
+        async with hc.AsyncClient(d.socket, client="late", timeout=60,
+                                  reconnect_attempts=30) as a:
+            for i in range(3):
+                await a.exists("x")
+                d.proc.send_signal(signal.SIGKILL)  # the loop is blocked: no reader runs
+                d.proc.wait()
+                t = threading.Thread(target=start_new)
+                t.start()
+                try:
+                    got = await a.set_value("k%d" % i, "v", if_generation=0)
+                finally:
+                    await asyncio.get_running_loop().run_in_executor(None, t.join)
+                assert got.generation == 1
+            assert a.reconnects == 3 and not a.closed
+            return [await a.exists("k%d" % i) for i in range(3)]
+
+    assert asyncio.run(main()) == [True, True, True]
+
+
+def test_subscribes_given_up_on_do_not_make_the_next_subscribe_busy(daemon):
+    """15 subscriptions held, one slot free. A subscribe (sync: timed out; async: cancelled
+    once written) still holds the daemon's 16th slot until its late answer is read and
+    unsubscribed; the application's next subscribe waits for that instead of getting busy."""
+    c = daemon.client("given-up")
+    kept = [c.subscribe_cred() for _ in range(15)]
+    busy = timed_out = 0
+    for _ in range(20):
+        c.timeout = 0.00005  # the answer cannot be read in time
+        try:
+            c.subscribe_cred().close()
+        except hc.CallTimeout:
+            timed_out += 1
+        c.timeout = 60
+        try:
+            c.subscribe_cred().close()
+        except hc.Busy:
+            busy += 1
+    assert timed_out > 0, "the test needs subscribes that time out"
+    assert busy == 0, "busy on %d of 20 subscribes made while the app held 15" % busy
+    for s in kept:
+        s.close()
+    c.close()
+
+    async def main():
+        async with hc.AsyncClient(daemon.socket, client="given-up-async") as a:
+            held = [await a.subscribe_cred() for _ in range(15)]
+            busy = cancelled = 0
+            for _ in range(20):
+                t = asyncio.ensure_future(a.subscribe_cred())
+                await asyncio.sleep(0)
+                await asyncio.sleep(0)  # written to the socket, not answered yet
+                t.cancel()
+                try:
+                    await (await t).close()
+                    continue  # answered before the cancel: nothing given up
+                except asyncio.CancelledError:
+                    cancelled += 1
+                try:
+                    s = await a.subscribe_cred()
+                    await s.close()
+                except hc.Busy:
+                    busy += 1
+            assert cancelled > 0, "the test needs cancelled subscribes"
+            for s in held:
+                await s.close()
+            return busy
+
+    busy = asyncio.run(main())
+    assert busy == 0, "async: busy on %d of 20 subscribes made while the app held 15" % busy
