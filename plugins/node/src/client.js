@@ -5,7 +5,8 @@ import net from 'node:net';
 import { inspect } from 'node:util';
 
 import {
-  CallTimeout, ConnectionClosed, Forbidden, InvalidParams, StorageError, errorFromResponse, scrub,
+  CallTimeout, ConnectionClosed, Forbidden, FrameTooLarge, InvalidParams, StorageError,
+  errorFromResponse, scrub,
 } from './errors.js';
 import { defaultSocketPath } from './paths.js';
 
@@ -13,6 +14,9 @@ export const PROTOCOL_VERSION = 1;
 /** The largest line the client accepts from the daemon (a cred.list of a huge store is a few
  * MiB): a longer one closes the connection instead of growing memory without end. */
 export const MAX_LINE_BYTES = 64 * 1024 * 1024;
+/** The daemon's default cap on one request line (`[limits] max_frame_bytes`, docs/protocol.md):
+ * a longer line makes it close the connection, so the client refuses such a request unsent. */
+export const MAX_FRAME_BYTES = 1024 * 1024;
 const EARLY_EVENTS_CAP = 4096;
 
 const OWN_RESYNC = Symbol('holdfast.ownResync');
@@ -250,7 +254,7 @@ export class Client {
 
   constructor({
     socketPath, client = 'node', plugin, timeoutMs = 60_000, reconnect = true,
-    reconnectTimeoutMs = 30_000,
+    reconnectTimeoutMs = 30_000, maxFrameBytes,
   } = {}) {
     this.socketPath = socketPath ?? defaultSocketPath();
     this.clientName = client;
@@ -258,6 +262,7 @@ export class Client {
     this.timeoutMs = timeoutMs;
     this.reconnect = reconnect;
     this.reconnectTimeoutMs = reconnectTimeoutMs;
+    this._maxFrameBytes = maxFrameBytes ?? null;
     /** The daemon's answer to `hello` on the current connection. */
     this.hello = null;
     /** How many times a dropped connection was made again. */
@@ -268,6 +273,13 @@ export class Client {
     this._nextId = 1;
     this._subs = new Set(); // every open Subscription
     this._siblings = new Set(); // further connections for shared run subscriptions (fanout.js)
+  }
+
+  /** The longest request line (bytes, its newline included) the client sends: the option
+   * `maxFrameBytes`, else what the daemon announced or showed (a `request line longer than N
+   * bytes` refusal), else 1 MiB, the daemon's default. */
+  get maxFrameBytes() {
+    return this._maxFrameBytes ?? this.hello?.max_frame_bytes ?? MAX_FRAME_BYTES;
   }
 
   _connected() {
@@ -367,9 +379,7 @@ export class Client {
     }
     const waiter = Number.isInteger(msg.id) ? conn.pending.get(msg.id) : undefined;
     if (!waiter) {
-      // The daemon's refusal of the connection or of a line it could not attribute (id null):
-      // keep its message for the callers that will see the connection close.
-      if (typeof msg.error?.message === 'string') conn.reason = `the daemon said: ${msg.error.message}`;
+      if (msg.id === null && msg.error) this._onUnattributed(conn, msg.error);
       return;
     }
     conn.pending.delete(msg.id);
@@ -381,6 +391,27 @@ export class Client {
       if (waiter.onAnswer) waiter.onAnswer(msg.result, conn);
       waiter.resolve(msg.result);
     } else waiter.reject(new StorageError('a response with neither result nor error'));
+  }
+
+  /** An error answered with `id: null`: the daemon's refusal of the connection or of a line it
+   * could not read. A line over its frame cap closes the connection: the requests that long fail
+   * with `FrameTooLarge` (never sent again), the others with `ConnectionClosed`. Otherwise the message is kept for the callers that see the connection close. */
+  _onUnattributed(conn, error) {
+    const message = typeof error?.message === 'string' ? error.message : 'an error';
+    conn.reason = `the daemon said: ${message}`;
+    const tooLong = /request line longer than (\d+) bytes/.exec(message);
+    if (tooLong) {
+      const max = Number(tooLong[1]);
+      if (this._maxFrameBytes === null || max < this._maxFrameBytes) this._maxFrameBytes = max;
+      for (const [id, w] of conn.pending) {
+        if (w.bytes - 1 > max) {
+          conn.pending.delete(id);
+          clearTimeout(w.timer);
+          w.reject(new FrameTooLarge(`${w.method}: a request of ${w.bytes} bytes is over the daemon's frame cap (${max} bytes)`, { bytes: w.bytes, maxFrameBytes: max }));
+        }
+      }
+      return;
+    }
   }
 
   _onEvent(conn, params) {
@@ -428,8 +459,15 @@ export class Client {
   _send(conn, method, params, onAnswer) {
     const id = this._nextId++;
     const line = `${JSON.stringify({ jsonrpc: '2.0', id, method, params })}\n`;
+    const bytes = Buffer.byteLength(line);
+    const max = this.maxFrameBytes;
+    if (bytes > max) {
+      // Written, it would make the daemon close the connection (every call and subscription on
+      // it would fail): refused here, never sent, never retried.
+      return Promise.reject(new FrameTooLarge(`${method}: a request of ${bytes} bytes is over the daemon's frame cap (${max} bytes); nothing was sent`, { bytes, maxFrameBytes: max }));
+    }
     return new Promise((resolve, reject) => {
-      const waiter = { resolve, reject, params, onAnswer, timer: null };
+      const waiter = { resolve, reject, params, onAnswer, timer: null, method, bytes };
       if (this.timeoutMs !== null && this.timeoutMs !== undefined) {
         waiter.timer = setTimeout(() => {
           conn.pending.delete(id);
