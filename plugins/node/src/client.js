@@ -19,6 +19,39 @@ export const MAX_LINE_BYTES = 64 * 1024 * 1024;
 export const MAX_FRAME_BYTES = 1024 * 1024;
 const EARLY_EVENTS_CAP = 4096;
 
+/** The serialized line with every lone UTF-16 surrogate made U+FFFD. `JSON.stringify` writes a
+ * lone surrogate (an emoji cut in half by `slice`) as a `\udXXX` escape — and only a lone one:
+ * a pair is written as the character — which the daemon refuses as a parse error of the whole
+ * line. An escaped backslash (`\\`) is consumed as a pair so `\\ud800` (text) is left alone. */
+function wellFormedLine(line) {
+  if (!line.includes('\\ud')) return line;
+  return line.replace(/\\(?:\\|(u[dD][89a-fA-F][0-9a-fA-F]{2}))/g, (m, lone) => (lone ? '\\ufffd' : m));
+}
+
+/** `text` with its lone surrogates replaced by U+FFFD (what the client sends for any string). */
+export function toWellFormed(text) {
+  if (typeof text.toWellFormed === 'function') return text.toWellFormed();
+  return text.replace(/[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/g, '\uFFFD');
+}
+
+/** How deep a JSON line nests (the daemon refuses more than 128 levels as a parse error). */
+function nestingDepth(line) {
+  let depth = 0;
+  let max = 0;
+  let inString = false;
+  for (let i = 0; i < line.length; i++) {
+    const ch = line.charCodeAt(i);
+    if (inString) {
+      if (ch === 92) i += 1; // backslash: skip the escaped character
+      else if (ch === 34) inString = false;
+    } else if (ch === 34) inString = true;
+    else if (ch === 123 || ch === 91) max = Math.max(max, ++depth);
+    else if (ch === 125 || ch === 93) depth -= 1;
+  }
+  return max;
+}
+const MAX_NESTING = 128;
+
 const OWN_RESYNC = Symbol('holdfast.ownResync');
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
@@ -395,7 +428,10 @@ export class Client {
 
   /** An error answered with `id: null`: the daemon's refusal of the connection or of a line it
    * could not read. A line over its frame cap closes the connection: the requests that long fail
-   * with `FrameTooLarge` (never sent again), the others with `ConnectionClosed`. Otherwise the message is kept for the callers that see the connection close. */
+   * with `FrameTooLarge` (never sent again), the others with `ConnectionClosed`. A line it could
+   * not parse fails the request that sent it when that one is known (the only one in flight),
+   * never leaving it to hang until its timeout; otherwise the message is kept for the callers
+   * that see the connection close. */
   _onUnattributed(conn, error) {
     const message = typeof error?.message === 'string' ? error.message : 'an error';
     conn.reason = `the daemon said: ${message}`;
@@ -412,6 +448,16 @@ export class Client {
       }
       return;
     }
+    if (conn.pending.size === 0) return;
+    // The line it could not parse: the only one in flight, else the one nested too deep (lone
+    // surrogates, the other cause, are never sent: see wellFormedLine).
+    let culprits = [...conn.pending];
+    if (culprits.length > 1) culprits = culprits.filter(([, w]) => nestingDepth(w.line) > MAX_NESTING);
+    if (culprits.length !== 1) return;
+    const [[id, w]] = culprits;
+    conn.pending.delete(id);
+    clearTimeout(w.timer);
+    w.reject(scrub(errorFromResponse(error), w.params));
   }
 
   _onEvent(conn, params) {
@@ -458,7 +504,7 @@ export class Client {
 
   _send(conn, method, params, onAnswer) {
     const id = this._nextId++;
-    const line = `${JSON.stringify({ jsonrpc: '2.0', id, method, params })}\n`;
+    const line = `${wellFormedLine(JSON.stringify({ jsonrpc: '2.0', id, method, params }))}\n`;
     const bytes = Buffer.byteLength(line);
     const max = this.maxFrameBytes;
     if (bytes > max) {
@@ -467,7 +513,7 @@ export class Client {
       return Promise.reject(new FrameTooLarge(`${method}: a request of ${bytes} bytes is over the daemon's frame cap (${max} bytes); nothing was sent`, { bytes, maxFrameBytes: max }));
     }
     return new Promise((resolve, reject) => {
-      const waiter = { resolve, reject, params, onAnswer, timer: null, method, bytes };
+      const waiter = { resolve, reject, params, onAnswer, timer: null, method, bytes, line };
       if (this.timeoutMs !== null && this.timeoutMs !== undefined) {
         waiter.timer = setTimeout(() => {
           conn.pending.delete(id);

@@ -1,5 +1,7 @@
 // holdfast-client for Node: the daemon's client, the stream producer, and SSE for browsers.
-export { Client, CredentialRecord, Subscription, PROTOCOL_VERSION, MAX_LINE_BYTES, MAX_FRAME_BYTES } from './client.js';
+export {
+  Client, CredentialRecord, Subscription, PROTOCOL_VERSION, MAX_LINE_BYTES, MAX_FRAME_BYTES, toWellFormed,
+} from './client.js';
 export {
   KINDS, HoldfastError, InvalidParams, NotFound, Conflict, Forbidden, Sealed, IntegrityError,
   StorageError, Busy, Unsupported, ConnectionClosed, CallTimeout, FrameTooLarge, errorFromResponse,

@@ -3,7 +3,9 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
-import { FrameTooLarge, InvalidParams, MAX_FRAME_BYTES, StreamProducer } from '../src/index.js';
+import {
+  CallTimeout, FrameTooLarge, InvalidParams, MAX_FRAME_BYTES, StreamProducer, toWellFormed,
+} from '../src/index.js';
 import { withDaemon } from './harness.js';
 
 test('a producer batch is split to fit the frame cap: one run\'s big deltas never drop the connection other runs share', async (t) => {
@@ -63,4 +65,51 @@ test('a request over the frame cap is refused unsent; an event that alone cannot
   const seen = [];
   for await (const ev of sub) seen.push(ev.event.type);
   assert.deepEqual(seen, ['text', 'finish']);
+});
+
+const LONE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
+
+test('strings with lone surrogates are sent well-formed (U+FFFD), never a line the daemon cannot parse', async (t) => {
+  const d = await withDaemon(t);
+  const c = await d.client({ timeoutMs: 120_000 });
+  t.after(() => c.close());
+  const cut = `${'x'.repeat(59)}😀 rest`.slice(0, 60); // an emoji cut in half
+  assert.ok(LONE.test(cut));
+  const p = await StreamProducer.begin(c, 'run-sur', { retryTimeoutMs: 5_000 });
+  await p.text(`Answer to "${cut}": `);
+  await p.text('\\ud800 is how JSON writes one; 😀 stays');
+  await p.commit({ role: 'assistant', note: 'k\udc00' });
+  const m = (await c.streamGet('run-sur', { reveal: true })).final_message;
+  assert.equal(m.content, `Answer to "${'x'.repeat(59)}\uFFFD": \\ud800 is how JSON writes one; 😀 stays`);
+  assert.equal(m.note, 'k\uFFFD');
+  await c.setValue('k\ud800', 'sk-\udbff');
+  assert.equal((await c.get('k\uFFFD')).value(), 'sk-\uFFFD');
+  assert.equal(toWellFormed('a\ud83d'), 'a\uFFFD');
+  assert.equal(toWellFormed('😀'), '😀');
+  assert.equal(c.reconnects, 0);
+});
+
+test('a line the daemon cannot parse (answered with id null) fails its call at once, not at its timeout', async (t) => {
+  const d = await withDaemon(t);
+  const c = await d.client({ timeoutMs: 120_000 });
+  t.after(() => c.close());
+  let deep = {};
+  for (let i = 0; i < 200; i++) deep = { a: deep };
+  const started = Date.now();
+  const alone = await c.call('cred.set', { credential: deep }).then(() => null, (e) => e);
+  assert.ok(alone instanceof InvalidParams && !(alone instanceof CallTimeout), String(alone));
+  assert.match(alone.message, /parse error/);
+  // With other calls in flight: the one nested too deep is the one that fails.
+  const [bad, ok] = await Promise.allSettled([c.call('cred.set', { credential: deep }), c.status(), c.status()]);
+  assert.equal(bad.status, 'rejected');
+  assert.ok(bad.reason instanceof InvalidParams, String(bad.reason));
+  assert.equal(ok.status, 'fulfilled');
+  assert.ok(Date.now() - started < 100_000, 'long before the call timeout');
+});
+
+test('the example provider cuts the prompt by characters, never inside an emoji', async () => {
+  const { fakeReply } = await import('../examples/chat/fake-provider.js');
+  const [first] = fakeReply(`${'x'.repeat(59)}😀 rest`, 3);
+  assert.ok(!LONE.test(first), JSON.stringify(first));
+  assert.ok(first.includes('😀'));
 });
