@@ -51,6 +51,8 @@ function nestingDepth(line) {
   return max;
 }
 const MAX_NESTING = 128;
+/** How long the answer to a timed-out subscribe or stream.begin is waited for, to undo it. */
+const LATE_ANSWER_MS = 10 * 60_000;
 
 const OWN_RESYNC = Symbol('holdfast.ownResync');
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
@@ -339,7 +341,7 @@ export class Client {
     checkSocketOwner(this.socketPath);
     const sock = net.createConnection(this.socketPath);
     const conn = {
-      sock, dead: false, pending: new Map(), routes: new Map(), early: new Map(), subscribing: 0,
+      sock, dead: false, pending: new Map(), late: new Map(), routes: new Map(), early: new Map(), subscribing: 0,
       chunks: [], size: 0, reason: null,
     };
     await new Promise((resolve, reject) => {
@@ -413,6 +415,19 @@ export class Client {
     const waiter = Number.isInteger(msg.id) ? conn.pending.get(msg.id) : undefined;
     if (!waiter) {
       if (msg.id === null && msg.error) this._onUnattributed(conn, msg.error);
+      const late = Number.isInteger(msg.id) ? conn.late.get(msg.id) : undefined;
+      if (late) {
+        // The answer to a call that timed out: what it did must not be left behind.
+        conn.late.delete(msg.id);
+        clearTimeout(late.timer);
+        if ('result' in msg) {
+          try {
+            late.onLateAnswer(msg.result, conn);
+          } catch {
+            // best effort
+          }
+        }
+      }
       return;
     }
     conn.pending.delete(msg.id);
@@ -484,6 +499,8 @@ export class Client {
       w.reject(new ConnectionClosed(reason));
     }
     conn.pending.clear();
+    for (const l of conn.late.values()) clearTimeout(l.timer);
+    conn.late.clear();
     if (this._conn !== conn) return; // never became the connection (hello failed)
     this._conn = null;
     const subs = [...this._subs];
@@ -502,7 +519,10 @@ export class Client {
     });
   }
 
-  _send(conn, method, params, onAnswer) {
+  /** Send one request on `conn`. `onAnswer(result, conn)` runs as its answer is read;
+   * `onLateAnswer(result, conn)` when the answer comes after the call timed out (to undo what
+   * the call did: nobody will use it). */
+  _send(conn, method, params, onAnswer, onLateAnswer) {
     const id = this._nextId++;
     const line = `${wellFormedLine(JSON.stringify({ jsonrpc: '2.0', id, method, params }))}\n`;
     const bytes = Buffer.byteLength(line);
@@ -517,6 +537,12 @@ export class Client {
       if (this.timeoutMs !== null && this.timeoutMs !== undefined) {
         waiter.timer = setTimeout(() => {
           conn.pending.delete(id);
+          if (onLateAnswer && !conn.dead) {
+            // Kept a while for the answer (a slow daemon still does the call), then forgotten.
+            const timer = setTimeout(() => conn.late.delete(id), LATE_ANSWER_MS);
+            timer.unref?.();
+            conn.late.set(id, { onLateAnswer, timer });
+          }
           reject(new CallTimeout(`no answer to ${method} within ${this.timeoutMs} ms`));
         }, this.timeoutMs);
       }
@@ -550,7 +576,9 @@ export class Client {
     conn.subscribing += 1;
     try {
       return await this._send(conn, sub.kind === 'stream' ? 'stream.subscribe' : 'cred.watch',
-        params, (result, c) => this._claim(c, sub, result));
+        params, (result, c) => this._claim(c, sub, result),
+        // Timed out: the daemon's subscription would hold one of the connection's 16 slots.
+        (result, c) => this._send(c, 'unsubscribe', { subscription: result.subscription }).catch(() => {}));
     } finally {
       conn.subscribing -= 1;
       if (conn.subscribing === 0) conn.early.clear();
@@ -681,8 +709,17 @@ export class Client {
 
   // -- streams --------------------------------------------------------------------------------
 
+  /** Begin run `runId`. Should the call time out and its answer come later, the run it began
+   * is aborted at once (nobody holds its stream id: it would stay `streaming`, held by this
+   * connection, never declared producer-lost). */
   async streamBegin(runId, { threadId, model, takeover } = {}) {
-    return this.call('stream.begin', { run_id: runId, thread_id: threadId, model, takeover });
+    const conn = await this._ensure();
+    return this._send(conn, 'stream.begin', { run_id: runId, thread_id: threadId, model, takeover },
+      undefined, (result, c) => {
+        this._send(c, 'stream.abort', {
+          run_id: runId, stream_id: result.stream_id, reason: 'the caller gave up waiting for stream.begin',
+        }).catch(() => {});
+      });
   }
 
   async streamAppend(runId, streamId, seq, events) {

@@ -6,7 +6,7 @@ import { test } from 'node:test';
 import {
   CallTimeout, FrameTooLarge, InvalidParams, MAX_FRAME_BYTES, StreamProducer, toWellFormed,
 } from '../src/index.js';
-import { withDaemon } from './harness.js';
+import { until, withDaemon } from './harness.js';
 
 test('a producer batch is split to fit the frame cap: one run\'s big deltas never drop the connection other runs share', async (t) => {
   const d = await withDaemon(t);
@@ -112,4 +112,38 @@ test('the example provider cuts the prompt by characters, never inside an emoji'
   const [first] = fakeReply(`${'x'.repeat(59)}😀 rest`, 3);
   assert.ok(!LONE.test(first), JSON.stringify(first));
   assert.ok(first.includes('😀'));
+});
+
+test('a call that timed out leaves nothing behind: a late subscribe answer is unsubscribed, a late begin aborted', async (t) => {
+  const d = await withDaemon(t);
+  const owner = await d.client();
+  const c = await d.client({ timeoutMs: 300 });
+  t.after(() => { owner.close(); c.close(); });
+  const p = await StreamProducer.begin(owner, 'run-live');
+  await p.text('hi');
+  d.proc.kill('SIGSTOP'); // the daemon is slow: the calls time out, the daemon does them later
+  let outcomes;
+  try {
+    const subs = Array.from({ length: 16 }, () => c.subscribeStream('run-live', 0).then(() => 'ok', (e) => e.name));
+    const begin = c.streamBegin('run-begun').then(() => 'ok', (e) => e.name);
+    outcomes = await Promise.all([...subs, begin]);
+  } finally {
+    d.proc.kill('SIGCONT');
+  }
+  assert.deepEqual(outcomes, Array(17).fill('CallTimeout'));
+  c.timeoutMs = 60_000;
+  await until(async () => (await owner.streamGet('run-begun')).status === 'aborted', 30_000, 'the late begin aborted its run');
+  // Every slot of the connection is free again.
+  await until(async () => {
+    const opened = [];
+    try {
+      for (let i = 0; i < 16; i++) opened.push(await c.subscribeStream('run-live', 0));
+      return true;
+    } catch {
+      return false;
+    } finally {
+      for (const s of opened) await s.close();
+    }
+  }, 30_000, 'the connection can open 16 subscriptions again');
+  assert.equal(c.reconnects, 0);
 });
