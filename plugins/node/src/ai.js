@@ -10,7 +10,7 @@
 import { NotFound } from './errors.js';
 import { followRun } from './fanout.js';
 import { iterate } from './iterate.js';
-import { StreamProducer } from './producer.js';
+import { StreamProducer, abortRefused } from './producer.js';
 import { ENDED } from './sse.js';
 
 export const UI_MESSAGE_STREAM_HEADERS = Object.freeze({
@@ -439,7 +439,8 @@ export async function persistUIMessageStream(client, runId, stream, { threadId, 
       if (typeof item === 'string') for (const chunk of reader.feed(item)) handle(chunk);
       else if (item instanceof Uint8Array) for (const chunk of reader.feed(Buffer.from(item).toString('utf8'))) handle(chunk);
       else handle(item);
-      if (status) {
+      if (status || p.failed) {
+        // Ended, or an append was refused (nothing after it can be kept): stop reading.
         Promise.resolve().then(() => it.return?.()).catch(() => {});
         break;
       }
@@ -447,7 +448,14 @@ export async function persistUIMessageStream(client, runId, stream, { threadId, 
   } catch {
     status = null; // the source failed: abort below
   }
-  await Promise.all(pending);
+  await Promise.allSettled(pending);
+  if (p.failed) {
+    // A refused append (an event over the daemon's per-event cap, a frame too large): the run
+    // cannot be kept whole. It is aborted, saying why, so viewers and useChat end instead of
+    // waiting for a run that stays `streaming` until it expires.
+    await abortRefused(p, 'append refused', p.failed);
+    throw p.failed;
+  }
   if (stalled && !status) {
     // Not an interruption (nothing here will reopen the model's stream): the run ends, and
     // its reason says why.
@@ -461,7 +469,12 @@ export async function persistUIMessageStream(client, runId, stream, { threadId, 
     if (toolCalls.length) message.tool_calls = toolCalls;
     // The UI message's shape (parts in order, tool outputs), for finalUIMessage.
     message.ui = JSON.parse(JSON.stringify(layout));
-    end = await p.commit(message, { contentFromStream: true });
+    try {
+      end = await p.commit(message, { contentFromStream: true });
+    } catch (e) {
+      await abortRefused(p, 'commit refused', e);
+      throw e;
+    }
   } else {
     end = await p.abort(reason);
   }

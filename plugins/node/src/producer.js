@@ -214,4 +214,11 @@ export class StreamProducer {
   }
 }
 
-
+/** Abort `p`'s run after `err` ended its production (`what`: 'append refused', 'commit
+ * refused', ...), the reason naming it; best effort. Not after a connection that stayed down
+ * (the abort could not be sent either; a run whose connection is gone is producer-lost). */
+export async function abortRefused(p, what, err) {
+  if (err instanceof ConnectionClosed) return;
+  const reason = `${what}: ${err?.name ?? 'Error'}: ${err?.message ?? err}`.slice(0, 200);
+  await p.abort(reason).catch(() => {});
+}

@@ -147,3 +147,28 @@ test('a call that timed out leaves nothing behind: a late subscribe answer is un
   }, 30_000, 'the connection can open 16 subscriptions again');
   assert.equal(c.reconnects, 0);
 });
+
+test('a refused append aborts the run (persistUIMessageStream, RecoveringStream): viewers end instead of waiting days', async (t) => {
+  const { persistUIMessageStream } = await import('../src/ai.js');
+  const { RecoveringStream, followRun } = await import('../src/index.js');
+  const d = await withDaemon(t);
+  const client = await d.client();
+  t.after(() => client.close());
+  const big = 'x'.repeat(300 * 1024); // over the daemon's 256 KiB per-event cap
+  const chunks = [
+    { type: 'start', messageId: 'm1' }, { type: 'start-step' }, { type: 'text-start', id: 't' },
+    { type: 'text-delta', id: 't', delta: 'hello ' }, { type: 'text-delta', id: 't', delta: big },
+    { type: 'text-end', id: 't' }, { type: 'finish-step' }, { type: 'finish' },
+  ];
+  const e = await persistUIMessageStream(client, 'run-big', chunks).then(() => null, (x) => x);
+  assert.ok(e instanceof InvalidParams, String(e));
+  assert.equal((await client.streamGet('run-big')).status, 'aborted');
+  const seen = [];
+  for await (const ev of followRun(client, 'run-big', 0)) seen.push(ev.event.type);
+  assert.equal(seen.at(-1), 'finish', 'a viewer ends');
+
+  const rs = new RecoveringStream(client, 'run-rs', ['hello ', big, 'never'], { reopen: () => [] });
+  const e2 = await (async () => { for await (const _ of rs); })().then(() => null, (x) => x);
+  assert.ok(e2 instanceof InvalidParams, String(e2));
+  assert.equal((await client.streamGet('run-rs')).status, 'aborted');
+});
