@@ -298,3 +298,38 @@ test('a viewer arriving during a daemon restart is served once the client reconn
     await d.launch();
   }
 });
+
+test('viewers never take the slots of the application\'s connection, and a burst of viewers of many runs shares further connections 16 runs each', async (t) => {
+  const { RecoveringStream, followRun, followStats } = await import('../src/index.js');
+  const { until } = await import('./harness.js');
+  const d = await withDaemon(t);
+  const web = await d.client({ client: 'web' });
+  const prod = await d.client({ client: 'prod' });
+  t.after(() => { web.close(); prod.close(); });
+  const R = 40;
+  for (let i = 0; i < R; i++) {
+    const p = await StreamProducer.begin(prod, `b-${i}`);
+    await p.text('x');
+  }
+  // Viewers of R runs arriving at once.
+  const viewers = Array.from({ length: R }, (_, i) => followRun(web, `b-${i}`, 0));
+  const firsts = await Promise.all(viewers.map((v) => v.next()));
+  assert.ok(firsts.every((r) => r.value?.event?.type === 'text'));
+  const stats = followStats(web);
+  assert.equal(stats.runs, R);
+  assert.ok(stats.connections <= 1 + Math.ceil(R / 16), `${stats.connections} connections for ${R} runs`);
+
+  // The application's own connection still has all 16 slots.
+  const subs = [];
+  for (let i = 0; i < 15; i++) subs.push(await web.subscribeStream(`b-${i}`, 0));
+  async function* provider() { yield 'Hello '; yield 'world'; }
+  let text = '';
+  for await (const ev of new RecoveringStream(web, 'answer-1', provider(), { reopen: () => provider() })) {
+    if (ev.type === 'text') text += ev.text;
+  }
+  assert.equal(text, 'Hello world');
+  assert.equal((await prod.streamGet('answer-1')).status, 'committed');
+  for (const s of subs) await s.close();
+  for (const v of viewers) await v.close();
+  await until(() => followStats(web).connections === 1, 30_000, 'the further connections closed with their last viewer');
+});
