@@ -327,3 +327,31 @@ test('a stream that cannot be kept never crashes the server: consumeSseStream\'s
   assert.equal(reported.length, 1, 'the refusal the caller got itself is not reported again');
   assert.deepEqual(unhandled, []);
 });
+
+test('finalUIMessage equals readUIMessageStream for approvals, denied outputs, a reset step, an input still streaming, custom parts', { skip }, async (t) => {
+  const { persistUIMessageStream } = await import('../src/ai.js');
+  const d = await withDaemon(t);
+  const client = await d.client();
+  t.after(() => client.close());
+  const S = [{ type: 'start', messageId: 'm1' }, { type: 'start-step' }];
+  const T = (id, ...deltas) => [{ type: 'text-start', id }, ...deltas.map((delta) => ({ type: 'text-delta', id, delta })), { type: 'text-end', id }];
+  const END = [{ type: 'finish-step' }, { type: 'finish', finishReason: 'stop' }];
+  const cases = {
+    approval: [...S, { type: 'tool-input-start', toolCallId: 'c1', toolName: 'rm' }, { type: 'tool-input-delta', toolCallId: 'c1', inputTextDelta: '{"path":"/"}' }, { type: 'tool-input-available', toolCallId: 'c1', toolName: 'rm', input: { path: '/' } }, { type: 'tool-approval-request', approvalId: 'ap1', toolCallId: 'c1' }, ...END],
+    denied: [...S, { type: 'tool-input-available', toolCallId: 'c1', toolName: 'rm', input: {} }, { type: 'tool-approval-request', approvalId: 'ap1', toolCallId: 'c1' }, { type: 'tool-output-denied', toolCallId: 'c1' }, ...END],
+    reset: [...S, ...T('a', 'first try that gets dropped'), { type: 'reset-step' }, { type: 'start-step' }, ...T('b', 'second try'), ...END],
+    streaming: [...S, { type: 'tool-input-start', toolCallId: 'c1', toolName: 'w' }, { type: 'tool-input-delta', toolCallId: 'c1', inputTextDelta: '{"q":"ab' }, ...END],
+    custom: [...S, { type: 'custom', kind: 'openai.compaction' }, ...T('a', 'x'), ...END],
+  };
+  for (const [name, chunks] of Object.entries(cases)) {
+    let live;
+    const stream = new ReadableStream({ start(c) { for (const x of chunks) c.enqueue(x); c.close(); } });
+    for await (const m of ai.readUIMessageStream({ stream, terminateOnError: true })) live = m;
+    const r = await persistUIMessageStream(client, `ui-${name}`, chunks);
+    assert.equal(r.status, 'committed', name);
+    const fin = await finalUIMessage(client, `ui-${name}`);
+    assert.deepStrictEqual(JSON.parse(JSON.stringify(fin)), JSON.parse(JSON.stringify(live)), name);
+  }
+  const reset = (await client.streamGet('ui-reset', { reveal: true })).final_message;
+  assert.equal(reset.content, 'second try', 'the dropped step\'s text is not in the stored content');
+});
