@@ -466,6 +466,7 @@ export async function persistUIMessageStream(client, runId, stream, { threadId, 
   }
   const p = producer ?? await StreamProducer.begin(client, runId, { threadId, model });
   const reader = new SseChunkReader();
+  const decoder = new TextDecoder();
   const skipped = {};
   const tools = new Map(); // toolCallId -> {name, deltas}
   let messageId = runId;
@@ -543,7 +544,8 @@ export async function persistUIMessageStream(client, runId, stream, { threadId, 
       if (r.done) break;
       const item = r.value;
       if (typeof item === 'string') for (const chunk of reader.feed(item)) handle(chunk);
-      else if (item instanceof Uint8Array) for (const chunk of reader.feed(Buffer.from(item).toString('utf8'))) handle(chunk);
+      // One decoder for the whole stream: a character split across two chunks is kept whole.
+      else if (item instanceof Uint8Array) for (const chunk of reader.feed(decoder.decode(item, { stream: true }))) handle(chunk);
       else handle(item);
       if (status || p.failed) {
         // Ended, or an append was refused (nothing after it can be kept): stop reading.

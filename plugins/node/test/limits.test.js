@@ -172,3 +172,17 @@ test('a refused append aborts the run (persistUIMessageStream, RecoveringStream)
   assert.ok(e2 instanceof InvalidParams, String(e2));
   assert.equal((await client.streamGet('run-rs')).status, 'aborted');
 });
+
+test('persistUIMessageStream keeps a UTF-8 character split across two byte chunks whole', async (t) => {
+  const { persistUIMessageStream } = await import('../src/ai.js');
+  const d = await withDaemon(t);
+  const client = await d.client();
+  t.after(() => client.close());
+  const sse = ['{"type":"start"}', '{"type":"text-start","id":"t"}', '{"type":"text-delta","id":"t","delta":"é😀 ok"}',
+    '{"type":"text-end","id":"t"}', '{"type":"finish"}'].map((x) => `data: ${x}\n\n`).join('');
+  const bytes = new TextEncoder().encode(sse);
+  const at = bytes.indexOf(0xf0) + 2; // inside the emoji's four bytes
+  const r = await persistUIMessageStream(client, 'run-utf8', [bytes.slice(0, at), bytes.slice(at)]);
+  assert.equal(r.status, 'committed');
+  assert.equal((await client.streamGet('run-utf8', { reveal: true })).final_message.content, 'é😀 ok');
+});
