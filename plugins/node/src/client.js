@@ -463,7 +463,9 @@ export class Client {
       }
       return;
     }
-    if (conn.pending.size === 0) return;
+    // Only a parse error is the answer to one line (a refusal of the connection, busy at its
+    // cap, is not: the connection closes and the calls fail with ConnectionClosed, retried).
+    if (conn.pending.size === 0 || error?.code !== -32700) return;
     // The line it could not parse: the only one in flight, else the one nested too deep (lone
     // surrogates, the other cause, are never sent: see wellFormedLine).
     let culprits = [...conn.pending];
