@@ -7,7 +7,7 @@
 //   const streamContext = createResumableStreamContext({ client, waitUntil: null });
 import { Conflict, NotFound } from './errors.js';
 import { persistUIMessageStream, uiMessageChunks } from './ai.js';
-import { StreamProducer } from './producer.js';
+import { StreamProducer, abortRefused } from './producer.js';
 import { ENDED } from './sse.js';
 
 /**
@@ -68,7 +68,15 @@ export function createResumableStreamContext({
       if (e instanceof Conflict) return (await hasExistingStream(streamId)) === 'DONE' ? null : resumeExistingStream(streamId, skipCharacters);
       throw e;
     }
-    keep(streamId, producer, makeStream());
+    let stream;
+    try {
+      stream = makeStream();
+    } catch (e) {
+      // No stream will come: the run just begun is ended, not left streaming.
+      await abortRefused(producer, 'no stream to keep', e);
+      throw e;
+    }
+    keep(streamId, producer, stream);
     const out = await uiMessageChunks(client, streamId, { sse: true, skipCharacters });
     return out ?? null;
   }

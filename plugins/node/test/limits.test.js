@@ -187,3 +187,16 @@ test('persistUIMessageStream keeps a UTF-8 character split across two byte chunk
   assert.equal(r.status, 'committed');
   assert.equal((await client.streamGet('run-utf8', { reveal: true })).final_message.content, 'é😀 ok');
 });
+
+test('createNewResumableStream whose makeStream throws ends the run it began, never leaves it streaming', async (t) => {
+  const { createResumableStreamContext } = await import('../src/resumable-stream.js');
+  const d = await withDaemon(t);
+  const client = await d.client();
+  t.after(() => client.close());
+  const reported = [];
+  const ctx = createResumableStreamContext({ client, onError: (e) => reported.push(e) });
+  const e = await ctx.createNewResumableStream('run-nostream', () => { throw new Error('boom'); }).then(() => null, (x) => x);
+  assert.equal(e?.message, 'boom');
+  assert.equal((await client.streamGet('run-nostream')).status, 'aborted');
+  assert.equal(reported.length, 1);
+});
