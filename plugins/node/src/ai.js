@@ -10,7 +10,7 @@
 import { NotFound } from './errors.js';
 import { followRun } from './fanout.js';
 import { iterate } from './iterate.js';
-import { StreamProducer } from './producer.js';
+import { StreamProducer, abortRefused } from './producer.js';
 import { ENDED } from './sse.js';
 
 export const UI_MESSAGE_STREAM_HEADERS = Object.freeze({
@@ -192,12 +192,55 @@ export async function uiMessageChunks(client, runId, { sse = false, messageId = 
  * `text` lists the runs of deltas as `[part index, characters]`, in the order the deltas came,
  * and their concatenation is the stored `content`.
  */
+/** A tool input still streaming, read as the AI SDK's parsePartialJson would: the longest
+ * reading of it as JSON once open strings and brackets are closed (undefined if none). */
+function partialJson(text) {
+  try {
+    return JSON.parse(text);
+  } catch {
+    // complete it below
+  }
+  const stack = [];
+  let inString = false;
+  for (let i = 0; i < text.length; i++) {
+    const ch = text[i];
+    if (inString) {
+      if (ch === '\\') i += 1;
+      else if (ch === '"') inString = false;
+    } else if (ch === '"') inString = true;
+    else if (ch === '{' || ch === '[') stack.push(ch === '{' ? '}' : ']');
+    else if (ch === '}' || ch === ']') stack.pop();
+  }
+  let head = inString ? `${text.replace(/\\$/, '')}"` : text;
+  for (let k = 0; k < 4; k++) {
+    try {
+      return JSON.parse(head + [...stack].reverse().join(''));
+    } catch {
+      // drop a dangling ',' / ':' / key and try again
+      head = head.replace(/\s*,\s*$/, '').replace(/,?\s*"(?:[^"\\]|\\.)*"\s*:?\s*$/, '').replace(/\s*:\s*$/, '');
+    }
+  }
+  return undefined;
+}
+
 class UIMessageLayout {
   constructor() {
     this.parts = [];
-    this.text = []; // [[part index, chars], ...]
+    this.runs = []; // [[part index, text], ...]: the text deltas, in the order they came
     this.activeText = new Map(); // text id -> part index
     this.tools = new Map(); // toolCallId -> part index
+    this.rawInputs = new Map(); // toolCallId -> the input text so far, while it streams
+    this.reset = false; // a step was dropped (reset-step): its text is not in the content
+  }
+
+  /** The text of the message (the dropped steps' text left out). */
+  get content() {
+    return this.runs.map(([, t]) => t).join('');
+  }
+
+  /** The tool calls of the parts kept. */
+  hasTool(toolCallId) {
+    return this.tools.has(toolCallId);
   }
 
   handle(chunk) {
@@ -215,11 +258,10 @@ class UIMessageLayout {
         if (i === undefined) return true;
         const part = this.parts[i];
         if (chunk.providerMetadata !== undefined) part.providerMetadata = chunk.providerMetadata;
-        const n = typeof chunk.delta === 'string' ? chunk.delta.length : 0;
-        if (n === 0) return true;
-        const last = this.text[this.text.length - 1];
-        if (last && last[0] === i) last[1] += n;
-        else this.text.push([i, n]);
+        if (typeof chunk.delta !== 'string' || chunk.delta === '') return true;
+        const last = this.runs[this.runs.length - 1];
+        if (last && last[0] === i) last[1] += chunk.delta;
+        else this.runs.push([i, chunk.delta]);
         return true;
       }
       case 'text-end': {
@@ -233,13 +275,69 @@ class UIMessageLayout {
         return true;
       }
       case 'tool-input-start':
+        this.rawInputs.set(chunk.toolCallId, { text: '', encoding: chunk.inputEncoding });
         this._tool(chunk, 'input-streaming', { input: undefined, inputEncoding: chunk.inputEncoding }, true);
         return true;
-      case 'tool-input-delta':
-        return true; // the input is whole at tool-input-available
+      case 'tool-input-delta': {
+        // Read at the end only if it is still streaming then (see toJSON).
+        const raw = this.rawInputs.get(chunk.toolCallId);
+        if (raw && typeof chunk.inputTextDelta === 'string') raw.text += chunk.inputTextDelta;
+        return true;
+      }
       case 'tool-input-available':
+        this.rawInputs.delete(chunk.toolCallId);
         this._tool(chunk, 'input-available', { input: chunk.input }, true);
         return true;
+      case 'tool-approval-request': {
+        const part = this.parts[this.tools.get(chunk.toolCallId)];
+        if (!part) return true;
+        part.state = 'approval-requested';
+        part.approval = {
+          id: chunk.approvalId,
+          ...(chunk.approvalDescriptor != null ? { descriptor: chunk.approvalDescriptor } : {}),
+          ...(Object.hasOwn(chunk, 'inputSchemaInput') ? { inputSchemaInput: chunk.inputSchemaInput } : {}),
+          ...(chunk.reason != null ? { requestReason: chunk.reason } : {}),
+          ...(chunk.isAutomatic === true ? { isAutomatic: true } : {}),
+          ...(chunk.signature != null ? { signature: chunk.signature } : {}),
+        };
+        return true;
+      }
+      case 'tool-approval-response': {
+        const part = this.parts.find((p) => p?.approval?.id === chunk.approvalId);
+        if (!part) return true;
+        part.state = 'approval-responded';
+        part.approval = {
+          ...part.approval, id: chunk.approvalId, approved: chunk.approved,
+          ...(chunk.reason != null ? { reason: chunk.reason } : {}),
+        };
+        if (chunk.providerExecuted != null) part.providerExecuted = chunk.providerExecuted;
+        if (chunk.providerMetadata != null) part.callProviderMetadata = chunk.providerMetadata;
+        return true;
+      }
+      case 'tool-output-denied': {
+        const part = this.parts[this.tools.get(chunk.toolCallId)];
+        if (part) part.state = 'output-denied';
+        return true;
+      }
+      case 'custom':
+        this.parts.push({ type: 'custom', kind: chunk.kind, providerMetadata: chunk.providerMetadata });
+        return true;
+      case 'reset-step': {
+        // The step is retried: its parts (after the last step start) and their text go, as
+        // the AI SDK drops them.
+        let cut = this.parts.length;
+        while (cut > 0 && this.parts[cut - 1]?.type !== 'step-start') cut -= 1;
+        if (cut < this.parts.length) {
+          this.parts.splice(cut);
+          const before = this.runs.length;
+          this.runs = this.runs.filter(([i]) => i < cut);
+          if (this.runs.length !== before) this.reset = true;
+          for (const [id, i] of this.tools) if (i >= cut) this.tools.delete(id);
+        }
+        this.activeText.clear();
+        this.rawInputs.clear();
+        return true;
+      }
       case 'tool-input-error':
         this._tool(chunk, 'output-error', { input: chunk.input, errorText: chunk.errorText }, true);
         return true;
@@ -285,6 +383,7 @@ class UIMessageLayout {
     if (fields.inputEncoding != null) part.inputEncoding = fields.inputEncoding;
     else delete part.inputEncoding;
     part.preliminary = fields.preliminary;
+    part.rawInput = fields.rawInput;
     if (chunk.title !== undefined) part.title = chunk.title;
     if (chunk.toolMetadata !== undefined) part.toolMetadata = chunk.toolMetadata;
     part.providerExecuted = chunk.providerExecuted ?? part.providerExecuted;
@@ -296,7 +395,14 @@ class UIMessageLayout {
 
   /** What is stored in the final message (JSON: fields left undefined are dropped). */
   toJSON() {
-    return { parts: this.parts, text: this.text };
+    // A tool call whose input was still streaming at the end: its input as read so far.
+    for (const [id, raw] of this.rawInputs) {
+      const part = this.parts[this.tools.get(id)];
+      if (!part || part.state !== 'input-streaming' || raw.text === '') continue;
+      part.input = raw.encoding === 'text' ? raw.text : partialJson(raw.text);
+      part.rawInput = raw.text;
+    }
+    return { parts: this.parts, text: this.runs.map(([i, t]) => [i, t.length]) };
   }
 }
 
@@ -360,6 +466,7 @@ export async function persistUIMessageStream(client, runId, stream, { threadId, 
   }
   const p = producer ?? await StreamProducer.begin(client, runId, { threadId, model });
   const reader = new SseChunkReader();
+  const decoder = new TextDecoder();
   const skipped = {};
   const tools = new Map(); // toolCallId -> {name, deltas}
   let messageId = runId;
@@ -437,9 +544,11 @@ export async function persistUIMessageStream(client, runId, stream, { threadId, 
       if (r.done) break;
       const item = r.value;
       if (typeof item === 'string') for (const chunk of reader.feed(item)) handle(chunk);
-      else if (item instanceof Uint8Array) for (const chunk of reader.feed(Buffer.from(item).toString('utf8'))) handle(chunk);
+      // One decoder for the whole stream: a character split across two chunks is kept whole.
+      else if (item instanceof Uint8Array) for (const chunk of reader.feed(decoder.decode(item, { stream: true }))) handle(chunk);
       else handle(item);
-      if (status) {
+      if (status || p.failed) {
+        // Ended, or an append was refused (nothing after it can be kept): stop reading.
         Promise.resolve().then(() => it.return?.()).catch(() => {});
         break;
       }
@@ -447,7 +556,14 @@ export async function persistUIMessageStream(client, runId, stream, { threadId, 
   } catch {
     status = null; // the source failed: abort below
   }
-  await Promise.all(pending);
+  await Promise.allSettled(pending);
+  if (p.failed) {
+    // A refused append (an event over the daemon's per-event cap, a frame too large): the run
+    // cannot be kept whole. It is aborted, saying why, so viewers and useChat end instead of
+    // waiting for a run that stays `streaming` until it expires.
+    await abortRefused(p, 'append refused', p.failed);
+    throw p.failed;
+  }
   if (stalled && !status) {
     // Not an interruption (nothing here will reopen the model's stream): the run ends, and
     // its reason says why.
@@ -455,13 +571,20 @@ export async function persistUIMessageStream(client, runId, stream, { threadId, 
   }
   let end;
   if (status === 'committed') {
-    const toolCalls = [...tools.entries()].filter(([, t]) => 'input' in t)
+    const toolCalls = [...tools.entries()].filter(([id, t]) => 'input' in t && layout.hasTool(id))
       .map(([id, t]) => ({ id, name: t.name, arguments: t.input }));
     const message = { role: 'assistant', id: messageId };
     if (toolCalls.length) message.tool_calls = toolCalls;
     // The UI message's shape (parts in order, tool outputs), for finalUIMessage.
     message.ui = JSON.parse(JSON.stringify(layout));
-    end = await p.commit(message, { contentFromStream: true });
+    // A step dropped by reset-step: the content is the text kept, not all that was streamed.
+    if (layout.reset) message.content = layout.content;
+    try {
+      end = await p.commit(message, { contentFromStream: !layout.reset });
+    } catch (e) {
+      await abortRefused(p, 'commit refused', e);
+      throw e;
+    }
   } else {
     end = await p.abort(reason);
   }

@@ -5,7 +5,8 @@ import net from 'node:net';
 import { inspect } from 'node:util';
 
 import {
-  CallTimeout, ConnectionClosed, Forbidden, InvalidParams, StorageError, errorFromResponse, scrub,
+  CallTimeout, ConnectionClosed, Forbidden, FrameTooLarge, InvalidParams, StorageError,
+  errorFromResponse, scrub,
 } from './errors.js';
 import { defaultSocketPath } from './paths.js';
 
@@ -13,7 +14,45 @@ export const PROTOCOL_VERSION = 1;
 /** The largest line the client accepts from the daemon (a cred.list of a huge store is a few
  * MiB): a longer one closes the connection instead of growing memory without end. */
 export const MAX_LINE_BYTES = 64 * 1024 * 1024;
+/** The daemon's default cap on one request line (`[limits] max_frame_bytes`, docs/protocol.md):
+ * a longer line makes it close the connection, so the client refuses such a request unsent. */
+export const MAX_FRAME_BYTES = 1024 * 1024;
 const EARLY_EVENTS_CAP = 4096;
+
+/** The serialized line with every lone UTF-16 surrogate made U+FFFD. `JSON.stringify` writes a
+ * lone surrogate (an emoji cut in half by `slice`) as a `\udXXX` escape — and only a lone one:
+ * a pair is written as the character — which the daemon refuses as a parse error of the whole
+ * line. An escaped backslash (`\\`) is consumed as a pair so `\\ud800` (text) is left alone. */
+function wellFormedLine(line) {
+  if (!line.includes('\\ud')) return line;
+  return line.replace(/\\(?:\\|(u[dD][89a-fA-F][0-9a-fA-F]{2}))/g, (m, lone) => (lone ? '\\ufffd' : m));
+}
+
+/** `text` with its lone surrogates replaced by U+FFFD (what the client sends for any string). */
+export function toWellFormed(text) {
+  if (typeof text.toWellFormed === 'function') return text.toWellFormed();
+  return text.replace(/[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/g, '\uFFFD');
+}
+
+/** How deep a JSON line nests (the daemon refuses more than 128 levels as a parse error). */
+function nestingDepth(line) {
+  let depth = 0;
+  let max = 0;
+  let inString = false;
+  for (let i = 0; i < line.length; i++) {
+    const ch = line.charCodeAt(i);
+    if (inString) {
+      if (ch === 92) i += 1; // backslash: skip the escaped character
+      else if (ch === 34) inString = false;
+    } else if (ch === 34) inString = true;
+    else if (ch === 123 || ch === 91) max = Math.max(max, ++depth);
+    else if (ch === 125 || ch === 93) depth -= 1;
+  }
+  return max;
+}
+const MAX_NESTING = 128;
+/** How long the answer to a timed-out subscribe or stream.begin is waited for, to undo it. */
+const LATE_ANSWER_MS = 10 * 60_000;
 
 const OWN_RESYNC = Symbol('holdfast.ownResync');
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
@@ -250,7 +289,7 @@ export class Client {
 
   constructor({
     socketPath, client = 'node', plugin, timeoutMs = 60_000, reconnect = true,
-    reconnectTimeoutMs = 30_000,
+    reconnectTimeoutMs = 30_000, maxFrameBytes,
   } = {}) {
     this.socketPath = socketPath ?? defaultSocketPath();
     this.clientName = client;
@@ -258,6 +297,7 @@ export class Client {
     this.timeoutMs = timeoutMs;
     this.reconnect = reconnect;
     this.reconnectTimeoutMs = reconnectTimeoutMs;
+    this._maxFrameBytes = maxFrameBytes ?? null;
     /** The daemon's answer to `hello` on the current connection. */
     this.hello = null;
     /** How many times a dropped connection was made again. */
@@ -268,6 +308,13 @@ export class Client {
     this._nextId = 1;
     this._subs = new Set(); // every open Subscription
     this._siblings = new Set(); // further connections for shared run subscriptions (fanout.js)
+  }
+
+  /** The longest request line (bytes, its newline included) the client sends: the option
+   * `maxFrameBytes`, else what the daemon announced or showed (a `request line longer than N
+   * bytes` refusal), else 1 MiB, the daemon's default. */
+  get maxFrameBytes() {
+    return this._maxFrameBytes ?? this.hello?.max_frame_bytes ?? MAX_FRAME_BYTES;
   }
 
   _connected() {
@@ -294,7 +341,7 @@ export class Client {
     checkSocketOwner(this.socketPath);
     const sock = net.createConnection(this.socketPath);
     const conn = {
-      sock, dead: false, pending: new Map(), routes: new Map(), early: new Map(), subscribing: 0,
+      sock, dead: false, pending: new Map(), late: new Map(), routes: new Map(), early: new Map(), subscribing: 0,
       chunks: [], size: 0, reason: null,
     };
     await new Promise((resolve, reject) => {
@@ -367,9 +414,20 @@ export class Client {
     }
     const waiter = Number.isInteger(msg.id) ? conn.pending.get(msg.id) : undefined;
     if (!waiter) {
-      // The daemon's refusal of the connection or of a line it could not attribute (id null):
-      // keep its message for the callers that will see the connection close.
-      if (typeof msg.error?.message === 'string') conn.reason = `the daemon said: ${msg.error.message}`;
+      if (msg.id === null && msg.error) this._onUnattributed(conn, msg.error);
+      const late = Number.isInteger(msg.id) ? conn.late.get(msg.id) : undefined;
+      if (late) {
+        // The answer to a call that timed out: what it did must not be left behind.
+        conn.late.delete(msg.id);
+        clearTimeout(late.timer);
+        if ('result' in msg) {
+          try {
+            late.onLateAnswer(msg.result, conn);
+          } catch {
+            // best effort
+          }
+        }
+      }
       return;
     }
     conn.pending.delete(msg.id);
@@ -381,6 +439,42 @@ export class Client {
       if (waiter.onAnswer) waiter.onAnswer(msg.result, conn);
       waiter.resolve(msg.result);
     } else waiter.reject(new StorageError('a response with neither result nor error'));
+  }
+
+  /** An error answered with `id: null`: the daemon's refusal of the connection or of a line it
+   * could not read. A line over its frame cap closes the connection: the requests that long fail
+   * with `FrameTooLarge` (never sent again), the others with `ConnectionClosed`. A line it could
+   * not parse fails the request that sent it when that one is known (the only one in flight),
+   * never leaving it to hang until its timeout; otherwise the message is kept for the callers
+   * that see the connection close. */
+  _onUnattributed(conn, error) {
+    const message = typeof error?.message === 'string' ? error.message : 'an error';
+    conn.reason = `the daemon said: ${message}`;
+    const tooLong = /request line longer than (\d+) bytes/.exec(message);
+    if (tooLong) {
+      const max = Number(tooLong[1]);
+      if (this._maxFrameBytes === null || max < this._maxFrameBytes) this._maxFrameBytes = max;
+      for (const [id, w] of conn.pending) {
+        if (w.bytes - 1 > max) {
+          conn.pending.delete(id);
+          clearTimeout(w.timer);
+          w.reject(new FrameTooLarge(`${w.method}: a request of ${w.bytes} bytes is over the daemon's frame cap (${max} bytes)`, { bytes: w.bytes, maxFrameBytes: max }));
+        }
+      }
+      return;
+    }
+    // Only a parse error is the answer to one line (a refusal of the connection, busy at its
+    // cap, is not: the connection closes and the calls fail with ConnectionClosed, retried).
+    if (conn.pending.size === 0 || error?.code !== -32700) return;
+    // The line it could not parse: the only one in flight, else the one nested too deep (lone
+    // surrogates, the other cause, are never sent: see wellFormedLine).
+    let culprits = [...conn.pending];
+    if (culprits.length > 1) culprits = culprits.filter(([, w]) => nestingDepth(w.line) > MAX_NESTING);
+    if (culprits.length !== 1) return;
+    const [[id, w]] = culprits;
+    conn.pending.delete(id);
+    clearTimeout(w.timer);
+    w.reject(scrub(errorFromResponse(error), w.params));
   }
 
   _onEvent(conn, params) {
@@ -407,6 +501,8 @@ export class Client {
       w.reject(new ConnectionClosed(reason));
     }
     conn.pending.clear();
+    for (const l of conn.late.values()) clearTimeout(l.timer);
+    conn.late.clear();
     if (this._conn !== conn) return; // never became the connection (hello failed)
     this._conn = null;
     const subs = [...this._subs];
@@ -425,14 +521,30 @@ export class Client {
     });
   }
 
-  _send(conn, method, params, onAnswer) {
+  /** Send one request on `conn`. `onAnswer(result, conn)` runs as its answer is read;
+   * `onLateAnswer(result, conn)` when the answer comes after the call timed out (to undo what
+   * the call did: nobody will use it). */
+  _send(conn, method, params, onAnswer, onLateAnswer) {
     const id = this._nextId++;
-    const line = `${JSON.stringify({ jsonrpc: '2.0', id, method, params })}\n`;
+    const line = `${wellFormedLine(JSON.stringify({ jsonrpc: '2.0', id, method, params }))}\n`;
+    const bytes = Buffer.byteLength(line);
+    const max = this.maxFrameBytes;
+    if (bytes > max) {
+      // Written, it would make the daemon close the connection (every call and subscription on
+      // it would fail): refused here, never sent, never retried.
+      return Promise.reject(new FrameTooLarge(`${method}: a request of ${bytes} bytes is over the daemon's frame cap (${max} bytes); nothing was sent`, { bytes, maxFrameBytes: max }));
+    }
     return new Promise((resolve, reject) => {
-      const waiter = { resolve, reject, params, onAnswer, timer: null };
+      const waiter = { resolve, reject, params, onAnswer, timer: null, method, bytes, line };
       if (this.timeoutMs !== null && this.timeoutMs !== undefined) {
         waiter.timer = setTimeout(() => {
           conn.pending.delete(id);
+          if (onLateAnswer && !conn.dead) {
+            // Kept a while for the answer (a slow daemon still does the call), then forgotten.
+            const timer = setTimeout(() => conn.late.delete(id), LATE_ANSWER_MS);
+            timer.unref?.();
+            conn.late.set(id, { onLateAnswer, timer });
+          }
           reject(new CallTimeout(`no answer to ${method} within ${this.timeoutMs} ms`));
         }, this.timeoutMs);
       }
@@ -466,7 +578,9 @@ export class Client {
     conn.subscribing += 1;
     try {
       return await this._send(conn, sub.kind === 'stream' ? 'stream.subscribe' : 'cred.watch',
-        params, (result, c) => this._claim(c, sub, result));
+        params, (result, c) => this._claim(c, sub, result),
+        // Timed out: the daemon's subscription would hold one of the connection's 16 slots.
+        (result, c) => this._send(c, 'unsubscribe', { subscription: result.subscription }).catch(() => {}));
     } finally {
       conn.subscribing -= 1;
       if (conn.subscribing === 0) conn.early.clear();
@@ -597,8 +711,17 @@ export class Client {
 
   // -- streams --------------------------------------------------------------------------------
 
+  /** Begin run `runId`. Should the call time out and its answer come later, the run it began
+   * is aborted at once (nobody holds its stream id: it would stay `streaming`, held by this
+   * connection, never declared producer-lost). */
   async streamBegin(runId, { threadId, model, takeover } = {}) {
-    return this.call('stream.begin', { run_id: runId, thread_id: threadId, model, takeover });
+    const conn = await this._ensure();
+    return this._send(conn, 'stream.begin', { run_id: runId, thread_id: threadId, model, takeover },
+      undefined, (result, c) => {
+        this._send(c, 'stream.abort', {
+          run_id: runId, stream_id: result.stream_id, reason: 'the caller gave up waiting for stream.begin',
+        }).catch(() => {});
+      });
   }
 
   async streamAppend(runId, streamId, seq, events) {

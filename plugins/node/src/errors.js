@@ -55,6 +55,16 @@ Unsupported.kind = 'unsupported';
 export class ConnectionClosed extends StorageError {}
 /** No answer within the client's timeout (kind `busy`, code 0); the daemon may still do it. */
 export class CallTimeout extends Busy {}
+/** A request whose line would exceed the daemon's frame cap (`maxFrameBytes`, 1 MiB): refused
+ * by the client before a byte of it is sent (the daemon would close the connection), never
+ * retried (kind `invalid_params`, code 0). `bytes` and `maxFrameBytes` say by how much. */
+export class FrameTooLarge extends InvalidParams {
+  constructor(message, { bytes, maxFrameBytes } = {}) {
+    super(message, { data: { kind: 'invalid_params', bytes, max_frame_bytes: maxFrameBytes } });
+    this.bytes = bytes;
+    this.maxFrameBytes = maxFrameBytes;
+  }
+}
 
 const CLASSES = {
   invalid_params: InvalidParams, not_found: NotFound, conflict: Conflict, forbidden: Forbidden,

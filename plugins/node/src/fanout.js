@@ -2,15 +2,19 @@
 // connection; a web server has one Client and any number of browsers. So the viewers of a run
 // share one subscription (from the run's first event), whose events are kept here while the
 // run is followed: each viewer reads them from its own position (a late viewer, or one coming
-// back with its Last-Event-ID, is served from this history, then live). Runs past 16 at once
-// go to further connections of the same client (made and closed as needed), so no viewer is
-// refused for want of a slot.
+// back with its Last-Event-ID, is served from this history, then live). These subscriptions
+// live on further connections of the same client (made and closed as needed, 16 runs each),
+// never on its own connection, whose slots stay for the application's subscribeStream, watch
+// and RecoveringStream; so no viewer is refused for want of a slot, and a burst of viewers of
+// many runs opens one connection per 16 runs (opened one at a time), not one per run.
 import { Busy, CallTimeout } from './errors.js';
 
 /** The daemon's 'no free subscription slot' (a call timeout is a Busy too, but not that). */
 const full = (e) => e instanceof Busy && !(e instanceof CallTimeout);
 
 const HUBS = new WeakMap(); // Client -> Hub
+/** The daemon's subscriptions per connection. */
+const SLOTS = 16;
 
 /**
  * Follow run `runId` after seq `afterSeq` through `client`'s shared subscription of the run.
@@ -43,7 +47,8 @@ class Hub {
   constructor(client) {
     this.client = client;
     this.feeds = new Map(); // run id -> Feed
-    this.extra = []; // [{client, subs}] further connections for runs past the first's 16
+    this.extra = []; // [{client, subs, full}] the connections the shared subscriptions live on
+    this.opening = null; // the further connection being opened (one at a time)
   }
 
   follow(runId, afterSeq) {
@@ -56,31 +61,29 @@ class Hub {
     return feed.join(afterSeq);
   }
 
-  /** A subscription of `runId` from its start, on the first connection with a free slot. */
+  /** A subscription of `runId` from its start, on the first further connection with a free
+   * slot (a slot is taken before the call, so viewers arriving together fill a connection
+   * before the next is opened); a new connection when all are full, one being opened at a time. */
   async subscribe(runId) {
-    try {
-      return { sub: await this.client.subscribeStream(runId, 0), conn: null };
-    } catch (e) {
-      if (!full(e)) throw e;
-    }
-    for (const conn of this.extra) {
-      if (conn.client.closed) continue;
+    for (;;) {
+      if (this.client.closed) throw new Busy('the client is closed');
+      const conn = this.extra.find((c) => !c.client.closed && !c.full && c.subs < SLOTS);
+      if (!conn) {
+        this.opening ??= this.client._sibling()
+          .then((client) => { this.extra.push({ client, subs: 0, full: false }); })
+          .finally(() => { this.opening = null; });
+        await this.opening;
+        continue;
+      }
+      conn.subs += 1;
       try {
-        const sub = await conn.client.subscribeStream(runId, 0);
-        conn.subs += 1;
-        return { sub, conn };
+        return { sub: await conn.client.subscribeStream(runId, 0), conn };
       } catch (e) {
+        // The daemon counts more subscriptions there than we do: none until one ends.
+        if (full(e)) conn.full = true;
+        this.release(conn);
         if (!full(e)) throw e;
       }
-    }
-    if (this.client.closed) throw new Busy('the client is closed');
-    const conn = { client: await this.client._sibling(), subs: 1 };
-    this.extra.push(conn);
-    try {
-      return { sub: await conn.client.subscribeStream(runId, 0), conn };
-    } catch (e) {
-      this.release(conn);
-      throw e;
     }
   }
 
@@ -88,7 +91,8 @@ class Hub {
   release(conn) {
     if (!conn) return;
     conn.subs -= 1;
-    if (conn.subs <= 0) {
+    conn.full = false;
+    if (conn.subs <= 0 && this.extra.includes(conn)) {
       this.extra = this.extra.filter((c) => c !== conn);
       conn.client.close();
     }

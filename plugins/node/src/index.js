@@ -1,8 +1,10 @@
 // holdfast-client for Node: the daemon's client, the stream producer, and SSE for browsers.
-export { Client, CredentialRecord, Subscription, PROTOCOL_VERSION, MAX_LINE_BYTES } from './client.js';
+export {
+  Client, CredentialRecord, Subscription, PROTOCOL_VERSION, MAX_LINE_BYTES, MAX_FRAME_BYTES, toWellFormed,
+} from './client.js';
 export {
   KINDS, HoldfastError, InvalidParams, NotFound, Conflict, Forbidden, Sealed, IntegrityError,
-  StorageError, Busy, Unsupported, ConnectionClosed, CallTimeout, errorFromResponse,
+  StorageError, Busy, Unsupported, ConnectionClosed, CallTimeout, FrameTooLarge, errorFromResponse,
 } from './errors.js';
 export { defaultSocketPath } from './paths.js';
 export { StreamProducer, MAX_BATCH_EVENTS, CONTINUATIONS } from './producer.js';

@@ -2,7 +2,7 @@
 // while an append is in flight, retried across daemon restarts without ever doubling a token),
 // interrupt it when the model's stream breaks, commit or abort it.
 import { whileReconnecting } from './client.js';
-import { Conflict, ConnectionClosed, InvalidParams, NotFound } from './errors.js';
+import { Conflict, ConnectionClosed, FrameTooLarge, InvalidParams, NotFound } from './errors.js';
 
 
 /** How a producer continues the text after an R1/R3 plan (docs/recovery.md, "Continuation"):
@@ -12,6 +12,7 @@ export const CONTINUATIONS = Object.freeze(['exact', 'restated']);
 
 /** The most events one `stream.append` carries (the daemon's cap is 1,024). */
 export const MAX_BATCH_EVENTS = 1024;
+const BIG_NUMBER = Number.MAX_SAFE_INTEGER;
 
 /**
  * Produce one run. `await StreamProducer.begin(client, runId, {threadId, model, continuation})`
@@ -74,7 +75,7 @@ export class StreamProducer {
     if (this._failed) return Promise.reject(this._failed);
     this.handedSeq += list.length;
     const done = Promise.all(list.map((event) => new Promise((resolve, reject) => {
-      this._queue.push({ event, resolve, reject });
+      this._queue.push({ event, bytes: Buffer.byteLength(JSON.stringify(event) ?? 'null') + 1, resolve, reject });
     })));
     this._kick();
     return done.then(() => this.ackedSeq);
@@ -104,11 +105,34 @@ export class StreamProducer {
     });
   }
 
+  /** The next batch: at most MAX_BATCH_EVENTS events whose request line fits the daemon's frame
+   * cap (a longer line would make the daemon close the connection every run on it shares).
+   * Throws FrameTooLarge when the first event cannot fit even alone. */
+  _nextBatch() {
+    const envelope = Buffer.byteLength(JSON.stringify({
+      jsonrpc: '2.0', id: BIG_NUMBER, method: 'stream.append',
+      params: { run_id: this.runId, stream_id: this.streamId, seq: BIG_NUMBER, events: [] },
+    })) + 1;
+    const max = this.client.maxFrameBytes;
+    let size = envelope;
+    let n = 0;
+    while (n < this._queue.length && n < MAX_BATCH_EVENTS && size + this._queue[n].bytes <= max) {
+      size += this._queue[n].bytes;
+      n += 1;
+    }
+    if (n === 0) {
+      const bytes = envelope + this._queue[0].bytes;
+      throw new FrameTooLarge(`stream.append: an event of ${this._queue[0].bytes - 1} bytes (serialized) cannot fit in one request line (the daemon's frame cap is ${max} bytes); the stream stops here`, { bytes, maxFrameBytes: max });
+    }
+    return this._queue.splice(0, n);
+  }
+
   async _drain() {
     while (this._queue.length) {
-      const batch = this._queue.splice(0, MAX_BATCH_EVENTS);
+      let batch = [];
       const seq = this.nextSeq;
       try {
+        batch = this._nextBatch();
         const r = await whileReconnecting(() => this.client.streamAppend(
           this.runId, this.streamId, seq, batch.map((b) => b.event)), this.retryTimeoutMs);
         this.appends += 1;
@@ -190,4 +214,11 @@ export class StreamProducer {
   }
 }
 
-
+/** Abort `p`'s run after `err` ended its production (`what`: 'append refused', 'commit
+ * refused', ...), the reason naming it; best effort. Not after a connection that stayed down
+ * (the abort could not be sent either; a run whose connection is gone is producer-lost). */
+export async function abortRefused(p, what, err) {
+  if (err instanceof ConnectionClosed) return;
+  const reason = `${what}: ${err?.name ?? 'Error'}: ${err?.message ?? err}`.slice(0, 200);
+  await p.abort(reason).catch(() => {});
+}

@@ -3,9 +3,9 @@
 // the run's own published events as soon as each is durable, treats a provider that goes silent
 // for `stallTimeoutMs` as broken (cause `stalled`), follows the daemon's recovery plans, and
 // ends the run with one commit.
-import { Conflict, HoldfastError } from './errors.js';
+import { Conflict, ConnectionClosed, HoldfastError } from './errors.js';
 import { iterate } from './iterate.js';
-import { CONTINUATIONS, StreamProducer } from './producer.js';
+import { CONTINUATIONS, StreamProducer, abortRefused } from './producer.js';
 
 /** Event types a provider stream may hand over already in holdfast's form. */
 const PRODUCER_EVENTS = new Set(['text', 'tool_call_delta', 'tool_call_end']);
@@ -337,6 +337,13 @@ export class RecoveringStream {
         yield* this._finish(p, 'done', this._completed(), nextEvent, taken, null);
         return;
       }
+    } catch (e) {
+      // An error that leaves the run ours and unended (a refused append or commit, a chunk of
+      // the wrong type): the run is aborted, saying why, not left `streaming` until it expires.
+      if (!this._ended && !(e instanceof StreamFailed) && !(e instanceof SplitToolCall)) {
+        await abortRefused(p, p.failed ? 'append refused' : 'failed', p.failed ?? e);
+      }
+      throw e;
     } finally {
       abandon?.();
       await sub.close().catch(() => {});
@@ -363,11 +370,18 @@ export class RecoveringStream {
 
   async* _finish(p, what, arg, nextEvent, taken, causeErr) {
     if (what === 'done' || what === 'tools') {
-      await p.commit({ role: 'assistant', ...(arg?.length ? { tool_calls: arg } : {}) }, { contentFromStream: true });
+      try {
+        await p.commit({ role: 'assistant', ...(arg?.length ? { tool_calls: arg } : {}) }, { contentFromStream: true });
+      } catch (e) {
+        if (!(e instanceof ConnectionClosed)) this._ended = true;
+        await abortRefused(p, 'commit refused', e);
+        throw e;
+      }
     } else {
       const last = this.plans.at(-1) ?? {};
       await p.abort(what === 'split' ? `split_tool_call: ${arg?.tool ?? '?'}` : `recovery failed: ${last.cause} (${last.reason})`);
     }
+    this._ended = true;
     for (;;) {
       const r = await nextEvent();
       taken();

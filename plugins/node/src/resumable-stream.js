@@ -7,7 +7,7 @@
 //   const streamContext = createResumableStreamContext({ client, waitUntil: null });
 import { Conflict, NotFound } from './errors.js';
 import { persistUIMessageStream, uiMessageChunks } from './ai.js';
-import { StreamProducer } from './producer.js';
+import { StreamProducer, abortRefused } from './producer.js';
 import { ENDED } from './sse.js';
 
 /**
@@ -39,20 +39,79 @@ export function createResumableStreamContext({
     return uiMessageChunks(client, streamId, { sse: true, skipCharacters });
   }
 
-  async function createNewResumableStream(streamId, makeStream, skipCharacters) {
-    let work;
+  /** Let go of a stream that will not be kept: a `tee()` branch nobody reads buffers the whole
+   * answer in memory. */
+  function discard(makeStream) {
+    try {
+      const s = typeof makeStream === 'function' ? makeStream() : makeStream;
+      Promise.resolve(s?.cancel?.()).catch(() => {});
+    } catch {
+      // nothing to let go
+    }
+  }
+
+  /** Persist `stream` with `producer` (a begun run); never rejects: failures go to onError. */
+  function keep(streamId, producer, stream) {
+    const done = persistUIMessageStream(client, streamId, stream, { producer, stallTimeoutMs })
+      .then(() => {}, (e) => onError(e, streamId));
+    if (waitUntil) waitUntil(done);
+    return done;
+  }
+
+  async function createNew(streamId, makeStream, skipCharacters) {
+    let producer;
     try {
       // Begin first: a second producer of the same id is refused, never interleaved.
-      const producer = await StreamProducer.begin(client, streamId, { threadId, model });
-      work = persistUIMessageStream(client, streamId, makeStream(), { producer, stallTimeoutMs });
+      producer = await StreamProducer.begin(client, streamId, { threadId, model });
     } catch (e) {
+      discard(makeStream);
       if (e instanceof Conflict) return (await hasExistingStream(streamId)) === 'DONE' ? null : resumeExistingStream(streamId, skipCharacters);
       throw e;
     }
-    const done = work.catch((e) => onError(e, streamId));
-    if (waitUntil) waitUntil(done);
+    let stream;
+    try {
+      stream = makeStream();
+    } catch (e) {
+      // No stream will come: the run just begun is ended, not left streaming.
+      await abortRefused(producer, 'no stream to keep', e);
+      throw e;
+    }
+    keep(streamId, producer, stream);
     const out = await uiMessageChunks(client, streamId, { sse: true, skipCharacters });
     return out ?? null;
+  }
+
+  /** The AI SDK calls `consumeSseStream` without awaiting or catching what it returns, so a
+   * rejection here (a run id the daemon refuses, `Sealed`, the daemon unreachable) would be an
+   * unhandled rejection, which ends a Node server. The promise returned is therefore handled
+   * already (its failure goes to `onError`); a caller that awaits it still sees the rejection. */
+  function createNewResumableStream(streamId, makeStream, skipCharacters) {
+    const p = createNew(streamId, makeStream, skipCharacters);
+    p.catch((e) => onError(e, streamId));
+    return p;
+  }
+
+  /** Begin run `streamId` now, before the answer is streamed, so a refusal can be the HTTP
+   * request's answer (useChat shows a failed POST as its error). Resolves to `consume`, the
+   * `consumeSseStream` to pass: `({stream}) => ...` keeps the stream and never rejects;
+   * `consume.abort(reason)` ends the run when no stream will come (streamText threw). */
+  async function beginNewResumableStream(streamId) {
+    const producer = await StreamProducer.begin(client, streamId, { threadId, model });
+    let used = false;
+    const consume = ({ stream }) => {
+      if (used) {
+        discard(stream);
+        return Promise.resolve();
+      }
+      used = true;
+      return keep(streamId, producer, stream);
+    };
+    consume.abort = async (reason = 'the answer was never streamed') => {
+      if (used) return;
+      used = true;
+      await producer.abort(reason).catch((e) => onError(e, streamId));
+    };
+    return consume;
   }
 
   async function resumableStream(streamId, makeStream, skipCharacters) {
@@ -62,5 +121,8 @@ export function createResumableStreamContext({
     return createNewResumableStream(streamId, makeStream, skipCharacters);
   }
 
-  return { resumableStream, resumeExistingStream, createNewResumableStream, hasExistingStream };
+  return {
+    resumableStream, resumeExistingStream, createNewResumableStream, hasExistingStream,
+    beginNewResumableStream,
+  };
 }

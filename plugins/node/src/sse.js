@@ -1,5 +1,6 @@
 // Server-Sent Events for a browser: a run's events, resumable by Last-Event-ID.
-import { InvalidParams, NotFound } from './errors.js';
+import { whileReconnecting } from './client.js';
+import { Busy, ConnectionClosed, InvalidParams, NotFound } from './errors.js';
 import { followRun } from './fanout.js';
 
 /** Statuses of a run that has ended (stream.get). */
@@ -74,13 +75,24 @@ export function sseHandler(client, runId, { heartbeatMs = 15_000, retryMs = 1000
       plain(res, 400, e.message);
       return;
     }
+    let gone = false;
+    res.on?.('close', () => { gone = true; });
+    // A call in flight when the daemon restarts fails with ConnectionClosed: asked again while
+    // the client reconnects (for its reconnectTimeoutMs), so a viewer arriving during a
+    // restart sees nothing of it.
+    const retrying = (op) => whileReconnecting(op, client.reconnectTimeoutMs ?? 30_000, () => !gone);
     let state;
     try {
-      state = await client.streamGet(rid);
+      state = await retrying(() => client.streamGet(rid));
     } catch (e) {
       if (e instanceof NotFound) plain(res, 404, `no run ${JSON.stringify(String(rid))}`);
       else if (e instanceof InvalidParams) plain(res, 400, e.message);
-      else plain(res, 503, `holdfast: ${e.message}`);
+      else if ((e instanceof ConnectionClosed || e instanceof Busy) && !res.headersSent) {
+        // The daemon stays unreachable (or busy): a non-200 would make EventSource give up for
+        // good, so the browser is told to come back (`retry`) with an `error` event to show.
+        res.writeHead(200, { ...SSE_HEADERS, ...headers });
+        res.end(`retry: ${retryMs}\n\n${sseMessage('error', { kind: e.kind ?? 'storage', message: `holdfast: ${e.message}` })}`);
+      } else plain(res, 503, `holdfast: ${e.message}`);
       return;
     }
     if (ENDED.has(state.status) && after === state.finish_seq) {
@@ -115,7 +127,7 @@ export function sseHandler(client, runId, { heartbeatMs = 15_000, retryMs = 1000
       let message = null;
       if (status === 'committed') {
         try {
-          message = (await client.streamGet(rid, { reveal: true })).final_message ?? null;
+          message = (await retrying(() => client.streamGet(rid, { reveal: true }))).final_message ?? null;
         } catch {
           message = null;
         }
@@ -156,7 +168,7 @@ export function sseHandler(client, runId, { heartbeatMs = 15_000, retryMs = 1000
       // The daemon went away for longer than the client retries, or refused the subscription:
       // say so (an `error` event with `data`: {kind, message}), then end the response; the
       // browser reconnects with its Last-Event-ID after `retry`.
-      await write(sseMessage('error', { kind: e?.kind ?? 'error', message: String(e?.message ?? e) }));
+      await write(`retry: ${retryMs}\n\n${sseMessage('error', { kind: e?.kind ?? 'error', message: String(e?.message ?? e) })}`);
     } finally {
       clearInterval(heartbeat);
       if (open) res.end();

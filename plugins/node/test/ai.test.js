@@ -259,3 +259,99 @@ test('finalUIMessage equals the message readUIMessageStream built from the live 
   assert.equal((await client.streamGet(runId, { reveal: true })).final_message.content, 'Let me look that up. And the news.');
   console.log(`finalUIMessage = the live UIMessage: ${liveJson.parts.map((p) => `${p.type}${p.state ? `(${p.state})` : ''}`).join(', ')}`);
 });
+
+test('a stream that cannot be kept never crashes the server: consumeSseStream\'s rejection is handled, and beginNewResumableStream lets the POST fail with an error the page shows', { skip }, async (t) => {
+  const d = await withDaemon(t);
+  const client = await d.client();
+  t.after(() => client.close());
+  const unhandled = [];
+  const onUnhandled = (e) => unhandled.push(e);
+  process.on('unhandledRejection', onUnhandled);
+  t.after(() => process.off('unhandledRejection', onUnhandled));
+  const reported = [];
+  const ctx = createResumableStreamContext({ client, waitUntil: null, onError: (e, id) => reported.push([id, e]) });
+  const begun = [];
+
+  // The README's line, as the AI SDK calls it (not awaited, not caught), with a run id the
+  // daemon refuses (a chat id "a/b").
+  const server = http.createServer(async (req, res) => {
+    let body = '';
+    for await (const c of req) body += c;
+    const { id: chatId, begin } = JSON.parse(body);
+    const runId = `chat-${chatId}-${Date.now()}`;
+    begun.push(runId);
+    const result = () => ai.streamText({ model: mockModel(0), prompt: 'hi' });
+    if (!begin) {
+      result().pipeUIMessageStreamToResponse(res, {
+        generateMessageId: () => runId,
+        consumeSseStream: ({ stream }) => ctx.createNewResumableStream(runId, () => stream),
+      });
+      return;
+    }
+    let consume;
+    try {
+      consume = await ctx.beginNewResumableStream(runId);
+    } catch (e) {
+      res.writeHead(503, { 'content-type': 'text/plain' });
+      res.end(`this chat cannot be kept: ${e.message}`);
+      return;
+    }
+    result().pipeUIMessageStreamToResponse(res, { generateMessageId: () => runId, consumeSseStream: consume });
+  });
+  await new Promise((r) => server.listen(0, '127.0.0.1', r));
+  t.after(() => { server.closeAllConnections(); server.close(); });
+  const url = `http://127.0.0.1:${server.address().port}/api/chat`;
+  const post = async (body) => {
+    const r = await fetch(url, { method: 'POST', body: JSON.stringify(body) });
+    return { status: r.status, text: await r.text() };
+  };
+
+  const bad = await post({ id: 'a/b' });
+  assert.equal(bad.status, 200, 'the SDK had already answered');
+  await until(() => reported.length === 1, 10_000, 'the failure reaches onError');
+  assert.match(reported[0][0], /^chat-a\/b-/);
+  assert.equal(reported[0][1].name, 'InvalidParams');
+  await new Promise((r) => setTimeout(r, 200)); // past the turn where Node reports unhandled rejections
+  assert.deepEqual(unhandled, [], 'no unhandled rejection (Node would end the server)');
+
+  // Begun first: the refusal is the POST's answer (useChat's transport throws on it: the page
+  // shows the error), and a good chat is kept.
+  const refused = await post({ id: 'a/b', begin: true });
+  assert.equal(refused.status, 503);
+  assert.match(refused.text, /cannot be kept/);
+  const ok = await post({ id: 'c1', begin: true });
+  assert.equal(ok.status, 200);
+  const good = begun.at(-1);
+  assert.match(good, /^chat-c1-/);
+  await until(async () => (await client.streamGet(good)).status === 'committed', 20_000, 'the good chat committed');
+  assert.equal(reported.length, 1, 'the refusal the caller got itself is not reported again');
+  assert.deepEqual(unhandled, []);
+});
+
+test('finalUIMessage equals readUIMessageStream for approvals, denied outputs, a reset step, an input still streaming, custom parts', { skip }, async (t) => {
+  const { persistUIMessageStream } = await import('../src/ai.js');
+  const d = await withDaemon(t);
+  const client = await d.client();
+  t.after(() => client.close());
+  const S = [{ type: 'start', messageId: 'm1' }, { type: 'start-step' }];
+  const T = (id, ...deltas) => [{ type: 'text-start', id }, ...deltas.map((delta) => ({ type: 'text-delta', id, delta })), { type: 'text-end', id }];
+  const END = [{ type: 'finish-step' }, { type: 'finish', finishReason: 'stop' }];
+  const cases = {
+    approval: [...S, { type: 'tool-input-start', toolCallId: 'c1', toolName: 'rm' }, { type: 'tool-input-delta', toolCallId: 'c1', inputTextDelta: '{"path":"/"}' }, { type: 'tool-input-available', toolCallId: 'c1', toolName: 'rm', input: { path: '/' } }, { type: 'tool-approval-request', approvalId: 'ap1', toolCallId: 'c1' }, ...END],
+    denied: [...S, { type: 'tool-input-available', toolCallId: 'c1', toolName: 'rm', input: {} }, { type: 'tool-approval-request', approvalId: 'ap1', toolCallId: 'c1' }, { type: 'tool-output-denied', toolCallId: 'c1' }, ...END],
+    reset: [...S, ...T('a', 'first try that gets dropped'), { type: 'reset-step' }, { type: 'start-step' }, ...T('b', 'second try'), ...END],
+    streaming: [...S, { type: 'tool-input-start', toolCallId: 'c1', toolName: 'w' }, { type: 'tool-input-delta', toolCallId: 'c1', inputTextDelta: '{"q":"ab' }, ...END],
+    custom: [...S, { type: 'custom', kind: 'openai.compaction' }, ...T('a', 'x'), ...END],
+  };
+  for (const [name, chunks] of Object.entries(cases)) {
+    let live;
+    const stream = new ReadableStream({ start(c) { for (const x of chunks) c.enqueue(x); c.close(); } });
+    for await (const m of ai.readUIMessageStream({ stream, terminateOnError: true })) live = m;
+    const r = await persistUIMessageStream(client, `ui-${name}`, chunks);
+    assert.equal(r.status, 'committed', name);
+    const fin = await finalUIMessage(client, `ui-${name}`);
+    assert.deepStrictEqual(JSON.parse(JSON.stringify(fin)), JSON.parse(JSON.stringify(live)), name);
+  }
+  const reset = (await client.streamGet('ui-reset', { reveal: true })).final_message;
+  assert.equal(reset.content, 'second try', 'the dropped step\'s text is not in the stored content');
+});

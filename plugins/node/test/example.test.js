@@ -102,3 +102,38 @@ test('a message whose run never began: reported failed after the start timeout, 
   assert.deepEqual(view.body.messages.map((m) => m.status ?? m.role), ['user', 'failed']);
   assert.match(view.body.messages[1].error, /never started/);
 });
+
+test('a rolling restart (the new server up before the old one stops) loses no answer; a message posted during a shutdown is answered 503 + Retry-After', async (t) => {
+  const d = await withDaemon(t);
+  const client = await d.client();
+  t.after(() => client.close());
+  const old = await startChatServer(t, d);
+  const { run_id: run } = await post(old, 'rolling', { text: 'An answer during a rolling restart', deltas: 400, delayMs: 15 });
+  await until(async () => (await client.streamGet(run)).next_seq > 20, 30_000, 'streaming');
+  const next = await startChatServer(t, d); // same --data
+  // A second message to the old server, whose producer is held up (stopped) so that the
+  // shutdown is still waiting for it when a third message comes.
+  const { run_id: run2, producer_pid: slow } = await post(old, 'rolling', { text: 'Second', deltas: 400, delayMs: 15 });
+  process.kill(slow, 'SIGSTOP');
+  const stopped = old.kill('SIGTERM');
+  let late;
+  try {
+    await until(() => /stopping; handing/.test(old.log()), 20_000, 'the shutdown began');
+    const r = await fetch(`${old.url}api/threads/rolling/messages`, {
+      method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ text: 'During the shutdown' }),
+    });
+    late = { status: r.status, retryAfter: r.headers.get('retry-after'), body: await r.json() };
+  } finally {
+    process.kill(slow, 'SIGCONT');
+  }
+  assert.equal(late.status, 503);
+  assert.equal(late.retryAfter, '1');
+  assert.match(late.body.error, /restarting/);
+  assert.deepEqual(await stopped, { code: 0, signal: null }, old.log());
+  for (const r of [run, run2]) {
+    await until(async () => (await client.streamGet(r)).status === 'committed', 90_000, `${r} resumed by the new server and committed`);
+  }
+  assert.match(next.log(), /resuming chat-rolling-/);
+  const view = await getJson(`${next.url}api/threads/rolling`);
+  assert.deepEqual(view.body.messages.map((m) => m.status ?? m.role), ['user', 'committed', 'user', 'committed'], 'the turns the old server recorded after the new one started are there');
+});

@@ -42,6 +42,13 @@ test('the npm tarball: LICENSE, the example and its README, everything the READM
       const target = normalize(join(base, link)).replace(/\/$/, '');
       assert.ok([...files.keys()].some((f) => f === target || f.startsWith(`${target}/`)), `${readme} links ${link}, which is not in the package`);
     }
+    // A document of the holdfast repository (docs/*.md) is not in the package: a shipped README
+    // may name one only as the repository's, with what the reader needs said in the README.
+    for (const m of text.matchAll(/[^\n]*\bdocs\/[\w.-]+\.md[^\n]*/g)) {
+      const doc = /\bdocs\/[\w.-]+\.md/.exec(m[0])[0];
+      if (files.has(doc)) continue;
+      assert.match(m[0], /repository/, `${readme} cites ${doc}, which is not in the package: "${m[0].trim()}"`);
+    }
     const named = [...text.matchAll(/holdfast-client\/((?:examples|src|types)\/[\w./-]+)/g)].map((m) => m[1].replace(/[.,]$/, '').replace(/\/$/, ''));
     for (const path of named) assert.ok(files.has(path) || [...files.keys()].some((f) => f.startsWith(`${path}/`)), `${readme} names ${path}, which is not in the package`);
   }

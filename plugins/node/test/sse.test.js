@@ -261,3 +261,75 @@ test('a viewer the server cannot serve gets an error event before its response e
   assert.ok(err.message.length > 0);
   console.log(`daemon gone: the viewer got an error event (${err.kind}: ${err.message})`);
 });
+
+test('a viewer arriving during a daemon restart is served once the client reconnects; a daemon that stays away gets an SSE error with retry, never a 503', async (t) => {
+  const { until } = await import('./harness.js');
+  const d = await withDaemon(t);
+  const prod = await d.client({ client: 'prod' });
+  const web = await d.client({ client: 'web', reconnectTimeoutMs: 60_000 });
+  t.after(() => { prod.close(); web.close(); });
+  const base = await serve(t, web);
+  const p = await StreamProducer.begin(prod, 'run-r');
+  await p.text('hello');
+
+  // The viewer's stream.get is in flight when the daemon goes (stopped, then killed).
+  const proc = d.proc;
+  proc.kill('SIGSTOP');
+  const viewer = readSse(`${base}/runs/run-r/events`, { until: (ps) => ps.events.length > 0, timeoutMs: 90_000 });
+  await until(() => web._conn?.pending.size > 0, 20_000, 'the viewer\'s call is in flight');
+  await d.restart('SIGKILL');
+  const r = await viewer;
+  assert.equal(r.status, 200);
+  assert.equal(r.events[0].event, 'text', JSON.stringify(r.events));
+  assert.equal(JSON.parse(r.events[0].data).text, 'hello');
+
+  // The daemon away for longer than the client keeps trying.
+  const impatient = await d.client({ client: 'web2', reconnectTimeoutMs: 500 });
+  t.after(() => impatient.close());
+  const base2 = await serve(t, impatient);
+  await d.stop();
+  try {
+    const down = await readSse(`${base2}/runs/run-r/events`, { timeoutMs: 60_000 });
+    assert.equal(down.status, 200, 'not a status that stops EventSource for good');
+    assert.ok(down.retry > 0, 'the browser is told when to come back');
+    assert.equal(down.events.at(-1)?.event, 'error');
+    assert.ok(down.ended);
+  } finally {
+    await d.launch();
+  }
+});
+
+test('viewers never take the slots of the application\'s connection, and a burst of viewers of many runs shares further connections 16 runs each', async (t) => {
+  const { RecoveringStream, followRun, followStats } = await import('../src/index.js');
+  const { until } = await import('./harness.js');
+  const d = await withDaemon(t);
+  const web = await d.client({ client: 'web' });
+  const prod = await d.client({ client: 'prod' });
+  t.after(() => { web.close(); prod.close(); });
+  const R = 40;
+  for (let i = 0; i < R; i++) {
+    const p = await StreamProducer.begin(prod, `b-${i}`);
+    await p.text('x');
+  }
+  // Viewers of R runs arriving at once.
+  const viewers = Array.from({ length: R }, (_, i) => followRun(web, `b-${i}`, 0));
+  const firsts = await Promise.all(viewers.map((v) => v.next()));
+  assert.ok(firsts.every((r) => r.value?.event?.type === 'text'));
+  const stats = followStats(web);
+  assert.equal(stats.runs, R);
+  assert.ok(stats.connections <= 1 + Math.ceil(R / 16), `${stats.connections} connections for ${R} runs`);
+
+  // The application's own connection still has all 16 slots.
+  const subs = [];
+  for (let i = 0; i < 15; i++) subs.push(await web.subscribeStream(`b-${i}`, 0));
+  async function* provider() { yield 'Hello '; yield 'world'; }
+  let text = '';
+  for await (const ev of new RecoveringStream(web, 'answer-1', provider(), { reopen: () => provider() })) {
+    if (ev.type === 'text') text += ev.text;
+  }
+  assert.equal(text, 'Hello world');
+  assert.equal((await prod.streamGet('answer-1')).status, 'committed');
+  for (const s of subs) await s.close();
+  for (const v of viewers) await v.close();
+  await until(() => followStats(web).connections === 1, 30_000, 'the further connections closed with their last viewer');
+});

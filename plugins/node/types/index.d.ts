@@ -3,6 +3,10 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 
 export const PROTOCOL_VERSION: 1;
 export const MAX_LINE_BYTES: number;
+/** The daemon's default cap on one request line (1 MiB). */
+export const MAX_FRAME_BYTES: number;
+/** `text` with its lone UTF-16 surrogates replaced by U+FFFD (what the client sends). */
+export function toWellFormed(text: string): string;
 export const MAX_BATCH_EVENTS: number;
 
 export type ErrorKind =
@@ -28,6 +32,11 @@ export class Busy extends HoldfastError {}
 export class Unsupported extends HoldfastError {}
 export class ConnectionClosed extends StorageError {}
 export class CallTimeout extends Busy {}
+/** A request over the daemon's frame cap: refused before it is sent, never retried. */
+export class FrameTooLarge extends InvalidParams {
+  bytes: number;
+  maxFrameBytes: number;
+}
 export function errorFromResponse(err: unknown): HoldfastError;
 
 export function defaultSocketPath(): string;
@@ -44,6 +53,8 @@ export interface ClientOptions {
   reconnect?: boolean;
   /** How long to keep trying (default 30000). */
   reconnectTimeoutMs?: number;
+  /** The longest request line sent (default: 1 MiB, the daemon's default cap). */
+  maxFrameBytes?: number;
 }
 
 export interface Hello {
@@ -173,6 +184,8 @@ export class Client {
   readonly socketPath: string;
   readonly hello: Hello | null;
   readonly reconnects: number;
+  /** The longest request line the client sends (see ClientOptions.maxFrameBytes). */
+  readonly maxFrameBytes: number;
   readonly closed: boolean;
   call<T = any>(method: string, params?: Json): Promise<T>;
   close(): void;

@@ -10,7 +10,8 @@ const WORDS = `the a durable stream survives crashes refreshes and restarts beca
 export function fakeReply(prompt, count = 300) {
   let h = 2166136261;
   for (const ch of String(prompt)) h = Math.imul(h ^ ch.codePointAt(0), 16777619) >>> 0;
-  const pieces = [`Answer to "${String(prompt).slice(0, 60)}": `];
+  // 60 characters, not UTF-16 units: `slice(0, 60)` could cut an emoji in half.
+  const pieces = [`Answer to "${Array.from(String(prompt)).slice(0, 60).join('')}": `];
   for (let i = 1; i < count; i++) {
     h = Math.imul(h ^ i, 16777619) >>> 0;
     const word = WORDS[h % WORDS.length];

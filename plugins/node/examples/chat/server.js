@@ -14,9 +14,12 @@
 // --data (default: $XDG_STATE_HOME/holdfast-chat-example or ~/.local/state/...).
 //
 // Shutdown (SIGTERM, SIGINT) hands the answers in progress over: each producer stops with what
-// it streamed durable and its run left resumable, and the next server started on the same
-// --data resumes them (as it does any run of its threads that no producer holds). A message
-// whose producer never began its run is reported as failed after --start-timeout-ms (30 s).
+// it streamed durable and its run left resumable, and a server on the same --data resumes them
+// (as it does any run of its threads that no producer holds) — at its start, and every
+// --orphan-poll-ms (2 s) after, so a rolling restart (the new server up before the old one is
+// stopped) loses nothing. A message posted during the shutdown is answered 503 with
+// Retry-After (the page shows it failed). A message whose producer never began its run is
+// reported as failed after --start-timeout-ms (30 s).
 import { spawn } from 'node:child_process';
 import { mkdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
@@ -34,11 +37,12 @@ const { values: opts } = parseArgs({
     host: { type: 'string', default: '127.0.0.1' },
     data: { type: 'string' },
     'start-timeout-ms': { type: 'string', default: '30000' },
+    'orphan-poll-ms': { type: 'string', default: '2000' },
     help: { type: 'boolean', short: 'h' },
   },
 });
 if (opts.help) {
-  process.stdout.write(readFileSync(fileURLToPath(import.meta.url), 'utf8').split('\n').slice(1, 21)
+  process.stdout.write(readFileSync(fileURLToPath(import.meta.url), 'utf8').split('\n').slice(1, 24)
     .map((l) => l.replace(/^\/\/ ?/, '')).join('\n'));
   process.exit(0);
 }
@@ -56,8 +60,27 @@ try {
 } catch (e) {
   if (e.code !== 'ENOENT') throw e;
 }
+/** Turns another server on the same --data recorded since we read the file (a rolling
+ * restart runs two at once for a moment): merged in by run id, none of ours lost. */
+function mergeThreads() {
+  let disk;
+  try {
+    disk = JSON.parse(readFileSync(threadsFile, 'utf8'));
+  } catch {
+    return;
+  }
+  for (const [thread, turns] of Object.entries(disk)) {
+    const mine = (threads[thread] ??= []);
+    const known = new Set(mine.map((t) => t.run_id));
+    const added = turns.filter((t) => !known.has(t.run_id));
+    if (!added.length) continue;
+    mine.push(...added);
+    mine.sort((a, b) => (a.created_at_ms ?? 0) - (b.created_at_ms ?? 0));
+  }
+}
 function saveThreads() {
-  const tmp = `${threadsFile}.tmp`;
+  mergeThreads();
+  const tmp = `${threadsFile}.${process.pid}.tmp`;
   writeFileSync(tmp, JSON.stringify(threads), { mode: 0o600 });
   renameSync(tmp, threadsFile);
 }
@@ -168,6 +191,13 @@ async function resumeOrphans() {
 const client = await Client.connect({ client: 'chat-example-server' });
 const events = sseHandler(client, (req) => req.params.run);
 
+/** A message posted while this server stops: not taken (the page shows it failed; sent again,
+ * it goes to the next server). */
+function restarting(res) {
+  res.writeHead(503, { 'content-type': 'application/json', 'cache-control': 'no-store', 'retry-after': '1' });
+  res.end(JSON.stringify({ error: 'the server is restarting: send the message again in a moment' }));
+}
+
 function json(res, status, body) {
   res.writeHead(status, { 'content-type': 'application/json', 'cache-control': 'no-store' });
   res.end(JSON.stringify(body));
@@ -238,6 +268,7 @@ const routes = [
   ['POST', /^\/api\/threads\/(?<thread>[^/]+)\/messages$/, async (req, res) => {
     const thread = req.params.thread;
     if (!ID.test(thread)) return json(res, 400, { error: 'bad thread id' });
+    if (stopping) return restarting(res);
     const body = await readBody(req);
     if (typeof body.text !== 'string' || !body.text.trim() || body.text.length > 2000) {
       return json(res, 400, { error: 'text: 1 to 2000 characters' });
@@ -259,6 +290,7 @@ const routes = [
     } catch (e) {
       turn.error = `the answer could not start: ${e.message}`;
       saveThreads();
+      if (stopping) return restarting(res);
       throw e;
     }
     return json(res, 200, { run_id: runId, producer_pid: pid });
@@ -283,7 +315,11 @@ const routes = [
   }],
 ];
 
+const handling = new Set(); // requests being answered (a shutdown lets them finish)
 const server = http.createServer(async (req, res) => {
+  const done = new Promise((r) => res.once('close', r));
+  handling.add(done);
+  done.then(() => handling.delete(done));
   const path = new URL(req.url, 'http://x').pathname;
   for (const [method, re, handle] of routes) {
     const m = re.exec(path);
@@ -306,17 +342,30 @@ server.listen(Number(opts.port), opts.host, () => {
   // The first line on stdout: how the tests (and you) find it.
   process.stdout.write(`listening on http://${opts.host}:${port}/\n`);
 });
-// Answers left by a previous server (handed over at its shutdown, or orphaned by a crash).
-resumeOrphans().catch((e) => log(`resuming the runs left over: ${e.message}`));
+// Answers left by a previous server (handed over at its shutdown, or orphaned by a crash): at
+// the start, then every --orphan-poll-ms (a server stopped after this one started hands its
+// answers over later), with turns it recorded merged in from the shared file.
+let polling = null;
+const poll = () => {
+  if (stopping || polling) return;
+  polling = Promise.resolve().then(() => { mergeThreads(); return resumeOrphans(); })
+    .catch((e) => log(`resuming the runs left over: ${e.message}`))
+    .finally(() => { polling = null; });
+};
+poll();
+const orphanPollMs = Number(opts['orphan-poll-ms']);
+const poller = orphanPollMs > 0 ? setInterval(poll, orphanPollMs) : null;
 
 async function shutdown(sig) {
   if (stopping) return;
   stopping = true;
+  if (poller) clearInterval(poller);
   // Hand the answers in progress over: each producer (our own children, by the pids we
   // started) stops with what it streamed durable and leaves its run resumable; the next
   // server resumes it. Bounded: a producer that does not stop in 10 s is killed (and its run
   // is then resumed the same way, from what was durable).
   const running = [...producers.values()].filter((p) => p.pid);
+  log(`${sig}: stopping; handing ${running.length} answer(s) in progress over`);
   for (const p of running) process.kill(p.pid, 'SIGTERM');
   const killer = setTimeout(() => {
     for (const p of running) if (p.pid) process.kill(p.pid, 'SIGKILL');
@@ -324,6 +373,10 @@ async function shutdown(sig) {
   await Promise.all(running.map((p) => p.exited));
   clearTimeout(killer);
   log(`${sig}: ${running.length} answer(s) in progress handed over to the next server`);
+  // The answers being written (a message posted meanwhile gets its 503) go out before the
+  // connections close; SSE streams stay open until closed below (their pages reconnect).
+  const answering = [...handling];
+  await Promise.race([Promise.all(answering.filter((p) => p !== undefined)), new Promise((r) => setTimeout(r, 1000))]);
   server.close();
   server.closeAllConnections();
   client.close();

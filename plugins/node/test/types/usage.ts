@@ -1,7 +1,9 @@
 // Compiled (not run) by `tsc --noEmit --strict` in plugins/run-tests.sh: the .d.ts files
 // describe the package as users import it.
 import http from 'node:http';
-import { Client, Conflict, HoldfastError, StreamProducer, sseHandler, type StreamEvent } from 'holdfast-client';
+import {
+  Client, Conflict, FrameTooLarge, HoldfastError, MAX_FRAME_BYTES, StreamProducer, sseHandler, toWellFormed, type StreamEvent,
+} from 'holdfast-client';
 import { finalUIMessage, persistUIMessageStream, UI_MESSAGE_STREAM_HEADERS } from 'holdfast-client/ai';
 import { createResumableStreamContext } from 'holdfast-client/resumable-stream';
 
@@ -38,3 +40,23 @@ async function main(): Promise<void> {
   console.log(key, acked, seq, s, r.status, m?.parts.length, UI_MESSAGE_STREAM_HEADERS['content-type']);
 }
 void main();
+
+// Frame cap and well-formed strings (fix of attack a19/a7).
+async function frames(c: Client): Promise<number> {
+  try {
+    await c.setValue('k', toWellFormed('x'));
+  } catch (e) {
+    if (e instanceof FrameTooLarge) return e.bytes - e.maxFrameBytes;
+  }
+  return c.maxFrameBytes + MAX_FRAME_BYTES;
+}
+void frames;
+
+// beginNewResumableStream: the consumeSseStream the AI SDK takes (fix of attack a26).
+async function begin(client: Client): Promise<void> {
+  const ctx = createResumableStreamContext({ client });
+  const consume = await ctx.beginNewResumableStream('run-1');
+  await consume({ stream: new ReadableStream<string>() });
+  await consume.abort('never streamed');
+}
+void begin;

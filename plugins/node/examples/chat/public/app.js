@@ -201,12 +201,22 @@ document.getElementById('send').addEventListener('submit', async (e) => {
   if (!text) return;
   input.value = '';
   addUser(text);
-  const r = await fetch(`/api/threads/${encodeURIComponent(thread)}/messages`, {
-    method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ text, ...knobs }),
-  });
-  const body = await r.json();
-  if (!r.ok) {
-    list.append(el('div', 'msg assistant', `error: ${body.error}`));
+  let r;
+  let body;
+  try {
+    r = await fetch(`/api/threads/${encodeURIComponent(thread)}/messages`, {
+      method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ text, ...knobs }),
+    });
+    body = await r.json().catch(() => ({ error: `HTTP ${r.status}` }));
+  } catch (err) {
+    // The request never got an answer (the server stopped under it): say so, never nothing.
+    body = { error: `the message was not sent (${err.message}); send it again` };
+  }
+  if (!r?.ok) {
+    const failed = el('div', 'msg assistant', `error: ${body.error}`);
+    failed.dataset.status = 'failed';
+    list.append(failed);
+    grew();
     return;
   }
   follow(body.run_id, addAssistant(body.run_id));
