@@ -226,6 +226,10 @@ fn every_method_once_with_its_result_shape() {
         json!({"plugin": null, "stores": ["default"], "runs": ["*"]})
     );
     assert_eq!(h["data_dir"], json!(env.data_dir), "{h}");
+    assert_eq!(
+        h["max_frame_bytes"], 1_048_576,
+        "the default frame cap: {h}"
+    );
 
     // Unknown method after hello.
     let e = c1.err("cred.frobnicate", json!({}));

@@ -330,6 +330,7 @@ Some(name) => daemon.config().plugins.get(name).map(|g| g.bound_as(name)).ok_or_
             runs: grant.run_patterns(),
         },
         data_dir: daemon.data_dir(),
+        max_frame_bytes: daemon.config().limits().max_frame,
     })
 }
 

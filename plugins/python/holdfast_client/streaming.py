@@ -79,6 +79,35 @@ CATCH_UP_TIMEOUT = 30
 #: The most events one ``stream.append`` carries (the daemon's cap is 1,024).
 MAX_BATCH_EVENTS = 1024
 
+#: The daemon's default cap on one request line, for a daemon whose ``hello`` does not say.
+DEFAULT_MAX_FRAME_BYTES = 1024 * 1024
+
+#: Room a ``stream.append`` line takes besides its events (the envelope, the ids, the seq).
+_APPEND_ENVELOPE_BYTES = 512
+
+
+def _event_bytes(event: Dict[str, Any]) -> int:
+    return len(json.dumps(event, separators=(",", ":"), ensure_ascii=False).encode("utf-8",
+                                                                                  "replace"))
+
+
+def _batch_len(client: Any, run_id: str, stream_id: str, queue: List[Dict[str, Any]]) -> int:
+    """How many of ``queue``'s first events one append carries: at most
+    ``MAX_BATCH_EVENTS``, and no more than fit in the daemon's request line
+    (``hello.max_frame_bytes``): a longer line is answered by closing the connection, which
+    would take every run held on it. At least one: an event that cannot fit alone is sent
+    alone and refused unsent by the client (``FrameTooLarge``), failing this stream only."""
+    hello = getattr(client, "hello", None) or {}
+    limit = int(hello.get("max_frame_bytes") or DEFAULT_MAX_FRAME_BYTES)
+    room = limit - _APPEND_ENVELOPE_BYTES - len(run_id.encode()) - len(stream_id.encode())
+    n, used = 0, 0
+    for event in queue[:MAX_BATCH_EVENTS]:
+        used += _event_bytes(event) + 1
+        if n > 0 and used > room:
+            break
+        n += 1
+    return n
+
 
 class _Appender:
     """The appends of one run from any number of threads: events handed over while an append
@@ -119,7 +148,8 @@ class _Appender:
             return self._next + len(self._queue)
 
     def _take(self) -> Tuple[int, List[Dict[str, Any]]]:
-        batch, self._queue = (self._queue[:MAX_BATCH_EVENTS], self._queue[MAX_BATCH_EVENTS:])
+        n = _batch_len(self._client, self._run, self._stream, self._queue)
+        batch, self._queue = (self._queue[:n], self._queue[n:])
         seq = self._next
         self._next += len(batch)
         self._sending = True
@@ -284,8 +314,9 @@ class _AsyncAppender:
 
     async def _drain(self) -> None:
         while self._queue and self._error is None:
-            batch = self._queue[:MAX_BATCH_EVENTS]
-            del self._queue[:MAX_BATCH_EVENTS]
+            n = _batch_len(self._client, self._run, self._stream, self._queue)
+            batch = self._queue[:n]
+            del self._queue[:n]
             seq = self._next
             self._next += len(batch)
             try:

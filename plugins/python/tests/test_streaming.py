@@ -353,3 +353,44 @@ def test_an_agent_killed_mid_stream_is_resumed_by_a_new_process_without_a_duplic
     assert final == " ".join("word%03d" % i for i in range(300))
     print("kill -9 after %d chunks rendered (seq %d); the new process rendered %d more chars; "
           "old + new == final (%d chars), no duplicate" % (seen, last_seq, len(rest), len(final)))
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_appends_are_split_to_fit_the_frame_cap_and_other_runs_keep_their_producer(daemon,
+                                                                                   flavour):
+    """Eight 200 KB events handed over at once are 1.6 MB: one append would pass the daemon's
+    1 MiB request line, which it answers by closing the connection (and every run held on it
+    loses its producer). The producer splits them to fit; a second run on the same client
+    keeps its producer."""
+    big = [{"type": "text", "text": ("%d" % i) * 200_000} for i in range(8)]
+    with daemon.client("producer") as p:
+        assert p.hello.get("max_frame_bytes") == 1024 * 1024, p.hello
+        other = hc.StreamProducer(p, "other-" + flavour)
+        other.text("kept")
+        if flavour == "sync":
+            prod = hc.StreamProducer(p, "big-" + flavour)
+            prod.append(big)
+            assert prod.appends >= 2, prod.appends
+            prod.commit({"role": "assistant"}, content_from_stream=True)
+        else:
+            from holdfast_client.streaming import _AsyncAppender  # RecoveringStream's
+
+            async def main():
+                async with hc.AsyncClient(daemon.socket, client="big") as ac:
+                    began = await ac.stream_begin("big-" + flavour)
+                    app = _AsyncAppender(ac, "big-" + flavour, began["stream_id"],
+                                         began["next_seq"])
+                    app.put(big)
+                    await app.flush()
+                    await ac.stream_commit("big-" + flavour, began["stream_id"],
+                                           {"role": "assistant"}, content_from_stream=True)
+                    return app.appends
+            assert asyncio.run(main()) >= 2
+        got = p.stream_get("big-" + flavour, reveal=True)
+        assert got["final_message"]["content"] == "".join(e["text"] for e in big)
+        st = p.stream_get("other-" + flavour)
+        assert st["status"] == "streaming" and st.get("no_producer_since_ms") is None, st
+        other.text(" still")
+        other.commit({"role": "assistant"}, content_from_stream=True)
+    print("%s: 1.6 MB handed over at once went in appends under the frame cap; the other run "
+          "kept its producer" % flavour)

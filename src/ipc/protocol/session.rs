@@ -49,6 +49,9 @@ pub struct Welcome<'a> {
     pub grant: Grant<'a>,
     /// The daemon's data directory.
     pub data_dir: &'a std::path::Path,
+    /// The longest request line it reads, in bytes (without the newline): a client refuses a
+    /// longer one unsent, since the daemon answers it by closing the connection.
+    pub max_frame_bytes: usize,
 }
 
 /// The grant in `hello`'s result.
