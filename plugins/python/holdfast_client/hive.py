@@ -173,11 +173,33 @@ class HoldfastCredentialStorage(_StorageBase):  # type: ignore[misc,valid-type,u
 
     # -- hive's interface ----------------------------------------------------------------------
 
+    def _not_served(self, missing: NotFound, what: str) -> StoreNotServed:
+        """The error for a call the daemon answered ``not_found`` for the store itself."""
+        store = self.store or "default"
+        return StoreNotServed(
+            message="the holdfast daemon at %s does not serve the store %r, so %s (%s). If the "
+            "store was created or imported (holdfast import --from-hive) after the daemon "
+            "started, restart it (systemctl --user restart holdfast); otherwise check the "
+            "store name given to HoldfastCredentialStorage and the daemon's config"
+            % (self._client().socket_path, store, what, missing.message),
+            code=missing.code, data=dict(missing.data, store=store),
+        )
+
+    def _store_call(self, what: str, f: Any) -> Any:
+        """``f`` on the connection, for a call whose ``not_found`` can only be the store's
+        (``cred.set`` makes a missing credential, ``cred.delete`` and ``cred.exists`` answer
+        false for one, ``cred.list`` lists none): that is ``StoreNotServed``."""
+        try:
+            return self._conn.call(f)
+        except NotFound as missing:
+            raise self._not_served(missing, what) from None
+
     def save(self, credential: "CredentialObject") -> None:
         """Store the credential (a whole document), its ``updated_at`` as given, as hive's
         ``EncryptedFileStorage`` keeps it."""
         doc = _document_of(credential)
-        self._conn.call(lambda c: c.set(doc, store=self.store, keep_updated_at=True))
+        self._store_call("credential %r cannot be saved" % credential.id,
+                         lambda c: c.set(doc, store=self.store, keep_updated_at=True))
 
     def load(self, credential_id: str) -> "Optional[CredentialObject]":
         """The credential, or ``None`` if it does not exist. ``StoreNotServed`` (naming the
@@ -188,20 +210,8 @@ class HoldfastCredentialStorage(_StorageBase):  # type: ignore[misc,valid-type,u
         except NotFound:
             # not_found is either the credential's or the store's; cred.exists answers a
             # missing credential with false, so its not_found can only be the store's.
-            client = self._client()
-            try:
-                self._conn.call(lambda c: c.exists(credential_id, store=self.store))
-            except NotFound as missing:
-                store = self.store or "default"
-                raise StoreNotServed(
-                    message="the holdfast daemon at %s does not serve the store %r, so "
-                    "credential %r cannot be loaded (%s). If the store was created or imported "
-                    "(holdfast import --from-hive) after the daemon started, restart it "
-                    "(systemctl --user restart holdfast); otherwise check the store name "
-                    "given to HoldfastCredentialStorage and the daemon's config"
-                    % (client.socket_path, store, credential_id, missing.message),
-                    code=missing.code, data=dict(missing.data, store=store),
-                ) from None
+            self._store_call("credential %r cannot be loaded" % credential_id,
+                             lambda c: c.exists(credential_id, store=self.store))
             return None
         except IntegrityError as e:
             raise CredentialDecryptionError(
@@ -210,7 +220,8 @@ class HoldfastCredentialStorage(_StorageBase):  # type: ignore[misc,valid-type,u
         return _object_of(rec.credential)
 
     def delete(self, credential_id: str) -> bool:
-        return self._conn.call(lambda c: c.delete(credential_id, store=self.store))
+        return bool(self._store_call("credential %r cannot be deleted" % credential_id,
+                                     lambda c: c.delete(credential_id, store=self.store)))
 
     def list_all(self) -> List[str]:
         """The ids in the order they were created, as hive lists its index (insertion order:
@@ -220,10 +231,13 @@ class HoldfastCredentialStorage(_StorageBase):  # type: ignore[misc,valid-type,u
         return [c["id"] for c in sorted(entries, key=_created_key)]
 
     def exists(self, credential_id: str) -> bool:
-        return self._conn.call(lambda c: c.exists(credential_id, store=self.store))
+        return bool(self._store_call("whether credential %r exists is unknown" % credential_id,
+                                     lambda c: c.exists(credential_id, store=self.store)))
 
     def _list(self) -> List[Dict[str, Any]]:
-        return self._conn.call(lambda c: c.list(store=self.store))
+        listed: List[Dict[str, Any]] = self._store_call(
+            "its credentials cannot be listed", lambda c: c.list(store=self.store))
+        return listed
 
     # -- what hive's CredentialStore uses when a storage has it ------------------------------------
 

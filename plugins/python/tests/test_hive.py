@@ -209,8 +209,12 @@ def test_a_store_the_daemon_does_not_serve_is_an_error_naming_it_not_no_credenti
     # hive's CredentialStore passes it on instead of reading "no credential".
     with pytest.raises(hc.StoreNotServed):
         CredentialStore(storage=storage).get_credential("svc/1", refresh_if_needed=False)
-    with pytest.raises(hc.NotFound):
-        storage.exists("svc/1")
+    # Every other call of hive's interface says the same, naming the store.
+    for call in (lambda: storage.exists("svc/1"), lambda: storage.delete("svc/1"),
+                 storage.list_all, lambda: storage.save(cred("svc/1", "v"))):
+        with pytest.raises(hc.StoreNotServed) as ei:
+            call()
+        assert ei.value.store == "hive" and "restart" in str(ei.value), ei.value
     storage.close()
     # A store that is served still reads a missing credential as None.
     served = HoldfastCredentialStorage(socket_path=daemon.socket)
