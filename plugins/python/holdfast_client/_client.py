@@ -41,6 +41,7 @@ from ._protocol import (
     SubscriptionTable,
     check_peer,
     encode_request,
+    max_frame_bytes,
     reconnect_delays,
     lease,
     record,
@@ -586,7 +587,8 @@ class Client:
         (``_Gone`` if it is not the current one). ``wait=False``: send only (the reader thread's
         own requests; their answers go to ``on_answer``/``on_error``)."""
         rid = next(self._ids)
-        line: Optional[bytes] = encode_request(rid, method, params)
+        line: Optional[bytes] = encode_request(rid, method, params,
+                                               max_frame_bytes(getattr(self, "hello", None)))
         waiter = _Pending(on_answer, on_error)
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         dead: Optional[socket.socket] = None  # a connection a send found broken

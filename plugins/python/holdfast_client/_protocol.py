@@ -24,8 +24,22 @@ DEFAULT_STORE = "default"
 MAX_UNCLAIMED = 1000
 
 
-def encode_request(rid: int, method: str, params: Mapping[str, Any]) -> bytes:
-    """One request line. Parameters whose value is ``None`` are left out."""
+#: The daemon's default cap on one request line (``[limits] max_frame_bytes``), for a daemon
+#: whose ``hello`` does not say its own.
+DEFAULT_MAX_FRAME_BYTES = 1024 * 1024
+
+
+def max_frame_bytes(hello: Optional[Mapping[str, Any]]) -> int:
+    """The longest request line the daemon reads, from its ``hello`` answer."""
+    value = (hello or {}).get("max_frame_bytes")
+    return value if isinstance(value, int) and value > 0 else DEFAULT_MAX_FRAME_BYTES
+
+
+def encode_request(rid: int, method: str, params: Mapping[str, Any],
+                   max_bytes: Optional[int] = None) -> bytes:
+    """One request line. Parameters whose value is ``None`` are left out. A line longer than
+    ``max_bytes`` (the daemon's ``hello.max_frame_bytes``) is refused here, unsent: the daemon
+    answers one by closing the connection, and sending it again would only repeat that."""
     params = {k: v for k, v in params.items() if v is not None}
     try:
         line = json.dumps(
@@ -36,6 +50,11 @@ def encode_request(rid: int, method: str, params: Mapping[str, Any]) -> bytes:
     except (TypeError, ValueError):
         # json's message names the type only; still, never pass it on.
         raise InvalidParams(message="parameters of %s are not JSON-serializable" % method) from None
+    if max_bytes is not None and len(line) > max_bytes:
+        raise InvalidParams(
+            message="%s request of %d bytes is over the daemon's %d-byte limit on a request "
+            "line (hello.max_frame_bytes); not sent" % (method, len(line), max_bytes),
+            data={"bytes": len(line), "max_frame_bytes": max_bytes})
     return line + b"\n"
 
 

@@ -52,6 +52,7 @@ from ._protocol import (
     SubscriptionTable,
     check_peer,
     encode_request,
+    max_frame_bytes,
     lease,
     reconnect_delays,
     record,
@@ -553,7 +554,7 @@ class AsyncClient:
         if self._state != _CONNECTED:
             raise _NotSent()
         rid = next(self._ids)
-        line = encode_request(rid, method, params)
+        line = encode_request(rid, method, params, max_frame_bytes(self.hello))
         fut: "asyncio.Future[Any]" = loop.create_future()
         writer = self._writer
         self._pending[rid] = fut

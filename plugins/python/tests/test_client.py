@@ -8,6 +8,7 @@ else ``target/debug/holdfast`` (``plugins/run-tests.sh`` builds it).
 Run as a script with ``refresh-worker`` this file is one process of the single-flight race.
 """
 
+import asyncio
 import json
 import os
 import subprocess
@@ -764,3 +765,39 @@ def test_scrubbing_keeps_parameter_names_and_the_callers_own_run_id(daemon):
         with pytest.raises(hc.HoldfastError) as ei:
             c.call("cred.refresh_lease", id="s", ttl_ms=SECRET)
         assert SECRET not in str(ei.value)
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_request_over_the_frame_cap_is_refused_unsent_and_the_connection_goes_on(daemon,
+                                                                                   flavour):
+    """A 2 MB credential or a 1.5 MB tool result passes the daemon's 1 MiB request line, which
+    it answers by closing the connection: sent anyway, the client reconnected and sent it again
+    for a minute, then raised a timeout that lost the reason. Refused unsent, at once, saying
+    why; the connection serves the next call."""
+    doc = {"id": "huge", "keys": {"api_key": {"value": "x" * 2_000_000}}}
+    if flavour == "sync":
+        with daemon.client("big") as c:
+            t = time.monotonic()
+            with pytest.raises(hc.InvalidParams) as ei:
+                c.set(doc)
+            took = time.monotonic() - t
+            assert c.set_value("small", "v").generation == 1
+            epoch_ok = c.get("small").credential["keys"]["api_key"]["value"] == "v"
+    else:
+        async def main():
+            async with hc.AsyncClient(daemon.socket, client="big") as ac:
+                t = time.monotonic()
+                with pytest.raises(hc.InvalidParams) as ei:
+                    await ac.set(doc)
+                took = time.monotonic() - t
+                await ac.set_value("small", "v")
+                rec = await ac.get("small")
+                return ei, took, rec.credential["keys"]["api_key"]["value"] == "v"
+        ei, took, epoch_ok = asyncio.run(main())
+    msg = str(ei.value)
+    assert "1048576-byte limit" in msg and "not sent" in msg, msg
+    assert ei.value.data["max_frame_bytes"] == 1024 * 1024
+    assert took < 10, "refused at once, not after reconnect attempts: %.1f s" % took
+    assert epoch_ok
+    assert "x" * 100 not in msg
+    print("%s: a 2 MB request refused unsent in %.3f s; the connection went on" % (flavour, took))
