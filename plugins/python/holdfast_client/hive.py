@@ -224,9 +224,11 @@ class HoldfastCredentialStorage(_StorageBase):  # type: ignore[misc,valid-type,u
                                      lambda c: c.delete(credential_id, store=self.store)))
 
     def list_all(self) -> List[str]:
-        """The ids in the order they were created, as hive lists its index (insertion order:
-        an update keeps its place, a deleted and saved-again credential goes last); equal
-        creation times keep the daemon's order (by id)."""
+        """The ids by ``created_at``: hive's index (insertion) order when objects are saved in
+        the order they were made (an update keeps its place, a deleted and made-again
+        credential goes last). An object saved long after it was built, or with an older
+        ``created_at``, lists by that field, not by its first save (the daemon keeps no
+        insertion order). Equal times keep the daemon's order (by id)."""
         entries = self._list()
         return [c["id"] for c in sorted(entries, key=_created_key)]
 
