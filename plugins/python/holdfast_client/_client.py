@@ -22,6 +22,7 @@ from ._errors import (
     scrub,
 )
 from ._paths import default_socket_path
+from ._shared import SubscriptionBase, SubscriptionsMixin
 from ._protocol import (
     as_dict,
     as_int,
@@ -31,7 +32,6 @@ from ._protocol import (
     OWED_SLOTS_WAIT,
     PROTOCOL_VERSION,
     RECONNECT_ATTEMPTS,
-    RECONNECT_HINT,
     CredentialRecord,
     Lease,
     SetResult,
@@ -76,7 +76,7 @@ class _Pending:
         self.on_error = on_error
 
 
-class Subscription:
+class Subscription(SubscriptionBase):
     """The events of one subscription (``stream.subscribe`` or ``cred.watch``), in order, from
     a queue of its own: iterate over it (blocking), or call ``next(timeout)``.
 
@@ -103,23 +103,6 @@ class Subscription:
         self._rec: SubRecord = client._subscribe(method, params, self._push, self)
         self.id: Any = self._rec.local
 
-    @property
-    def kind(self) -> str:
-        return self._q.kind
-
-    @property
-    def last_seq(self) -> int:
-        """The seq of the last stream event taken (``after_seq`` to resume from)."""
-        return self._q.last_seq
-
-    @property
-    def complete(self) -> Optional[bool]:
-        """After a stream's ``finish`` was taken: whether every event before it was delivered
-        (``False``: the run ended while the client was away — a reconnect — or before this
-        subscription began from below its end, and the events in between are gone from the
-        daemon; the finish's ``complete`` says the same). ``None`` before the finish."""
-        return self._q.complete
-
     def _push(self, params: Any) -> None:  # the reader thread
         with self._cv:
             self._q.push(params)
@@ -127,13 +110,6 @@ class Subscription:
         listener = self._listener
         if listener is not None:
             listener()  # outside the queue's lock: it may take its own
-
-    def _end(self, reason: str) -> None:
-        """The subscription cannot go on (the client gave up reconnecting, or re-making it
-        failed): ``next()`` raises ``ConnectionClosed`` with ``reason`` once drained."""
-        if self._reason is None:
-            self._reason = reason
-        self._push(CLOSED)
 
     def _listen(self, listener: Optional[Callable[[], None]]) -> None:
         """Call ``listener`` (from the reader thread) after each event is queued: a waiter on
@@ -194,11 +170,8 @@ class Subscription:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def __repr__(self) -> str:
-        return "Subscription(kind=%r, id=%r, last_seq=%r)" % (self.kind, self.id, self.last_seq)
 
-
-class Client:
+class Client(SubscriptionsMixin):
     """A connection to the daemon, said hello to.
 
     ``socket_path``: default ``default_socket_path()``. ``client``: a name for the daemon's
@@ -553,9 +526,7 @@ class Client:
         with self._events_cv:
             self._events.push(CLOSED)
             self._events_cv.notify_all()
-        for rec in self._subs.all():
-            if isinstance(rec.owner, Subscription):
-                rec.owner._end(reason)
+        self._end_subscriptions(reason)
         with self._changes_cv:
             self._changes_cv.notify_all()
 
@@ -655,11 +626,12 @@ class Client:
 
     def _send_nowait(self, method: str, params: Dict[str, Any], epoch: int,
                      on_answer: Optional[Callable[[Any, int], None]] = None,
-                     on_error: Optional[Callable[[HoldfastError], None]] = None) -> None:
+                     on_error: Optional[Callable[[HoldfastError], None]] = None) -> bool:
         """A request of the client's own, on connection ``epoch`` only, whose answer nobody
         waits for. From the reader thread it is sent by a thread of its own: the reader must
         never wait for the send lock (a caller blocked in a send may be waiting for the daemon
-        to read, and the daemon for the reader)."""
+        to read, and the daemon for the reader). Returns ``True``: a request that cannot be
+        sent is dropped here, as its connection is gone."""
         def send() -> None:
             try:
                 self._call(method, params, on_answer, epoch=epoch, wait=False,
@@ -671,6 +643,7 @@ class Client:
             threading.Thread(target=send, name="holdfast-client-send", daemon=True).start()
         else:
             send()
+        return True
 
     def _subscribe(
         self,
@@ -702,21 +675,8 @@ class Client:
         rec.answer = dict(result, subscription=rec.local)
         return rec
 
-    def _settle(self, token: Any) -> None:
-        """A slot owed (``_owed``) is free."""
-        with self._lock:
-            if self._owed.pop(token, None) is not None:
-                self._state_cv.notify_all()
-
-    def _unsubscribe_owed(self, sub: Any, epoch: int) -> None:
-        """Unsubscribe daemon id ``sub`` of connection ``epoch`` that nobody wants, its slot
-        owed until the daemon answers."""
-        token = ("unsub", epoch, sub)
-        with self._lock:
-            if epoch == self._subs.epoch:
-                self._owed[token] = epoch
-        self._send_nowait("unsubscribe", {"subscription": sub}, epoch,
-                          lambda _r, _e: self._settle(token), lambda _e: self._settle(token))
+    def _owed_freed(self) -> None:
+        self._state_cv.notify_all()
 
     def _wait_owed(self) -> bool:
         """Whether slots were owed on this connection; if so, wait (at most
@@ -733,69 +693,21 @@ class Client:
                 self._state_cv.wait(remaining)
             return True
 
-    def _claim(self, rec: SubRecord) -> Callable[[Any, int], None]:
-        def claim(result: Any, epoch: int) -> None:  # the reader thread, before the next line
-            if not isinstance(result, dict):
-                return
-            sub = result.get("subscription")
-            table = self._table
-            if self._subs.answered(rec, epoch, sub):
-                table.claim(sub, lambda ev: self._route(rec, sub, ev))
-            else:
-                table.release(sub)
-                self._unsubscribe_owed(sub, epoch)
-        return claim
+    def _resync_seen(self) -> None:
+        with self._changes_cv:
+            self._changes_cv.notify_all()
 
-    def _route(self, rec: SubRecord, daemon_id: Any, ev: Event) -> None:  # the reader thread
-        if not rec.accept(ev):
-            return
-        rec.sink(ev)
-        if rec.finished:  # the daemon ended the subscription with the run's finish
-            self._subs.drop(rec)
-            self._table.release(daemon_id)
-
-    def _resubscribe(self, rec: SubRecord, epoch: int) -> None:
-        """Make ``rec`` again on a new connection (the reader thread: nothing is waited for)."""
-        if rec.closed:
-            return  # closed while the client reconnected: nothing to re-make
-        claim = self._claim(rec)
-
-        def answered(result: Any, epoch: int) -> None:
-            if not rec.stream and not rec.closed:
-                # Changes while disconnected were not seen: say so before any new event.
-                ev: Event = {"subscription": rec.local, "type": "resync", "missed": None,
-                             "hint": RECONNECT_HINT}
-                with self._changes_cv:
-                    self._changes_cv.notify_all()
-                rec.sink(ev)
-            claim(result, epoch)
-
-        def failed(err: HoldfastError) -> None:
-            self._subs.close(rec)
-            why = "re-making the subscription after a reconnect failed: %s" % err
-            logger.warning("holdfast: %s", why)
-            if isinstance(rec.owner, Subscription):
-                rec.owner._end(why)
-            elif rec.sink == self._deliver:
-                # A watch()/stream_subscribe() id: its events go to events(), so that is where
-                # the application learns it ended (nothing more of it will come).
-                rec.sink({"subscription": rec.local, "type": "closed", "kind": err.kind,
-                          "reason": why})
-            else:  # single_flight_refresh's own watch: the next use makes it again
-                with self._lock:
-                    for store, local in list(self._internal_watches.items()):
-                        if local == rec.local:
-                            del self._internal_watches[store]
-
-        self._send_nowait(rec.method, rec.resubscribe_params(), epoch, answered, failed)
-
-    def _abandon_sub(self, rec: SubRecord) -> None:
-        d = self._subs.close(rec)
-        if d is not None:  # claimed just as the caller gave up
-            self._table.release(d)
+    def _resubscribe_failed(self, rec: SubRecord, err: HoldfastError, why: str) -> None:
+        if rec.sink == self._deliver:
+            # A watch()/stream_subscribe() id: its events go to events(), so that is where
+            # the application learns it ended (nothing more of it will come).
+            rec.sink({"subscription": rec.local, "type": "closed", "kind": err.kind,
+                      "reason": why})
+        else:  # single_flight_refresh's own watch: the next use makes it again
             with self._lock:
-                epoch = rec.epoch if rec.epoch >= 0 else self._subs.epoch
-            self._unsubscribe_owed(d, epoch)
+                for store, local in list(self._internal_watches.items()):
+                    if local == rec.local:
+                        del self._internal_watches[store]
 
     def _close_sub(self, rec: SubRecord) -> bool:
         """Close ``rec``: unsubscribe its daemon subscription if the current connection has
@@ -817,12 +729,6 @@ class Client:
         finally:
             self._table.release(d)
         return bool(res["unsubscribed"])
-
-    def _forget(self, sub: Any) -> None:
-        """A subscription ended (its run finished): stop routing to it."""
-        rec = self._subs.get(sub)
-        if rec is not None:
-            self._subs.drop(rec)
 
     # -- subscriptions -------------------------------------------------------------------------
 

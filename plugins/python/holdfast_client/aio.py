@@ -34,15 +34,14 @@ from ._errors import (
     scrub,
 )
 from ._paths import default_socket_path
+from ._shared import SubscriptionBase, SubscriptionsMixin
 from ._protocol import (
     as_dict,
     as_int,
     as_list,
-    CLOSED,
     OWED_SLOTS_WAIT,
     PROTOCOL_VERSION,
     RECONNECT_ATTEMPTS,
-    RECONNECT_HINT,
     CredentialRecord,
     Lease,
     SetResult,
@@ -86,12 +85,14 @@ class _NoLock:
         return None
 
 
-class AsyncSubscription:
+class AsyncSubscription(SubscriptionBase):
     """The events of one subscription, in order, from a queue of its own: ``async for ev in
     sub`` (a stream subscription ends after ``finish``), or ``await sub.next(timeout)``. Like
     ``Subscription``: a stream subscription drops nothing however slowly it is read, and is
     re-made from its last seq after a reconnect; ``id`` is the client's own (stable);
     ``await sub.close()`` unsubscribes."""
+
+    _NAME = "AsyncSubscription"
 
     def __init__(self, client: "AsyncClient", kind: str, params: Dict[str, Any],
                  max_queued: int) -> None:
@@ -103,23 +104,6 @@ class AsyncSubscription:
         self._rec: Optional[SubRecord] = None
         self.id: Any = None
 
-    @property
-    def kind(self) -> str:
-        return self._q.kind
-
-    @property
-    def last_seq(self) -> int:
-        """The seq of the last stream event taken (``after_seq`` to resume from)."""
-        return self._q.last_seq
-
-    @property
-    def complete(self) -> Optional[bool]:
-        """After a stream's ``finish`` was taken: whether every event before it was delivered
-        (``False``: the run ended while the client was away — a reconnect — or before this
-        subscription began from below its end, and the events in between are gone from the
-        daemon; the finish's ``complete`` says the same). ``None`` before the finish."""
-        return self._q.complete
-
     async def _start(self) -> "AsyncSubscription":
         method = "stream.subscribe" if self.kind == "stream" else "cred.watch"
         self._rec = await self._client._subscribe(method, self._params, self._push, self)
@@ -129,11 +113,6 @@ class AsyncSubscription:
     def _push(self, params: Any) -> None:  # the reader task
         self._q.push(params)
         self._wake.set()
-
-    def _end(self, reason: str) -> None:
-        if self._reason is None:
-            self._reason = reason
-        self._push(CLOSED)
 
     async def next(self, timeout: Optional[float] = None) -> Optional[Event]:
         """The next event, or ``None`` after ``timeout`` seconds or once the subscription has
@@ -189,12 +168,8 @@ class AsyncSubscription:
     async def __aexit__(self, *exc: Any) -> None:
         await self.close()
 
-    def __repr__(self) -> str:
-        return "AsyncSubscription(kind=%r, id=%r, last_seq=%r)" % (
-            self.kind, self.id, self.last_seq)
 
-
-class AsyncClient:
+class AsyncClient(SubscriptionsMixin):
     """A connection to the daemon for asyncio code. ``async with AsyncClient(...) as hf``
     connects and says hello (or ``hf = await AsyncClient.connect(...)``); the arguments are
     ``Client``'s, and so is the reconnect behaviour (``reconnect``, ``reconnect_attempts``: a
@@ -225,7 +200,8 @@ class AsyncClient:
         # Answers wanted by the client itself (subscriptions), also once nobody awaits them.
         self._on_answer: Dict[int, Tuple[Callable[[Any, int], None], int]] = {}
         self._on_error: Dict[int, Callable[[HoldfastError], None]] = {}
-        self._subs = SubRegistry(_NoLock())
+        self._lock = _NoLock()
+        self._subs = SubRegistry(self._lock)
         self._table = SubscriptionTable()
         # Daemon subscription slots the application no longer has but the daemon may still
         # count (see Client._owed): a subscribe answered busy waits for them, then once more.
@@ -266,7 +242,7 @@ class AsyncClient:
         reader, writer = await self._connect()
         # A client opened again after close() starts afresh (what the old connection had was
         # ended with it).
-        self._subs = SubRegistry(_NoLock())
+        self._subs = SubRegistry(self._lock)
         self._table = SubscriptionTable()
         self._owed = {}
         self._writer = writer
@@ -491,9 +467,7 @@ class AsyncClient:
         self._fail_pending(self._close_reason)
         if self._connected is not None:
             self._connected.set()
-        for rec in self._subs.all():
-            if isinstance(rec.owner, AsyncSubscription):
-                rec.owner._end(self._close_reason)
+        self._end_subscriptions(self._close_reason)
 
     # -- calls ---------------------------------------------------------------------------------
 
@@ -624,18 +598,6 @@ class AsyncClient:
             return False
         return True
 
-    def _unsubscribe_owed(self, sub: Any, epoch: int) -> None:
-        """Unsubscribe daemon id ``sub`` of connection ``epoch`` that nobody wants, its slot
-        owed until the daemon answers."""
-        token = ("unsub", epoch, sub)
-        self._owed[token] = epoch
-
-        def settle(*_: Any) -> None:
-            self._owed.pop(token, None)
-
-        if not self._send_nowait("unsubscribe", {"subscription": sub}, epoch, settle, settle):
-            settle()
-
     async def _wait_owed(self) -> bool:
         """Whether slots were owed on this connection; if so, wait (at most
         ``OWED_SLOTS_WAIT`` seconds, or the timeout) until they are free."""
@@ -669,55 +631,6 @@ class AsyncClient:
         rec.answer = dict(result, subscription=rec.local)
         return rec
 
-    def _claim(self, rec: SubRecord) -> Callable[[Any, int], None]:
-        def claim(result: Any, epoch: int) -> None:  # the reader task, before the next line
-            if not isinstance(result, dict):
-                return
-            sub = result.get("subscription")
-            table = self._table
-            if self._subs.answered(rec, epoch, sub):
-                table.claim(sub, lambda ev: self._route(rec, sub, ev))
-            else:
-                table.release(sub)
-                self._unsubscribe_owed(sub, epoch)
-        return claim
-
-    def _route(self, rec: SubRecord, daemon_id: Any, ev: Event) -> None:
-        if not rec.accept(ev):
-            return
-        rec.sink(ev)
-        if rec.finished:  # the daemon ended the subscription with the run's finish
-            self._subs.drop(rec)
-            self._table.release(daemon_id)
-
-    def _resubscribe(self, rec: SubRecord, epoch: int) -> None:
-        """Make ``rec`` again on a new connection (the reader task: nothing is awaited)."""
-        if rec.closed:
-            return  # closed while the client reconnected: nothing to re-make
-        claim = self._claim(rec)
-
-        def answered(result: Any, epoch: int) -> None:
-            if not rec.stream and not rec.closed:
-                rec.sink({"subscription": rec.local, "type": "resync", "missed": None,
-                          "hint": RECONNECT_HINT})
-            claim(result, epoch)
-
-        def failed(err: HoldfastError) -> None:
-            self._subs.close(rec)
-            why = "re-making the subscription after a reconnect failed: %s" % err
-            logger.warning("holdfast: %s", why)
-            if isinstance(rec.owner, AsyncSubscription):
-                rec.owner._end(why)
-
-        self._send_nowait(rec.method, rec.resubscribe_params(), epoch, answered, failed)
-
-    def _abandon_sub(self, rec: SubRecord) -> None:
-        epoch = rec.epoch
-        d = self._subs.close(rec)
-        if d is not None:  # claimed just as the caller gave up
-            self._table.release(d)
-            self._unsubscribe_owed(d, epoch)
-
     async def _close_sub(self, rec: SubRecord) -> bool:
         """Close ``rec`` (see ``Client._close_sub``): never sends a daemon id of a lost
         connection, and a cancelled close still unsubscribes."""
@@ -739,11 +652,6 @@ class AsyncClient:
             if not done:
                 self._unsubscribe_owed(d, epoch)
         return bool(res["unsubscribed"])
-
-    def _forget(self, sub: Any) -> None:
-        rec = self._subs.get(sub)
-        if rec is not None:
-            self._subs.drop(rec)
 
     # -- subscriptions -------------------------------------------------------------------------
 

@@ -1,0 +1,183 @@
+"""What ``Client`` (threads) and ``AsyncClient`` (an event loop) share: the subscription
+bookkeeping both run from their reader (thread or task), never waiting on anything. Where they
+differ — a lock or none, a condition to notify or none, how a request is sent — each client
+fills in the few hooks below."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Dict, Optional
+
+from ._errors import HoldfastError
+from ._protocol import (
+    CLOSED,
+    RECONNECT_HINT,
+    SubQueue,
+    SubRecord,
+    SubRegistry,
+    SubscriptionTable,
+)
+
+logger = logging.getLogger("holdfast_client")
+
+Event = Dict[str, Any]
+
+
+class SubscriptionBase:
+    """What ``Subscription`` and ``AsyncSubscription`` share: the queue's view and the end."""
+
+    _NAME = "Subscription"
+    _q: SubQueue
+    _reason: Optional[str]
+    id: Any
+
+    @property
+    def kind(self) -> str:
+        return self._q.kind
+
+    @property
+    def last_seq(self) -> int:
+        """The seq of the last stream event taken (``after_seq`` to resume from)."""
+        return self._q.last_seq
+
+    @property
+    def complete(self) -> Optional[bool]:
+        """After a stream's ``finish`` was taken: whether every event before it was delivered
+        (``False``: the run ended while the client was away — a reconnect — or before this
+        subscription began from below its end, and the events in between are gone from the
+        daemon; the finish's ``complete`` says the same). ``None`` before the finish."""
+        return self._q.complete
+
+    def _push(self, params: Any) -> None:
+        raise NotImplementedError
+
+    def _end(self, reason: str) -> None:
+        """The subscription cannot go on (the client gave up reconnecting, or re-making it
+        failed): ``next()`` raises ``ConnectionClosed`` with ``reason`` once drained."""
+        if self._reason is None:
+            self._reason = reason
+        self._push(CLOSED)
+
+    def __repr__(self) -> str:
+        return "%s(kind=%r, id=%r, last_seq=%r)" % (self._NAME, self.kind, self.id,
+                                                    self.last_seq)
+
+
+class SubscriptionsMixin:
+    """The subscription bookkeeping of a client. ``_lock`` orders it against the reader (a
+    ``threading.RLock``, or a no-op in an event loop); the table routes the current
+    connection's daemon ids, the registry holds what outlives a connection, and ``_owed``
+    counts the daemon slots the application no longer has but the daemon may still count."""
+
+    _lock: Any
+    _subs: SubRegistry
+    _table: SubscriptionTable
+    _owed: Dict[Any, int]
+
+    # -- hooks ---------------------------------------------------------------------------------
+
+    def _send_nowait(self, method: str, params: Dict[str, Any], epoch: int,
+                     on_answer: Optional[Callable[[Any, int], None]] = None,
+                     on_error: Optional[Callable[[HoldfastError], None]] = None) -> bool:
+        """Send a request of the client's own on connection ``epoch`` only, waiting for
+        nothing. Returns ``False`` if it is known not to have been sent."""
+        raise NotImplementedError
+
+    def _owed_freed(self) -> None:
+        """An owed slot is free (under ``_lock``): wake whoever waits for one."""
+
+    def _resync_seen(self) -> None:
+        """A watch re-made after a reconnect is about to get its ``resync`` event."""
+
+    def _resubscribe_failed(self, rec: SubRecord, err: HoldfastError, why: str) -> None:
+        """Re-making ``rec``, which has no subscription object, failed."""
+
+    # -- shared --------------------------------------------------------------------------------
+
+    def _end_subscriptions(self, reason: str) -> None:
+        """The connection is gone for good: every subscription object ends with ``reason``."""
+        for rec in self._subs.all():
+            if isinstance(rec.owner, SubscriptionBase):
+                rec.owner._end(reason)
+
+    def _settle(self, token: Any) -> None:
+        """A slot owed (``_owed``) is free."""
+        with self._lock:
+            if self._owed.pop(token, None) is not None:
+                self._owed_freed()
+
+    def _unsubscribe_owed(self, sub: Any, epoch: int) -> None:
+        """Unsubscribe daemon id ``sub`` of connection ``epoch`` that nobody wants, its slot
+        owed until the daemon answers."""
+        token = ("unsub", epoch, sub)
+        with self._lock:
+            if epoch == self._subs.epoch:
+                self._owed[token] = epoch
+
+        def settle(*_: Any) -> None:
+            self._settle(token)
+
+        if not self._send_nowait("unsubscribe", {"subscription": sub}, epoch, settle, settle):
+            settle()
+
+    def _claim(self, rec: SubRecord) -> Callable[[Any, int], None]:
+        def claim(result: Any, epoch: int) -> None:  # the reader, before the next line
+            if not isinstance(result, dict):
+                return
+            sub = result.get("subscription")
+            table = self._table
+            if self._subs.answered(rec, epoch, sub):
+                table.claim(sub, lambda ev: self._route(rec, sub, ev))
+            else:
+                table.release(sub)
+                self._unsubscribe_owed(sub, epoch)
+        return claim
+
+    def _route(self, rec: SubRecord, daemon_id: Any, ev: Event) -> None:  # the reader
+        if not rec.accept(ev):
+            return
+        rec.sink(ev)
+        if rec.finished:  # the daemon ended the subscription with the run's finish
+            self._subs.drop(rec)
+            self._table.release(daemon_id)
+
+    def _resubscribe(self, rec: SubRecord, epoch: int) -> None:
+        """Make ``rec`` again on a new connection (the reader: nothing is waited for)."""
+        if rec.closed:
+            return  # closed while the client reconnected: nothing to re-make
+        claim = self._claim(rec)
+
+        def answered(result: Any, epoch: int) -> None:
+            if not rec.stream and not rec.closed:
+                # Changes while disconnected were not seen: say so before any new event.
+                ev: Event = {"subscription": rec.local, "type": "resync", "missed": None,
+                             "hint": RECONNECT_HINT}
+                self._resync_seen()
+                rec.sink(ev)
+            claim(result, epoch)
+
+        def failed(err: HoldfastError) -> None:
+            self._subs.close(rec)
+            why = "re-making the subscription after a reconnect failed: %s" % err
+            logger.warning("holdfast: %s", why)
+            if isinstance(rec.owner, SubscriptionBase):
+                rec.owner._end(why)
+            else:
+                self._resubscribe_failed(rec, err, why)
+
+        self._send_nowait(rec.method, rec.resubscribe_params(), epoch, answered, failed)
+
+    def _abandon_sub(self, rec: SubRecord) -> None:
+        """A subscribe failed, timed out or was cancelled: leave nothing behind."""
+        d = self._subs.close(rec)
+        if d is not None:  # claimed just as the caller gave up
+            self._table.release(d)
+            with self._lock:
+                epoch = rec.epoch if rec.epoch >= 0 else self._subs.epoch
+            self._unsubscribe_owed(d, epoch)
+
+    def _forget(self, sub: Any) -> None:
+        """A subscription ended (its run finished): stop routing to it."""
+        rec = self._subs.get(sub)
+        if rec is not None:
+            self._subs.drop(rec)
