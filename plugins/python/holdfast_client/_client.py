@@ -22,7 +22,16 @@ from ._errors import (
     scrub,
 )
 from ._paths import default_socket_path
-from ._shared import SubscriptionBase, SubscriptionsMixin
+from ._shared import (
+    SubscriptionBase,
+    SubscriptionsMixin,
+    cannot_connect,
+    could_not_reconnect,
+    daemon_said,
+    hello_answer,
+    hello_failed,
+    in_flight_lost,
+)
 from ._protocol import (
     as_dict,
     as_int,
@@ -268,10 +277,7 @@ class Client(SubscriptionsMixin):
             sock.connect(self.socket_path)
         except OSError as e:
             sock.close()
-            raise ConnectionClosed(
-                message="cannot connect to the holdfast daemon at %s: %s"
-                % (self.socket_path, e.strerror or type(e).__name__)
-            ) from None
+            raise cannot_connect(self.socket_path, e) from None
         try:
             check_peer(sock)
         except BaseException:
@@ -364,10 +370,7 @@ class Client(SubscriptionsMixin):
             self._owed.clear()  # the lost connection's slots went with it
             self._state_cv.notify_all()
             old = (self._sock, self._rfile)
-        lost = reason + (
-            "" if give_up
-            else "; the call was in flight, so it may or may not have been carried out"
-        )
+        lost = in_flight_lost(reason, give_up)
         for w in pending.values():
             w.error = ConnectionClosed(message=lost)
             w.event.set()
@@ -388,11 +391,8 @@ class Client(SubscriptionsMixin):
             try:
                 sock, rfile, hello = self._open_again()
             except HoldfastError as e:
-                last = e.message
-                if e.kind not in ("storage", "busy"):
-                    # The daemon refused us (a plugin grant gone): retrying won't help; close
-                    # now, saying why.
-                    last = "the daemon refused the hello (%s): %s" % (e.kind, e.message)
+                last, final = hello_failed(e)
+                if final:
                     break
                 continue
             with self._lock:
@@ -414,8 +414,7 @@ class Client(SubscriptionsMixin):
             return True
         with self._lock:
             if self._close_reason is None:
-                self._close_reason = "lost the connection to the holdfast daemon (%s) and " \
-                    "could not reconnect to %s: %s" % (reason, self.socket_path, last)
+                self._close_reason = could_not_reconnect(reason, self.socket_path, last)
             self._state = _CLOSED
         self._fail_all(self._close_reason or reason)
         return False
@@ -430,18 +429,11 @@ class Client(SubscriptionsMixin):
             sock.sendall(encode_request(rid, "hello", self._hello_params))
             rfile = sock.makefile("rb")
             while True:
-                line = rfile.readline()
-                if not line:
-                    raise ConnectionClosed(message="the daemon closed the connection at hello")
-                msg = json.loads(line)
-                if isinstance(msg, dict) and msg.get("id") in (rid, None) and "method" not in msg:
+                hello = hello_answer(rfile.readline(), rid)
+                if hello is not None:
                     break
-            if "error" in msg:
-                raise error_from_response(msg["error"])
-            if not isinstance(msg.get("result"), dict):
-                raise StorageError(message="a hello answer without a result")
             sock.settimeout(None)
-            return sock, rfile, msg["result"]
+            return sock, rfile, hello
         except HoldfastError:
             # The daemon's own answer (a refused hello: Forbidden is a PermissionError and
             # InvalidParams a ValueError, so the clause below would hide it as a failed
@@ -466,12 +458,11 @@ class Client(SubscriptionsMixin):
         with self._lock:
             waiter = self._pending.pop(mid, None) if isinstance(mid, int) else None
             if waiter is None:
-                # An answer to no request of ours: the daemon's refusal of the connection or of
-                # a line it could not attribute (id null). Keep its message for the callers that
-                # will see the connection close.
-                err = msg.get("error")
-                if isinstance(err, dict) and isinstance(err.get("message"), str):
-                    self._close_reason = "the daemon said: %s" % err["message"]
+                # An answer to no request of ours (id null): keep its message for the callers
+                # that will see the connection close.
+                said = daemon_said(msg)
+                if said is not None:
+                    self._close_reason = said
                 return
         if "error" in msg:
             waiter.error = error_from_response(msg["error"])

@@ -5,10 +5,11 @@ fills in the few hooks below."""
 
 from __future__ import annotations
 
+import json
 import logging
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
-from ._errors import HoldfastError
+from ._errors import ConnectionClosed, HoldfastError, StorageError, error_from_response
 from ._protocol import (
     CLOSED,
     RECONNECT_HINT,
@@ -21,6 +22,64 @@ from ._protocol import (
 logger = logging.getLogger("holdfast_client")
 
 Event = Dict[str, Any]
+
+
+# -- the connection's words, the same for both clients -------------------------------------------
+
+def cannot_connect(socket_path: str, e: OSError) -> ConnectionClosed:
+    """The first connect (or a reconnect's) to ``socket_path`` failed with ``e``."""
+    return ConnectionClosed(
+        message="cannot connect to the holdfast daemon at %s: %s"
+        % (socket_path, e.strerror or type(e).__name__)
+    )
+
+
+def in_flight_lost(reason: str, give_up: bool) -> str:
+    """What a call in flight when the connection ended is told (``give_up``: no reconnect)."""
+    return reason + (
+        "" if give_up
+        else "; the call was in flight, so it may or may not have been carried out"
+    )
+
+
+def hello_failed(e: HoldfastError) -> Tuple[str, bool]:
+    """Why saying hello on a new connection failed, and whether to stop trying: the daemon
+    refused us (a plugin grant gone), so retrying won't help; close now, saying why."""
+    if e.kind not in ("storage", "busy"):
+        return "the daemon refused the hello (%s): %s" % (e.kind, e.message), True
+    return e.message, False
+
+
+def could_not_reconnect(reason: str, socket_path: str, last: str) -> str:
+    """The close reason once every reconnect attempt failed (``last``: the last one's)."""
+    return "lost the connection to the holdfast daemon (%s) and could not reconnect to %s: " \
+        "%s" % (reason, socket_path, last)
+
+
+def hello_answer(line: bytes, rid: int) -> Optional[Dict[str, Any]]:
+    """A line read after the hello (request ``rid``) on a new connection: the hello's result
+    if it is its answer (a refusal raised as its error), ``None`` for a line to pass over.
+    ``ConnectionClosed`` at the end of the connection, ``ValueError`` if it is not JSON."""
+    if not line:
+        raise ConnectionClosed(message="the daemon closed the connection at hello")
+    msg = json.loads(line)
+    if not (isinstance(msg, dict) and msg.get("id") in (rid, None) and "method" not in msg):
+        return None
+    if "error" in msg:
+        raise error_from_response(msg["error"])
+    if not isinstance(msg.get("result"), dict):
+        raise StorageError(message="a hello answer without a result")
+    result: Dict[str, Any] = msg["result"]
+    return result
+
+
+def daemon_said(msg: Dict[str, Any]) -> Optional[str]:
+    """An answer to no request of ours (the daemon's refusal of the connection, or of a line
+    it could not attribute): its message, kept for the callers that will see the close."""
+    err = msg.get("error")
+    if isinstance(err, dict) and isinstance(err.get("message"), str):
+        return "the daemon said: %s" % err["message"]
+    return None
 
 
 class SubscriptionBase:

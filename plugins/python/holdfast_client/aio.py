@@ -34,7 +34,16 @@ from ._errors import (
     scrub,
 )
 from ._paths import default_socket_path
-from ._shared import SubscriptionBase, SubscriptionsMixin
+from ._shared import (
+    SubscriptionBase,
+    SubscriptionsMixin,
+    cannot_connect,
+    could_not_reconnect,
+    daemon_said,
+    hello_answer,
+    hello_failed,
+    in_flight_lost,
+)
 from ._protocol import (
     as_dict,
     as_int,
@@ -227,10 +236,7 @@ class AsyncClient(SubscriptionsMixin):
                 self.socket_path, limit=MAX_LINE_BYTES
             )
         except OSError as e:
-            raise ConnectionClosed(
-                message="cannot connect to the holdfast daemon at %s: %s"
-                % (self.socket_path, e.strerror or type(e).__name__)
-            ) from None
+            raise cannot_connect(self.socket_path, e) from None
         try:
             check_peer(writer.get_extra_info("socket"))
         except BaseException:
@@ -345,10 +351,7 @@ class AsyncClient(SubscriptionsMixin):
         self._state = _CLOSED if give_up else _RECONNECTING
         if self._connected is not None and not give_up:
             self._connected.clear()
-        lost = reason + (
-            "" if give_up
-            else "; the call was in flight, so it may or may not have been carried out"
-        )
+        lost = in_flight_lost(reason, give_up)
         self._fail_pending(lost)
         self._owed.clear()  # the lost connection's slots went with it
         if self._writer is not None:
@@ -365,11 +368,8 @@ class AsyncClient(SubscriptionsMixin):
             try:
                 reader, writer, hello = await self._open_again()
             except HoldfastError as e:
-                last = e.message
-                if e.kind not in ("storage", "busy"):
-                    # The daemon refused us (a plugin grant gone): retrying won't help; close
-                    # now, saying why.
-                    last = "the daemon refused the hello (%s): %s" % (e.kind, e.message)
+                last, final = hello_failed(e)
+                if final:
                     break
                 continue
             if self._state == _CLOSED:
@@ -388,8 +388,7 @@ class AsyncClient(SubscriptionsMixin):
                 self._resubscribe(rec, self._subs.epoch)
             return reader
         if self._close_reason is None:
-            self._close_reason = "lost the connection to the holdfast daemon (%s) and could " \
-                "not reconnect to %s: %s" % (reason, self.socket_path, last)
+            self._close_reason = could_not_reconnect(reason, self.socket_path, last)
         self._fail_all(self._close_reason)
         return None
 
@@ -404,16 +403,9 @@ class AsyncClient(SubscriptionsMixin):
             await writer.drain()
             while True:
                 line = await asyncio.wait_for(reader.readline(), self.timeout or 60.0)
-                if not line:
-                    raise ConnectionClosed(message="the daemon closed the connection at hello")
-                msg = json.loads(line)
-                if isinstance(msg, dict) and msg.get("id") in (rid, None) and "method" not in msg:
-                    break
-            if "error" in msg:
-                raise error_from_response(msg["error"])
-            if not isinstance(msg.get("result"), dict):
-                raise StorageError(message="a hello answer without a result")
-            return reader, writer, msg["result"]
+                hello = hello_answer(line, rid)
+                if hello is not None:
+                    return reader, writer, hello
         except HoldfastError:
             # The daemon's own answer (a refused hello: Forbidden is a PermissionError and
             # InvalidParams a ValueError, so the clause below would hide it as a failed
@@ -433,9 +425,9 @@ class AsyncClient(SubscriptionsMixin):
         on_answer = self._on_answer.pop(mid, None) if isinstance(mid, int) else None
         on_error = self._on_error.pop(mid, None) if isinstance(mid, int) else None
         if fut is None and on_answer is None and on_error is None:
-            err = msg.get("error")
-            if isinstance(err, dict) and isinstance(err.get("message"), str):
-                self._close_reason = "the daemon said: %s" % err["message"]
+            said = daemon_said(msg)
+            if said is not None:
+                self._close_reason = said
             return
         if "error" in msg:
             error = error_from_response(msg["error"])
