@@ -120,6 +120,10 @@ class Subscription(SubscriptionBase):
         if listener is not None:
             listener()  # outside the queue's lock: it may take its own
 
+    def _close_queue(self) -> None:
+        with self._cv:
+            self._q.close()
+
     def _listen(self, listener: Optional[Callable[[], None]]) -> None:
         """Call ``listener`` (from the reader thread) after each event is queued: a waiter on
         several sources at once (``RecoveringStream``) wakes for this one too."""
@@ -166,8 +170,7 @@ class Subscription(SubscriptionBase):
 
     def close(self) -> None:
         """Unsubscribe (if the connection is still open); the queue is dropped."""
-        with self._cv:
-            self._q.close()
+        self._close_queue()
         try:
             self._client._close_sub(self._rec)
         except ConnectionClosed:
@@ -401,16 +404,10 @@ class Client(SubscriptionsMixin):
                     sock.close()
                     return False
                 self._sock, self._rfile = sock, rfile
-                self.hello = hello
-                self.reconnects += 1
-                self._table = SubscriptionTable()
-                live = self._subs.new_connection()
-                epoch = self._subs.epoch
+                live, epoch = self._connection_up(hello)
                 self._state = _CONNECTED
                 self._state_cv.notify_all()
-            logger.warning("holdfast: reconnected to %s", self.socket_path)
-            for rec in live:
-                self._resubscribe(rec, epoch)
+            self._resubscribe_all(live, epoch)
             return True
         with self._lock:
             if self._close_reason is None:
@@ -743,12 +740,9 @@ class Client(SubscriptionsMixin):
         """``unsubscribe``: once it returns, no event of ``subscription`` (an id this client
         gave) arrives. Returns whether it was open (a stream subscription ends by itself with
         ``finish``)."""
-        rec = self._subs.get(subscription)
+        rec = self._unsubscribing(subscription)
         if rec is None:
             return False
-        if isinstance(rec.owner, Subscription):
-            with rec.owner._cv:
-                rec.owner._q.close()  # its next() ends, as after its own close()
         return self._close_sub(rec)
 
     # -- typed helpers -------------------------------------------------------------------------

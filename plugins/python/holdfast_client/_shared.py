@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ._errors import ConnectionClosed, HoldfastError, StorageError, error_from_response
 from ._protocol import (
@@ -110,6 +110,10 @@ class SubscriptionBase:
     def _push(self, params: Any) -> None:
         raise NotImplementedError
 
+    def _close_queue(self) -> None:
+        """Drop the queue: ``next()`` ends, as after ``close()``."""
+        self._q.close()
+
     def _end(self, reason: str) -> None:
         """The subscription cannot go on (the client gave up reconnecting, or re-making it
         failed): ``next()`` raises ``ConnectionClosed`` with ``reason`` once drained."""
@@ -128,6 +132,9 @@ class SubscriptionsMixin:
     connection's daemon ids, the registry holds what outlives a connection, and ``_owed``
     counts the daemon slots the application no longer has but the daemon may still count."""
 
+    socket_path: str
+    hello: Dict[str, Any]
+    reconnects: int
     _lock: Any
     _subs: SubRegistry
     _table: SubscriptionTable
@@ -152,6 +159,28 @@ class SubscriptionsMixin:
         """Re-making ``rec``, which has no subscription object, failed."""
 
     # -- shared --------------------------------------------------------------------------------
+
+    def _connection_up(self, hello: Dict[str, Any]) -> Tuple[List[SubRecord], int]:
+        """A new connection said ``hello`` (under ``_lock``): every old daemon id is void.
+        Returns the records to re-make on it (``_resubscribe_all``) and its epoch."""
+        self.hello = hello
+        self.reconnects += 1
+        self._table = SubscriptionTable()
+        live = self._subs.new_connection()
+        return live, self._subs.epoch
+
+    def _resubscribe_all(self, live: List[SubRecord], epoch: int) -> None:
+        logger.warning("holdfast: reconnected to %s", self.socket_path)
+        for rec in live:
+            self._resubscribe(rec, epoch)
+
+    def _unsubscribing(self, subscription: Any) -> Optional[SubRecord]:
+        """The record of ``subscription`` (an id of this client) about to be closed by
+        ``unsubscribe``, its subscription object's queue dropped; ``None`` if none is open."""
+        rec = self._subs.get(subscription)
+        if rec is not None and isinstance(rec.owner, SubscriptionBase):
+            rec.owner._close_queue()
+        return rec
 
     def _end_subscriptions(self, reason: str) -> None:
         """The connection is gone for good: every subscription object ends with ``reason``."""

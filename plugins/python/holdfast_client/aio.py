@@ -163,7 +163,7 @@ class AsyncSubscription(SubscriptionBase):
 
     async def close(self) -> None:
         """Unsubscribe (if the connection is still open); the queue is dropped."""
-        self._q.close()
+        self._close_queue()
         if self._rec is None:
             return
         try:
@@ -376,16 +376,11 @@ class AsyncClient(SubscriptionsMixin):
                 writer.close()
                 return None
             self._writer = writer
-            self.hello = hello
-            self.reconnects += 1
-            self._table = SubscriptionTable()
-            live = self._subs.new_connection()
+            live, epoch = self._connection_up(hello)
             self._state = _CONNECTED
             if self._connected is not None:
                 self._connected.set()
-            logger.warning("holdfast: reconnected to %s", self.socket_path)
-            for rec in live:
-                self._resubscribe(rec, self._subs.epoch)
+            self._resubscribe_all(live, epoch)
             return reader
         if self._close_reason is None:
             self._close_reason = could_not_reconnect(reason, self.socket_path, last)
@@ -668,11 +663,9 @@ class AsyncClient(SubscriptionsMixin):
     async def unsubscribe(self, subscription: Any) -> bool:
         """``unsubscribe`` (an id of this client): once it returns, no event of
         ``subscription`` arrives."""
-        rec = self._subs.get(subscription)
+        rec = self._unsubscribing(subscription)
         if rec is None:
             return False
-        if isinstance(rec.owner, AsyncSubscription):
-            rec.owner._q.close()
         return await self._close_sub(rec)
 
 
