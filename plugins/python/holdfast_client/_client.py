@@ -31,6 +31,7 @@ from ._shared import (
     hello_answer,
     hello_failed,
     in_flight_lost,
+    owed_wait_bound,
 )
 from ._protocol import (
     as_dict,
@@ -38,7 +39,6 @@ from ._protocol import (
     as_list,
     CLOSED,
     DEFAULT_STORE,
-    OWED_SLOTS_WAIT,
     PROTOCOL_VERSION,
     RECONNECT_ATTEMPTS,
     CredentialRecord,
@@ -145,15 +145,7 @@ class Subscription(SubscriptionBase):
                         return None
                     self._cv.wait(remaining)
                     continue
-            if what == "event":
-                if self._q.done:
-                    self._client._forget(self.id)
-                return ev
-            if what == "done":
-                return None
-            raise ConnectionClosed(
-                message=self._reason or self._client._close_reason or "the connection is closed"
-            )
+            return self._taken(what, ev, self._client)
 
     @property
     def finished(self) -> bool:
@@ -669,8 +661,7 @@ class Client(SubscriptionsMixin):
     def _wait_owed(self) -> bool:
         """Whether slots were owed on this connection; if so, wait (at most
         ``OWED_SLOTS_WAIT`` seconds, or the timeout) until they are free."""
-        bound = OWED_SLOTS_WAIT if self.timeout is None else min(OWED_SLOTS_WAIT, self.timeout)
-        deadline = time.monotonic() + bound
+        deadline = time.monotonic() + owed_wait_bound(self.timeout)
         with self._lock:
             if not self._owed:
                 return False

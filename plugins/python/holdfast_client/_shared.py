@@ -12,6 +12,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from ._errors import ConnectionClosed, HoldfastError, StorageError, error_from_response
 from ._protocol import (
     CLOSED,
+    OWED_SLOTS_WAIT,
     RECONNECT_HINT,
     SubQueue,
     SubRecord,
@@ -73,6 +74,12 @@ def hello_answer(line: bytes, rid: int) -> Optional[Dict[str, Any]]:
     return result
 
 
+def owed_wait_bound(timeout: Optional[float]) -> float:
+    """How long a subscribe answered busy waits for owed slots: ``OWED_SLOTS_WAIT`` seconds,
+    or the call timeout if that is shorter."""
+    return OWED_SLOTS_WAIT if timeout is None else min(OWED_SLOTS_WAIT, timeout)
+
+
 def daemon_said(msg: Dict[str, Any]) -> Optional[str]:
     """An answer to no request of ours (the daemon's refusal of the connection, or of a line
     it could not attribute): its message, kept for the callers that will see the close."""
@@ -110,6 +117,21 @@ class SubscriptionBase:
     def _push(self, params: Any) -> None:
         raise NotImplementedError
 
+    def _taken(self, what: str, ev: Optional[Event], client: "SubscriptionsMixin"
+               ) -> Optional[Event]:
+        """What ``next()`` gives for a take that was not ``"empty"``: the event (a stream's
+        finish also stops the client routing to it), ``None`` once ended, or
+        ``ConnectionClosed`` once the connection is gone for good and the queue drained."""
+        if what == "event":
+            if self._q.done:
+                client._forget(self.id)
+            return ev
+        if what == "done":
+            return None
+        raise ConnectionClosed(
+            message=self._reason or client._close_reason or "the connection is closed"
+        )
+
     def _close_queue(self) -> None:
         """Drop the queue: ``next()`` ends, as after ``close()``."""
         self._q.close()
@@ -135,6 +157,7 @@ class SubscriptionsMixin:
     socket_path: str
     hello: Dict[str, Any]
     reconnects: int
+    _close_reason: Optional[str]
     _lock: Any
     _subs: SubRegistry
     _table: SubscriptionTable

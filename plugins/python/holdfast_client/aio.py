@@ -43,12 +43,12 @@ from ._shared import (
     hello_answer,
     hello_failed,
     in_flight_lost,
+    owed_wait_bound,
 )
 from ._protocol import (
     as_dict,
     as_int,
     as_list,
-    OWED_SLOTS_WAIT,
     PROTOCOL_VERSION,
     RECONNECT_ATTEMPTS,
     CredentialRecord,
@@ -131,17 +131,8 @@ class AsyncSubscription(SubscriptionBase):
         deadline = None if timeout is None else loop.time() + timeout
         while True:
             what, ev = self._q.take(self.id)
-            if what == "event":
-                if self._q.done:
-                    self._client._forget(self.id)
-                return ev
-            if what == "done":
-                return None
-            if what == "closed":
-                raise ConnectionClosed(
-                    message=self._reason or self._client._close_reason
-                    or "the connection is closed"
-                )
+            if what != "empty":
+                return self._taken(what, ev, self._client)
             self._wake.clear()
             remaining = None if deadline is None else deadline - loop.time()
             if remaining is not None and remaining <= 0:
@@ -591,8 +582,7 @@ class AsyncClient(SubscriptionsMixin):
         if not self._owed:
             return False
         loop = asyncio.get_running_loop()
-        bound = OWED_SLOTS_WAIT if self.timeout is None else min(OWED_SLOTS_WAIT, self.timeout)
-        deadline = loop.time() + bound
+        deadline = loop.time() + owed_wait_bound(self.timeout)
         while self._owed and self._state == _CONNECTED and loop.time() < deadline:
             await asyncio.sleep(0.01)
         return True
