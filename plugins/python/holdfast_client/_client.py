@@ -23,6 +23,9 @@ from ._errors import (
 )
 from ._paths import default_socket_path
 from ._shared import (
+    _CLOSED,
+    _CONNECTED,
+    _RECONNECTING,
     SubscriptionBase,
     SubscriptionsMixin,
     cannot_connect,
@@ -60,9 +63,6 @@ logger = logging.getLogger("holdfast_client")
 
 Event = Dict[str, Any]
 Sink = Callable[[Event], None]
-
-_CONNECTED, _RECONNECTING, _CLOSED = "connected", "reconnecting", "closed"
-
 
 class _Gone(Exception):
     """A request bound to a connection that is no longer the current one (an unsubscribe of
@@ -311,14 +311,6 @@ class Client(SubscriptionsMixin):
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-    def __repr__(self) -> str:
-        return "Client(socket_path=%r, closed=%r)" % (self.socket_path, self.closed)
-
-    @property
-    def closed(self) -> bool:
-        """Closed for good (by ``close()``, or reconnecting failed); not while reconnecting."""
-        return self._state == _CLOSED
 
     # -- reader thread -------------------------------------------------------------------------
 
@@ -692,10 +684,7 @@ class Client(SubscriptionsMixin):
         """Close ``rec``: unsubscribe its daemon subscription if the current connection has
         one; if its (re-)subscribe is in flight, the answer is unsubscribed when it comes.
         Never sends a daemon id of a lost connection. Returns whether it was open."""
-        with self._lock:
-            was_open = not rec.closed and not rec.finished
-            epoch = rec.epoch
-        d = self._subs.close(rec)
+        was_open, epoch, d = self._closing(rec)
         if d is None:
             return was_open
         try:

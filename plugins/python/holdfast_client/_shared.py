@@ -24,6 +24,9 @@ logger = logging.getLogger("holdfast_client")
 
 Event = Dict[str, Any]
 
+#: A client's connection state (``_state``): closed is for good (not while reconnecting).
+_CONNECTED, _RECONNECTING, _CLOSED = "connected", "reconnecting", "closed"
+
 
 # -- the connection's words, the same for both clients -------------------------------------------
 
@@ -154,7 +157,9 @@ class SubscriptionsMixin:
     connection's daemon ids, the registry holds what outlives a connection, and ``_owed``
     counts the daemon slots the application no longer has but the daemon may still count."""
 
+    _NAME = "Client"
     socket_path: str
+    _state: str
     hello: Dict[str, Any]
     reconnects: int
     _close_reason: Optional[str]
@@ -162,6 +167,14 @@ class SubscriptionsMixin:
     _subs: SubRegistry
     _table: SubscriptionTable
     _owed: Dict[Any, int]
+
+    @property
+    def closed(self) -> bool:
+        """Closed for good (by ``close()``, or reconnecting failed); not while reconnecting."""
+        return self._state == _CLOSED
+
+    def __repr__(self) -> str:
+        return "%s(socket_path=%r, closed=%r)" % (self._NAME, self.socket_path, self.closed)
 
     # -- hooks ---------------------------------------------------------------------------------
 
@@ -204,6 +217,15 @@ class SubscriptionsMixin:
         if rec is not None and isinstance(rec.owner, SubscriptionBase):
             rec.owner._close_queue()
         return rec
+
+    def _closing(self, rec: SubRecord) -> Tuple[bool, int, Optional[Any]]:
+        """Mark ``rec`` closed. Returns whether it was open, the connection it was made on,
+        and the daemon id to unsubscribe now (``None``: none on the current connection; if
+        its (re-)subscribe is in flight, the answer is unsubscribed when it comes)."""
+        with self._lock:
+            was_open = not rec.closed and not rec.finished
+            epoch = rec.epoch
+        return was_open, epoch, self._subs.close(rec)
 
     def _end_subscriptions(self, reason: str) -> None:
         """The connection is gone for good: every subscription object ends with ``reason``."""

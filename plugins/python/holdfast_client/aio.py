@@ -35,6 +35,9 @@ from ._errors import (
 )
 from ._paths import default_socket_path
 from ._shared import (
+    _CLOSED,
+    _CONNECTED,
+    _RECONNECTING,
     SubscriptionBase,
     SubscriptionsMixin,
     cannot_connect,
@@ -72,9 +75,6 @@ Event = Dict[str, Any]
 
 #: Longest line read from the daemon (a `run.get` of a long run is one line).
 MAX_LINE_BYTES = 256 * 1024 * 1024
-
-_CONNECTED, _RECONNECTING, _CLOSED = "connected", "reconnecting", "closed"
-
 
 class _Gone(Exception):
     """A request bound to a connection that is no longer the current one: not sent."""
@@ -177,6 +177,8 @@ class AsyncClient(SubscriptionsMixin):
     the new connection, subscriptions are re-made). Errors are the same classes.
     ``hf.hello`` is the daemon's hello answer."""
 
+    _NAME = "AsyncClient"
+
     def __init__(
         self,
         socket_path: Optional[str] = None,
@@ -262,14 +264,6 @@ class AsyncClient(SubscriptionsMixin):
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.close()
-
-    @property
-    def closed(self) -> bool:
-        """Closed for good (by ``close()``, or reconnecting failed); not while reconnecting."""
-        return self._state == _CLOSED
-
-    def __repr__(self) -> str:
-        return "AsyncClient(socket_path=%r, closed=%r)" % (self.socket_path, self.closed)
 
     async def close(self) -> None:
         """Close the connection (and stop reconnecting); calls in flight fail with
@@ -611,9 +605,7 @@ class AsyncClient(SubscriptionsMixin):
     async def _close_sub(self, rec: SubRecord) -> bool:
         """Close ``rec`` (see ``Client._close_sub``): never sends a daemon id of a lost
         connection, and a cancelled close still unsubscribes."""
-        was_open = not rec.closed and not rec.finished
-        epoch = rec.epoch
-        d = self._subs.close(rec)
+        was_open, epoch, d = self._closing(rec)
         if d is None:
             return was_open
         done = False
