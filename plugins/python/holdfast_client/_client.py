@@ -23,6 +23,9 @@ from ._errors import (
 )
 from ._paths import default_socket_path
 from ._shared import (
+    READ_EOF,
+    READ_FAILED,
+    READ_NOT_JSON,
     _CLOSED,
     _CONNECTED,
     _RECONNECTING,
@@ -322,7 +325,7 @@ class Client(SubscriptionsMixin):
 
     def _read_loop(self, rfile: Any) -> str:
         """Read the connection until it ends; returns why."""
-        reason = "the daemon closed the connection"
+        reason = READ_EOF
         try:
             for line in rfile:
                 if not line.strip():
@@ -330,18 +333,13 @@ class Client(SubscriptionsMixin):
                 try:
                     msg = json.loads(line)
                 except ValueError:
-                    reason = "the daemon sent a line that is not JSON"
+                    reason = READ_NOT_JSON
                     break
                 finally:
                     line = None
-                if not isinstance(msg, dict):
-                    continue
-                if msg.get("method") == "event" and "id" not in msg:
-                    self._dispatch_event(msg.get("params"))
-                    continue
-                self._dispatch_response(msg)
+                self._dispatch(msg)
         except (OSError, ValueError):
-            reason = "the connection to the daemon failed"
+            reason = READ_FAILED
         return reason
 
     def _reconnect(self, reason: str) -> bool:

@@ -27,6 +27,11 @@ Event = Dict[str, Any]
 #: A client's connection state (``_state``): closed is for good (not while reconnecting).
 _CONNECTED, _RECONNECTING, _CLOSED = "connected", "reconnecting", "closed"
 
+#: Why a connection's read loop ended.
+READ_EOF = "the daemon closed the connection"
+READ_NOT_JSON = "the daemon sent a line that is not JSON"
+READ_FAILED = "the connection to the daemon failed"
+
 
 # -- the connection's words, the same for both clients -------------------------------------------
 
@@ -185,6 +190,14 @@ class SubscriptionsMixin:
         nothing. Returns ``False`` if it is known not to have been sent."""
         raise NotImplementedError
 
+    def _dispatch_event(self, params: Any) -> None:
+        """An event's ``params`` (the reader)."""
+        raise NotImplementedError
+
+    def _dispatch_response(self, msg: Dict[str, Any]) -> None:
+        """An answer, or a message that is not an event (the reader)."""
+        raise NotImplementedError
+
     def _owed_freed(self) -> None:
         """An owed slot is free (under ``_lock``): wake whoever waits for one."""
 
@@ -195,6 +208,15 @@ class SubscriptionsMixin:
         """Re-making ``rec``, which has no subscription object, failed."""
 
     # -- shared --------------------------------------------------------------------------------
+
+    def _dispatch(self, msg: Any) -> None:
+        """One message read from the daemon (the reader, before it reads the next line)."""
+        if not isinstance(msg, dict):
+            return
+        if msg.get("method") == "event" and "id" not in msg:
+            self._dispatch_event(msg.get("params"))
+        else:
+            self._dispatch_response(msg)
 
     def _connection_up(self, hello: Dict[str, Any]) -> Tuple[List[SubRecord], int]:
         """A new connection said ``hello`` (under ``_lock``): every old daemon id is void.

@@ -35,6 +35,9 @@ from ._errors import (
 )
 from ._paths import default_socket_path
 from ._shared import (
+    READ_EOF,
+    READ_FAILED,
+    READ_NOT_JSON,
     _CLOSED,
     _CONNECTED,
     _RECONNECTING,
@@ -303,7 +306,7 @@ class AsyncClient(SubscriptionsMixin):
             raise
 
     async def _read_loop(self, reader: asyncio.StreamReader) -> str:
-        reason = "the daemon closed the connection"
+        reason = READ_EOF
         try:
             while True:
                 line = await reader.readline()
@@ -314,18 +317,16 @@ class AsyncClient(SubscriptionsMixin):
                 try:
                     msg = json.loads(line)
                 except ValueError:
-                    reason = "the daemon sent a line that is not JSON"
+                    reason = READ_NOT_JSON
                     break
-                if not isinstance(msg, dict):
-                    continue
-                if msg.get("method") == "event" and "id" not in msg:
-                    if isinstance(msg.get("params"), dict):
-                        self._table.route(msg["params"])
-                    continue
-                self._dispatch_response(msg)
+                self._dispatch(msg)
         except (OSError, ValueError, asyncio.LimitOverrunError):
-            reason = "the connection to the daemon failed"
+            reason = READ_FAILED
         return reason
+
+    def _dispatch_event(self, params: Any) -> None:
+        if isinstance(params, dict):
+            self._table.route(params)
 
     async def _reconnect(self, reason: str) -> Optional[asyncio.StreamReader]:
         """The connection ended: fail what was in flight, then connect again (unless closed or
