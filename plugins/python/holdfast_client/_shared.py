@@ -1,7 +1,9 @@
-"""What ``Client`` (threads) and ``AsyncClient`` (an event loop) share: the subscription
-bookkeeping both run from their reader (thread or task), never waiting on anything. Where they
-differ — a lock or none, a condition to notify or none, how a request is sent — each client
-fills in the few hooks below."""
+"""What ``Client`` (threads) and ``AsyncClient`` (an event loop) share: the words and checks
+of a connection and its reconnect (plain functions), the subscription objects' common part
+(``SubscriptionBase``), and the subscription bookkeeping both run from their reader (thread or
+task), never waiting on anything (``SubscriptionsMixin``). Where they differ — a lock or none,
+a condition to notify or none, how a request is sent and read — each client fills in the few
+hooks of the mixin; whatever waits (a call, a subscribe, a close) stays in each client."""
 
 from __future__ import annotations
 
@@ -157,7 +159,8 @@ class SubscriptionBase:
 
 
 class SubscriptionsMixin:
-    """The subscription bookkeeping of a client. ``_lock`` orders it against the reader (a
+    """The subscription bookkeeping of a client (and its state, ``closed`` and repr), the
+    part that never waits. ``_lock`` orders it against the reader (a
     ``threading.RLock``, or a no-op in an event loop); the table routes the current
     connection's daemon ids, the registry holds what outlives a connection, and ``_owed``
     counts the daemon slots the application no longer has but the daemon may still count."""
