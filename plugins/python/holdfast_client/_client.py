@@ -22,16 +22,31 @@ from ._errors import (
     scrub,
 )
 from ._paths import default_socket_path
+from ._shared import (
+    READ_EOF,
+    READ_FAILED,
+    READ_NOT_JSON,
+    _CLOSED,
+    _CONNECTED,
+    _RECONNECTING,
+    SubscriptionBase,
+    SubscriptionsMixin,
+    cannot_connect,
+    could_not_reconnect,
+    daemon_said,
+    hello_answer,
+    hello_failed,
+    in_flight_lost,
+    owed_wait_bound,
+)
 from ._protocol import (
     as_dict,
     as_int,
     as_list,
     CLOSED,
     DEFAULT_STORE,
-    OWED_SLOTS_WAIT,
     PROTOCOL_VERSION,
     RECONNECT_ATTEMPTS,
-    RECONNECT_HINT,
     CredentialRecord,
     Lease,
     SetResult,
@@ -52,9 +67,6 @@ logger = logging.getLogger("holdfast_client")
 
 Event = Dict[str, Any]
 Sink = Callable[[Event], None]
-
-_CONNECTED, _RECONNECTING, _CLOSED = "connected", "reconnecting", "closed"
-
 
 class _Gone(Exception):
     """A request bound to a connection that is no longer the current one (an unsubscribe of
@@ -77,7 +89,7 @@ class _Pending:
         self.on_error = on_error
 
 
-class Subscription:
+class Subscription(SubscriptionBase):
     """The events of one subscription (``stream.subscribe`` or ``cred.watch``), in order, from
     a queue of its own: iterate over it (blocking), or call ``next(timeout)``.
 
@@ -104,23 +116,6 @@ class Subscription:
         self._rec: SubRecord = client._subscribe(method, params, self._push, self)
         self.id: Any = self._rec.local
 
-    @property
-    def kind(self) -> str:
-        return self._q.kind
-
-    @property
-    def last_seq(self) -> int:
-        """The seq of the last stream event taken (``after_seq`` to resume from)."""
-        return self._q.last_seq
-
-    @property
-    def complete(self) -> Optional[bool]:
-        """After a stream's ``finish`` was taken: whether every event before it was delivered
-        (``False``: the run ended while the client was away — a reconnect — or before this
-        subscription began from below its end, and the events in between are gone from the
-        daemon; the finish's ``complete`` says the same). ``None`` before the finish."""
-        return self._q.complete
-
     def _push(self, params: Any) -> None:  # the reader thread
         with self._cv:
             self._q.push(params)
@@ -129,12 +124,9 @@ class Subscription:
         if listener is not None:
             listener()  # outside the queue's lock: it may take its own
 
-    def _end(self, reason: str) -> None:
-        """The subscription cannot go on (the client gave up reconnecting, or re-making it
-        failed): ``next()`` raises ``ConnectionClosed`` with ``reason`` once drained."""
-        if self._reason is None:
-            self._reason = reason
-        self._push(CLOSED)
+    def _close_queue(self) -> None:
+        with self._cv:
+            self._q.close()
 
     def _listen(self, listener: Optional[Callable[[], None]]) -> None:
         """Call ``listener`` (from the reader thread) after each event is queued: a waiter on
@@ -157,15 +149,7 @@ class Subscription:
                         return None
                     self._cv.wait(remaining)
                     continue
-            if what == "event":
-                if self._q.done:
-                    self._client._forget(self.id)
-                return ev
-            if what == "done":
-                return None
-            raise ConnectionClosed(
-                message=self._reason or self._client._close_reason or "the connection is closed"
-            )
+            return self._taken(what, ev, self._client)
 
     @property
     def finished(self) -> bool:
@@ -182,8 +166,7 @@ class Subscription:
 
     def close(self) -> None:
         """Unsubscribe (if the connection is still open); the queue is dropped."""
-        with self._cv:
-            self._q.close()
+        self._close_queue()
         try:
             self._client._close_sub(self._rec)
         except ConnectionClosed:
@@ -195,11 +178,8 @@ class Subscription:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def __repr__(self) -> str:
-        return "Subscription(kind=%r, id=%r, last_seq=%r)" % (self.kind, self.id, self.last_seq)
 
-
-class Client:
+class Client(SubscriptionsMixin):
     """A connection to the daemon, said hello to.
 
     ``socket_path``: default ``default_socket_path()``. ``client``: a name for the daemon's
@@ -296,10 +276,7 @@ class Client:
             sock.connect(self.socket_path)
         except OSError as e:
             sock.close()
-            raise ConnectionClosed(
-                message="cannot connect to the holdfast daemon at %s: %s"
-                % (self.socket_path, e.strerror or type(e).__name__)
-            ) from None
+            raise cannot_connect(self.socket_path, e) from None
         try:
             check_peer(sock)
         except BaseException:
@@ -339,14 +316,6 @@ class Client:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def __repr__(self) -> str:
-        return "Client(socket_path=%r, closed=%r)" % (self.socket_path, self.closed)
-
-    @property
-    def closed(self) -> bool:
-        """Closed for good (by ``close()``, or reconnecting failed); not while reconnecting."""
-        return self._state == _CLOSED
-
     # -- reader thread -------------------------------------------------------------------------
 
     def _run_reader(self) -> None:
@@ -357,7 +326,7 @@ class Client:
 
     def _read_loop(self, rfile: Any) -> str:
         """Read the connection until it ends; returns why."""
-        reason = "the daemon closed the connection"
+        reason = READ_EOF
         try:
             for line in rfile:
                 if not line.strip():
@@ -365,18 +334,13 @@ class Client:
                 try:
                     msg = json.loads(line)
                 except ValueError:
-                    reason = "the daemon sent a line that is not JSON"
+                    reason = READ_NOT_JSON
                     break
                 finally:
                     line = None
-                if not isinstance(msg, dict):
-                    continue
-                if msg.get("method") == "event" and "id" not in msg:
-                    self._dispatch_event(msg.get("params"))
-                    continue
-                self._dispatch_response(msg)
+                self._dispatch(msg)
         except (OSError, ValueError):
-            reason = "the connection to the daemon failed"
+            reason = READ_FAILED
         return reason
 
     def _reconnect(self, reason: str) -> bool:
@@ -392,10 +356,7 @@ class Client:
             self._owed.clear()  # the lost connection's slots went with it
             self._state_cv.notify_all()
             old = (self._sock, self._rfile)
-        lost = reason + (
-            "" if give_up
-            else "; the call was in flight, so it may or may not have been carried out"
-        )
+        lost = in_flight_lost(reason, give_up)
         for w in pending.values():
             w.error = ConnectionClosed(message=lost)
             w.event.set()
@@ -416,11 +377,8 @@ class Client:
             try:
                 sock, rfile, hello = self._open_again()
             except HoldfastError as e:
-                last = e.message
-                if e.kind not in ("storage", "busy"):
-                    # The daemon refused us (a plugin grant gone): retrying won't help; close
-                    # now, saying why.
-                    last = "the daemon refused the hello (%s): %s" % (e.kind, e.message)
+                last, final = hello_failed(e)
+                if final:
                     break
                 continue
             with self._lock:
@@ -429,21 +387,14 @@ class Client:
                     sock.close()
                     return False
                 self._sock, self._rfile = sock, rfile
-                self.hello = hello
-                self.reconnects += 1
-                self._table = SubscriptionTable()
-                live = self._subs.new_connection()
-                epoch = self._subs.epoch
+                live, epoch = self._connection_up(hello)
                 self._state = _CONNECTED
                 self._state_cv.notify_all()
-            logger.warning("holdfast: reconnected to %s", self.socket_path)
-            for rec in live:
-                self._resubscribe(rec, epoch)
+            self._resubscribe_all(live, epoch)
             return True
         with self._lock:
             if self._close_reason is None:
-                self._close_reason = "lost the connection to the holdfast daemon (%s) and " \
-                    "could not reconnect to %s: %s" % (reason, self.socket_path, last)
+                self._close_reason = could_not_reconnect(reason, self.socket_path, last)
             self._state = _CLOSED
         self._fail_all(self._close_reason or reason)
         return False
@@ -458,18 +409,11 @@ class Client:
             sock.sendall(encode_request(rid, "hello", self._hello_params))
             rfile = sock.makefile("rb")
             while True:
-                line = rfile.readline()
-                if not line:
-                    raise ConnectionClosed(message="the daemon closed the connection at hello")
-                msg = json.loads(line)
-                if isinstance(msg, dict) and msg.get("id") in (rid, None) and "method" not in msg:
+                hello = hello_answer(rfile.readline(), rid)
+                if hello is not None:
                     break
-            if "error" in msg:
-                raise error_from_response(msg["error"])
-            if not isinstance(msg.get("result"), dict):
-                raise StorageError(message="a hello answer without a result")
             sock.settimeout(None)
-            return sock, rfile, msg["result"]
+            return sock, rfile, hello
         except HoldfastError:
             # The daemon's own answer (a refused hello: Forbidden is a PermissionError and
             # InvalidParams a ValueError, so the clause below would hide it as a failed
@@ -494,12 +438,11 @@ class Client:
         with self._lock:
             waiter = self._pending.pop(mid, None) if isinstance(mid, int) else None
             if waiter is None:
-                # An answer to no request of ours: the daemon's refusal of the connection or of
-                # a line it could not attribute (id null). Keep its message for the callers that
-                # will see the connection close.
-                err = msg.get("error")
-                if isinstance(err, dict) and isinstance(err.get("message"), str):
-                    self._close_reason = "the daemon said: %s" % err["message"]
+                # An answer to no request of ours (id null): keep its message for the callers
+                # that will see the connection close.
+                said = daemon_said(msg)
+                if said is not None:
+                    self._close_reason = said
                 return
         if "error" in msg:
             waiter.error = error_from_response(msg["error"])
@@ -554,9 +497,7 @@ class Client:
         with self._events_cv:
             self._events.push(CLOSED)
             self._events_cv.notify_all()
-        for rec in self._subs.all():
-            if isinstance(rec.owner, Subscription):
-                rec.owner._end(reason)
+        self._end_subscriptions(reason)
         with self._changes_cv:
             self._changes_cv.notify_all()
 
@@ -657,11 +598,12 @@ class Client:
 
     def _send_nowait(self, method: str, params: Dict[str, Any], epoch: int,
                      on_answer: Optional[Callable[[Any, int], None]] = None,
-                     on_error: Optional[Callable[[HoldfastError], None]] = None) -> None:
+                     on_error: Optional[Callable[[HoldfastError], None]] = None) -> bool:
         """A request of the client's own, on connection ``epoch`` only, whose answer nobody
         waits for. From the reader thread it is sent by a thread of its own: the reader must
         never wait for the send lock (a caller blocked in a send may be waiting for the daemon
-        to read, and the daemon for the reader)."""
+        to read, and the daemon for the reader). Returns ``True``: a request that cannot be
+        sent is dropped here, as its connection is gone."""
         def send() -> None:
             try:
                 self._call(method, params, on_answer, epoch=epoch, wait=False,
@@ -673,6 +615,7 @@ class Client:
             threading.Thread(target=send, name="holdfast-client-send", daemon=True).start()
         else:
             send()
+        return True
 
     def _subscribe(
         self,
@@ -704,27 +647,13 @@ class Client:
         rec.answer = dict(result, subscription=rec.local)
         return rec
 
-    def _settle(self, token: Any) -> None:
-        """A slot owed (``_owed``) is free."""
-        with self._lock:
-            if self._owed.pop(token, None) is not None:
-                self._state_cv.notify_all()
-
-    def _unsubscribe_owed(self, sub: Any, epoch: int) -> None:
-        """Unsubscribe daemon id ``sub`` of connection ``epoch`` that nobody wants, its slot
-        owed until the daemon answers."""
-        token = ("unsub", epoch, sub)
-        with self._lock:
-            if epoch == self._subs.epoch:
-                self._owed[token] = epoch
-        self._send_nowait("unsubscribe", {"subscription": sub}, epoch,
-                          lambda _r, _e: self._settle(token), lambda _e: self._settle(token))
+    def _owed_freed(self) -> None:
+        self._state_cv.notify_all()
 
     def _wait_owed(self) -> bool:
         """Whether slots were owed on this connection; if so, wait (at most
         ``OWED_SLOTS_WAIT`` seconds, or the timeout) until they are free."""
-        bound = OWED_SLOTS_WAIT if self.timeout is None else min(OWED_SLOTS_WAIT, self.timeout)
-        deadline = time.monotonic() + bound
+        deadline = time.monotonic() + owed_wait_bound(self.timeout)
         with self._lock:
             if not self._owed:
                 return False
@@ -735,78 +664,27 @@ class Client:
                 self._state_cv.wait(remaining)
             return True
 
-    def _claim(self, rec: SubRecord) -> Callable[[Any, int], None]:
-        def claim(result: Any, epoch: int) -> None:  # the reader thread, before the next line
-            if not isinstance(result, dict):
-                return
-            sub = result.get("subscription")
-            table = self._table
-            if self._subs.answered(rec, epoch, sub):
-                table.claim(sub, lambda ev: self._route(rec, sub, ev))
-            else:
-                table.release(sub)
-                self._unsubscribe_owed(sub, epoch)
-        return claim
+    def _resync_seen(self) -> None:
+        with self._changes_cv:
+            self._changes_cv.notify_all()
 
-    def _route(self, rec: SubRecord, daemon_id: Any, ev: Event) -> None:  # the reader thread
-        if not rec.accept(ev):
-            return
-        rec.sink(ev)
-        if rec.finished:  # the daemon ended the subscription with the run's finish
-            self._subs.drop(rec)
-            self._table.release(daemon_id)
-
-    def _resubscribe(self, rec: SubRecord, epoch: int) -> None:
-        """Make ``rec`` again on a new connection (the reader thread: nothing is waited for)."""
-        if rec.closed:
-            return  # closed while the client reconnected: nothing to re-make
-        claim = self._claim(rec)
-
-        def answered(result: Any, epoch: int) -> None:
-            if not rec.stream and not rec.closed:
-                # Changes while disconnected were not seen: say so before any new event.
-                ev: Event = {"subscription": rec.local, "type": "resync", "missed": None,
-                             "hint": RECONNECT_HINT}
-                with self._changes_cv:
-                    self._changes_cv.notify_all()
-                rec.sink(ev)
-            claim(result, epoch)
-
-        def failed(err: HoldfastError) -> None:
-            self._subs.close(rec)
-            why = "re-making the subscription after a reconnect failed: %s" % err
-            logger.warning("holdfast: %s", why)
-            if isinstance(rec.owner, Subscription):
-                rec.owner._end(why)
-            elif rec.sink == self._deliver:
-                # A watch()/stream_subscribe() id: its events go to events(), so that is where
-                # the application learns it ended (nothing more of it will come).
-                rec.sink({"subscription": rec.local, "type": "closed", "kind": err.kind,
-                          "reason": why})
-            else:  # single_flight_refresh's own watch: the next use makes it again
-                with self._lock:
-                    for store, local in list(self._internal_watches.items()):
-                        if local == rec.local:
-                            del self._internal_watches[store]
-
-        self._send_nowait(rec.method, rec.resubscribe_params(), epoch, answered, failed)
-
-    def _abandon_sub(self, rec: SubRecord) -> None:
-        d = self._subs.close(rec)
-        if d is not None:  # claimed just as the caller gave up
-            self._table.release(d)
+    def _resubscribe_failed(self, rec: SubRecord, err: HoldfastError, why: str) -> None:
+        if rec.sink == self._deliver:
+            # A watch()/stream_subscribe() id: its events go to events(), so that is where
+            # the application learns it ended (nothing more of it will come).
+            rec.sink({"subscription": rec.local, "type": "closed", "kind": err.kind,
+                      "reason": why})
+        else:  # single_flight_refresh's own watch: the next use makes it again
             with self._lock:
-                epoch = rec.epoch if rec.epoch >= 0 else self._subs.epoch
-            self._unsubscribe_owed(d, epoch)
+                for store, local in list(self._internal_watches.items()):
+                    if local == rec.local:
+                        del self._internal_watches[store]
 
     def _close_sub(self, rec: SubRecord) -> bool:
         """Close ``rec``: unsubscribe its daemon subscription if the current connection has
         one; if its (re-)subscribe is in flight, the answer is unsubscribed when it comes.
         Never sends a daemon id of a lost connection. Returns whether it was open."""
-        with self._lock:
-            was_open = not rec.closed and not rec.finished
-            epoch = rec.epoch
-        d = self._subs.close(rec)
+        was_open, epoch, d = self._closing(rec)
         if d is None:
             return was_open
         try:
@@ -819,12 +697,6 @@ class Client:
         finally:
             self._table.release(d)
         return bool(res["unsubscribed"])
-
-    def _forget(self, sub: Any) -> None:
-        """A subscription ended (its run finished): stop routing to it."""
-        rec = self._subs.get(sub)
-        if rec is not None:
-            self._subs.drop(rec)
 
     # -- subscriptions -------------------------------------------------------------------------
 
@@ -848,12 +720,9 @@ class Client:
         """``unsubscribe``: once it returns, no event of ``subscription`` (an id this client
         gave) arrives. Returns whether it was open (a stream subscription ends by itself with
         ``finish``)."""
-        rec = self._subs.get(subscription)
+        rec = self._unsubscribing(subscription)
         if rec is None:
             return False
-        if isinstance(rec.owner, Subscription):
-            with rec.owner._cv:
-                rec.owner._q.close()  # its next() ends, as after its own close()
         return self._close_sub(rec)
 
     # -- typed helpers -------------------------------------------------------------------------

@@ -34,15 +34,29 @@ from ._errors import (
     scrub,
 )
 from ._paths import default_socket_path
+from ._shared import (
+    READ_EOF,
+    READ_FAILED,
+    READ_NOT_JSON,
+    _CLOSED,
+    _CONNECTED,
+    _RECONNECTING,
+    SubscriptionBase,
+    SubscriptionsMixin,
+    cannot_connect,
+    could_not_reconnect,
+    daemon_said,
+    hello_answer,
+    hello_failed,
+    in_flight_lost,
+    owed_wait_bound,
+)
 from ._protocol import (
     as_dict,
     as_int,
     as_list,
-    CLOSED,
-    OWED_SLOTS_WAIT,
     PROTOCOL_VERSION,
     RECONNECT_ATTEMPTS,
-    RECONNECT_HINT,
     CredentialRecord,
     Lease,
     SetResult,
@@ -66,9 +80,6 @@ Event = Dict[str, Any]
 #: Longest line read from the daemon (a `run.get` of a long run is one line).
 MAX_LINE_BYTES = 256 * 1024 * 1024
 
-_CONNECTED, _RECONNECTING, _CLOSED = "connected", "reconnecting", "closed"
-
-
 class _Gone(Exception):
     """A request bound to a connection that is no longer the current one: not sent."""
 
@@ -87,12 +98,14 @@ class _NoLock:
         return None
 
 
-class AsyncSubscription:
+class AsyncSubscription(SubscriptionBase):
     """The events of one subscription, in order, from a queue of its own: ``async for ev in
     sub`` (a stream subscription ends after ``finish``), or ``await sub.next(timeout)``. Like
     ``Subscription``: a stream subscription drops nothing however slowly it is read, and is
     re-made from its last seq after a reconnect; ``id`` is the client's own (stable);
     ``await sub.close()`` unsubscribes."""
+
+    _NAME = "AsyncSubscription"
 
     def __init__(self, client: "AsyncClient", kind: str, params: Dict[str, Any],
                  max_queued: int) -> None:
@@ -104,23 +117,6 @@ class AsyncSubscription:
         self._rec: Optional[SubRecord] = None
         self.id: Any = None
 
-    @property
-    def kind(self) -> str:
-        return self._q.kind
-
-    @property
-    def last_seq(self) -> int:
-        """The seq of the last stream event taken (``after_seq`` to resume from)."""
-        return self._q.last_seq
-
-    @property
-    def complete(self) -> Optional[bool]:
-        """After a stream's ``finish`` was taken: whether every event before it was delivered
-        (``False``: the run ended while the client was away — a reconnect — or before this
-        subscription began from below its end, and the events in between are gone from the
-        daemon; the finish's ``complete`` says the same). ``None`` before the finish."""
-        return self._q.complete
-
     async def _start(self) -> "AsyncSubscription":
         method = "stream.subscribe" if self.kind == "stream" else "cred.watch"
         self._rec = await self._client._subscribe(method, self._params, self._push, self)
@@ -131,11 +127,6 @@ class AsyncSubscription:
         self._q.push(params)
         self._wake.set()
 
-    def _end(self, reason: str) -> None:
-        if self._reason is None:
-            self._reason = reason
-        self._push(CLOSED)
-
     async def next(self, timeout: Optional[float] = None) -> Optional[Event]:
         """The next event, or ``None`` after ``timeout`` seconds or once the subscription has
         ended. ``ConnectionClosed`` if the connection is gone for good (reconnecting failed)
@@ -144,17 +135,8 @@ class AsyncSubscription:
         deadline = None if timeout is None else loop.time() + timeout
         while True:
             what, ev = self._q.take(self.id)
-            if what == "event":
-                if self._q.done:
-                    self._client._forget(self.id)
-                return ev
-            if what == "done":
-                return None
-            if what == "closed":
-                raise ConnectionClosed(
-                    message=self._reason or self._client._close_reason
-                    or "the connection is closed"
-                )
+            if what != "empty":
+                return self._taken(what, ev, self._client)
             self._wake.clear()
             remaining = None if deadline is None else deadline - loop.time()
             if remaining is not None and remaining <= 0:
@@ -176,7 +158,7 @@ class AsyncSubscription:
 
     async def close(self) -> None:
         """Unsubscribe (if the connection is still open); the queue is dropped."""
-        self._q.close()
+        self._close_queue()
         if self._rec is None:
             return
         try:
@@ -190,18 +172,16 @@ class AsyncSubscription:
     async def __aexit__(self, *exc: Any) -> None:
         await self.close()
 
-    def __repr__(self) -> str:
-        return "AsyncSubscription(kind=%r, id=%r, last_seq=%r)" % (
-            self.kind, self.id, self.last_seq)
 
-
-class AsyncClient:
+class AsyncClient(SubscriptionsMixin):
     """A connection to the daemon for asyncio code. ``async with AsyncClient(...) as hf``
     connects and says hello (or ``hf = await AsyncClient.connect(...)``); the arguments are
     ``Client``'s, and so is the reconnect behaviour (``reconnect``, ``reconnect_attempts``: a
     call in flight when the connection breaks raises ``ConnectionClosed``, later calls wait for
     the new connection, subscriptions are re-made). Errors are the same classes.
     ``hf.hello`` is the daemon's hello answer."""
+
+    _NAME = "AsyncClient"
 
     def __init__(
         self,
@@ -226,7 +206,8 @@ class AsyncClient:
         # Answers wanted by the client itself (subscriptions), also once nobody awaits them.
         self._on_answer: Dict[int, Tuple[Callable[[Any, int], None], int]] = {}
         self._on_error: Dict[int, Callable[[HoldfastError], None]] = {}
-        self._subs = SubRegistry(_NoLock())
+        self._lock = _NoLock()
+        self._subs = SubRegistry(self._lock)
         self._table = SubscriptionTable()
         # Daemon subscription slots the application no longer has but the daemon may still
         # count (see Client._owed): a subscribe answered busy waits for them, then once more.
@@ -252,10 +233,7 @@ class AsyncClient:
                 self.socket_path, limit=MAX_LINE_BYTES
             )
         except OSError as e:
-            raise ConnectionClosed(
-                message="cannot connect to the holdfast daemon at %s: %s"
-                % (self.socket_path, e.strerror or type(e).__name__)
-            ) from None
+            raise cannot_connect(self.socket_path, e) from None
         try:
             check_peer(writer.get_extra_info("socket"))
         except BaseException:
@@ -267,7 +245,7 @@ class AsyncClient:
         reader, writer = await self._connect()
         # A client opened again after close() starts afresh (what the old connection had was
         # ended with it).
-        self._subs = SubRegistry(_NoLock())
+        self._subs = SubRegistry(self._lock)
         self._table = SubscriptionTable()
         self._owed = {}
         self._writer = writer
@@ -290,14 +268,6 @@ class AsyncClient:
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.close()
-
-    @property
-    def closed(self) -> bool:
-        """Closed for good (by ``close()``, or reconnecting failed); not while reconnecting."""
-        return self._state == _CLOSED
-
-    def __repr__(self) -> str:
-        return "AsyncClient(socket_path=%r, closed=%r)" % (self.socket_path, self.closed)
 
     async def close(self) -> None:
         """Close the connection (and stop reconnecting); calls in flight fail with
@@ -337,7 +307,7 @@ class AsyncClient:
             raise
 
     async def _read_loop(self, reader: asyncio.StreamReader) -> str:
-        reason = "the daemon closed the connection"
+        reason = READ_EOF
         try:
             while True:
                 line = await reader.readline()
@@ -348,18 +318,16 @@ class AsyncClient:
                 try:
                     msg = json.loads(line)
                 except ValueError:
-                    reason = "the daemon sent a line that is not JSON"
+                    reason = READ_NOT_JSON
                     break
-                if not isinstance(msg, dict):
-                    continue
-                if msg.get("method") == "event" and "id" not in msg:
-                    if isinstance(msg.get("params"), dict):
-                        self._table.route(msg["params"])
-                    continue
-                self._dispatch_response(msg)
+                self._dispatch(msg)
         except (OSError, ValueError, asyncio.LimitOverrunError):
-            reason = "the connection to the daemon failed"
+            reason = READ_FAILED
         return reason
+
+    def _dispatch_event(self, params: Any) -> None:
+        if isinstance(params, dict):
+            self._table.route(params)
 
     async def _reconnect(self, reason: str) -> Optional[asyncio.StreamReader]:
         """The connection ended: fail what was in flight, then connect again (unless closed or
@@ -370,10 +338,7 @@ class AsyncClient:
         self._state = _CLOSED if give_up else _RECONNECTING
         if self._connected is not None and not give_up:
             self._connected.clear()
-        lost = reason + (
-            "" if give_up
-            else "; the call was in flight, so it may or may not have been carried out"
-        )
+        lost = in_flight_lost(reason, give_up)
         self._fail_pending(lost)
         self._owed.clear()  # the lost connection's slots went with it
         if self._writer is not None:
@@ -390,31 +355,22 @@ class AsyncClient:
             try:
                 reader, writer, hello = await self._open_again()
             except HoldfastError as e:
-                last = e.message
-                if e.kind not in ("storage", "busy"):
-                    # The daemon refused us (a plugin grant gone): retrying won't help; close
-                    # now, saying why.
-                    last = "the daemon refused the hello (%s): %s" % (e.kind, e.message)
+                last, final = hello_failed(e)
+                if final:
                     break
                 continue
             if self._state == _CLOSED:
                 writer.close()
                 return None
             self._writer = writer
-            self.hello = hello
-            self.reconnects += 1
-            self._table = SubscriptionTable()
-            live = self._subs.new_connection()
+            live, epoch = self._connection_up(hello)
             self._state = _CONNECTED
             if self._connected is not None:
                 self._connected.set()
-            logger.warning("holdfast: reconnected to %s", self.socket_path)
-            for rec in live:
-                self._resubscribe(rec, self._subs.epoch)
+            self._resubscribe_all(live, epoch)
             return reader
         if self._close_reason is None:
-            self._close_reason = "lost the connection to the holdfast daemon (%s) and could " \
-                "not reconnect to %s: %s" % (reason, self.socket_path, last)
+            self._close_reason = could_not_reconnect(reason, self.socket_path, last)
         self._fail_all(self._close_reason)
         return None
 
@@ -429,16 +385,9 @@ class AsyncClient:
             await writer.drain()
             while True:
                 line = await asyncio.wait_for(reader.readline(), self.timeout or 60.0)
-                if not line:
-                    raise ConnectionClosed(message="the daemon closed the connection at hello")
-                msg = json.loads(line)
-                if isinstance(msg, dict) and msg.get("id") in (rid, None) and "method" not in msg:
-                    break
-            if "error" in msg:
-                raise error_from_response(msg["error"])
-            if not isinstance(msg.get("result"), dict):
-                raise StorageError(message="a hello answer without a result")
-            return reader, writer, msg["result"]
+                hello = hello_answer(line, rid)
+                if hello is not None:
+                    return reader, writer, hello
         except HoldfastError:
             # The daemon's own answer (a refused hello: Forbidden is a PermissionError and
             # InvalidParams a ValueError, so the clause below would hide it as a failed
@@ -458,9 +407,9 @@ class AsyncClient:
         on_answer = self._on_answer.pop(mid, None) if isinstance(mid, int) else None
         on_error = self._on_error.pop(mid, None) if isinstance(mid, int) else None
         if fut is None and on_answer is None and on_error is None:
-            err = msg.get("error")
-            if isinstance(err, dict) and isinstance(err.get("message"), str):
-                self._close_reason = "the daemon said: %s" % err["message"]
+            said = daemon_said(msg)
+            if said is not None:
+                self._close_reason = said
             return
         if "error" in msg:
             error = error_from_response(msg["error"])
@@ -492,9 +441,7 @@ class AsyncClient:
         self._fail_pending(self._close_reason)
         if self._connected is not None:
             self._connected.set()
-        for rec in self._subs.all():
-            if isinstance(rec.owner, AsyncSubscription):
-                rec.owner._end(self._close_reason)
+        self._end_subscriptions(self._close_reason)
 
     # -- calls ---------------------------------------------------------------------------------
 
@@ -625,26 +572,13 @@ class AsyncClient:
             return False
         return True
 
-    def _unsubscribe_owed(self, sub: Any, epoch: int) -> None:
-        """Unsubscribe daemon id ``sub`` of connection ``epoch`` that nobody wants, its slot
-        owed until the daemon answers."""
-        token = ("unsub", epoch, sub)
-        self._owed[token] = epoch
-
-        def settle(*_: Any) -> None:
-            self._owed.pop(token, None)
-
-        if not self._send_nowait("unsubscribe", {"subscription": sub}, epoch, settle, settle):
-            settle()
-
     async def _wait_owed(self) -> bool:
         """Whether slots were owed on this connection; if so, wait (at most
         ``OWED_SLOTS_WAIT`` seconds, or the timeout) until they are free."""
         if not self._owed:
             return False
         loop = asyncio.get_running_loop()
-        bound = OWED_SLOTS_WAIT if self.timeout is None else min(OWED_SLOTS_WAIT, self.timeout)
-        deadline = loop.time() + bound
+        deadline = loop.time() + owed_wait_bound(self.timeout)
         while self._owed and self._state == _CONNECTED and loop.time() < deadline:
             await asyncio.sleep(0.01)
         return True
@@ -670,61 +604,10 @@ class AsyncClient:
         rec.answer = dict(result, subscription=rec.local)
         return rec
 
-    def _claim(self, rec: SubRecord) -> Callable[[Any, int], None]:
-        def claim(result: Any, epoch: int) -> None:  # the reader task, before the next line
-            if not isinstance(result, dict):
-                return
-            sub = result.get("subscription")
-            table = self._table
-            if self._subs.answered(rec, epoch, sub):
-                table.claim(sub, lambda ev: self._route(rec, sub, ev))
-            else:
-                table.release(sub)
-                self._unsubscribe_owed(sub, epoch)
-        return claim
-
-    def _route(self, rec: SubRecord, daemon_id: Any, ev: Event) -> None:
-        if not rec.accept(ev):
-            return
-        rec.sink(ev)
-        if rec.finished:  # the daemon ended the subscription with the run's finish
-            self._subs.drop(rec)
-            self._table.release(daemon_id)
-
-    def _resubscribe(self, rec: SubRecord, epoch: int) -> None:
-        """Make ``rec`` again on a new connection (the reader task: nothing is awaited)."""
-        if rec.closed:
-            return  # closed while the client reconnected: nothing to re-make
-        claim = self._claim(rec)
-
-        def answered(result: Any, epoch: int) -> None:
-            if not rec.stream and not rec.closed:
-                rec.sink({"subscription": rec.local, "type": "resync", "missed": None,
-                          "hint": RECONNECT_HINT})
-            claim(result, epoch)
-
-        def failed(err: HoldfastError) -> None:
-            self._subs.close(rec)
-            why = "re-making the subscription after a reconnect failed: %s" % err
-            logger.warning("holdfast: %s", why)
-            if isinstance(rec.owner, AsyncSubscription):
-                rec.owner._end(why)
-
-        self._send_nowait(rec.method, rec.resubscribe_params(), epoch, answered, failed)
-
-    def _abandon_sub(self, rec: SubRecord) -> None:
-        epoch = rec.epoch
-        d = self._subs.close(rec)
-        if d is not None:  # claimed just as the caller gave up
-            self._table.release(d)
-            self._unsubscribe_owed(d, epoch)
-
     async def _close_sub(self, rec: SubRecord) -> bool:
         """Close ``rec`` (see ``Client._close_sub``): never sends a daemon id of a lost
         connection, and a cancelled close still unsubscribes."""
-        was_open = not rec.closed and not rec.finished
-        epoch = rec.epoch
-        d = self._subs.close(rec)
+        was_open, epoch, d = self._closing(rec)
         if d is None:
             return was_open
         done = False
@@ -740,11 +623,6 @@ class AsyncClient:
             if not done:
                 self._unsubscribe_owed(d, epoch)
         return bool(res["unsubscribed"])
-
-    def _forget(self, sub: Any) -> None:
-        rec = self._subs.get(sub)
-        if rec is not None:
-            self._subs.drop(rec)
 
     # -- subscriptions -------------------------------------------------------------------------
 
@@ -769,11 +647,9 @@ class AsyncClient:
     async def unsubscribe(self, subscription: Any) -> bool:
         """``unsubscribe`` (an id of this client): once it returns, no event of
         ``subscription`` arrives."""
-        rec = self._subs.get(subscription)
+        rec = self._unsubscribing(subscription)
         if rec is None:
             return False
-        if isinstance(rec.owner, AsyncSubscription):
-            rec.owner._q.close()
         return await self._close_sub(rec)
 
 
