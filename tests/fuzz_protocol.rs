@@ -371,7 +371,7 @@ fn oracle(line: &[u8]) -> Oracle {
     let Ok(v) = serde_json::from_slice::<Value>(line) else {
         return Oracle::Refused {
             codes: vec![codes::PARSE_ERROR],
-            id: None,
+            id: readable_id(line),
         };
     };
     let Value::Object(obj) = v else {
@@ -415,6 +415,19 @@ fn oracle(line: &[u8]) -> Oracle {
     match (faults.is_empty(), id, method, params) {
         (true, Some(id), Some(method), Some(params)) => Oracle::Request { id, method, params },
         (_, id, _, _) => Oracle::Refused { codes: faults, id },
+    }
+}
+
+/// The id a parse error is answered with (docs/protocol.md): the line's top-level `id`, a
+/// number or a string, when its syntax reads although its value does not (a lone surrogate,
+/// nesting past 128, a number beyond f64); the last `id` member wins, as in a request.
+fn readable_id(line: &[u8]) -> Option<Value> {
+    let members: BTreeMap<String, Box<serde_json::value::RawValue>> =
+        serde_json::from_slice(line).ok()?;
+    let raw = members.get("id")?;
+    match raw.get().as_bytes().first() {
+        Some(b'"' | b'-' | b'0'..=b'9') => serde_json::from_str(raw.get()).ok(),
+        _ => None,
     }
 }
 
