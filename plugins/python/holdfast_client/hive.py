@@ -363,16 +363,21 @@ class HoldfastRuntimeLogger:
     ``await end_run(status, duration_ms, node_path, execution_quality)``, and hive's behaviour
     where it matters to hive:
 
-    - **Each visit of a node is one entry**, as in hive: a retried node, a node a feedback loop
-      visits again, a node of a resurrected run each add an entry (and their tokens and
-      attention to the summary). ``ensure_node_logged`` (the executor's fallback after a node
-      returns) writes only when *that visit* has no entry yet: after the visit's own
-      ``log_node_complete`` it writes nothing, and a ``log_node_complete`` that comes after the
-      fallback entry (the two racing) replaces it. The entry's ``attempt`` is the visit's
-      number for the node in the run (1, 2, 3 ...; hive's callers never pass one, and hive
-      writes 1 each time): the daemon keeps one entry per ``(node_id, attempt)``, so a retried
-      call never adds a line and a race never logs a visit twice (hive's check and append are
-      separate steps: its race logs a node twice and doubles its tokens).
+    - **The entries hive's logger writes**: each ``log_node_complete`` is an entry (a retried
+      node, a node a feedback loop visits again, a node of a resurrected run: their tokens and
+      attention in the summary); ``ensure_node_logged`` (the executor's fallback after a node
+      returns) writes only for a node this logger has not logged since ``start_run`` — as
+      hive's, whose later fallback-only visits of a node are not logged either. One difference,
+      where hive's result is a race artefact: the fallback check and the completion of one
+      visit racing on two threads are one entry (the completion's, whichever came first), where
+      hive's separate check and append log the visit twice and double its tokens. So a
+      completion claims a fallback entry another thread wrote that no completion has claimed;
+      after a fallback on the same thread (the executor checks after the node returned) it is
+      a new visit, as in hive. (Two *different* visits of a node on two threads, the first
+      never logging itself, its fallback followed by the second's completion, are thus one
+      entry; hive writes two.) The entry's ``attempt`` is the visit's number for the node in
+      the run (1, 2, 3 ...; hive's callers never pass one, and hive writes 1 each time): the
+      daemon keeps one entry per ``(node_id, attempt)``, so a retried call never adds a line.
     - **Resurrection**: ``start_run`` with a ``session_id`` continues that run (``run.start``
       reopens it if it ended) and numbers visits after the ones in its log, so hive's
       ``ExecutionManager`` running a failed execution again with the same logger and session
