@@ -417,12 +417,12 @@ class HoldfastRuntimeLogger:
         # Per node of the current run: the last visit's number; whether this logger has logged
         # the node since start_run (hive's _logged_node_ids: ensure_node_logged writes nothing
         # for a node in it); and a fallback entry another thread's completion may still claim
-        # (visit number, the fallback's thread).
+        # (visit number, the fallback's thread: the object, as a dead thread's id is reused).
         self._lock = threading.Lock()
         self._node_locks: Dict[str, threading.Lock] = {}
         self._visits: Dict[str, int] = {}
         self._logged: Set[str] = set()
-        self._open_fallback: Dict[str, Tuple[int, int]] = {}
+        self._open_fallback: Dict[str, Tuple[int, threading.Thread]] = {}
 
     @property
     def run_id(self) -> str:
@@ -598,7 +598,7 @@ class HoldfastRuntimeLogger:
         executor checks after the node returned, so the node's next completion on the same
         thread is a retry or a revisit, an entry of its own as in hive."""
         fallback = self._open_fallback.get(node_id)
-        if fallback is not None and fallback[1] != threading.get_ident():
+        if fallback is not None and fallback[1] is not threading.current_thread():
             return fallback[0]
         return self._visits.get(node_id, 0) + 1
 
@@ -685,7 +685,7 @@ class HoldfastRuntimeLogger:
             with self._lock:
                 self._visits[node_id] = visit
                 self._logged.add(node_id)
-                self._open_fallback[node_id] = (visit, threading.get_ident())
+                self._open_fallback[node_id] = (visit, threading.current_thread())
 
     async def end_run(
         self,

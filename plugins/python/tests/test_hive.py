@@ -1175,6 +1175,27 @@ def test_concurrent_visits_log_one_entry_each_as_hives_logger(daemon, tmp_path):
     assert got["holdfast"][2] == got["hive"][2]
 
 
+def test_a_fallback_and_a_completion_on_two_threads_are_one_entry_hive_writes_two(daemon,
+                                                                                 tmp_path):
+    """The one documented difference: the fallback check of a visit on one thread, then the
+    node's completion on another (the race, here without timing luck): hive writes both entries
+    (its race artefact), the drop-in one, the completion's. On one thread the same calls are a
+    crashed attempt and its retry: two entries with both (test_fallback_sequences_...)."""
+    def calls(lg):
+        for f, args, kw in (
+                (lg.ensure_node_logged, ("n", "N", "event_loop", True), {"tokens_used": 5}),
+                (lg.log_node_complete, ("n", "N", "event_loop", True),
+                 {"tokens_used": 5, "input_tokens": 3}),
+                (lg.ensure_node_logged, ("n", "N", "event_loop", True), {"tokens_used": 5})):
+            t = threading.Thread(target=f, args=args, kwargs=kw)
+            t.start()
+            t.join()
+
+    got = side_by_side(daemon, tmp_path, calls)
+    assert got["hive"][0] == [("n", True, None, 5, 0, False), ("n", True, None, 5, 3, False)]
+    assert got["holdfast"][0] == [("n", True, None, 5, 3, False)]
+
+
 def open_fds():
     return len(os.listdir("/proc/self/fd"))
 
