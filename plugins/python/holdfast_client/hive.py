@@ -30,7 +30,7 @@ import threading
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, TypeVar
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, TypeVar
 
 from ._client import Client
 from ._errors import (
@@ -379,16 +379,21 @@ class HoldfastRuntimeLogger:
     ``await end_run(status, duration_ms, node_path, execution_quality)``, and hive's behaviour
     where it matters to hive:
 
-    - **Each visit of a node is one entry**, as in hive: a retried node, a node a feedback loop
-      visits again, a node of a resurrected run each add an entry (and their tokens and
-      attention to the summary). ``ensure_node_logged`` (the executor's fallback after a node
-      returns) writes only when *that visit* has no entry yet: after the visit's own
-      ``log_node_complete`` it writes nothing, and a ``log_node_complete`` that comes after the
-      fallback entry (the two racing) replaces it. The entry's ``attempt`` is the visit's
-      number for the node in the run (1, 2, 3 ...; hive's callers never pass one, and hive
-      writes 1 each time): the daemon keeps one entry per ``(node_id, attempt)``, so a retried
-      call never adds a line and a race never logs a visit twice (hive's check and append are
-      separate steps: its race logs a node twice and doubles its tokens).
+    - **The entries hive's logger writes**: each ``log_node_complete`` is an entry (a retried
+      node, a node a feedback loop visits again, a node of a resurrected run: their tokens and
+      attention in the summary); ``ensure_node_logged`` (the executor's fallback after a node
+      returns) writes only for a node this logger has not logged since ``start_run`` — as
+      hive's, whose later fallback-only visits of a node are not logged either. One difference,
+      where hive's result is a race artefact: the fallback check and the completion of one
+      visit racing on two threads are one entry (the completion's, whichever came first), where
+      hive's separate check and append log the visit twice and double its tokens. So a
+      completion claims a fallback entry another thread wrote that no completion has claimed;
+      after a fallback on the same thread (the executor checks after the node returned) it is
+      a new visit, as in hive. (Two *different* visits of a node on two threads, the first
+      never logging itself, its fallback followed by the second's completion, are thus one
+      entry; hive writes two.) The entry's ``attempt`` is the visit's number for the node in
+      the run (1, 2, 3 ...; hive's callers never pass one, and hive writes 1 each time): the
+      daemon keeps one entry per ``(node_id, attempt)``, so a retried call never adds a line.
     - **Resurrection**: ``start_run`` with a ``session_id`` continues that run (``run.start``
       reopens it if it ended) and numbers visits after the ones in its log, so hive's
       ``ExecutionManager`` running a failed execution again with the same logger and session
@@ -425,14 +430,15 @@ class HoldfastRuntimeLogger:
         self._run_id = ""
         self._goal_id = ""
         self._started_at = ""
-        # Visits, per node of the current run: the last visit's number, and what is logged of
-        # it ("completed": its log_node_complete; "fallback": ensure_node_logged's entry, which
-        # a completion may still replace; "closed": the fallback check came after the
-        # completion, so the next call is a new visit).
+        # Per node of the current run: the last visit's number; whether this logger has logged
+        # the node since start_run (hive's _logged_node_ids: ensure_node_logged writes nothing
+        # for a node in it); and a fallback entry another thread's completion may still claim
+        # (visit number, the fallback's thread: the object, as a dead thread's id is reused).
         self._lock = threading.Lock()
         self._node_locks: Dict[str, threading.Lock] = {}
         self._visits: Dict[str, int] = {}
-        self._state: Dict[str, str] = {}
+        self._logged: Set[str] = set()
+        self._open_fallback: Dict[str, Tuple[int, threading.Thread]] = {}
 
     @property
     def run_id(self) -> str:
@@ -474,7 +480,8 @@ class HoldfastRuntimeLogger:
             self._goal_id = goal_id
             self._started_at = datetime.now(timezone.utc).isoformat()
             self._visits = visits
-            self._state = {node: "closed" for node in visits}
+            self._logged = set()  # as hive's start_run: a resurrection's fallbacks write again
+            self._open_fallback = {}
             self._node_locks = {}
         self._link_hive_layout(self._conn.get(), run_id)
         return run_id
@@ -558,10 +565,8 @@ class HoldfastRuntimeLogger:
             "parent_span_id": "",
             "execution_id": ctx.get("execution_id", ""),
         }
-        with self._lock:  # the visit in progress: the fallback's (a completion may claim it)
-            visit = self._visits.get(node_id, 0)
-            if self._state.get(node_id) != "fallback":
-                visit += 1
+        with self._lock:  # the visit in progress (see _visit_of_completion)
+            visit = self._visit_of_completion(node_id)
         if visit > 1:  # first visits' lines are exactly hive's
             step["attempt"] = visit
         run_id = self._run_id
@@ -601,6 +606,18 @@ class HoldfastRuntimeLogger:
             "span_id": uuid.uuid4().hex[:16],
         }
 
+    def _visit_of_completion(self, node_id: str) -> int:
+        """The visit a completion (or step) of ``node_id`` from this thread belongs to; called
+        with ``self._lock`` held. A new one, unless another thread wrote a fallback entry for
+        the node that no completion has claimed: then that visit (the node's completion and the
+        executor's fallback check racing). A fallback this thread wrote ended its visit: hive's
+        executor checks after the node returned, so the node's next completion on the same
+        thread is a retry or a revisit, an entry of its own as in hive."""
+        fallback = self._open_fallback.get(node_id)
+        if fallback is not None and fallback[1] is not threading.current_thread():
+            return fallback[0]
+        return self._visits.get(node_id, 0) + 1
+
     def _node_lock(self, node_id: str) -> threading.Lock:
         """One lock per node: a visit's completion and its fallback are decided and written in
         the order they are decided (other nodes go on in parallel)."""
@@ -630,14 +647,13 @@ class HoldfastRuntimeLogger:
         escalate_count: int = 0,
         continue_count: int = 0,
     ) -> None:
-        """A visit of a node completed: a new entry, or the one the fallback wrote for this
-        visit replaced. ``attempt`` is not used: the entry's is the visit's number."""
+        """A visit of a node completed: a new entry, as hive's, or, racing the fallback check
+        of its visit on another thread, the entry that fallback wrote replaced (see
+        ``_visit_of_completion``). ``attempt`` is not used: the entry's is the visit's
+        number."""
         with self._node_lock(node_id):
             with self._lock:
-                state = self._state.get(node_id)
-                visit = self._visits.get(node_id, 0)
-            if state != "fallback":
-                visit += 1
+                visit = self._visit_of_completion(node_id)
             detail = self._detail(
                 node_id, node_name, node_type, success, error=error, stacktrace=stacktrace,
                 total_steps=total_steps, tokens_used=tokens_used, input_tokens=input_tokens,
@@ -647,8 +663,9 @@ class HoldfastRuntimeLogger:
             run_id = self._run_id
             self._conn.call(lambda c: c.run_log_node(run_id, detail))
             with self._lock:
-                self._visits[node_id] = visit
-                self._state[node_id] = "closed" if state == "fallback" else "completed"
+                self._visits[node_id] = max(visit, self._visits.get(node_id, 0))
+                self._logged.add(node_id)
+                self._open_fallback.pop(node_id, None)
 
     def ensure_node_logged(
         self,
@@ -661,18 +678,18 @@ class HoldfastRuntimeLogger:
         tokens_used: int = 0,
         latency_ms: int = 0,
     ) -> None:
-        """The fallback after a node returns: a basic entry only if this visit has none. The
-        first visit's is one atomic check-and-write in the daemon (``run.ensure_node``: nothing
-        if the log has an entry for the node, whoever wrote it)."""
+        """The fallback after a node returns: a basic entry only if the node has none from this
+        logger since ``start_run``, as hive's (a node's later visits that do not log themselves
+        are not logged by hive either). Decided under the node's lock, so a completion being
+        written makes it write nothing (hive's check and append are separate steps: racing a
+        completion, it logs the visit twice). The first visit's is one atomic check-and-write in
+        the daemon (``run.ensure_node``: nothing if the log has an entry for the node, whoever
+        wrote it)."""
         with self._node_lock(node_id):
             with self._lock:
-                state = self._state.get(node_id)
+                if node_id in self._logged:
+                    return
                 visit = self._visits.get(node_id, 0) + 1
-                if state == "completed":  # this visit logged itself: its fallback check ends it
-                    self._state[node_id] = "closed"
-                    return
-                if state == "fallback":
-                    return
             detail = self._detail(node_id, node_name, node_type, success, error=error,
                                   stacktrace=stacktrace, tokens_used=tokens_used,
                                   latency_ms=latency_ms, attempt=visit)
@@ -683,7 +700,8 @@ class HoldfastRuntimeLogger:
                 self._conn.call(lambda c: c.run_log_node(run_id, detail))
             with self._lock:
                 self._visits[node_id] = visit
-                self._state[node_id] = "fallback"
+                self._logged.add(node_id)
+                self._open_fallback[node_id] = (visit, threading.current_thread())
 
     async def end_run(
         self,

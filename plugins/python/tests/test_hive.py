@@ -1072,6 +1072,134 @@ def test_each_visit_of_a_node_is_an_entry_as_in_hive(daemon, tmp_path):
         [("fetch", 0, "first try"), ("fetch", 0, "second try")]
 
 
+def side_by_side(daemon, tmp_path, calls):
+    """``calls(logger)`` with hive's RuntimeLogger and with the drop-in, each in a run of its
+    own read back by hive's RuntimeLogStore: (entries, steps, summary) of each."""
+    import warnings
+
+    got = {}
+    for name in ("hive", "holdfast"):
+        store = RuntimeLogStore(tmp_path / name / "runtime_logs")
+        if name == "hive":
+            logger = RuntimeLogger(store=store, agent_id="side")
+        else:
+            logger = HoldfastRuntimeLogger(store=store, agent_id="side",
+                                           socket_path=daemon.socket)
+        run_id = logger.start_run("g", session_id="session_20260101_000000_" + name)
+        calls(logger)
+        asyncio.run(logger.end_run("success", 1))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            nodes = asyncio.run(store.load_details(run_id)).nodes
+            tool_logs = asyncio.run(store.load_tool_logs(run_id))  # None: no step logged
+            steps = tool_logs.steps if tool_logs is not None else []
+            summary = asyncio.run(store.load_summary(run_id))
+        got[name] = ([(n.node_id, n.success, n.error, n.tokens_used, n.input_tokens,
+                       n.needs_attention) for n in nodes],
+                     [(s.node_id, s.step_index, s.llm_text, s.input_tokens) for s in steps],
+                     comparable(summary.model_dump()))
+        print("%-8s entries=%s\n         steps=%s" % (name, got[name][0], got[name][1]))
+    return got
+
+
+def retry_after_a_crash(lg):
+    # hive's retry path: attempt 1 raises before the node logs itself (the executor's exception
+    # handler writes the fallback entry), attempt 2 logs itself, then the fallback check.
+    lg.ensure_node_logged("fetch", "Fetch", "event_loop", False, error="boom",
+                          stacktrace="Traceback...")
+    lg.log_node_complete("fetch", "Fetch", "event_loop", True, tokens_used=50,
+                         input_tokens=40, output_tokens=10)
+    lg.ensure_node_logged("fetch", "Fetch", "event_loop", True, tokens_used=50)
+
+
+def fallback_then_a_visit_logging_itself(lg):
+    lg.ensure_node_logged("plain", "Plain", "event_loop", True, tokens_used=9)
+    lg.log_node_complete("plain", "Plain", "event_loop", False, error="bad", tokens_used=40)
+    lg.ensure_node_logged("plain", "Plain", "event_loop", False, error="bad", tokens_used=40)
+
+
+def two_visits_interleaved(lg):
+    # two executions of one logger run node "n" at once: complete, complete, then each's
+    # fallback check
+    for _ in range(2):
+        lg.log_node_complete("n", "N", "event_loop", True, tokens_used=10, input_tokens=10)
+    for _ in range(2):
+        lg.ensure_node_logged("n", "N", "event_loop", True, tokens_used=10)
+
+
+def a_logged_visit_then_a_fallback_only_visit(lg):
+    # visit 1 logs itself; visit 2 (a feedback loop) does not: hive's fallback writes nothing
+    # for a node it has an entry of
+    lg.log_node_complete("n", "N", "event_loop", True, tokens_used=10)
+    lg.ensure_node_logged("n", "N", "event_loop", True, tokens_used=10)
+    lg.ensure_node_logged("n", "N", "event_loop", True, tokens_used=7)
+
+
+def steps_of_a_retry_after_a_crash(lg):
+    lg.log_step("fetch", "event_loop", 0, llm_text="first try", input_tokens=80)
+    lg.ensure_node_logged("fetch", "Fetch", "event_loop", False, error="boom")
+    lg.log_step("fetch", "event_loop", 0, llm_text="second try", input_tokens=40)
+    lg.log_node_complete("fetch", "Fetch", "event_loop", True, tokens_used=50, input_tokens=40)
+    lg.ensure_node_logged("fetch", "Fetch", "event_loop", True, tokens_used=50)
+
+
+@pytest.mark.parametrize("calls", [
+    retry_after_a_crash, fallback_then_a_visit_logging_itself, two_visits_interleaved,
+    a_logged_visit_then_a_fallback_only_visit, steps_of_a_retry_after_a_crash,
+], ids=lambda f: f.__name__)
+def test_fallback_sequences_log_as_hives_logger(daemon, tmp_path, calls):
+    """One thread's calls in hive's order log what hive's logger logs. The drop-in took a
+    completion after a fallback entry for the fallback's own visit (it replaced it: a crashed
+    attempt and its retry were one successful entry, without needs_attention, and the retry's
+    step 0 replaced the crashed attempt's), and a fallback check after a completion's check for
+    the start of a new visit (an entry hive does not write)."""
+    got = side_by_side(daemon, tmp_path, calls)
+    assert got["holdfast"] == got["hive"]
+
+
+def test_concurrent_visits_log_one_entry_each_as_hives_logger(daemon, tmp_path):
+    """8 threads x 30 visits (a completion, then the fallback check) over 4 nodes: 240 entries
+    with either logger (the drop-in wrote 244: a fallback check after another thread's
+    completion check wrote an entry)."""
+    def calls(lg):
+        def work(t):
+            node = "n%d" % (t % 4)
+            for _ in range(30):
+                lg.log_node_complete(node, node, "event_loop", True, tokens_used=1,
+                                     input_tokens=1)
+                lg.ensure_node_logged(node, node, "event_loop", True, tokens_used=1)
+        ts = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+
+    got = side_by_side(daemon, tmp_path, calls)
+    assert len(got["hive"][0]) == len(got["holdfast"][0]) == 240
+    assert got["holdfast"][2] == got["hive"][2]
+
+
+def test_a_fallback_and_a_completion_on_two_threads_are_one_entry_hive_writes_two(daemon,
+                                                                                 tmp_path):
+    """The one documented difference: the fallback check of a visit on one thread, then the
+    node's completion on another (the race, here without timing luck): hive writes both entries
+    (its race artefact), the drop-in one, the completion's. On one thread the same calls are a
+    crashed attempt and its retry: two entries with both (test_fallback_sequences_...)."""
+    def calls(lg):
+        for f, args, kw in (
+                (lg.ensure_node_logged, ("n", "N", "event_loop", True), {"tokens_used": 5}),
+                (lg.log_node_complete, ("n", "N", "event_loop", True),
+                 {"tokens_used": 5, "input_tokens": 3}),
+                (lg.ensure_node_logged, ("n", "N", "event_loop", True), {"tokens_used": 5})):
+            t = threading.Thread(target=f, args=args, kwargs=kw)
+            t.start()
+            t.join()
+
+    got = side_by_side(daemon, tmp_path, calls)
+    assert got["hive"][0] == [("n", True, None, 5, 0, False), ("n", True, None, 5, 3, False)]
+    assert got["holdfast"][0] == [("n", True, None, 5, 3, False)]
+
+
 def open_fds():
     return len(os.listdir("/proc/self/fd"))
 
