@@ -5,7 +5,7 @@ import assert from 'node:assert/strict';
 import http from 'node:http';
 import { test } from 'node:test';
 
-import { StreamProducer, sseHandler } from '../src/index.js';
+import { StreamProducer, followStats, sseHandler } from '../src/index.js';
 import { withDaemon } from './harness.js';
 import { readSse } from './sse-client.js';
 
@@ -148,10 +148,15 @@ test('40 SSE viewers of one run on one client: each gets every event after its L
     const headers = after ? { 'last-event-id': String(after) } : {};
     viewers.push({ after, r: readSse(`${base}/runs/run-many/events`, { headers, timeoutMs: 60_000 }) });
   };
+  // A request only starts when `open` returns: each group is waited for until the server has
+  // attached it (on a loaded machine a handler could otherwise first run after the commit, and
+  // rightly serve the stored message instead of the live run).
   for (let i = 0; i < 20; i++) open(0);
+  await until(() => followStats(c).viewers >= 20, 30_000, '20 viewers attached');
   await p.append(texts.slice(30, 60).map((text) => ({ type: 'text', text })));
   for (let i = 0; i < 10; i++) open(0);
   for (let i = 0; i < 10; i++) open(5 + i * 5);
+  await until(() => followStats(c).viewers >= 40, 30_000, '40 viewers attached');
   for (const text of texts.slice(60)) await p.text(text);
   await p.commit({ role: 'assistant' });
   const results = await Promise.all(viewers.map((v) => v.r));
