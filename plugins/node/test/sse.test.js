@@ -54,6 +54,9 @@ test(`Last-Event-ID resume at every position of a ${N}-event run: what came befo
 
   // Live: a page following from the start while the rest arrives and the run commits.
   const live = readSse(`${base}/runs/run-500/events`, { headers: { 'last-event-id': String(N - 5) } });
+  // Attached before the run goes on (a handler that first ran after the commit would rightly
+  // serve the stored message instead).
+  await until(() => followStats(c).viewers >= 1, 30_000, 'the live viewer attached');
   for (const x of ['and ', 'the ', 'end.']) await p.text(x);
   await p.commit({ role: 'assistant' });
   const r = await live;
