@@ -1079,12 +1079,7 @@ def side_by_side(daemon, tmp_path, calls):
 
     got = {}
     for name in ("hive", "holdfast"):
-        store = RuntimeLogStore(tmp_path / name / "runtime_logs")
-        if name == "hive":
-            logger = RuntimeLogger(store=store, agent_id="side")
-        else:
-            logger = HoldfastRuntimeLogger(store=store, agent_id="side",
-                                           socket_path=daemon.socket)
+        logger, store = side_by_side_logger(name, tmp_path, "side", daemon)
         run_id = logger.start_run("g", session_id="session_20260101_000000_" + name)
         calls(logger)
         asyncio.run(logger.end_run("success", 1))
@@ -1200,6 +1195,17 @@ def test_a_fallback_and_a_completion_on_two_threads_are_one_entry_hive_writes_tw
     assert got["holdfast"][0] == [("n", True, None, 5, 3, False)]
 
 
+def side_by_side_logger(name, tmp_path, agent_id, daemon):
+    """hive's own logger ("hive") or the drop-in ("holdfast"), each over hive's
+    `RuntimeLogStore` in its own directory under `tmp_path`, for the same calls; with that
+    store, to read back what it wrote."""
+    store = RuntimeLogStore(tmp_path / name / "runtime_logs")
+    if name == "hive":
+        return RuntimeLogger(store=store, agent_id=agent_id), store
+    return (HoldfastRuntimeLogger(store=store, agent_id=agent_id, socket_path=daemon.socket),
+            store)
+
+
 def open_fds():
     return len(os.listdir("/proc/self/fd"))
 
@@ -1251,12 +1257,7 @@ def test_hive_reads_the_drop_ins_runs_in_its_current_layout_without_warnings(dae
     for name in ("hive", "holdfast"):
         old = os.umask(0o022)
         try:
-            store = RuntimeLogStore(tmp_path / name / "runtime_logs")
-            if name == "hive":
-                lg = RuntimeLogger(store=store, agent_id="agent-9")
-            else:
-                lg = HoldfastRuntimeLogger(store=store, agent_id="agent-9",
-                                           socket_path=daemon.socket)
+            lg, store = side_by_side_logger(name, tmp_path, "agent-9", daemon)
             run_id = lg.start_run(goal_id="goal-1", session_id="session_20260101_000000_ab")
             assert (tmp_path / name / "sessions" / run_id / "logs").is_dir()
             lg.log_step("plan", "event_loop", 0, llm_text="thinking", input_tokens=3)
