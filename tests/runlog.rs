@@ -209,6 +209,49 @@ fn a_daemon_restart_between_log_node_and_ensure_node_keeps_one_entry() {
     d.stop();
 }
 
+/// Two loggers of one run naming themselves (`writer`), on either backend, through a daemon
+/// restart: each one's visit 1 of a node is an entry, each one's retry writes nothing, and
+/// `run.ensure_node` checks the writer's own entries.
+#[test]
+fn writers_keep_their_entries_apart_on_either_backend() {
+    let mut env = DaemonEnv::new("");
+    let d = env.start();
+    let mut c = Conn::open(&d.socket);
+    let by = |w: &str, tokens: i64| {
+        let mut d = completion("n");
+        d["writer"] = json!(w);
+        d["input_tokens"] = json!(tokens);
+        d
+    };
+    for (w, t) in [("a", 1), ("b", 2)] {
+        let r = c.ok("run.log_node", json!({"run_id": "w", "detail": by(w, t)}));
+        assert_eq!(r["written"], json!(true), "{w}");
+    }
+    drop(c);
+    d.stop();
+    let d = env.start();
+    let mut c = Conn::open(&d.socket);
+    for (w, t) in [("a", 1), ("b", 2)] {
+        let r = c.ok("run.log_node", json!({"run_id": "w", "detail": by(w, t)}));
+        assert_eq!(r["written"], json!(false), "{w}");
+    }
+    let ensure = |w: &str| json!({"run_id": "w", "node_id": "n", "detail": {"writer": w}});
+    assert_eq!(
+        c.ok("run.ensure_node", ensure("a"))["written"],
+        json!(false)
+    );
+    assert_eq!(c.ok("run.ensure_node", ensure("c"))["written"], json!(true));
+    let g = c.ok("run.get", json!({"run_id": "w"}));
+    let writers: Vec<&Value> = g["details"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| &d["writer"])
+        .collect();
+    assert_eq!(writers, [&json!("a"), &json!("b"), &json!("c")], "{g}");
+    d.stop();
+}
+
 /// Every `run.*` method once, with its result shape and its errors.
 #[test]
 fn every_run_method_once() {

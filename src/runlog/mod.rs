@@ -55,7 +55,7 @@ mod tests;
 pub use error::RunLogError;
 use files::RunFiles;
 pub use schema::{attention, attention_reasons, needs_attention, EndFields, Execution, STATUSES};
-use schema::{content, iso, key_str, node_key, step_key, summarize};
+use schema::{content, iso, key_str, node_key, step_key, summarize, Key};
 pub use view::Report;
 use view::{Kind, Loaded, ToolCall, KINDS};
 use writer::{FileWriter, Writer};
@@ -210,7 +210,7 @@ impl RunLog {
         Ok(())
     }
 
-    /// `run.log_node`: log a node completion; the same `(node_id, attempt)` again keeps one
+    /// `run.log_node`: log a node completion; the same `(node_id, writer, attempt)` again keeps one
     /// logical entry (the last content wins; the same content writes nothing).
     pub fn log_node(&self, run_id: &str, detail: Map<String, Value>) -> Result<Value, RunLogError> {
         let key = node_key(&detail)?;
@@ -223,7 +223,7 @@ impl RunLog {
         &self,
         run_id: &str,
         kind: Kind,
-        key: (String, i64),
+        key: Key,
         record: Map<String, Value>,
     ) -> Result<Value, RunLogError> {
         self.with_run(run_id, true, |w, view| {
@@ -252,7 +252,8 @@ impl RunLog {
     }
 
     /// `run.ensure_node`: log `detail` for `node_id` only if the log has no entry for that
-    /// node (any attempt): one atomic check-and-write against the file.
+    /// node (any attempt; by the detail's `writer` when it names one): one atomic
+    /// check-and-write against the file.
     pub fn ensure_node(
         &self,
         run_id: &str,
@@ -268,9 +269,19 @@ impl RunLog {
         }
         let key = node_key(&detail)?;
         self.with_run(run_id, true, |w, view| {
-            // Any attempt of this node: a range of the (node_id, attempt) keys, not a scan.
-            let any_attempt = (node_id.to_owned(), i64::MIN)..=(node_id.to_owned(), i64::MAX);
-            if let Some(e) = view.nodes.range(any_attempt).next().map(|(_, e)| e) {
+            // Any attempt of this node by this writer (any writer's when the detail names
+            // none): a range of the keys, not a scan.
+            let from = Key {
+                node: node_id.to_owned(),
+                writer: key.writer.clone(),
+                n: i64::MIN,
+            };
+            let mine = |k: &Key| key.writer.is_empty() || k.writer == key.writer;
+            let mut found = view
+                .nodes
+                .range(from..)
+                .take_while(|(k, _)| k.node == node_id);
+            if let Some((_, e)) = found.find(|(k, _)| mine(k)) {
                 return Ok(json!({"seq": e.seq, "written": false}));
             }
             Self::refuse_if_ended(run_id, view)?;

@@ -14,7 +14,7 @@ use serde_json::{Map, Value};
 
 use super::error::RunLogError;
 use super::files::RunFiles;
-use super::schema::{node_key, step_key};
+use super::schema::{node_key, step_key, Key};
 use super::view::{Entry, Kind, Loaded, KINDS};
 use super::writer::Writer;
 use crate::pg::{Db, DbError, Param, Session};
@@ -41,9 +41,14 @@ fn lock_key(run_id: &str) -> String {
 /// A record's logical key, as stored (unique per run and kind); none for recovery events.
 fn key_of(kind: Kind, record: &Map<String, Value>) -> Option<String> {
     let pair = |a: &str, b: Value| serde_json::to_string(&(a, b)).ok();
+    // A record without a writer keys as `[node, n]`, as before writers existed.
+    let keyed = |k: Key| match k.writer.is_empty() {
+        true => pair(&k.node, k.n.into()),
+        false => serde_json::to_string(&(&k.node, k.n, &k.writer)).ok(),
+    };
     match kind {
-        Kind::Details => node_key(record).ok().and_then(|(n, a)| pair(&n, a.into())),
-        Kind::Steps => step_key(record).ok().and_then(|(n, s)| pair(&n, s.into())),
+        Kind::Details => node_key(record).ok().and_then(keyed),
+        Kind::Steps => step_key(record).ok().and_then(keyed),
         Kind::Tools => {
             let id = record.get("tool_use_id").and_then(Value::as_str)?;
             pair(id, record.get("event").cloned().unwrap_or(Value::Null))

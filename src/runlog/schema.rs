@@ -96,27 +96,63 @@ pub(super) fn key_int(
     }
 }
 
-/// The key of a node detail: `(node_id, attempt)`; attempt defaults to 1 as in hive.
-pub(super) fn node_key(o: &Map<String, Value>) -> Result<(String, i64), RunLogError> {
-    Ok((
-        key_str(o, "node_id", "detail")?,
-        key_int(o, "attempt", "detail", Some(1))?,
-    ))
+/// The logical key of a node detail or a step within a run.
+///
+/// `writer` is the optional `writer` field of the record (empty when absent): a token a
+/// logger picks for itself so that two processes logging the same run, each numbering its
+/// visits of a node from its own count, keep their entries apart instead of one's visit 1
+/// replacing the other's. Records without one key as they always did. Ordered by node first,
+/// so all entries of a node are one range.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct Key {
+    pub(super) node: String,
+    pub(super) writer: String,
+    /// The attempt (details) or the visit-qualified step index (steps).
+    pub(super) n: i64,
 }
 
-/// The key of a step: `(node_id, step_index)` within the node's visit. hive numbers a node's
-/// steps from 0 on each visit (a retried node, a feedback loop's revisit), so a step record may
-/// say which visit it belongs to with `attempt` (the visit's number, as its node detail's;
-/// default 1): the steps of a later visit are entries of their own instead of replacing the
-/// first visit's. Attempt 1 keys as before (`step_index` itself: the keys of existing logs do
-/// not change); attempt `a` > 1 keys as `(a - 1) << 32 | step_index`, so there it needs
-/// `step_index < 2^32` and `a <= 2^31`.
-pub(super) fn step_key(o: &Map<String, Value>) -> Result<(String, i64), RunLogError> {
+/// Largest `writer` token accepted (a uuid's 32 hex digits, with room to spare).
+pub(super) const MAX_WRITER_BYTES: usize = 64;
+
+fn writer_of(o: &Map<String, Value>, what: &str) -> Result<String, RunLogError> {
+    match o.get("writer") {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(Value::String(s)) if !s.is_empty() && s.len() <= MAX_WRITER_BYTES => Ok(s.clone()),
+        Some(_) => Err(RunLogError::MissingString {
+            what: what.to_owned(),
+            field: "writer".to_owned(),
+            max: MAX_WRITER_BYTES,
+        }),
+    }
+}
+
+/// The key of a node detail: `(node_id, writer, attempt)`; attempt defaults to 1 as in hive.
+pub(super) fn node_key(o: &Map<String, Value>) -> Result<Key, RunLogError> {
+    Ok(Key {
+        node: key_str(o, "node_id", "detail")?,
+        writer: writer_of(o, "detail")?,
+        n: key_int(o, "attempt", "detail", Some(1))?,
+    })
+}
+
+/// The key of a step: `(node_id, writer, step_index)` within the node's visit. hive numbers a
+/// node's steps from 0 on each visit (a retried node, a feedback loop's revisit), so a step
+/// record may say which visit it belongs to with `attempt` (the visit's number, as its node
+/// detail's; default 1): the steps of a later visit are entries of their own instead of
+/// replacing the first visit's. Attempt 1 keys as before (`step_index` itself: the keys of
+/// existing logs do not change); attempt `a` > 1 keys as `(a - 1) << 32 | step_index`, so there
+/// it needs `step_index < 2^32` and `a <= 2^31`.
+pub(super) fn step_key(o: &Map<String, Value>) -> Result<Key, RunLogError> {
     let node = key_str(o, "node_id", "step")?;
+    let writer = writer_of(o, "step")?;
     let index = key_int(o, "step_index", "step", None)?;
     let attempt = key_int(o, "attempt", "step", Some(1))?;
     if attempt <= 1 {
-        return Ok((node, index));
+        return Ok(Key {
+            node,
+            writer,
+            n: index,
+        });
     }
     let bad = |field: &str| RunLogError::BadInteger {
         what: "step".to_owned(),
@@ -128,7 +164,11 @@ pub(super) fn step_key(o: &Map<String, Value>) -> Result<(String, i64), RunLogEr
     if attempt > 1 << 31 {
         return Err(bad("attempt"));
     }
-    Ok((node, ((attempt - 1) << VISIT_SHIFT) | index))
+    Ok(Key {
+        node,
+        writer,
+        n: ((attempt - 1) << VISIT_SHIFT) | index,
+    })
 }
 
 /// Where a step key keeps the visit (`step_key`).

@@ -885,3 +885,78 @@ fn a_link_at_a_run_is_refused_alone_and_a_failed_directory_fsync_poisons() {
         "{e}"
     );
 }
+
+/// Two processes logging one run (two loggers, each numbering its visits of a node from its
+/// own count) name themselves with `writer`: their visit 1 of the same node are two entries,
+/// not one replacing the other; each one's retry still writes nothing; `ensure_node` checks
+/// the writer's own entries (the other process's completion does not stand in for this one's
+/// visit), and without a writer any entry of the node does, as before.
+#[test]
+fn writers_keep_their_visits_apart() {
+    let tmp = tempfile::tempdir().unwrap();
+    let log = open(tmp.path());
+    let by = |writer: &str, attempt: i64, tokens: i64| {
+        let mut d = detail("n", attempt, tokens);
+        d.insert("writer".into(), json!(writer));
+        d
+    };
+    for (w, tokens) in [("a", 10), ("b", 20)] {
+        let r = log.log_node("r", by(w, 1, tokens)).unwrap();
+        assert_eq!(
+            (r["written"].clone(), r["replaced"].clone()),
+            (json!(true), json!(false)),
+            "{w}"
+        );
+    }
+    // Retries (even from a fresh view) write nothing.
+    let log = open(tmp.path());
+    for (w, tokens) in [("a", 10), ("b", 20)] {
+        assert_eq!(
+            log.log_node("r", by(w, 1, tokens)).unwrap()["written"],
+            json!(false)
+        );
+    }
+    // ensure_node: writer c has no entry of n (a's and b's are not c's).
+    let mut fallback = obj(json!({"success": true, "attempt": 1, "writer": "c"}));
+    assert_eq!(
+        log.ensure_node("r", "n", fallback.clone()).unwrap()["written"],
+        json!(true)
+    );
+    assert_eq!(
+        log.ensure_node("r", "n", fallback.clone()).unwrap()["written"],
+        json!(false)
+    );
+    // Writer a has one (its completion): nothing written.
+    fallback.insert("writer".into(), json!("a"));
+    assert_eq!(
+        log.ensure_node("r", "n", fallback).unwrap()["written"],
+        json!(false)
+    );
+    // No writer: any entry of the node counts.
+    let plain = obj(json!({"success": true}));
+    assert_eq!(
+        log.ensure_node("r", "n", plain).unwrap()["written"],
+        json!(false)
+    );
+    // Steps: visit 1's step 0 of each writer.
+    for w in ["a", "b"] {
+        let step = obj(json!({"node_id": "n", "step_index": 0, "writer": w, "llm_text": w}));
+        assert_eq!(
+            log.log_step("r", step).unwrap()["written"],
+            json!(true),
+            "{w}"
+        );
+    }
+    assert_eq!(lines(tmp.path(), "r", "details.jsonl").len(), 3);
+    assert_eq!(lines(tmp.path(), "r", "tool_logs.jsonl").len(), 2);
+    let s = log.end("r", "success", &EndFields::default()).unwrap()["summary"].clone();
+    assert_eq!(s["total_input_tokens"], json!(30));
+    // A writer must be a short non-empty string.
+    for bad in [json!(""), json!(7), json!("x".repeat(65))] {
+        let mut d = detail("m", 1, 1);
+        d.insert("writer".into(), bad.clone());
+        let e = log.log_node("r2", d).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidParams, "{bad}");
+        assert!(e.to_string().contains("writer"), "{e}");
+    }
+}

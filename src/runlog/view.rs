@@ -10,7 +10,7 @@ use std::os::unix::fs::MetadataExt;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use super::schema::{key_str, node_key, step_key};
+use super::schema::{key_str, node_key, step_key, Key};
 use crate::limits::RUN_LOG_TAIL_BYTES as TAIL_BYTES;
 
 /// The three append-only files.
@@ -107,8 +107,8 @@ pub(super) struct ToolCall {
 pub(super) struct Loaded {
     pub(super) files: [FileView; 4],
     pub(super) next_seq: u64,
-    pub(super) nodes: BTreeMap<(String, i64), Entry>,
-    pub(super) steps: BTreeMap<(String, i64), Entry>,
+    pub(super) nodes: BTreeMap<Key, Entry>,
+    pub(super) steps: BTreeMap<Key, Entry>,
     pub(super) tools: BTreeMap<String, ToolCall>,
     /// The stream's interruptions and resumptions with their plans, in order.
     pub(super) recovery: Vec<Entry>,
@@ -128,7 +128,7 @@ pub(super) struct Loaded {
 
 impl Loaded {
     /// The keyed entries of `kind` (details or steps).
-    pub(super) fn keyed(&mut self, kind: Kind) -> &mut BTreeMap<(String, i64), Entry> {
+    pub(super) fn keyed(&mut self, kind: Kind) -> &mut BTreeMap<Key, Entry> {
         match kind {
             Kind::Steps => &mut self.steps,
             _ => &mut self.nodes,

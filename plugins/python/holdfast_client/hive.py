@@ -393,7 +393,9 @@ class HoldfastRuntimeLogger:
       never logging itself, its fallback followed by the second's completion, are thus one
       entry; hive writes two.) The entry's ``attempt`` is the visit's number for the node in
       the run (1, 2, 3 ...; hive's callers never pass one, and hive writes 1 each time): the
-      daemon keeps one entry per ``(node_id, attempt)``, so a retried call never adds a line.
+      daemon keeps one entry per ``(node_id, writer, attempt)`` — ``writer`` a token each logger
+      picks, so another process logging the same session (its own visit count) adds its
+      entries beside this one's, as hive's appends do — and a retried call never adds a line.
     - **Resurrection**: ``start_run`` with a ``session_id`` continues that run (``run.start``
       reopens it if it ended) and numbers visits after the ones in its log, so hive's
       ``ExecutionManager`` running a failed execution again with the same logger and session
@@ -427,6 +429,11 @@ class HoldfastRuntimeLogger:
         else:
             self._conn = _shared_connection(socket_path)
         self._agent_id = agent_id
+        # This logger's name in its entries (``writer``): the daemon keys entries by
+        # ``(node_id, writer, attempt)``, so another process logging the same run, numbering
+        # its visits from its own count, never replaces this one's entries (nor its retries
+        # add any).
+        self._writer = uuid.uuid4().hex
         self._run_id = ""
         self._goal_id = ""
         self._started_at = ""
@@ -567,8 +574,9 @@ class HoldfastRuntimeLogger:
         }
         with self._lock:  # the visit in progress (see _visit_of_completion)
             visit = self._visit_of_completion(node_id)
-        if visit > 1:  # first visits' lines are exactly hive's
+        if visit > 1:  # first visits' lines are hive's (plus ``writer``)
             step["attempt"] = visit
+        step["writer"] = self._writer
         run_id = self._run_id
         self._conn.call(lambda c: c.run_log_step(run_id, step))
 
@@ -660,6 +668,7 @@ class HoldfastRuntimeLogger:
                 output_tokens=output_tokens, latency_ms=latency_ms, attempt=visit,
                 exit_status=exit_status, accept_count=accept_count, retry_count=retry_count,
                 escalate_count=escalate_count, continue_count=continue_count)
+            detail["writer"] = self._writer
             run_id = self._run_id
             self._conn.call(lambda c: c.run_log_node(run_id, detail))
             with self._lock:
@@ -693,6 +702,7 @@ class HoldfastRuntimeLogger:
             detail = self._detail(node_id, node_name, node_type, success, error=error,
                                   stacktrace=stacktrace, tokens_used=tokens_used,
                                   latency_ms=latency_ms, attempt=visit)
+            detail["writer"] = self._writer
             run_id = self._run_id
             if visit == 1:
                 self._conn.call(lambda c: c.run_ensure_node(run_id, node_id, detail))

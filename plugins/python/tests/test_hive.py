@@ -845,9 +845,13 @@ def test_the_drop_in_writes_the_summary_hive_would(daemon, tmp_path):
         hive_summary.pop(k)
         ours.pop(k)
     assert ours == hive_summary
-    # The lines themselves have hive's fields, and hive's own tooling loads holdfast's files.
-    assert set(got["details"][0]) - {"seq", "logged_at_ms"} == set(NodeDetail.model_fields)
-    assert set(got["steps_log"][0]) - {"seq", "logged_at_ms"} == set(NodeStepLog.model_fields)
+    # The lines themselves have hive's fields (and holdfast's own: seq, logged_at_ms, the
+    # logger's writer token, which hive's models ignore), and hive's own tooling loads
+    # holdfast's files.
+    ours_only = {"seq", "logged_at_ms", "writer"}
+    assert set(got["details"][0]) - ours_only == set(NodeDetail.model_fields)
+    assert set(got["steps_log"][0]) - ours_only == set(NodeStepLog.model_fields)
+    assert not ours_only & (set(NodeDetail.model_fields) | set(NodeStepLog.model_fields))
     logs = RuntimeLogStore(daemon.home / "state" / "holdfast")
     import warnings
     with warnings.catch_warnings():
@@ -1295,3 +1299,61 @@ def test_a_grant_without_run_start_still_logs(make_daemon):
         lg.log_node_complete("n", "N", "event_loop", True, input_tokens=4)
         asyncio.run(lg.end_run("success", duration_ms=1))
         assert c.run_get(run_id)["summary"]["total_input_tokens"] == 4
+
+
+SESSION_WORKER = r"""
+import asyncio, os, sys, time
+from pathlib import Path
+sys.path[:0] = %(paths)r
+from framework.tracker.runtime_log_store import RuntimeLogStore
+from framework.tracker.runtime_logger import RuntimeLogger
+from holdfast_client.hive import HoldfastRuntimeLogger
+kind, root, session, go, me = sys.argv[1:6]
+store = RuntimeLogStore(Path(root))
+if kind == "hive":
+    lg = RuntimeLogger(store=store, agent_id=me)
+else:
+    lg = HoldfastRuntimeLogger(store=store, agent_id=me, socket_path=os.environ["SOCKET"])
+lg.start_run("g", session_id=session)
+open(go + "." + me, "w").close()  # started: both read the log before either writes
+while not os.path.exists(go):
+    time.sleep(0.001)
+for visit in range(3):  # a node visited three times (a feedback loop), each logging a step
+    lg.log_step("loop", "event_loop", 0, llm_text="%%s visit %%d" %% (me, visit), input_tokens=1)
+    lg.log_node_complete("loop", "Loop", "event_loop", True, tokens_used=10, input_tokens=10)
+    lg.ensure_node_logged("loop", "Loop", "event_loop", True, tokens_used=10)
+lg.ensure_node_logged("once", "Once", "event_loop", True, tokens_used=1)
+"""
+
+
+def test_two_processes_logging_one_session_keep_every_visit_as_hives_appends(daemon, tmp_path):
+    """Two processes logging the same hive session (each logger counting its own visits of a
+    node): hive's appends keep all 6 visits and both processes' fallback entries; the drop-in
+    kept half (each process's visit n had the same (node_id, attempt) key, so the second
+    replaced or repeated the first)."""
+    got = {}
+    for kind in ("hive", "holdfast"):
+        root = tmp_path / kind / "runtime_logs"
+        session = "session_20260101_000000_two"
+        go = tmp_path / (kind + ".go")
+        script = SESSION_WORKER % {"paths": sys.path}
+        env = dict(os.environ, SOCKET=daemon.socket)
+        procs = [subprocess.Popen([sys.executable, "-c", script, kind, str(root), session,
+                                   str(go), "p%d" % i], env=env) for i in range(2)]
+        deadline = time.monotonic() + 60
+        while not all(Path("%s.p%d" % (go, i)).exists() for i in range(2)):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
+            time.sleep(0.01)
+        go.touch()
+        assert [p.wait(timeout=60) for p in procs] == [0, 0]
+        store = RuntimeLogStore(root)
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            nodes = asyncio.run(store.load_details(session)).nodes
+            steps = asyncio.run(store.load_tool_logs(session)).steps
+        got[kind] = (sorted((n.node_id, n.tokens_used) for n in nodes),
+                     sorted(s.llm_text for s in steps))
+        print("%-8s %d entries, %d steps" % (kind, len(nodes), len(steps)))
+    assert got["holdfast"] == got["hive"]
+    assert len(got["holdfast"][0]) == 8 and len(got["holdfast"][1]) == 6
