@@ -1052,12 +1052,13 @@ fn import_from_hive_serves_in_place_or_copies() {
         .iter()
         .map(|c| (c["id"].as_str().unwrap(), c["outcome"].as_str().unwrap()))
         .collect();
+    // In hive's order (its index's: the order the credentials were made).
     assert_eq!(
         outcomes,
         vec![
             ("openai", "same"),
-            ("slack", "replaced"),
-            ("team/github", "same")
+            ("team/github", "same"),
+            ("slack", "replaced")
         ]
     );
     assert_eq!(

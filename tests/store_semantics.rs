@@ -650,3 +650,57 @@ fn a_renamed_store_keeps_the_key_it_had_under_its_old_name() {
     assert_eq!(keys.len(), 1, "{keys:?}");
     println!("renamed store: opened as \"job\" with {key_file}, rotated, reopened as \"work\"");
 }
+
+/// hive's `list_all` is its index's key order (insertion: an update keeps its place, a deleted
+/// and re-made id goes last). The store lists and writes its index in that order, keeps it
+/// across handles (a daemon restart reads it back from the index), puts credentials another
+/// program made after the known ones, and forgets nothing when the index must be rebuilt.
+#[test]
+fn the_index_keeps_hives_insertion_order() {
+    let ts = TestStore::new("order");
+    let store = ts.open();
+    for id in ["zeta", "alpha", "mid"] {
+        store.set(api(id, "v1"), None).unwrap();
+    }
+    store.set(api("zeta", "v2"), None).unwrap();
+    store.delete("alpha").unwrap();
+    store.set(api("alpha", "v3"), None).unwrap();
+    store.set(api("beta", "v1"), None).unwrap();
+    store.flush().unwrap();
+    let want = ["zeta", "mid", "alpha", "beta"];
+    let ids = |s: &holdfast::store::CredentialStore| -> Vec<String> {
+        s.list()
+            .unwrap()
+            .credentials
+            .into_iter()
+            .map(|c| c.id)
+            .collect()
+    };
+    assert_eq!(ids(&store), want);
+    let path = ts.base.join("metadata/index.json");
+    let index_ids = || -> Vec<String> {
+        let idx: serde_json::Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+        idx["credentials"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect()
+    };
+    assert_eq!(index_ids(), want);
+    drop(store);
+    // Another handle (a restarted daemon) reads the order from the index; a write keeps it.
+    let store = ts.open();
+    assert_eq!(ids(&store), want);
+    store.set(api("mid", "v2"), None).unwrap();
+    store.set(api("new", "v1"), None).unwrap();
+    store.flush().unwrap();
+    let want = ["zeta", "mid", "alpha", "beta", "new"];
+    assert_eq!(
+        (ids(&store), index_ids()),
+        (
+            want.map(String::from).to_vec(),
+            want.map(String::from).to_vec()
+        )
+    );
+}

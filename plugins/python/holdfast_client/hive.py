@@ -58,18 +58,6 @@ except ImportError as _e:  # pragma: no cover - exercised by the no-hive test
 GENERATION_FIELD = "holdfast_generation"
 
 
-def _created_key(entry: Dict[str, Any]) -> datetime:
-    """A listing entry's ``created_at`` as an aware time (the earliest for one without)."""
-    raw = entry.get("created_at")
-    if isinstance(raw, str):
-        try:
-            t = datetime.fromisoformat(raw.replace("Z", "+00:00"))
-            return t if t.tzinfo is not None else t.replace(tzinfo=timezone.utc)
-        except ValueError:
-            pass
-    return datetime.min.replace(tzinfo=timezone.utc)
-
-
 def _need_hive(what: str) -> None:
     if HIVE_IMPORT_ERROR is not None:
         raise ImportError(
@@ -224,13 +212,10 @@ class HoldfastCredentialStorage(_StorageBase):  # type: ignore[misc,valid-type,u
                                      lambda c: c.delete(credential_id, store=self.store)))
 
     def list_all(self) -> List[str]:
-        """The ids by ``created_at``: hive's index (insertion) order when objects are saved in
-        the order they were made (an update keeps its place, a deleted and made-again
-        credential goes last). An object saved long after it was built, or with an older
-        ``created_at``, lists by that field, not by its first save (the daemon keeps no
-        insertion order). Equal times keep the daemon's order (by id)."""
-        entries = self._list()
-        return [c["id"] for c in sorted(entries, key=_created_key)]
+        """The ids in hive's order: its index's (insertion order: an update keeps its place, a
+        deleted and saved-again credential goes last). The daemon keeps that order in the
+        index it writes and lists by it."""
+        return [c["id"] for c in self._list()]
 
     def exists(self, credential_id: str) -> bool:
         return bool(self._store_call("whether credential %r exists is unknown" % credential_id,

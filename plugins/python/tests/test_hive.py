@@ -140,14 +140,15 @@ def test_saved_times_and_listing_order_are_hives(daemon, tmp_path):
 
     steps = [("save", make("zeta", 1)), ("save", make("alpha", 2)), ("save", make("mid", 3)),
              ("save", make("zeta", 1)), ("delete", "alpha"), ("save", make("alpha", 9)),
-             ("save", make("beta", 10))]
+             ("save", make("beta", -5)), ("save", make("mid", 3))]
     for op, arg in steps:
         for storage in (hive, ours):
             if op == "save":
                 storage.save(arg)
             else:
                 storage.delete(arg)
-    # zeta updated in place, alpha deleted and made again: hive's order is its index's.
+    # zeta and mid updated in place, alpha deleted and made again, beta made (created_at)
+    # before all of them but saved last: hive's order is its index's, the order of first saves.
     assert hive.list_all() == ["zeta", "mid", "alpha", "beta"], hive.list_all()
     assert ours.list_all() == hive.list_all()
     for cid in hive.list_all():

@@ -32,9 +32,10 @@ impl CredentialStore {
                 inner.index_extra = on_disk.extra;
             }
         }
+        let index_extra = std::mem::take(&mut inner.index_extra);
         let entries: Vec<EntryRef<'_>> = inner
-            .entries
-            .iter()
+            .ordered()
+            .into_iter()
             .map(|(name, e)| EntryRef {
                 file: name,
                 id: &e.id,
@@ -42,12 +43,9 @@ impl CredentialStore {
                 vouch: e.stamp.map(|s| (s, e.generation)),
             })
             .collect();
-        let bytes = write_index(
-            &self.config.base.to_string_lossy(),
-            &inner.index_extra,
-            &entries,
-        );
+        let bytes = write_index(&self.config.base.to_string_lossy(), &index_extra, &entries);
         drop(entries);
+        inner.index_extra = index_extra;
         let stamp = durable::atomic_write(&self.meta_dir, INDEX_FILE, &bytes, self.faults())
             .map_err(|e| self.io_failed(e))?;
         inner.index_stamp = Some(stamp);

@@ -217,9 +217,56 @@ struct Inner {
     /// Changes other processes made, found by a directory scan and not yet reported (kept only
     /// with `IndexFlush::Deferred`, i.e. in the daemon, which drains them into events).
     pending: Vec<Change>,
+    /// Each credential's place in the index, by id. hive's `list_all` is the index's key
+    /// order: insertion order, an update keeps its place, a deleted and re-made id goes last.
+    /// Places come from the index as read, then from writes; a credential no place is known
+    /// for (another program made the file, the index was lost) goes after the known ones, by
+    /// `created_at`. The index is written, and credentials listed, in this order.
+    order: std::collections::HashMap<String, u64>,
+    next_place: u64,
 }
 
 impl Inner {
+    /// Take the order of `index`'s credentials for those that have no place yet.
+    fn learn_order(&mut self, index: &Index) {
+        for id in index.credentials.keys() {
+            self.place(id);
+        }
+    }
+
+    /// Give `id` the next place if it has none (a new credential goes last).
+    fn place(&mut self, id: &str) {
+        if !self.order.contains_key(id) {
+            self.order.insert(id.to_owned(), self.next_place);
+            self.next_place += 1;
+        }
+    }
+
+    /// The entries in index order (see `order`): places of credentials gone are forgotten
+    /// (one made again goes last), credentials without one get theirs.
+    fn ordered(&mut self) -> Vec<(&String, &Entry)> {
+        let live: std::collections::HashSet<&str> =
+            self.entries.values().map(|e| e.id.as_str()).collect();
+        self.order.retain(|id, _| live.contains(id.as_str()));
+        let mut unplaced: Vec<(&str, &str)> = self
+            .entries
+            .values()
+            .filter(|e| !self.order.contains_key(&e.id))
+            .map(|e| {
+                let created = e.meta.get("created_at").and_then(Value::as_str);
+                (created.unwrap_or(""), e.id.as_str())
+            })
+            .collect();
+        unplaced.sort_unstable();
+        let unplaced: Vec<String> = unplaced.into_iter().map(|(_, id)| id.to_owned()).collect();
+        for id in &unplaced {
+            self.place(id);
+        }
+        let mut v: Vec<(&String, &Entry)> = self.entries.iter().collect();
+        v.sort_by_key(|(_, e)| self.order.get(&e.id).copied().unwrap_or(u64::MAX));
+        v
+    }
+
     /// The index no longer matches `entries`.
     fn mark_dirty(&mut self) {
         let now = std::time::Instant::now();

@@ -70,16 +70,15 @@ impl CredentialStore {
         self.with_ring(|ring| {
             let mut inner = lock_guard(&self.inner);
             self.refresh(&mut inner, ring)?;
-            let mut credentials: Vec<CredentialInfo> = inner
-                .entries
-                .values()
-                .map(|e| CredentialInfo {
+            let credentials: Vec<CredentialInfo> = inner
+                .ordered()
+                .into_iter()
+                .map(|(_, e)| CredentialInfo {
                     id: e.id.clone(),
                     generation: e.generation,
                     metadata: e.meta.clone(),
                 })
                 .collect();
-            credentials.sort_by(|a, b| a.id.cmp(&b.id));
             Ok(Listing {
                 credentials,
                 unreadable: inner.unreadable,
@@ -203,6 +202,9 @@ impl CredentialStore {
             let (index, state, stamp) = self.read_index();
             (state == IndexState::Ok).then_some((index, stamp))
         };
+        if let Some((index, _)) = &seed {
+            inner.learn_order(index);
+        }
         let seed_ref = seed.as_ref().map(|(i, s)| (i, *s));
         let scan = self.scan(
             ring,
@@ -524,6 +526,7 @@ impl CredentialStore {
             || !vouches_match;
         inner.entries = entries;
         inner.seeded = true;
+        inner.learn_order(&index);
         inner.index_extra = index.extra;
         inner.index_stamp = index_stamp;
         inner.unreadable = report.clock_skew.len()

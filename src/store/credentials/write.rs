@@ -138,6 +138,7 @@ impl CredentialStore {
             }
             let token = ring.encrypt(&plain);
             let stamp = self.write_file(&name, token.as_bytes(), generation)?;
+            inner.place(id);
             inner.entries.insert(
                 name,
                 Entry {
