@@ -444,9 +444,12 @@ export class Client {
   /** An error answered with `id: null`: the daemon's refusal of the connection or of a line it
    * could not read. A line over its frame cap closes the connection: the requests that long fail
    * with `FrameTooLarge` (never sent again), the others with `ConnectionClosed`. A line it could
-   * not parse fails the request that sent it when that one is known (the only one in flight),
-   * never leaving it to hang until its timeout; otherwise the message is kept for the callers
-   * that see the connection close. */
+   * not parse fails the request that sent it when that one is known (the only one in flight, or
+   * the only one nested too deep), never leaving it to hang until its timeout. When it is not
+   * (a daemon older than the one that answers such errors with the line's id), no call may wait
+   * for an answer that will never come: the connection is closed, so every call in flight fails
+   * at once with `ConnectionClosed` (outcome unknown, as for any dropped connection) carrying the
+   * daemon's message, and the next call opens a new one. */
   _onUnattributed(conn, error) {
     const message = typeof error?.message === 'string' ? error.message : 'an error';
     conn.reason = `the daemon said: ${message}`;
@@ -470,7 +473,10 @@ export class Client {
     // surrogates, the other cause, are never sent: see wellFormedLine).
     let culprits = [...conn.pending];
     if (culprits.length > 1) culprits = culprits.filter(([, w]) => nestingDepth(w.line) > MAX_NESTING);
-    if (culprits.length !== 1) return;
+    if (culprits.length !== 1) {
+      conn.sock.destroy();
+      return;
+    }
     const [[id, w]] = culprits;
     conn.pending.delete(id);
     clearTimeout(w.timer);

@@ -3,8 +3,14 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import fs from 'node:fs';
+
 import {
-  CallTimeout, FrameTooLarge, InvalidParams, MAX_FRAME_BYTES, StreamProducer, toWellFormed,
+  CallTimeout, Client, ConnectionClosed, FrameTooLarge, InvalidParams, MAX_FRAME_BYTES,
+  StreamProducer, toWellFormed,
 } from '../src/index.js';
 import { until, withDaemon } from './harness.js';
 
@@ -105,6 +111,48 @@ test('a line the daemon cannot parse (answered with id null) fails its call at o
   assert.ok(bad.reason instanceof InvalidParams, String(bad.reason));
   assert.equal(ok.status, 'fulfilled');
   assert.ok(Date.now() - started < 100_000, 'long before the call timeout');
+});
+
+test('a parse error with id null and several calls in flight fails them all at once (ConnectionClosed), never leaves them waiting', async (t) => {
+  // The daemon answers a line it cannot parse with the line's id whenever its syntax reads
+  // (the test above); an older daemon answered id null. That peer, on a socket of this test's
+  // own: hello, then two calls held, then one id-null parse error for a line neither could be.
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'hf-null-'));
+  t.after(() => fs.rmSync(dir, { recursive: true, force: true }));
+  const socketPath = path.join(dir, 'old.sock');
+  let connections = 0;
+  const server = net.createServer((sock) => {
+    connections += 1;
+    let buf = '';
+    let held = 0;
+    sock.on('data', (chunk) => {
+      buf += chunk;
+      let nl;
+      while ((nl = buf.indexOf('\n')) >= 0) {
+        const req = JSON.parse(buf.slice(0, nl));
+        buf = buf.slice(nl + 1);
+        const answer = (body) => sock.write(`${JSON.stringify({ jsonrpc: '2.0', id: req.id, ...body })}\n`);
+        if (req.method === 'hello') answer({ result: { server: 'holdfast', protocol: 1, methods: [] } });
+        else if (connections > 1) answer({ result: { ok: true } });
+        else if (++held === 2) sock.write('{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"parse error: expected value"}}\n');
+      }
+    });
+  });
+  await new Promise((resolve) => server.listen(socketPath, resolve));
+  t.after(() => server.close());
+  const c = await Client.connect({ socketPath, timeoutMs: 120_000 });
+  t.after(() => c.close());
+  const started = Date.now();
+  const got = await Promise.allSettled([c.call('admin.status', {}), c.call('admin.status', {})]);
+  for (const r of got) {
+    assert.equal(r.status, 'rejected');
+    assert.ok(r.reason instanceof ConnectionClosed, String(r.reason));
+    assert.match(r.reason.message, /parse error: expected value/);
+  }
+  assert.ok(Date.now() - started < 60_000, 'long before the call timeout');
+  // The next call opens a new connection and is answered.
+  assert.deepEqual(await c.call('admin.status', {}), { ok: true });
+  assert.equal(connections, 2);
 });
 
 test('the example provider cuts the prompt by characters, never inside an emoji', async () => {
