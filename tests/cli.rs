@@ -286,8 +286,11 @@ fn json_shapes() {
 
     env.set("team/k", "kv");
     let v = env.run(&["--json", "cred", "list"], b"").ok().json();
-    assert_eq!(keys_of(&v), ["credentials", "unreadable"]);
-    assert_eq!(v["unreadable"], json!(0));
+    assert_eq!(keys_of(&v), ["credentials", "refused_ids", "unreadable"]);
+    assert_eq!(
+        (&v["unreadable"], &v["refused_ids"]),
+        (&json!(0), &json!(0))
+    );
     let creds = v["credentials"].as_array().unwrap();
     let ids: Vec<&str> = creds.iter().map(|c| c["id"].as_str().unwrap()).collect();
     assert_eq!(ids, ["j", "team/k"]);

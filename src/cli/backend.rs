@@ -245,6 +245,7 @@ impl Backend {
         Ok(Listing {
             credentials,
             unreadable: v["unreadable"].as_u64().unwrap_or(0) as usize,
+            refused_ids: v["refused_ids"].as_u64().unwrap_or(0) as usize,
         })
     }
 

@@ -251,6 +251,13 @@ fn run_command(g: &Global, cmd: &CredCommand) -> CliResult {
                     ));
                 }
             }
+            if listing.refused_ids > 0 {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "holdfast: warning: {} credential(s) not listed: their ids are ones holdfast does not serve (made by another program: a leading '-' or '.', a control or invisible character); `holdfast store fsck` names their files",
+                    listing.refused_ids
+                );
+            }
             if listing.unreadable > 0 {
                 let _ = writeln!(
                     std::io::stderr(),

@@ -90,6 +90,7 @@ async fn cred_list(
     result(&Listing {
         credentials,
         unreadable: listing.unreadable,
+        refused_ids: listing.refused_ids,
     })
 }
 

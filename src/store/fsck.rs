@@ -68,6 +68,12 @@ pub struct Report {
     /// carry off the write still to come: left in place, never quarantined.
     #[serde(default)]
     pub empty: Vec<String>,
+    /// Credentials whose id holdfast does not serve (another program, hive, made them: an id
+    /// with a leading `-` or `.`, a control or invisible character, …; docs/security.md row 9):
+    /// the file name (escaped) and the rule. Left alone and kept in the index for that program;
+    /// not listed by `cred.list`. Rename one with the program that made it.
+    #[serde(default)]
+    pub refused_ids: Vec<String>,
     /// Other entries in `credentials/` that are not credential files (left alone).
     pub stray: Vec<String>,
     /// Files something other than holdfast wrote since holdfast last did, whose generation a
@@ -116,6 +122,7 @@ impl Report {
             + self.quarantined.len()
             + self.kept.len()
             + self.empty.len()
+            + self.refused_ids.len()
     }
 
     /// Problems a repair leaves for a person: clock skew, files under an archived key, files
@@ -126,6 +133,7 @@ impl Report {
             + self.io_errors.len()
             + self.kept.len()
             + self.empty.len()
+            + self.refused_ids.len()
     }
 
     /// Whether the scan changed nothing on disk and found nothing to change.
@@ -177,6 +185,12 @@ impl fmt::Display for Report {
             "",
         )?;
         list(f, "unreadable (I/O error; left alone)", &self.io_errors, "")?;
+        list(
+            f,
+            "ids holdfast does not serve (made by another program; rename them there)",
+            &self.refused_ids,
+            "",
+        )?;
         list(
             f,
             "still under an archived key (run `holdfast key prune`, or `holdfast key rotate`, to move them to the primary key)",

@@ -724,6 +724,43 @@ def test_holdfast_hive_daemon_serves_hives_own_store(make_daemon):
     assert out.returncode == 2 and "[stores.NAME]" in out.stderr, out.stderr
 
 
+def test_ids_hive_takes_and_holdfast_refuses_are_never_listed_unreachable(make_daemon, caplog):
+    """hive takes any id (`-dash`, `.dot`, a newline, a bidirectional override); the daemon,
+    serving hive's store in place, listed them, then refused load, exists and delete of each
+    with invalid_params, so hive's CredentialStore failed on the first listed id. holdfast
+    serves no such id (docs/security.md row 9): they are not listed (a warning says how many
+    and where to look), a load of one says why, fsck names their files, and hive's own index
+    and files keep them."""
+    odd = ["-dash", ".dot", "a\nb", "a\u202eb", "tab\tin"]
+    made = {}
+
+    def setup(home):
+        made["base"], _, made["key"] = hive_store_umask_022(home, n=1)
+        hive = EncryptedFileStorage(made["base"], encryption_key=made["key"])
+        for cid in odd + ["sp ace"]:
+            hive.save(cred(cid, "sk-" + cid))
+
+    d = make_daemon(args=["--hive"], setup=setup)
+    storage = HoldfastCredentialStorage("hive", socket_path=d.socket)
+    store = CredentialStore(storage=storage)
+    with caplog.at_level("WARNING", logger="holdfast_client.hive"):
+        listed = storage.list_all()
+    assert listed == ["svc/0", "sp ace"]
+    assert "5 credential(s) in store 'hive' not listed" in caplog.text, caplog.text
+    for cid, value in zip(listed, ["sk-hive-0", "sk-sp ace"]):  # all listed is reachable
+        assert store.get_credential(cid).keys["api_key"].get_secret_value() == value
+    with pytest.raises(hc.InvalidParams, match="must not start with"):
+        storage.load("-dash")
+    fsck = d.cli("--hive", "store", "fsck")
+    for name in ("-dash.enc", ".dot.enc", "a\\nb.enc", "tab\\tin.enc"):
+        assert name in fsck.stdout, fsck.stdout
+    assert "ids holdfast does not serve" in fsck.stdout
+    hive = EncryptedFileStorage(made["base"], encryption_key=made["key"])
+    assert sorted(hive.list_all()) == sorted(["svc/0", "sp ace"] + odd)
+    assert hive.load("-dash").keys["api_key"].get_secret_value() == "sk--dash"
+    storage.close()
+
+
 # ---------------------------------------------------------------------------------------------
 # Runtime logs
 

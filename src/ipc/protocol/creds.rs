@@ -130,6 +130,9 @@ pub struct Listing {
     pub credentials: Vec<serde_json::Map<String, Value>>,
     /// How many credential files could not be read.
     pub unreadable: usize,
+    /// How many credentials are not listed because their ids break holdfast's rules (another
+    /// program made them; `admin.fsck` names their files).
+    pub refused_ids: usize,
 }
 
 /// `cred.release_lease`.

@@ -163,11 +163,14 @@ pub struct Change {
 /// The result of `list`.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Listing {
-    /// Credentials, sorted by id: every readable one, plus those that cannot be read right now
+    /// Credentials, in the index's order: every readable one, plus those that cannot be read right now
     /// (clock skew, I/O error) but whose metadata is known from the index or an earlier read.
     pub credentials: Vec<CredentialInfo>,
     /// Files that could not be read (see `store fsck`).
     pub unreadable: usize,
+    /// Credentials not listed because holdfast does not serve their ids (another program made
+    /// them; `store fsck` names their files).
+    pub refused_ids: usize,
 }
 
 /// One credential file as the store knows it.

@@ -70,9 +70,15 @@ impl CredentialStore {
         self.with_ring(|ring| {
             let mut inner = lock_guard(&self.inner);
             self.refresh(&mut inner, ring)?;
+            let mut refused_ids = 0;
             let credentials: Vec<CredentialInfo> = inner
                 .ordered()
                 .into_iter()
+                .filter(|(_, e)| {
+                    let served = id::validate(&e.id).is_ok();
+                    refused_ids += usize::from(!served);
+                    served
+                })
                 .map(|(_, e)| CredentialInfo {
                     id: e.id.clone(),
                     generation: e.generation,
@@ -81,6 +87,7 @@ impl CredentialStore {
                 .collect();
             Ok(Listing {
                 credentials,
+                refused_ids,
                 unreadable: inner.unreadable,
             })
         })
@@ -510,6 +517,13 @@ impl CredentialStore {
             });
         }
         report.readable = entries.values().filter(|e| e.stamp.is_some()).count();
+        report.refused_ids = entries
+            .iter()
+            .filter_map(|(name, e)| {
+                let why = id::validate(&e.id).err()?;
+                Some(format!("{name:?}: {why}"))
+            })
+            .collect();
         let vouched: Vec<(&String, FileStamp)> = entries
             .iter()
             .filter_map(|(n, e)| e.stamp.map(|s| (n, s)))
