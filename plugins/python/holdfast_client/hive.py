@@ -34,6 +34,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple, TypeVar
 
 from ._client import Client
 from ._errors import (
+    Conflict,
     ConnectionClosed,
     Forbidden,
     IntegrityError,
@@ -395,7 +396,9 @@ class HoldfastRuntimeLogger:
       reopens it if it ended) and numbers visits after the ones in its log, so hive's
       ``ExecutionManager`` running a failed execution again with the same logger and session
       appends to the same log and its next ``end_run`` summarizes every attempt, as hive's own
-      logger does.
+      logger does. Likewise a run another logger ended (another process on the same session)
+      is reopened by this logger's next write, and its ``end_run`` writes the summary of the
+      whole log, as hive's appends and last ``summary.json`` do.
     - **hive's layout**: given hive's ``RuntimeLogStore`` as ``store`` (as hive's
       ``ExecutionManager`` gives it), ``start_run`` links the store's current session layout,
       ``<root>/sessions/<run_id>/logs``, to the run's directory in the daemon
@@ -449,6 +452,17 @@ class HoldfastRuntimeLogger:
     def close(self) -> None:
         """Nothing to close: the connection is the process's shared one (see
         ``close_shared_connections``) or the caller's."""
+
+    def _write(self, call: Callable[[Client], Any]) -> Any:
+        """A write to the run's log. A run another logger ended meanwhile (another process on
+        the same session called ``end_run``) is reopened and the write made: hive's logger goes
+        on appending to such a run, and its own ``end_run`` then summarizes everything."""
+        try:
+            return self._conn.call(call)
+        except Conflict:
+            run_id = self._run_id
+            self._conn.call(lambda c: c.call("run.start", run_id=run_id))
+            return self._conn.call(call)
 
     def start_run(self, goal_id: str = "", session_id: str = "") -> str:
         """Start a run: ``session_id`` is its id when given (a run of that id continues: a
@@ -573,7 +587,7 @@ class HoldfastRuntimeLogger:
             step["attempt"] = visit
         step["writer"] = self._writer
         run_id = self._run_id
-        self._conn.call(lambda c: c.run_log_step(run_id, step))
+        self._write(lambda c: c.run_log_step(run_id, step))
 
     @staticmethod
     def _detail(node_id: str, node_name: str, node_type: str, success: bool,
@@ -665,7 +679,7 @@ class HoldfastRuntimeLogger:
                 escalate_count=escalate_count, continue_count=continue_count)
             detail["writer"] = self._writer
             run_id = self._run_id
-            self._conn.call(lambda c: c.run_log_node(run_id, detail))
+            self._write(lambda c: c.run_log_node(run_id, detail))
             with self._lock:
                 self._visits[node_id] = max(visit, self._visits.get(node_id, 0))
                 self._logged.add(node_id)
@@ -700,9 +714,9 @@ class HoldfastRuntimeLogger:
             detail["writer"] = self._writer
             run_id = self._run_id
             if visit == 1:
-                self._conn.call(lambda c: c.run_ensure_node(run_id, node_id, detail))
+                self._write(lambda c: c.run_ensure_node(run_id, node_id, detail))
             else:
-                self._conn.call(lambda c: c.run_log_node(run_id, detail))
+                self._write(lambda c: c.run_log_node(run_id, detail))
             with self._lock:
                 self._visits[node_id] = visit
                 self._logged.add(node_id)
@@ -731,9 +745,7 @@ class HoldfastRuntimeLogger:
         try:
             loop = asyncio.get_running_loop()
             run_id = self._run_id
-            summary = await loop.run_in_executor(
-                None, lambda: self._conn.call(lambda c: c.run_end(run_id, status, **fields))
-            )
+            summary = await loop.run_in_executor(None, lambda: self._end(run_id, status, fields))
             logger.info(
                 "Runtime logs saved: run_id=%s status=%s nodes=%d",
                 self._run_id, status, summary.get("total_nodes_executed", 0),
@@ -741,6 +753,20 @@ class HoldfastRuntimeLogger:
         except Exception:
             logger.exception("Failed to save runtime logs for run_id=%s (non-fatal)",
                              self._run_id)
+
+    def _end(self, run_id: str, status: str, fields: Dict[str, Any]) -> Dict[str, Any]:
+        """``run.end``; if another logger ended the run first (another process on the same
+        session), the run is reopened and ended again, so this logger's summary — of the whole
+        log, with its status and path — is the one kept, as hive's last ``end_run`` writes
+        ``summary.json`` last. (A retried end of this logger's own makes the same summary.)"""
+        answer: Dict[str, Any] = self._conn.call(lambda c: c.call("run.end", run_id=run_id,
+                                                                  status=status, **fields))
+        if answer.get("written") is False:
+            self._conn.call(lambda c: c.call("run.start", run_id=run_id))
+            answer = self._conn.call(lambda c: c.call("run.end", run_id=run_id, status=status,
+                                                      **fields))
+        summary: Dict[str, Any] = answer.get("summary") or {}
+        return summary
 
     def __repr__(self) -> str:
         return "HoldfastRuntimeLogger(run_id=%r, agent_id=%r)" % (self._run_id, self._agent_id)

@@ -1395,3 +1395,36 @@ def test_two_processes_logging_one_session_keep_every_visit_as_hives_appends(dae
         print("%-8s %d entries, %d steps" % (kind, len(nodes), len(steps)))
     assert got["holdfast"] == got["hive"]
     assert len(got["holdfast"][0]) == 8 and len(got["holdfast"][1]) == 6
+
+
+def test_a_logger_goes_on_after_another_ended_the_session_as_hives(daemon, tmp_path):
+    """Two loggers on one session (two processes, each an execution): B ends while A is still
+    working. hive's A goes on appending and its end_run writes the summary of everything; the
+    drop-in's A raised Conflict ("run has ended") into hive's executor on its next log call,
+    and its visits and summary were lost."""
+    got = {}
+    for name in ("hive", "holdfast"):
+        a, store = side_by_side_logger(name, tmp_path, "a", daemon)
+        b, _ = side_by_side_logger(name, tmp_path, "b", daemon)
+        session = "session_20260101_000000_ended"
+        a.start_run("g", session_id=session)
+        b.start_run("g", session_id=session)
+        a.log_node_complete("x", "X", "event_loop", True, tokens_used=1, input_tokens=1)
+        b.log_node_complete("y", "Y", "event_loop", True, tokens_used=2, input_tokens=2)
+        asyncio.run(b.end_run("success", 1, ["y"]))
+        a.log_step("x2", "event_loop", 0, llm_text="after the end", input_tokens=4)
+        a.log_node_complete("x2", "X2", "event_loop", False, error="bad", tokens_used=4,
+                            input_tokens=4)
+        a.ensure_node_logged("x3", "X3", "event_loop", True, tokens_used=8)
+        asyncio.run(a.end_run("failure", 2, ["x", "x2", "x3"]))
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            nodes = asyncio.run(store.load_details(session)).nodes
+            summary = asyncio.run(store.load_summary(session))
+        got[name] = (sorted((n.node_id, n.input_tokens) for n in nodes),
+                     (summary.status, summary.total_nodes_executed, summary.total_input_tokens,
+                      summary.node_path, summary.needs_attention))
+        print(name, got[name])
+    assert got["holdfast"] == got["hive"]
+    assert got["holdfast"][1][:3] == ("failure", 4, 7)
