@@ -137,3 +137,18 @@ test('a rolling restart (the new server up before the old one stops) loses no an
   const view = await getJson(`${next.url}api/threads/rolling`);
   assert.deepEqual(view.body.messages.map((m) => m.status ?? m.role), ['user', 'committed', 'user', 'committed'], 'the turns the old server recorded after the new one started are there');
 });
+
+test('a malformed URL is a 400, never the end of the server', async (t) => {
+  const d = await withDaemon(t);
+  const server = await startChatServer(t, d);
+  // One unauthenticated request with a path parameter that does not decode ended the process
+  // (decodeURIComponent threw outside the handler's try: found by the independent attack).
+  for (const [method, path] of [['GET', 'api/threads/%E0%A4%A'], ['GET', 'api/runs/%ZZ/events'], ['GET', 'api/runs/%ZZ'], ['POST', 'api/threads/%C0%80/messages']]) {
+    const r = await fetch(`${server.url}${path}`, { method, headers: { 'content-type': 'application/json' }, body: method === 'POST' ? '{"text":"x"}' : undefined });
+    assert.equal(r.status, 400, `${path}: ${r.status} ${await r.clone().text()}`);
+    assert.match((await r.json()).error, /malformed URL/);
+  }
+  // Still serving.
+  const ok = await fetch(`${server.url}`);
+  assert.equal(ok.status, 200);
+});

@@ -320,11 +320,22 @@ const server = http.createServer(async (req, res) => {
   const done = new Promise((r) => res.once('close', r));
   handling.add(done);
   done.then(() => handling.delete(done));
-  const path = new URL(req.url, 'http://x').pathname;
+  // Nothing a request says may end the server: a URL or a path parameter that does not decode
+  // (`%E0%A4%A`) is the client's 400, never an exception out of this handler.
+  let path;
+  try {
+    path = new URL(req.url, 'http://x').pathname;
+  } catch {
+    return json(res, 400, { error: 'malformed URL' });
+  }
   for (const [method, re, handle] of routes) {
     const m = re.exec(path);
     if (!m || req.method !== method) continue;
-    req.params = Object.fromEntries(Object.entries(m.groups ?? {}).map(([k, v]) => [k, decodeURIComponent(v)]));
+    try {
+      req.params = Object.fromEntries(Object.entries(m.groups ?? {}).map(([k, v]) => [k, decodeURIComponent(v)]));
+    } catch {
+      return json(res, 400, { error: 'malformed URL: a path parameter is not valid percent-encoded UTF-8' });
+    }
     try {
       await handle(req, res);
     } catch (e) {
