@@ -476,16 +476,35 @@ export async function persistUIMessageStream(client, runId, stream, { threadId, 
   const put = (ev) => { pending.push(p.append(ev)); };
 
   const layout = new UIMessageLayout();
+  // A text delta ending in the first half of a surrogate pair (a provider or the app slicing
+  // by UTF-16 code units) waits for the next delta of its text part: sent alone, each half
+  // would be kept as U+FFFD where the live page joined them. Anything else that comes first
+  // sends it alone (it is a lone surrogate then, kept as U+FFFD).
+  let carry = null; // {id, half}
+  const release = () => {
+    if (carry) put({ type: 'text', text: carry.half });
+    carry = null;
+  };
   const handle = (chunk) => {
     if (chunk === null || typeof chunk !== 'object' || status) return;
     const shaped = layout.handle(chunk);
+    if (carry && !(chunk.type === 'text-delta' && chunk.id === carry.id)) release();
     switch (chunk.type) {
       case 'start':
         if (typeof chunk.messageId === 'string') messageId = chunk.messageId;
         break;
-      case 'text-delta':
-        if (chunk.delta) put({ type: 'text', text: chunk.delta });
+      case 'text-delta': {
+        if (typeof chunk.delta !== 'string') break;
+        let text = carry ? carry.half + chunk.delta : chunk.delta;
+        carry = null;
+        const last = text.charCodeAt(text.length - 1);
+        if (last >= 0xd800 && last <= 0xdbff) {
+          carry = { id: chunk.id, half: text.slice(-1) };
+          text = text.slice(0, -1);
+        }
+        if (text) put({ type: 'text', text });
         break;
+      }
       case 'tool-input-start':
         tools.set(chunk.toolCallId, { name: chunk.toolName, deltas: 0 });
         put({ type: 'tool_call_delta', id: chunk.toolCallId, name: chunk.toolName });
@@ -556,6 +575,7 @@ export async function persistUIMessageStream(client, runId, stream, { threadId, 
   } catch {
     status = null; // the source failed: abort below
   }
+  release();
   await Promise.allSettled(pending);
   if (p.failed) {
     // A refused append (an event over the daemon's per-event cap, a frame too large): the run

@@ -342,6 +342,9 @@ test('finalUIMessage equals readUIMessageStream for approvals, denied outputs, a
     reset: [...S, ...T('a', 'first try that gets dropped'), { type: 'reset-step' }, { type: 'start-step' }, ...T('b', 'second try'), ...END],
     streaming: [...S, { type: 'tool-input-start', toolCallId: 'c1', toolName: 'w' }, { type: 'tool-input-delta', toolCallId: 'c1', inputTextDelta: '{"q":"ab' }, ...END],
     custom: [...S, { type: 'custom', kind: 'openai.compaction' }, ...T('a', 'x'), ...END],
+    // An emoji cut between two deltas (slicing by UTF-16 code units): the live page joins the
+    // halves; sent one per event, each half was kept as U+FFFD (found by the independent attack).
+    splitPair: [...S, ...T('a', 'smile \ud83d', '\ude00 done', '\ud83d', '\ude00'), ...END],
   };
   for (const [name, chunks] of Object.entries(cases)) {
     let live;
@@ -352,6 +355,8 @@ test('finalUIMessage equals readUIMessageStream for approvals, denied outputs, a
     const fin = await finalUIMessage(client, `ui-${name}`);
     assert.deepStrictEqual(JSON.parse(JSON.stringify(fin)), JSON.parse(JSON.stringify(live)), name);
   }
+  const split = (await client.streamGet('ui-splitPair', { reveal: true })).final_message;
+  assert.equal(split.content, 'smile 😀 done😀');
   const reset = (await client.streamGet('ui-reset', { reveal: true })).final_message;
   assert.equal(reset.content, 'second try', 'the dropped step\'s text is not in the stored content');
 });
