@@ -1146,3 +1146,84 @@ fn a_producer_waiting_on_its_model_outlives_the_idle_timeout() {
     println!("a producer idle for 2.5 s (idle timeout 0.7 s) kept its run; a bystander was closed");
     d.stop();
 }
+
+/// Every run the daemon accepted can be committed and read back. Appends were accepted without
+/// limit, so a run of 15 MB of text (or 3 MB of control characters, six bytes each as JSON)
+/// committed and then could not be read: `stream.get` failed, and after a restart the run was
+/// lost. An append past the content cap is refused, saying what to do; the run at the cap,
+/// worst-case escaping and a frame-sized final message of the committer's own included,
+/// commits and reads back, before and after a restart.
+#[test]
+fn a_run_takes_no_more_than_it_can_commit() {
+    let mut env = DaemonEnv::new("");
+    let d = env.start();
+    let mut p = Conn::open(&d.socket);
+    let sid = p.ok("stream.begin", json!({"run_id": "full"}))["stream_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // 40,000 bytes of control characters: 240,000 bytes as JSON per event, 4 per append.
+    let chunk = "\u{1}".repeat(40_000);
+    let (mut seq, mut accepted, mut per_append) = (1u64, 0usize, 4);
+    let refusal = loop {
+        let events: Vec<Value> = (0..per_append)
+            .map(|_| json!({"type": "text", "text": chunk}))
+            .collect();
+        let r = p.call(
+            "stream.append",
+            json!({"run_id": "full", "stream_id": sid, "seq": seq, "events": events}),
+        );
+        match r.get("error") {
+            // Then one event at a time, to the last that fits.
+            Some(_) if per_append > 1 => per_append = 1,
+            Some(e) => break e.clone(),
+            None => {
+                seq += per_append as u64;
+                accepted += per_append;
+            }
+        }
+        assert!(accepted < 10_000, "appends were never refused");
+    };
+    assert_eq!(refusal["data"]["kind"], "invalid_params", "{refusal}");
+    let msg = refusal["message"].as_str().unwrap();
+    assert!(msg.contains("commit or abort the run"), "{msg}");
+    // Tool-call arguments count too.
+    let r = p.call(
+        "stream.append",
+        json!({"run_id": "full", "stream_id": sid, "seq": seq,
+               "events": [{"type": "tool_call_delta", "id": "c", "name": "w",
+                           "arguments_delta": chunk}]}),
+    );
+    assert_eq!(r["error"]["data"]["kind"], "invalid_params", "{r}");
+    // The committer's own fields near a frame's worth, and the content from the stream.
+    let note = "\u{2}".repeat(150_000);
+    let end = p.ok(
+        "stream.commit",
+        json!({"run_id": "full", "stream_id": sid,
+               "final_message": {"role": "assistant", "note": note},
+               "content_from_stream": true}),
+    );
+    assert_eq!(end["status"], "committed", "{end}");
+    let read = |c: &mut Conn| {
+        let g = c.ok("stream.get", json!({"run_id": "full", "reveal": true}));
+        g["final_message"]["content"].as_str().map(str::len)
+    };
+    let want = Some(accepted * chunk.len());
+    assert_eq!(read(&mut p), want);
+    drop(p);
+    d.stop();
+    let d = env.start();
+    let mut c = Conn::open(&d.socket);
+    assert_eq!(
+        read(&mut c),
+        want,
+        "the committed run reads back after a restart"
+    );
+    println!(
+        "content cap: {accepted} events of 40,000 control characters accepted ({} bytes as \
+         JSON), the next append and a tool-call delta refused; committed with a 900 kB note \
+         (as JSON), read back before and after a restart",
+        accepted * 240_000
+    );
+    d.stop();
+}

@@ -55,7 +55,37 @@ pub enum Event {
 /// Cap on one event's text (a delta, not a document).
 pub const MAX_EVENT_TEXT: usize = 256 * 1024;
 
+/// Most bytes a run's text and tool-call arguments may take as JSON: what a commit writes
+/// (the state holds them, and the final message built from the stream a copy of the text,
+/// beside up to a frame of the committer's own fields), sealed (4/3), must fit one journal
+/// record and one state file ([`crate::limits::MAX_PAYLOAD`], 12 MiB). An append past it is
+/// refused, before anything is written: every run the daemon accepted can be committed.
+pub const MAX_RUN_CONTENT_BYTES: usize = 3 * 1024 * 1024;
+
+/// `s`'s length as a JSON string's contents (serde_json's escapes: two bytes for `"`, `\\`
+/// and the short control escapes, six for other control characters).
+pub fn json_len(s: &str) -> usize {
+    s.bytes()
+        .map(|b| match b {
+            b'"' | b'\\' | b'\n' | b'\r' | b'\t' | 0x08 | 0x0c => 2,
+            0..=0x1f => 6,
+            _ => 1,
+        })
+        .sum()
+}
+
 impl Event {
+    /// What the event adds to its run's content, as JSON ([`MAX_RUN_CONTENT_BYTES`]).
+    pub fn content_len(&self) -> usize {
+        match self {
+            Event::Text(t) => json_len(t),
+            Event::ToolDelta {
+                arguments_delta, ..
+            } => json_len(arguments_delta),
+            Event::ToolEnd { .. } => 0,
+        }
+    }
+
     /// Parse a producer event (`{"type": "text", "text"}`, `{"type": "tool_call_delta", "id",
     /// "name"?, "arguments_delta"}`, `{"type": "tool_call_end", "id"}`).
     pub fn parse(v: &Value) -> Result<Event, EventError> {
@@ -372,6 +402,11 @@ pub struct Accumulator {
     trim: Option<Trim>,
     /// Characters dropped by overlap trimming so far.
     pub trimmed_chars: usize,
+    /// The run's content as JSON bytes ([`MAX_RUN_CONTENT_BYTES`]), counted once when first
+    /// needed and then by each append (what trimming or a plan takes away is not taken off:
+    /// the count only ever errs high).
+    #[serde(skip)]
+    content_bytes: Option<usize>,
 }
 
 /// Longest k (in chars, ≥ MIN_OVERLAP_CHARS, on char boundaries) with `tail` ending in the first
@@ -413,6 +448,27 @@ fn published(ev: &impl Serialize) -> EventJson {
 }
 
 impl Accumulator {
+    /// The run's content as JSON bytes (see `content_bytes`).
+    pub fn content_bytes(&mut self) -> usize {
+        if let Some(n) = self.content_bytes {
+            return n;
+        }
+        let n = json_len(&self.text)
+            + self
+                .calls
+                .iter()
+                .map(|c| json_len(&c.arguments))
+                .sum::<usize>();
+        self.content_bytes = Some(n);
+        n
+    }
+
+    /// Count `n` more content bytes (an append accepted).
+    pub fn add_content(&mut self, n: usize) {
+        let now = self.content_bytes();
+        self.content_bytes = Some(now.saturating_add(n));
+    }
+
     /// Apply one accepted event (seq `seq`); returns the events to publish now, in order
     /// (text may be held back by the trimmer and released later, shortened).
     pub fn apply(&mut self, seq: u64, ev: &Event) -> Result<Vec<(u64, EventJson)>, CallError> {

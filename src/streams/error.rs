@@ -24,6 +24,12 @@ pub enum StreamError {
     /// An append without events.
     #[error("events must not be empty")]
     NoEvents,
+    /// An append that would take the run's content past what one run can commit.
+    #[error("this append would take the run's text and tool-call arguments past {max} bytes (as JSON), the most one run keeps and can commit; commit or abort the run (everything acknowledged so far is kept) and go on in a new one")]
+    RunTooLarge {
+        /// [`crate::streams::accum::MAX_RUN_CONTENT_BYTES`].
+        max: usize,
+    },
     /// An append with more events than allowed.
     #[error("at most {max} events per append")]
     TooManyEvents {
@@ -209,6 +215,7 @@ impl StreamError {
             BadRunId { .. }
             | NoEvents
             | TooManyEvents { .. }
+            | RunTooLarge { .. }
             | BadEvent { .. }
             | BadBatch(_)
             | SeqZero

@@ -26,7 +26,7 @@ use std::time::Duration;
 use serde_json::{json, Map, Value};
 use tokio::sync::oneshot;
 
-use super::accum::Event;
+use super::accum::{Event, MAX_RUN_CONTENT_BYTES};
 use super::error::StreamError;
 use super::feed::{self, Feed};
 use super::record::{self, Record};
@@ -538,6 +538,12 @@ impl Streams {
         }
         let fresh = &parsed[skip..];
         run.acc.check_batch(fresh).map_err(StreamError::BadBatch)?;
+        let added: usize = fresh.iter().map(Event::content_len).sum();
+        if run.acc.content_bytes().saturating_add(added) > MAX_RUN_CONTENT_BYTES {
+            return Err(StreamError::RunTooLarge {
+                max: MAX_RUN_CONTENT_BYTES,
+            });
+        }
         let first = run.next_seq;
         // One clock reading for the record and the run: replay restores exactly this time.
         let at = now_ms();
@@ -560,6 +566,7 @@ impl Streams {
                 return Err(StreamError::BadBatch(e.at(i)));
             }
         }
+        run.acc.add_content(added);
         run.next_seq = first + fresh.len() as u64;
         run.updated_at_ms = at;
         run.status = Status::Streaming;
