@@ -136,7 +136,9 @@ class HoldfastCredentialStorage(_StorageBase):  # type: ignore[misc,valid-type,u
     credential that does not exist and raises hive's ``CredentialDecryptionError`` for one that
     cannot be decrypted, as ``EncryptedFileStorage`` does; a store the daemon does not serve
     raises ``holdfast_client.StoreNotServed`` (never ``None``). An id holdfast refuses (longer than
-    200 bytes, or with a NUL) raises ``holdfast_client.InvalidParams`` (a ``ValueError``).
+    251 bytes, a leading ``-`` or ``.``, a control or invisible character: docs/security.md row
+    9) raises ``holdfast_client.InvalidParams`` (a ``ValueError``); ``list_all`` never lists one
+    (credentials hive made with such ids are counted in a warning instead).
 
     A daemon restart is invisible to hive: a call the restart cut off is sent again once the
     client has reconnected (``HIVE_RESENDS`` times at most; ``ConnectionClosed`` once the
