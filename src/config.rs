@@ -14,6 +14,7 @@
 //! idle_timeout_ms = 120000
 //! read_timeout_ms = 10000
 //! max_output_queue_bytes = 8388608
+//! max_output_total_bytes = 268435456
 //!
 //! [stores.hive]                # served as store "hive" beside the data dir's stores
 //! path = "~/.hive/credentials"
@@ -215,6 +216,8 @@ pub struct LimitsConfig {
     pub read_timeout_ms: Option<u64>,
     /// Output queue cap per connection.
     pub max_output_queue_bytes: Option<usize>,
+    /// `max_output_total_bytes`: output queued across every connection.
+    pub max_output_total_bytes: Option<usize>,
 }
 
 /// `[stores.NAME]`.
@@ -327,6 +330,8 @@ pub struct Limits {
     pub max_inflight: usize,
     /// Output queue cap per connection.
     pub max_output: usize,
+    /// Output held across every connection.
+    pub max_output_total: usize,
     /// Idle timeout.
     pub idle: Duration,
     /// Read timeout within a line.
@@ -344,6 +349,9 @@ impl Config {
             max_output: l
                 .max_output_queue_bytes
                 .unwrap_or(limits::MAX_OUTPUT_QUEUE_BYTES),
+            max_output_total: l
+                .max_output_total_bytes
+                .unwrap_or(limits::MAX_OUTPUT_TOTAL_BYTES),
             idle: l
                 .idle_timeout_ms
                 .map_or(limits::IDLE_TIMEOUT, Duration::from_millis),
@@ -533,6 +541,12 @@ impl Config {
             l.max_output_queue_bytes.map(|v| v as u64),
             64 << 10,
             1 << 30,
+        )?;
+        range(
+            "max_output_total_bytes",
+            l.max_output_total_bytes.map(|v| v as u64),
+            1 << 20,
+            16 << 30,
         )?;
         let st = &self.streams;
         match st.durability.as_deref() {

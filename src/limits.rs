@@ -72,6 +72,11 @@ pub const MAX_INFLIGHT_PER_CONNECTION: usize = 32;
 /// disconnected when its queue passes this, so it cannot make the daemon buffer without bound.
 pub const MAX_OUTPUT_QUEUE_BYTES: usize = 8 * 1024 * 1024;
 
+/// Bytes of responses and events queued across every connection (counted by the capacity of
+/// the buffers holding them). Past half of it, a connection that owes anything stops being
+/// read until its client reads; a line that would pass it closes its connection (logged).
+pub const MAX_OUTPUT_TOTAL_BYTES: usize = 256 * 1024 * 1024;
+
 /// A connection with nothing in flight, no subscription and no bytes received for this long is
 /// closed (a client that connects and sends nothing).
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(120);

@@ -83,8 +83,9 @@ pub struct Adopted {
 
 enum Msg {
     Adopt(Box<Adopted>),
-    /// An in-flight slot freed for a connection that was waiting for one.
-    Resume(u64, OwnedSemaphorePermit),
+    /// A connection that was waiting may be read again: an in-flight slot freed for it (the
+    /// permit), or its client read the answers it owed (none).
+    Resume(u64, Option<OwnedSemaphorePermit>),
     /// Stop reading this connection (its task is ending it).
     Release(u64),
 }
@@ -254,6 +255,8 @@ enum Flow {
     Read,
     /// At the in-flight cap: wait for a slot.
     Paused,
+    /// Not read until its client reads the answers it owes (`Outbox::should_pause`).
+    Owed,
     /// Stop reading it: `Some` carries the error line owed to the client first.
     Close(Option<String>),
 }
@@ -364,7 +367,7 @@ impl Turns {
                         self.close(k, Some(format!("internal error: {e}")));
                         continue;
                     }
-                    self.serve(k, Some(permit), false);
+                    self.serve(k, permit, false);
                 }
                 Msg::Release(k) => self.close(k, None),
             }
@@ -492,7 +495,38 @@ impl Turns {
         if in_scratch {
             c.input.take_rest(&mut self.scratch);
         }
+        // Answers owed past the pause (or the daemon's budget tight): as tokio's reader, no
+        // request is read until the client reads them, for at most the read timeout.
+        let flow = match flow {
+            Flow::Read if c.session.outbox.should_pause() => Flow::Owed,
+            other => other,
+        };
         match flow {
+            Flow::Owed => {
+                c.paused = true;
+                let _ = epoll::delete(&self.ep, &c.sock);
+                let (session, shared, wait) = (
+                    Arc::clone(&c.session),
+                    Arc::clone(&self.shared),
+                    self.limits.read,
+                );
+                tokio::spawn(async move {
+                    if tokio::time::timeout(wait, session.outbox.drained())
+                        .await
+                        .is_ok()
+                    {
+                        shared.post(Some(Msg::Resume(k, None)));
+                    } else {
+                        tracing::warn!(
+                            conn = k,
+                            owed = session.outbox.owed(),
+                            waited_s = wait.as_secs_f64(),
+                            "client is not reading its answers; closing the connection"
+                        );
+                        shared.post(Some(Msg::Release(k)));
+                    }
+                });
+            }
             Flow::Read => {
                 // The read timeout runs from a line's first byte, as tokio's reader's does: a
                 // line left unfinished after others were handled is a new one.
@@ -512,7 +546,7 @@ impl Turns {
                 // that needs it is handled when it comes back.
                 tokio::spawn(async move {
                     if let Ok(p) = inflight.acquire_owned().await {
-                        shared.post(Some(Msg::Resume(k, p)));
+                        shared.post(Some(Msg::Resume(k, Some(p))));
                     }
                 });
             }

@@ -1,14 +1,77 @@
 //! A connection's output queue: lines (responses, notifications) waiting for the socket,
 //! capped in bytes, written by the connection's writer task or at once by whoever produced them.
+//!
+//! **Bounded by construction.** Every byte the queue holds is counted by the capacity of the
+//! buffer holding it (a line queued with much more capacity than length is copied to an exact
+//! buffer first), against the connection's cap and against the daemon-wide [`OutputBudget`]
+//! every connection shares. A line over either is refused and the connection closed, saying
+//! why in the log. Below the caps, the connection's reader stops reading requests while more
+//! than [`OWED_PAUSE`] bytes of answers are owed ([`Outbox::drained`]), so a client that
+//! pipelines without reading fills its own socket buffers, not the daemon's memory, and is
+//! dropped when it does not read for the read timeout.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::Notify;
 
 use super::conn::Conn;
 use zeroize::Zeroizing;
+
+/// Answers owed past which a connection's requests are not read until its client reads.
+pub const OWED_PAUSE: usize = 256 * 1024;
+
+/// A line queued with more spare capacity than this is copied to an exact buffer first (the
+/// copy is made only when a line must wait; the one sent at once is never copied).
+const SPARE: usize = 4096;
+
+/// The bytes every connection's queue holds, against one cap for the daemon.
+pub struct OutputBudget {
+    held: AtomicUsize,
+    max: usize,
+}
+
+impl OutputBudget {
+    /// A budget of `max` bytes.
+    pub fn new(max: usize) -> Arc<Self> {
+        Arc::new(OutputBudget {
+            held: AtomicUsize::new(0),
+            max,
+        })
+    }
+
+    /// Bytes held now, across connections.
+    pub fn held(&self) -> usize {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    /// Whether more than half the budget is held: connections owing anything stop reading
+    /// requests until their clients read.
+    pub fn tight(&self) -> bool {
+        self.held() > self.max / 2
+    }
+
+    fn take(&self, n: usize) -> bool {
+        let mut now = self.held.load(Ordering::Relaxed);
+        loop {
+            if now.saturating_add(n) > self.max {
+                return false;
+            }
+            match self
+                .held
+                .compare_exchange_weak(now, now + n, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => return true,
+                Err(v) => now = v,
+            }
+        }
+    }
+
+    fn give(&self, n: usize) {
+        self.held.fetch_sub(n, Ordering::AcqRel);
+    }
+}
 
 /// The output queue of one connection, capped in bytes: a client that stops reading is
 /// disconnected instead of making the daemon buffer without bound.
@@ -19,9 +82,12 @@ use zeroize::Zeroizing;
 pub struct Outbox {
     state: Mutex<OutState>,
     max: usize,
+    budget: Arc<OutputBudget>,
     overflowed: AtomicBool,
     /// Wakes the writer task (a line was queued, or the connection is ending).
     wake: Notify,
+    /// Notified whenever queued bytes were written (a paused reader looks again).
+    progress: Notify,
     /// Notified when the connection must close (overflow, or the peer went away).
     pub closed: Arc<Notify>,
 }
@@ -40,10 +106,6 @@ impl Line<'_> {
         }
     }
 
-    fn len(&self) -> usize {
-        self.bytes().len()
-    }
-
     fn owned(self) -> Zeroizing<Vec<u8>> {
         match self {
             Line::Owned(v) => v,
@@ -58,7 +120,8 @@ const WRITE_BATCH: usize = 64 * 1024;
 #[derive(Default)]
 struct OutState {
     lines: VecDeque<Zeroizing<Vec<u8>>>,
-    /// Bytes queued plus the bytes of the line being written.
+    /// Bytes held: the capacity of every queued line plus the length of the line being
+    /// written (a buffer of ours, exact), all taken from the budget.
     bytes: usize,
     /// A line is being written (by the writer task or `send_now`).
     writing: bool,
@@ -67,14 +130,48 @@ struct OutState {
 }
 
 impl Outbox {
-    pub(super) fn new(max: usize, closed: Arc<Notify>) -> Self {
+    pub(super) fn new(max: usize, budget: Arc<OutputBudget>, closed: Arc<Notify>) -> Self {
         Outbox {
             state: Mutex::new(OutState::default()),
             max,
+            budget,
             overflowed: AtomicBool::new(false),
             wake: Notify::new(),
+            progress: Notify::new(),
             closed,
         }
+    }
+
+    /// Bytes of answers and events owed to the client (queued or being written).
+    pub fn owed(&self) -> usize {
+        self.state().bytes
+    }
+
+    /// Whether this connection's requests should wait before being read: more than
+    /// [`OWED_PAUSE`] owed, or anything owed while the daemon-wide budget is tight.
+    pub fn should_pause(&self) -> bool {
+        let owed = self.owed();
+        owed > OWED_PAUSE || (owed > 0 && self.budget.tight())
+    }
+
+    /// Wait until [`Outbox::should_pause`] no longer holds (or the connection is closing).
+    pub async fn drained(&self) {
+        loop {
+            let progress = self.progress.notified();
+            tokio::pin!(progress);
+            progress.as_mut().enable();
+            if !self.should_pause() || self.is_closed() {
+                return;
+            }
+            progress.await;
+        }
+    }
+
+    /// Give `n` held bytes back (written, or dropped with the connection).
+    fn release(&self, st: &mut OutState, n: usize) {
+        st.bytes -= n;
+        self.budget.give(n);
+        self.progress.notify_waiters();
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, OutState> {
@@ -88,12 +185,22 @@ impl Outbox {
         if st.finished {
             return false;
         }
-        if st.bytes > 0 && st.bytes + n > self.max {
+        let over_cap = st.bytes > 0 && st.bytes + n > self.max;
+        // The daemon's budget: a connection owing nothing may always take one line (a single
+        // large answer is delivered), as long as the budget has room for it.
+        if over_cap || !self.budget.take(n) {
             if !self.overflowed.swap(true, Ordering::SeqCst) {
+                let why = if over_cap {
+                    "client is not reading its responses (its queue is at the cap); closing the connection"
+                } else {
+                    "client is not reading its responses and the daemon's output budget is full; closing the connection"
+                };
                 tracing::warn!(
                     queued = st.bytes,
                     cap = self.max,
-                    "client is not reading its responses; closing the connection"
+                    budget_held = self.budget.held(),
+                    budget = self.budget.max,
+                    "{why}"
                 );
             }
             self.closed.notify_one();
@@ -106,8 +213,15 @@ impl Outbox {
     /// Queue a line for the writer task. `false` if the connection is gone or its queue is
     /// over the cap (it is then being closed).
     pub fn send(&self, line: Zeroizing<Vec<u8>>) -> bool {
+        // Held bytes are counted by capacity: a line with much spare room (an answer buffer
+        // sized for many) waits in a copy of its own size; the original is zeroized as it drops.
+        let line = if line.capacity() - line.len() > SPARE {
+            Zeroizing::new(line.to_vec())
+        } else {
+            line
+        };
         let mut st = self.state();
-        if !self.admit(&mut st, line.len()) {
+        if !self.admit(&mut st, line.capacity()) {
             return false;
         }
         st.lines.push_back(line);
@@ -129,33 +243,38 @@ impl Outbox {
     }
 
     fn send_now_from(&self, stream: &Conn, line: Line<'_>) -> bool {
+        let held = match &line {
+            Line::Owned(v) => v.capacity(),
+            Line::Borrowed(b) => b.len(),
+        };
         {
             let mut st = self.state();
             if !st.lines.is_empty() || st.writing {
                 drop(st);
                 return self.send(line.owned());
             }
-            if !self.admit(&mut st, line.len()) {
+            if !self.admit(&mut st, held) {
                 return false;
             }
             st.writing = true;
         }
         // One non-blocking attempt; if the socket takes nothing (or not all), the writer task
         // (which waits for writability) takes over.
-        self.write_marked(stream, line.bytes())
+        self.write_marked(stream, line.bytes(), held)
     }
 
-    /// Write `bytes`, marked as being written (`writing` set, their length counted), as far as
-    /// the socket takes them now: what it does not take goes back to the front of the queue,
-    /// ahead of anything queued meanwhile, and the writer task is woken if anything is left.
-    /// `false`: the socket failed (the connection is then being closed).
-    fn write_marked(&self, stream: &Conn, bytes: &[u8]) -> bool {
+    /// Write `bytes`, marked as being written (`writing` set, `held` bytes counted for them),
+    /// as far as the socket takes them now: what it does not take goes back to the front of
+    /// the queue (an exact copy, counted by its length), ahead of anything queued meanwhile,
+    /// and the writer task is woken if anything is left. `false`: the socket failed (the
+    /// connection is then being closed).
+    fn write_marked(&self, stream: &Conn, bytes: &[u8], held: usize) -> bool {
         let written = match stream.try_send(bytes) {
             Ok(n) => n,
             Err(_) => {
                 let mut st = self.state();
                 st.writing = false;
-                st.bytes -= bytes.len();
+                self.release(&mut st, held);
                 drop(st);
                 self.closed.notify_one();
                 return false;
@@ -163,8 +282,9 @@ impl Outbox {
         };
         let mut st = self.state();
         st.writing = false;
-        st.bytes -= written;
-        if written < bytes.len() {
+        let rest = bytes.len() - written;
+        self.release(&mut st, held - rest);
+        if rest > 0 {
             st.lines
                 .push_front(Zeroizing::new(bytes[written..].to_vec()));
         }
@@ -182,6 +302,7 @@ impl Outbox {
     /// if the connection is gone or its queue is over the cap (it is then being closed).
     pub fn push_quiet(&self, line: &[u8]) -> bool {
         let mut st = self.state();
+        // An exact copy: its length is its capacity.
         if !self.admit(&mut st, line.len()) {
             return false;
         }
@@ -193,51 +314,63 @@ impl Outbox {
     /// what it does not take is left to the writer task (woken for it). Nothing is done while
     /// another thread is writing: that one sends what is queued after its line.
     pub fn flush_now(&self, stream: &Conn) {
-        let out = {
+        let (out, held) = {
             let mut st = self.state();
             if st.writing || st.lines.is_empty() {
                 return;
             }
-            let Some(out) = Self::join(&mut st) else {
+            let Some(out) = self.join(&mut st) else {
                 return;
             };
             st.writing = true;
             out
         };
-        self.write_marked(stream, &out);
+        self.write_marked(stream, &out, held);
     }
 
     /// Take queued lines for one write: every line up to `WRITE_BATCH` bytes (at least one),
-    /// joined; `None` if nothing is queued. The caller marks the outbox as writing.
-    fn join(st: &mut OutState) -> Option<Zeroizing<Vec<u8>>> {
+    /// joined into an exact buffer, with the bytes it holds; `None` if nothing is queued. The
+    /// caller marks the outbox as writing.
+    fn join(&self, st: &mut OutState) -> Option<(Zeroizing<Vec<u8>>, usize)> {
         let first = st.lines.pop_front()?;
-        if st.lines.is_empty() {
-            return Some(first);
+        let mut len = first.len();
+        let n = st
+            .lines
+            .iter()
+            .take_while(|l| {
+                len += l.len();
+                len <= WRITE_BATCH
+            })
+            .count();
+        if n == 0 {
+            let held = first.capacity();
+            return Some((first, held));
         }
-        let mut out = Zeroizing::new(Vec::with_capacity(
-            st.bytes.min(WRITE_BATCH.max(first.len())),
-        ));
+        let len = first.len() + st.lines.iter().take(n).map(|l| l.len()).sum::<usize>();
+        let mut out = Zeroizing::new(Vec::with_capacity(len));
+        let mut popped = first.capacity();
         out.extend_from_slice(&first);
-        while let Some(next) = st.lines.front() {
-            if out.len() + next.len() > WRITE_BATCH {
-                break;
-            }
-            out.extend_from_slice(next);
-            st.lines.pop_front();
+        for l in st.lines.drain(..n) {
+            popped += l.capacity();
+            out.extend_from_slice(&l);
         }
-        Some(out)
+        // The lines' buffers are gone (zeroized); the joined one holds their bytes.
+        let held = out.capacity();
+        self.release(st, popped - held);
+        Some((out, held))
     }
 
-    /// What the writer task sends next: every queued line (up to `WRITE_BATCH` bytes, at least
-    /// one line) joined into one buffer, marked as being written; `None` when the connection
-    /// has finished and everything queued was written. Under load a connection's responses
-    /// then leave in one `send`, not one each.
-    pub(super) async fn next(&self) -> Option<Zeroizing<Vec<u8>>> {
+    /// What the writer task sends next, with the bytes it holds (give them back with
+    /// [`Outbox::written`]): every queued line (up to `WRITE_BATCH` bytes, at least one line)
+    /// joined into one buffer, marked as being written; `None` when the connection has
+    /// finished and everything queued was written. Under load a connection's responses then
+    /// leave in one `send`, not one each.
+    pub(super) async fn next(&self) -> Option<(Zeroizing<Vec<u8>>, usize)> {
         loop {
             {
                 let mut st = self.state();
                 if !st.writing {
-                    if let Some(out) = Self::join(&mut st) {
+                    if let Some(out) = self.join(&mut st) {
                         st.writing = true;
                         return Some(out);
                     }
@@ -250,11 +383,11 @@ impl Outbox {
         }
     }
 
-    /// The writer task finished writing a line of `n` bytes.
-    pub(super) fn written(&self, n: usize) {
+    /// The writer task finished writing a line that held `held` bytes.
+    pub(super) fn written(&self, held: usize) {
         let mut st = self.state();
         st.writing = false;
-        st.bytes -= n;
+        self.release(&mut st, held);
         let pending = !st.lines.is_empty();
         drop(st);
         if pending {
@@ -266,11 +399,22 @@ impl Outbox {
     pub(super) fn finish(&self) {
         self.state().finished = true;
         self.wake.notify_one();
+        self.progress.notify_waiters();
     }
 
     /// Whether the connection is closing (overflow, or no more lines accepted).
     pub fn is_closed(&self) -> bool {
         self.overflowed.load(Ordering::SeqCst) || self.state().finished
+    }
+}
+
+impl Drop for Outbox {
+    /// What a connection still held when it went (a client that never read) goes back to the
+    /// daemon's budget.
+    fn drop(&mut self) {
+        let st = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
+        self.budget.give(st.bytes);
+        st.bytes = 0;
     }
 }
 
@@ -289,7 +433,12 @@ mod tests {
         let (ours, mut theirs) = UnixStream::pair().unwrap();
         ours.set_nonblocking(true).unwrap();
         let conn = Arc::new(Conn::from_std(ours));
-        let outbox = Arc::new(Outbox::new(1 << 20, Arc::new(Notify::new())));
+        let budget = OutputBudget::new(1 << 20);
+        let outbox = Arc::new(Outbox::new(
+            1 << 20,
+            Arc::clone(&budget),
+            Arc::new(Notify::new()),
+        ));
         let line = |i: usize| format!("{i:05}\n");
         let mut want = String::new();
         let reader = std::thread::spawn(move || {

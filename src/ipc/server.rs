@@ -17,12 +17,12 @@ use tokio::io::{AsyncWriteExt, BufReader};
 
 use super::conn::Conn;
 use tokio::sync::{mpsc, watch, Notify, Semaphore};
-use zeroize::Zeroizing;
+use zeroize::{Zeroize, Zeroizing};
 
 use super::frame::{FrameError, FrameReader};
 use super::handlers;
 use super::lane::{Adopted, Lane};
-pub use super::outbox::Outbox;
+pub use super::outbox::{Outbox, OutputBudget};
 use super::protocol::{self, RpcError};
 use crate::config::{Limits, PluginGrant};
 use crate::durable::{self, lock, perms, Faults, LockGuard, LockMode};
@@ -336,7 +336,7 @@ impl Session {
             grant: Mutex::new(None),
             appends: AtomicBool::new(false),
             subscriptions: Default::default(),
-            outbox: Outbox::new(1 << 20, Arc::new(Notify::new())),
+            outbox: Outbox::new(1 << 20, OutputBudget::new(1 << 30), Arc::new(Notify::new())),
             ended: AtomicBool::new(false),
             ended_notify: Notify::new(),
             sock,
@@ -418,6 +418,9 @@ pub async fn run(
     unlink_on_exit: bool,
 ) -> Stopped {
     let permits = Arc::new(Semaphore::new(limits.max_connections));
+    // What every connection's output queue holds, against one cap (`[limits]
+    // max_output_total_bytes`).
+    let budget = OutputBudget::new(limits.max_output_total);
     let (done_tx, mut done_rx) = mpsc::channel::<()>(1);
     let me = perms::euid();
     let allow_root = daemon.config().allow_root();
@@ -483,10 +486,10 @@ pub async fn run(
                 let conn = next_conn.fetch_add(1, Ordering::Relaxed);
                 match Arc::clone(&permits).try_acquire_owned() {
                     Ok(permit) => {
-                        let (daemon, limits, shutdown, done, lane) =
-                            (Arc::clone(&daemon), limits.clone(), shutdown.clone(), done_tx.clone(), lane.clone());
+                        let (daemon, limits, shutdown, done, lane, budget) =
+                            (Arc::clone(&daemon), limits.clone(), shutdown.clone(), done_tx.clone(), lane.clone(), Arc::clone(&budget));
                         tokio::spawn(async move {
-                            connection(stream, daemon, limits, conn, shutdown, lane, (peer_pid, peer)).await;
+                            connection(stream, daemon, limits, budget, conn, shutdown, lane, (peer_pid, peer)).await;
                             drop(permit);
                             drop(done);
                         });
@@ -539,21 +542,34 @@ pub async fn run(
 
 /// Hold `reply` back in `corked`. The buffer never grows: answers may hold secrets, and a `Vec`
 /// that reallocates leaves copies of them in the memory it frees, where zeroizing cannot reach
-/// (docs/design.md). It is sized once, and sent first when the reply would not fit.
+/// (docs/design.md). It is sized once (when first needed) and reused: sent first when the reply
+/// would not fit, and replaced only by one large enough for a reply bigger than it.
 pub(super) fn cork(session: &Session, corked: &mut Zeroizing<Vec<u8>>, reply: &[u8]) {
     if corked.capacity() - corked.len() < reply.len() {
         uncork(session, corked);
-        *corked = Zeroizing::new(Vec::with_capacity(CORK_MAX.max(reply.len())));
+        if corked.capacity() < reply.len() {
+            *corked = Zeroizing::new(Vec::with_capacity(CORK_MAX.max(reply.len())));
+        }
     }
     corked.extend_from_slice(reply);
 }
 
-/// Send the answers held back in `corked`, if any.
+/// Send the answers held back in `corked`, if any. The socket takes them from the buffer, or
+/// the outbox copies what must wait into a buffer of its own size (never this one: 64 KiB held
+/// per answer batch was how 20,000 pipelined gets took 1.25 GB); the buffer is zeroized and
+/// kept for the next batch.
 pub(super) fn uncork(session: &Session, corked: &mut Zeroizing<Vec<u8>>) {
     if !corked.is_empty() {
-        let out = std::mem::replace(corked, Zeroizing::new(Vec::new()));
-        session.send_now(out);
+        session.send_now_bytes(corked);
+        corked.zeroize();
     }
+}
+
+/// Let go of the cork buffer while the connection waits for its client (an idle connection
+/// holds none).
+pub(super) fn release_cork(session: &Session, corked: &mut Zeroizing<Vec<u8>>) {
+    uncork(session, corked);
+    *corked = Zeroizing::new(Vec::new());
 }
 
 /// At the connection cap: one error line, then close.
@@ -566,10 +582,12 @@ async fn refuse(mut stream: Stream, cap: usize) {
     let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&line)).await;
 }
 
+#[allow(clippy::too_many_arguments)] // the connection's life, set up in one place
 async fn connection(
     stream: Stream,
     daemon: Arc<Daemon>,
     limits: Limits,
+    budget: Arc<OutputBudget>,
     conn: u64,
     mut shutdown: watch::Receiver<bool>,
     lane: Option<Arc<Lane>>,
@@ -591,7 +609,7 @@ async fn connection(
         grant: Mutex::new(None),
         appends: AtomicBool::new(false),
         subscriptions: Default::default(),
-        outbox: Outbox::new(limits.max_output, Arc::clone(&closed)),
+        outbox: Outbox::new(limits.max_output, budget, Arc::clone(&closed)),
         ended: AtomicBool::new(false),
         ended_notify: Notify::new(),
         sock: Arc::clone(&stream),
@@ -602,12 +620,12 @@ async fn connection(
     let writer_session = Arc::clone(&session);
     let writer = tokio::spawn(async move {
         let outbox = &writer_session.outbox;
-        while let Some(line) = outbox.next().await {
+        while let Some((line, held)) = outbox.next().await {
             if send_stream.send_all(&line).await.is_err() {
                 outbox.closed.notify_one();
                 break;
             }
-            outbox.written(line.len());
+            outbox.written(held);
         }
     });
     let inflight = Arc::new(Semaphore::new(limits.max_inflight));
@@ -631,8 +649,32 @@ async fn connection(
                 && session.subscriptions.count() == 0
                 && !session.holds_any()
         };
-        // Never wait with answers held back.
-        uncork(&session, &mut corked);
+        // Never wait with answers held back, nor with the buffer they were held in.
+        if !reader.line_buffered() {
+            release_cork(&session, &mut corked);
+        } else {
+            uncork(&session, &mut corked);
+        }
+        // Answers owed past the pause (or the daemon's budget tight): no request is read until
+        // the client reads them, for at most the read timeout; a client that does not read in
+        // that time is dropped, saying so.
+        if session.outbox.should_pause() {
+            let drained = tokio::select! {
+                biased;
+                _ = &mut ended => break,
+                _ = &mut stop => break,
+                r = tokio::time::timeout(limits.read, session.outbox.drained()) => r.is_ok(),
+            };
+            if !drained {
+                tracing::warn!(
+                    conn,
+                    owed = session.outbox.owed(),
+                    waited_s = limits.read.as_secs_f64(),
+                    "client is not reading its answers; closing the connection"
+                );
+                break;
+            }
+        }
         let frame = tokio::select! {
             biased;
             _ = &mut ended => break,
