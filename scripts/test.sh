@@ -14,14 +14,14 @@ cargo fmt --all -- --check
 echo "== module graph (scripts/module-graph.py: no import cycle between top-level modules)"
 python3 scripts/module-graph.py
 
-echo "== cargo clippy --all-targets -- -D warnings"
-cargo clippy --all-targets --quiet -- -D warnings
+echo "== cargo clippy --workspace --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets --features holdfast/fuzz --quiet -- -D warnings
 
 echo "== cargo build --workspace --bins (holdfast-bench too: tests/bench_smoke.rs runs it via holdfast bench)"
 cargo build --workspace --bins --quiet
 
-echo "== cargo test (lib, bin, integration tests; benches are built by clippy above, run by cargo bench)"
-cargo test --lib --bins --tests --quiet -- --show-output
+echo "== cargo test --workspace (lib, bin, integration tests; benches are built by clippy above, run by cargo bench)"
+cargo test --workspace --features holdfast/fuzz --lib --bins --tests --quiet -- --show-output
 
 # The PostgreSQL backend: a throwaway server for this run (scripts/pg-cluster.sh: initdb in
 # target/, a Unix socket there only, stopped on exit), then the streams, run-log and run-grant suites again on it, with

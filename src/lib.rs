@@ -24,6 +24,7 @@ pub mod crypto;
 pub mod daemon;
 pub mod durable;
 pub mod error;
+#[cfg(feature = "fuzz")]
 #[doc(hidden)]
 pub mod fuzz;
 pub mod ipc;

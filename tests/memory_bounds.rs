@@ -5,8 +5,9 @@
 //! Each case prints what it sent, what the daemon did (paused, closed), and the growth. The
 //! bounds are loose on purpose (what is measured is the allocator's peak, not our counters):
 //! before the bounds existed these cases reached 1.27 GB (20,000 pipelined gets never read).
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
+#[allow(dead_code)] // each test binary uses only some of the shared helpers
 mod common;
 
 use std::io::{ErrorKind, Read, Write};
