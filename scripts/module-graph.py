@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Print the import graph between holdfast's top-level modules (src/<module>) and fail if it
-has a cycle. An edge A -> B means some file of A names `crate::B`. Run by scripts/test.sh."""
+has a cycle. An edge A -> B means some file of A names `crate::B`. Then the same between the
+files of src/ipc/ (the request path: an edge a -> b when a.rs names `super::b` or
+`crate::ipc::b`), which must have no circle either. Run by scripts/test.sh."""
 import os, re, sys
 
 root = os.path.join(os.path.dirname(__file__), "..", "src")
@@ -24,7 +26,7 @@ for m in mods:
             if other != m and other in edges:
                 edges[m].add(other)
 
-def cycle():
+def cycle(edges=edges, mods=mods):
     state = {}
     stack = []
     def visit(n):
@@ -54,3 +56,20 @@ if c:
     print("cycle: " + " -> ".join(c))
     sys.exit(1)
 print("no cycle between top-level modules")
+
+ipc = os.path.join(root, "ipc")
+files = sorted(n[:-3] for n in os.listdir(ipc) if n.endswith(".rs") and n != "mod.rs")
+file_edges = {f: set() for f in files}
+for f in files:
+    text = open(os.path.join(ipc, f + ".rs")).read().split("#[cfg(test)]\nmod tests {")[0]
+    for other in re.findall(r"(?:super|crate::ipc)::([a-z_]+)", text):
+        if other != f and other in file_edges:
+            file_edges[f].add(other)
+print()
+for f in files:
+    print(f"ipc/{f:14} -> {', '.join(sorted(file_edges[f])) or '-'}")
+c = cycle(file_edges, files)
+if c:
+    print("cycle inside ipc/: " + " -> ".join(c))
+    sys.exit(1)
+print("no cycle between the files of ipc/")

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 
 use super::creds::{store_of, writer_permit};
-use super::handlers::blocking;
 use super::protocol::admin::AdminCall;
 use super::protocol::{RpcError, PROTOCOL_VERSION};
+use super::reply::blocking;
 use crate::config::PluginGrant;
 use crate::service::Daemon;
 use crate::store::RotateOptions;

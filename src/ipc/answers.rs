@@ -21,7 +21,7 @@ use std::io;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
-use super::server::Session;
+use super::session::Session;
 
 /// A batch of at least this many answers goes to the sender thread; a smaller one is sent by
 /// the lane. Measured (docs/benchmarks.md, "Issue 15, ninth session"): at 16 streams (batches

@@ -25,7 +25,7 @@ use zeroize::Zeroizing;
 use super::protocol::admin::AdminCall;
 use super::protocol::creds::CredCall;
 use super::protocol::{self, Call, Id, RpcError};
-use super::server::Session;
+use super::session::Session;
 use crate::audit::{AuditLog, OnFailure, Record, Via, Who, BEGUN, OK};
 use crate::error::ErrorKind;
 use crate::paths::DEFAULT_STORE;

@@ -7,13 +7,13 @@ use std::time::Duration;
 use serde_json::Value;
 use zeroize::Zeroizing;
 
-use super::handlers::{blocking, open_subscription, Answer};
 use super::protocol::creds::{
     ById, ChangedEvent, CredCall, Deleted, Exists, Lease, LeaseEvent, Listing, Released,
     ResyncEvent, Set, StoreOnly, Subscribed, Written,
 };
 use super::protocol::{self, result, RpcError};
-use super::server::Session;
+use super::reply::{blocking, open_subscription, Answer};
+use super::session::Session;
 use crate::config::PluginGrant;
 use crate::crypto::Secret;
 use crate::error::ErrorKind;

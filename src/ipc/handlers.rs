@@ -12,7 +12,8 @@ use super::protocol::creds::CredCall;
 use super::protocol::session::{Grant, Hello, Unsubscribe, Unsubscribed, Welcome};
 use super::protocol::streams::{Append, StreamCall};
 use super::protocol::{self, result, Call, Id, RpcError, PROTOCOL_VERSION};
-use super::server::Session;
+use super::reply::Answer;
+use super::session::Session;
 use crate::config::PluginGrant;
 use crate::error::ErrorKind;
 use crate::service::Daemon;
@@ -131,9 +132,8 @@ pub async fn respond(
     grant: Arc<PluginGrant>,
 ) {
     let (pending, delivered) = super::audit::pending(daemon, &call).unzip();
-    let mut answer = Answer::new(id, session);
-    answer.audit = pending;
-    if answer.audit.as_ref().is_some_and(|p| p.is_change()) && !matches!(call, Call::Cred(_)) {
+    let mut answer = Answer::with_audit(id, session, pending);
+    if answer.audits_a_change() && !matches!(call, Call::Cred(_)) {
         // An admin change's `begun` record is synced before it starts (a credential write's
         // is written on the pool thread that makes it: `creds::write_and_answer`).
         let mut a = answer;
@@ -171,70 +171,6 @@ pub async fn respond(
     }
 }
 
-/// Where the answer to one request goes: built and sent once, from whichever thread has the
-/// result, straight to the socket when nothing is queued before it ([`Session::send_now`]).
-/// Sending from the thread that finished the work saves a wake-up of another thread per
-/// request (docs/benchmarks.md, issue 15, eleventh session). An answer dropped unsent (its
-/// handler panicked on the blocking pool) answers an internal error, so the client never waits
-/// for it forever.
-pub struct Answer {
-    /// `None` once sent.
-    id: Option<Id>,
-    session: Arc<Session>,
-    /// The operation's audit record, which the answer waits for (ipc/audit.rs).
-    audit: Option<super::audit::Pending>,
-}
-
-impl Answer {
-    pub(super) fn new(id: Id, session: &Arc<Session>) -> Answer {
-        Answer {
-            id: Some(id),
-            session: Arc::clone(session),
-            audit: None,
-        }
-    }
-
-    /// For a change: write its `begun` audit record durably before the change is made
-    /// (blocking: from the blocking pool). An error means the change must not be made.
-    pub fn begin(&mut self) -> Result<(), RpcError> {
-        match &mut self.audit {
-            Some(p) => p.begin(&self.session),
-            None => Ok(()),
-        }
-    }
-
-    /// Send `result` as this request's response.
-    pub fn send(mut self, result: Result<Value, RpcError>) {
-        self.finish(result);
-    }
-
-    fn finish(&mut self, result: Result<Value, RpcError>) {
-        let Some(id) = self.id.take() else {
-            return;
-        };
-        if let Some(p) = self.audit.take() {
-            return p.deliver(&self.session, id, result);
-        }
-        let line = match result {
-            Ok(v) => protocol::response_ok(&id, v),
-            Err(e) => protocol::response_err(&id, &e),
-        };
-        self.session.send_now(line);
-    }
-}
-
-impl Drop for Answer {
-    fn drop(&mut self) {
-        if self.id.is_some() {
-            self.finish(Err(RpcError::new(
-                ErrorKind::Storage,
-                "internal error: the daemon failed while handling this request (its log says \
-                 why); whether a write took effect is unknown: read it back",
-            )));
-        }
-    }
-}
-
 /// May this connection call `method`? Its grant if so.
 fn admit(session: &Session, method: &str) -> Result<Arc<PluginGrant>, RpcError> {
     if !METHODS.contains(&method) || method == "hello" {
@@ -252,16 +188,6 @@ fn admit(session: &Session, method: &str) -> Result<Arc<PluginGrant>, RpcError> 
         ));
     }
     Ok(grant)
-}
-
-/// Run a blocking store call on tokio's blocking pool.
-pub(crate) async fn blocking<T: Send + 'static, E: Into<RpcError> + Send + 'static>(
-    f: impl FnOnce() -> Result<T, E> + Send + 'static,
-) -> Result<T, RpcError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| RpcError::internal(&e))?
-        .map_err(Into::into)
 }
 
 fn hello(daemon: &Daemon, session: &Session, p: Hello) -> Result<Value, RpcError> {
@@ -334,22 +260,6 @@ Some(name) => daemon.config().plugins.get(name).map(|g| g.bound_as(name)).ok_or_
     })
 }
 
-/// A new subscription of this connection, or `busy` at the cap.
-pub fn open_subscription(
-    session: &Session,
-) -> Result<(u64, Arc<super::subscriptions::Gate>), RpcError> {
-    session.subscriptions.open().ok_or_else(|| {
-        RpcError::new(
-            ErrorKind::Busy,
-            format!(
-                "this connection already has {} subscriptions (one per store or run shown is \
-                 enough; `unsubscribe` frees one)",
-                crate::limits::MAX_SUBSCRIPTIONS_PER_CONNECTION
-            ),
-        )
-    })
-}
-
 /// `unsubscribe`: close one of this connection's subscriptions. Once answered, no event of it
 /// follows (see `subscriptions.rs`). `unsubscribed: false`: there was no such open
 /// subscription (a run's subscription ends by itself with `finish`).
@@ -375,14 +285,15 @@ mod tests {
         let (ours, theirs) = UnixStream::pair().unwrap();
         ours.set_nonblocking(true).unwrap();
         let session = Session::for_test(1, Arc::new(Conn::from_std(ours)));
-        let answer = Answer::new(serde_json::json!(7), &session);
+        let answer = Answer::with_audit(serde_json::json!(7), &session, None);
         let panicked = std::thread::spawn(move || {
             let _answer = answer;
             panic!("a handler failed (this panic is the test)");
         })
         .join();
         assert!(panicked.is_err());
-        Answer::new(serde_json::json!(8), &session).send(Ok(serde_json::json!({"ok": true})));
+        Answer::with_audit(serde_json::json!(8), &session, None)
+            .send(Ok(serde_json::json!({"ok": true})));
         let mut lines = BufReader::new(theirs).lines();
         let first: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
         assert_eq!(first["id"], 7, "{first}");

@@ -51,7 +51,7 @@ use zeroize::{Zeroize, Zeroizing};
 use super::answers::Sender;
 use super::handlers::{self, Routed};
 use super::protocol::{self, RpcError};
-use super::server::{cork, uncork, Session, CORK_MAX};
+use super::session::{cork, uncork, Session, CORK_MAX};
 use crate::config::Limits;
 use crate::service::Daemon;
 

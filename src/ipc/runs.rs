@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::handlers::blocking;
 use super::protocol::runs::{Listing, Pruned, RunCall};
 use super::protocol::{result, RpcError};
+use super::reply::blocking;
 use crate::config::PluginGrant;
 use crate::service::Daemon;
 

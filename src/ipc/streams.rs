@@ -5,12 +5,12 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use super::handlers::{blocking, open_subscription};
 use super::protocol::streams::{
     Append, Deleted, EventNote, Events, JournalStats, Listing, StreamCall, Subscribed,
 };
 use super::protocol::{self, result, RpcError};
-use super::server::Session;
+use super::reply::{blocking, open_subscription};
+use super::session::Session;
 use crate::config::PluginGrant;
 use crate::limits;
 use crate::service::Daemon;

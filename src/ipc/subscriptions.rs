@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::Notify;
 use zeroize::Zeroizing;
 
-use super::server::Outbox;
+use super::outbox::Outbox;
 use crate::limits::MAX_SUBSCRIPTIONS_PER_CONNECTION;
 
 /// The open subscriptions of one connection.

