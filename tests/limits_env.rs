@@ -412,9 +412,15 @@ exec "{bin}" --config "{config}" daemon 2>"{root}/daemon-1.log"
         "checkpoint.put",
         json!({"run_id": "ck", "snapshot": snapshot("before")}),
     );
-    // A run whose appends will need the next segment: begun now, while there is space.
-    let big = c.ok("stream.begin", json!({"run_id": "big", "model": "m"}));
-    let big_sid = big["stream_id"].as_str().unwrap().to_owned();
+    // Runs whose appends will need the next segment: begun now, while there is space. Each
+    // takes 10 appends of 256 KiB (a run keeps at most 3 MiB of text).
+    let mut bigs: Vec<(String, String, u64)> = (0..24)
+        .map(|i| {
+            let run = format!("big{i}");
+            let b = c.ok("stream.begin", json!({"run_id": run, "model": "m"}));
+            (run, b["stream_id"].as_str().unwrap().to_owned(), 0)
+        })
+        .collect();
 
     // Fill the disk to its last byte.
     let filler = inside.join("filler");
@@ -460,18 +466,21 @@ exec "{bin}" --config "{config}" daemon 2>"{root}/daemon-1.log"
     // Appends of 256 KiB until one needs the next segment, which cannot be made.
     let chunk = "x".repeat(64 * 1024);
     // `seq` is the first event's; an append of 4 events acknowledges up to seq + 3.
-    let (mut big_acked, mut appends, mut journal_error) = (0u64, 0, None);
-    for seq in (1..=800u64).step_by(4) {
+    let (mut appends, mut journal_error, mut last) = (0usize, None, 0usize);
+    while appends < 240 {
+        last = appends / 10;
+        let (run, sid, acked) = &mut bigs[last];
+        let seq = *acked + 1;
         let r = c.call(
             "stream.append",
-            json!({"run_id": "big", "stream_id": big_sid, "seq": seq,
+            json!({"run_id": run, "stream_id": sid, "seq": seq,
                    "events": [{"type": "text", "text": chunk}, {"type": "text", "text": chunk},
                               {"type": "text", "text": chunk}, {"type": "text", "text": chunk}]}),
         );
         match r.get("error") {
             None => {
                 assert_eq!(r["result"]["acked_seq"], seq + 3, "{r}");
-                big_acked = seq + 3;
+                *acked = seq + 3;
                 appends += 1;
             }
             Some(e) => {
@@ -480,7 +489,9 @@ exec "{bin}" --config "{config}" daemon 2>"{root}/daemon-1.log"
             }
         }
     }
-    let journal_error = journal_error.expect("200 appends of 256 KiB fit on a full 40 MiB disk");
+    let journal_error = journal_error.expect("240 appends of 256 KiB fit on a full 40 MiB disk");
+    let (big, big_sid, big_acked) = bigs[last].clone();
+    let big_total: u64 = bigs.iter().map(|b| b.2).sum();
     storage_full(&journal_error, "the append that needed a new segment");
     // Reads still served; nothing acknowledged lost.
     let got = c.ok("stream.get", json!({"run_id": "kept", "reveal": true}));
@@ -514,7 +525,7 @@ exec "{bin}" --config "{config}" daemon 2>"{root}/daemon-1.log"
     // The journal refuses appends until a restart replays what is on disk.
     let e = c.err(
         "stream.append",
-        json!({"run_id": "big", "stream_id": big_sid, "seq": big_acked + 1,
+        json!({"run_id": big, "stream_id": big_sid, "seq": big_acked + 1,
                "events": [{"type": "text", "text": "after"}]}),
     );
     assert_eq!(e["data"]["kind"], "storage", "{e}");
@@ -540,16 +551,21 @@ exec "{bin}" --config "{config}" daemon 2>"{root}/daemon-1.log"
     let got = c.ok("stream.get", json!({"run_id": "kept", "reveal": true}));
     assert_eq!(got["status"], "committed", "{got}");
     assert_eq!(got["final_message"]["content"], kept_text.as_str(), "{got}");
-    let big = c.ok("stream.get", json!({"run_id": "big", "reveal": false}));
-    let next = big["next_seq"].as_u64().unwrap_or(0);
-    assert!(
-        next > big_acked,
-        "acknowledged appends lost: next_seq {next}, {big_acked} acked"
-    );
-    let resumed = c.ok("stream.begin", json!({"run_id": "big", "takeover": true}));
+    for (run, _, acked) in &bigs {
+        let got = c.ok("stream.get", json!({"run_id": run, "reveal": false}));
+        let next = got["next_seq"].as_u64().unwrap_or(0);
+        assert!(
+            next > *acked,
+            "{run}: acknowledged appends lost: next_seq {next}, {acked} acked"
+        );
+    }
+    let next = c.ok("stream.get", json!({"run_id": big, "reveal": false}))["next_seq"]
+        .as_u64()
+        .unwrap_or(0);
+    let resumed = c.ok("stream.begin", json!({"run_id": big, "takeover": true}));
     c.ok(
         "stream.append",
-        json!({"run_id": "big", "stream_id": resumed["stream_id"], "seq": next,
+        json!({"run_id": big, "stream_id": resumed["stream_id"], "seq": next,
                "events": [{"type": "text", "text": "after the restart"}]}),
     );
     let log = c.ok("run.get", json!({"run_id": "log"}));
@@ -561,10 +577,11 @@ exec "{bin}" --config "{config}" daemon 2>"{root}/daemon-1.log"
     println!(
         "full disk (40 MiB tmpfs), streams and run logs: filled {filled} bytes; run.log_node, \
          checkpoint.put and stream.commit refused ({}); {appends} appends of 256 KiB \
-         (events 1..={big_acked}) acknowledged before the journal's next segment could not be made ({}); after freeing \
+         ({big_total} events over {} runs) acknowledged before the journal's next segment could not be made ({}); after freeing \
          the space: log, checkpoint and commit at once, appends after a restart (next_seq \
          {next}); nothing acknowledged lost",
         full_error,
+        last + 1,
         journal_error["message"].as_str().unwrap_or(""),
     );
     for l in [&log1, &log2] {
