@@ -300,3 +300,190 @@ fn a_reading_client_pipelining_five_thousand_gets() {
         },
     );
 }
+
+/// Send one request line and read nothing after it.
+fn send_line(s: &mut UnixStream, line: &serde_json::Value) {
+    let mut b = serde_json::to_vec(line).unwrap();
+    b.push(b'\n');
+    s.write_all(&b).unwrap();
+}
+
+/// Whether the daemon has closed `s`: what it sent and then its end, read without waiting (a
+/// client that read along the way would be a reader, and is never dropped).
+fn closed(s: &mut UnixStream) -> bool {
+    s.set_nonblocking(true).unwrap();
+    let mut b = vec![0u8; 1 << 16];
+    loop {
+        match s.read(&mut b) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return false,
+            Err(_) => return true,
+        }
+    }
+}
+
+/// 64 subscriptions to one run on 4 connections that never read, while a producer appends
+/// batches of 1,024 events: each batch made every feed lag, and each lagging feed re-derived the
+/// run's whole history from the journal, again and again — 30 such connections took a daemon
+/// to 19 GB (found by the independent attack). Their forwarders now wait for their clients.
+#[test]
+fn stream_subscribers_that_never_read() {
+    case(
+        "64 stream subscriptions never read, 60 appends of 1,024 events",
+        128 * MIB,
+        |socket| {
+            let mut p = Conn::open(socket);
+            let sid = p.ok("stream.begin", json!({"run_id": "subs"}))["stream_id"]
+                .as_str()
+                .unwrap()
+                .to_owned();
+            let deaf: Vec<UnixStream> = (0..4)
+                .map(|_| {
+                    let mut s = connect(socket);
+                    hello(&mut s);
+                    for i in 0..16 {
+                        send_line(
+                            &mut s,
+                            &json!({"jsonrpc": "2.0", "id": i + 1, "method": "stream.subscribe",
+                                "params": {"run_id": "subs", "after_seq": 0}}),
+                        );
+                    }
+                    s
+                })
+                .collect();
+            let events: Vec<serde_json::Value> = (0..1024)
+                .map(|i| json!({"type": "text", "text": format!("d{i:04} ")}))
+                .collect();
+            let t = Instant::now();
+            for k in 0..60u64 {
+                p.ok(
+                "stream.append",
+                json!({"run_id": "subs", "stream_id": sid, "seq": k * 1024 + 1, "events": events}),
+            );
+            }
+            let took = t.elapsed();
+            // Dropped after the read timeout (3 s here), each of them.
+            std::thread::sleep(Duration::from_secs(8));
+            let mut dropped = 0;
+            for mut s in deaf {
+                dropped += usize::from(closed(&mut s));
+            }
+            assert_eq!(
+                dropped, 4,
+                "the non-reading subscribers were not all dropped"
+            );
+            (
+                format!(
+                    "60 appends of 1,024 events in {:.1} s; {dropped} of 4 non-readers dropped",
+                    took.as_secs_f64()
+                ),
+                p,
+            )
+        },
+    );
+}
+
+/// A client that sends one request whose answer fills its socket, then reads nothing: it is
+/// dropped after the read timeout (it was held until the idle timeout: the check ran only
+/// before reading its next request, which never came).
+#[test]
+fn one_request_then_never_read() {
+    case("one 2 MB answer never read", 128 * MIB, |socket| {
+        let mut p = Conn::open(socket);
+        let sid = p.ok("stream.begin", json!({"run_id": "big"}))["stream_id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let chunk = "y".repeat(200_000);
+        for k in 0..10u64 {
+            p.ok(
+                "stream.append",
+                json!({"run_id": "big", "stream_id": sid, "seq": k + 1,
+                       "events": [{"type": "text", "text": chunk}]}),
+            );
+        }
+        let mut s = connect(socket);
+        hello(&mut s);
+        send_line(
+            &mut s,
+            &json!({"jsonrpc": "2.0", "id": 1, "method": "stream.get",
+                    "params": {"run_id": "big", "reveal": true}}),
+        );
+        std::thread::sleep(Duration::from_secs(5));
+        // Not read at all for 5 s (the read timeout is 3 s): the daemon has let go.
+        let mut b = [0u8; 1];
+        s.set_nonblocking(true).unwrap();
+        let mut got = 0usize;
+        let mut eof = false;
+        let mut buf = vec![0u8; 1 << 16];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => {
+                    eof = true;
+                    break;
+                }
+                Ok(n) => got += n,
+                Err(_) => break,
+            }
+        }
+        let _ = b;
+        assert!(
+            eof,
+            "a client that read nothing for 5 s was still connected ({got} bytes waiting)"
+        );
+        (
+            format!("dropped after the read timeout ({got} bytes had reached its socket)"),
+            p,
+        )
+    });
+}
+
+/// Watchers that never read while a writer writes, with the daemon's output budget set small
+/// (1 MiB): the honest writer was disconnected when the budget filled (it owed nothing), and a
+/// fresh client got EOF at hello. A connection owing nothing is always answered; the watchers
+/// are dropped.
+#[test]
+fn watchers_that_never_read_do_not_cost_honest_clients() {
+    let mut env = DaemonEnv::new(
+        "[limits]\nread_timeout_ms = 3000\nmax_output_queue_bytes = 524288\nmax_output_total_bytes = 1048576\n",
+    );
+    let d = env.start();
+    Conn::open(&d.socket).ok("cred.set", json!({"id": "k", "value": "sk-k"}));
+    let watchers: Vec<UnixStream> = (0..8)
+        .map(|_| {
+            let mut s = connect(&d.socket);
+            hello(&mut s);
+            for i in 0..16 {
+                send_line(
+                    &mut s,
+                    &json!({"jsonrpc": "2.0", "id": i + 1, "method": "cred.watch", "params": {}}),
+                );
+            }
+            s
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut w = Conn::open(&d.socket);
+    let value = "v".repeat(2000);
+    for i in 0..400 {
+        w.ok(
+            "cred.set",
+            json!({"id": format!("c{}", i % 20), "value": value}),
+        );
+    }
+    let served = fresh_client_served(&d.socket);
+    std::thread::sleep(Duration::from_secs(8));
+    let mut dropped = 0;
+    for mut s in watchers {
+        dropped += usize::from(closed(&mut s));
+    }
+    println!(
+        "8 x 16 watchers never reading, budget 1 MiB: 400 sets of the honest writer answered, a \
+         fresh client served in {:.0} ms, {dropped} of 8 watchers dropped",
+        served.as_secs_f64() * 1e3
+    );
+    assert_eq!(dropped, 8);
+    assert!(served < Duration::from_secs(2), "{served:?}");
+    d.stop();
+}

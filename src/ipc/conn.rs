@@ -90,7 +90,11 @@ impl Conn {
 
     /// Send all of `buf`, waiting for the socket to take it. The socket is registered for
     /// writability only while this waits (see the module's comment).
-    pub async fn send_all(&self, mut buf: &[u8]) -> io::Result<()> {
+    ///
+    /// A client that takes nothing for `stall` while bytes wait (it stopped reading) fails the
+    /// send with `TimedOut`: a slow reader that keeps reading is never cut off, one that stopped
+    /// is, whatever it sent before.
+    pub async fn send_all(&self, mut buf: &[u8], stall: std::time::Duration) -> io::Result<()> {
         let mut waiter: Option<AsyncFd<UnixStream>> = None;
         while !buf.is_empty() {
             let n = match (&self.s).write(buf) {
@@ -100,7 +104,10 @@ impl Conn {
                         Some(w) => w,
                         None => waiter.insert(register(self.s.try_clone()?, Interest::WRITABLE)?),
                     };
-                    let mut ready = w.writable().await?;
+                    let Ok(ready) = tokio::time::timeout(stall, w.writable()).await else {
+                        return Err(io::ErrorKind::TimedOut.into());
+                    };
+                    let mut ready = ready?;
                     match ready.try_io(|s| s.get_ref().write(buf)) {
                         Ok(Ok(n)) => n,
                         Ok(Err(e)) if would_block(&e) => continue,

@@ -68,6 +68,11 @@ impl OutputBudget {
         }
     }
 
+    /// Take `n` bytes whatever the budget holds (see `Outbox::admit`).
+    fn force(&self, n: usize) {
+        self.held.fetch_add(n, Ordering::AcqRel);
+    }
+
     fn give(&self, n: usize) {
         self.held.fetch_sub(n, Ordering::AcqRel);
     }
@@ -186,9 +191,16 @@ impl Outbox {
             return false;
         }
         let over_cap = st.bytes > 0 && st.bytes + n > self.max;
-        // The daemon's budget: a connection owing nothing may always take one line (a single
-        // large answer is delivered), as long as the budget has room for it.
-        if over_cap || !self.budget.take(n) {
+        // The daemon's budget: a connection owing nothing may always take one line up to its
+        // cap (an honest client is answered even while others hold the budget: the overshoot
+        // is one line per connection); one that owes must fit in the budget.
+        let fits = if st.bytes == 0 && n <= self.max {
+            self.budget.force(n);
+            true
+        } else {
+            self.budget.take(n)
+        };
+        if over_cap || !fits {
             if !self.overflowed.swap(true, Ordering::SeqCst) {
                 let why = if over_cap {
                     "client is not reading its responses (its queue is at the cap); closing the connection"
@@ -243,10 +255,9 @@ impl Outbox {
     }
 
     fn send_now_from(&self, stream: &Conn, line: Line<'_>) -> bool {
-        let held = match &line {
-            Line::Owned(v) => v.capacity(),
-            Line::Borrowed(b) => b.len(),
-        };
+        // Counted by length while it is written at once (what the socket does not take waits
+        // in an exact copy, and the caller's buffer goes as this returns).
+        let held = line.bytes().len();
         {
             let mut st = self.state();
             if !st.lines.is_empty() || st.writing {

@@ -395,10 +395,20 @@ async fn connection(
         peer,
     );
     let writer_session = Arc::clone(&session);
+    // A client that reads nothing of what it is owed for the read timeout is dropped.
+    let stall = limits.read;
     let writer = tokio::spawn(async move {
         let outbox = &writer_session.outbox;
         while let Some((line, held)) = outbox.next().await {
-            if send_stream.send_all(&line).await.is_err() {
+            if let Err(e) = send_stream.send_all(&line, stall).await {
+                if e.kind() == std::io::ErrorKind::TimedOut {
+                    tracing::warn!(
+                        conn,
+                        owed = outbox.owed(),
+                        waited_s = stall.as_secs_f64(),
+                        "client is not reading its answers; closing the connection"
+                    );
+                }
                 outbox.closed.notify_one();
                 break;
             }

@@ -359,6 +359,19 @@ async fn subscribe(
     tokio::spawn(async move {
         let mut last = after_seq;
         loop {
+            // Nothing more is taken for a client that owes the daemon reading (it is dropped
+            // if it reads nothing for the read timeout): its feed lags meanwhile, and is made
+            // up from the run's backlog once, when it reads again — never re-derived over and
+            // over while it does not read (30 such connections took a daemon to 19 GB).
+            if session_f.outbox.should_pause()
+                && session_f
+                    .unless_ended(gate.until_closed(session_f.outbox.drained()))
+                    .await
+                    .flatten()
+                    .is_none()
+            {
+                break;
+            }
             let next = session_f.unless_ended(gate.until_closed(rx.next())).await;
             let (seq, event) = match next.flatten() {
                 Some(Next::Event(seq, event)) => (seq, event),

@@ -28,6 +28,16 @@ pub enum RunLogError {
         /// The longest accepted.
         max: usize,
     },
+    /// An optional key field given, but not a short non-empty string.
+    #[error("{what}.{field}, when given, must be a non-empty string of at most {max} bytes")]
+    BadString {
+        /// The record (`detail`, `step`).
+        what: String,
+        /// The field.
+        field: String,
+        /// The longest accepted.
+        max: usize,
+    },
     /// A key field that is missing and has no default.
     #[error("{what}.{field} (a non-negative integer) is required")]
     MissingInteger {
@@ -138,6 +148,7 @@ impl RunLogError {
         match self {
             BadRunId { .. }
             | MissingString { .. }
+            | BadString { .. }
             | MissingInteger { .. }
             | BadInteger { .. }
             | NodeIdDiffers

@@ -118,7 +118,7 @@ fn writer_of(o: &Map<String, Value>, what: &str) -> Result<String, RunLogError> 
     match o.get("writer") {
         None | Some(Value::Null) => Ok(String::new()),
         Some(Value::String(s)) if !s.is_empty() && s.len() <= MAX_WRITER_BYTES => Ok(s.clone()),
-        Some(_) => Err(RunLogError::MissingString {
+        Some(_) => Err(RunLogError::BadString {
             what: what.to_owned(),
             field: "writer".to_owned(),
             max: MAX_WRITER_BYTES,
