@@ -412,7 +412,6 @@ fn one_request_then_never_read() {
         );
         std::thread::sleep(Duration::from_secs(5));
         // Not read at all for 5 s (the read timeout is 3 s): the daemon has let go.
-        let mut b = [0u8; 1];
         s.set_nonblocking(true).unwrap();
         let mut got = 0usize;
         let mut eof = false;
