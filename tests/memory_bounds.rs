@@ -426,7 +426,6 @@ fn one_request_then_never_read() {
                 Err(_) => break,
             }
         }
-        let _ = b;
         assert!(
             eof,
             "a client that read nothing for 5 s was still connected ({got} bytes waiting)"
